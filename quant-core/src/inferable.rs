@@ -1,0 +1,244 @@
+//! Inferable quantizers: what a trained quantizer becomes for deployment. Plain serde data
+//! (method, grid, rounding, scales and zero points) that quantizes to integers and
+//! dequantizes without dfdx.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{QuantError, Result};
+use crate::grid::{IntegerGrid, QParams};
+use crate::kernels::{self, QuantInt};
+use crate::quantizer::ChannelLayout;
+use crate::vocab::{QuantizationMethod, RoundingPolicy};
+
+/// A deployable quantizer: symmetric, power-of-two or uniform, per tensor or per channel.
+///
+/// Invariants, checked by [`InferableQuantizer::new`] and on deserialisation: zero points lie on
+/// the grid; Symmetric and PowerOfTwo have zero points 0 and a signed grid, or an unsigned grid
+/// (for non-negative activations); PowerOfTwo scales are powers of two.
+///
+/// ```
+/// use quant_core::{InferableQuantizer, IntegerGrid, QParams, QuantizationMethod, RoundingPolicy};
+/// let q = InferableQuantizer::new(
+///     QuantizationMethod::Symmetric,
+///     IntegerGrid::INT8,
+///     RoundingPolicy::HalfEven,
+///     QParams::per_tensor(0.5, 0).unwrap(),
+/// ).unwrap();
+/// let ints: Vec<i8> = q.quantize(&[1.0, -0.74, 100.0], &[3]).unwrap();
+/// assert_eq!(ints, vec![2, -1, 127]);
+/// assert_eq!(q.dequantize(&ints, &[3]).unwrap(), vec![1.0, -0.5, 63.5]);
+/// let json = serde_json::to_string(&q).unwrap();
+/// assert_eq!(serde_json::from_str::<InferableQuantizer>(&json).unwrap(), q);
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(try_from = "InferableRepr", into = "InferableRepr")]
+pub struct InferableQuantizer {
+    method: QuantizationMethod,
+    grid: IntegerGrid,
+    rounding: RoundingPolicy,
+    qparams: QParams,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InferableRepr {
+    method: QuantizationMethod,
+    grid: IntegerGrid,
+    #[serde(default)]
+    rounding: RoundingPolicy,
+    qparams: QParams,
+}
+
+impl TryFrom<InferableRepr> for InferableQuantizer {
+    type Error = QuantError;
+    fn try_from(r: InferableRepr) -> Result<Self> {
+        InferableQuantizer::new(r.method, r.grid, r.rounding, r.qparams)
+    }
+}
+
+impl From<InferableQuantizer> for InferableRepr {
+    fn from(q: InferableQuantizer) -> Self {
+        InferableRepr {
+            method: q.method,
+            grid: q.grid,
+            rounding: q.rounding,
+            qparams: q.qparams,
+        }
+    }
+}
+
+impl InferableQuantizer {
+    /// Creates an inferable quantizer, checking the invariants listed on the type.
+    ///
+    /// # Errors
+    /// Zero points off the grid; a symmetric method with a non-zero zero point; a PowerOfTwo
+    /// scale that is not a power of two.
+    pub fn new(
+        method: QuantizationMethod,
+        grid: IntegerGrid,
+        rounding: RoundingPolicy,
+        qparams: QParams,
+    ) -> Result<Self> {
+        qparams.check_zero_points(grid)?;
+        if method.is_symmetric() {
+            if let Some(i) = qparams.zero_points().iter().position(|z| *z != 0) {
+                return Err(QuantError::InvalidZeroPoint {
+                    what: format!("zero_points[{i}] of a {method} quantizer (must be 0)"),
+                    value: qparams.zero_points()[i] as f64,
+                    quant_min: 0,
+                    quant_max: 0,
+                });
+            }
+        }
+        if method == QuantizationMethod::PowerOfTwo {
+            for (i, s) in qparams.scales().iter().enumerate() {
+                if s.to_bits() & 0x007f_ffff != 0 {
+                    return Err(QuantError::InvalidScale {
+                        what: format!("scales[{i}] of a PowerOfTwo quantizer (must be a power of two)"),
+                        value: *s,
+                    });
+                }
+            }
+        }
+        Ok(InferableQuantizer {
+            method,
+            grid,
+            rounding,
+            qparams,
+        })
+    }
+
+    /// The grid layout.
+    pub fn method(&self) -> QuantizationMethod {
+        self.method
+    }
+    /// The integer grid.
+    pub fn grid(&self) -> IntegerGrid {
+        self.grid
+    }
+    /// The rounding policy.
+    pub fn rounding(&self) -> RoundingPolicy {
+        self.rounding
+    }
+    /// Scales and zero points.
+    pub fn qparams(&self) -> &QParams {
+        &self.qparams
+    }
+
+    /// The layout of a tensor of `shape` for these parameters.
+    ///
+    /// # Errors
+    /// The channel axis is outside `shape` or its size differs from the number of channels.
+    pub fn layout(&self, shape: &[usize]) -> Result<ChannelLayout> {
+        let layout = ChannelLayout::new(shape, self.qparams.axis())?;
+        if layout.channels != self.qparams.channels() {
+            return Err(QuantError::LengthMismatch {
+                what: format!("channels along axis {:?} of shape {shape:?}", self.qparams.axis()),
+                expected: self.qparams.channels(),
+                actual: layout.channels,
+            });
+        }
+        Ok(layout)
+    }
+
+    /// Quantizes `x` (of `shape`) to integers stored as `T` (`i8`, `u8`, `i16`, `u16`, `i32`).
+    ///
+    /// # Errors
+    /// A shape that does not match `x` or the parameters, a grid that does not fit `T`, or a
+    /// NaN in `x`.
+    pub fn quantize<T: QuantInt>(&self, x: &[f32], shape: &[usize]) -> Result<Vec<T>> {
+        let layout = self.layout(shape)?;
+        let mut q = vec![T::default(); x.len()];
+        kernels::quantize_into(
+            x,
+            &mut q,
+            layout,
+            self.qparams.scales(),
+            self.qparams.zero_points(),
+            self.grid.quant_min(),
+            self.grid.quant_max(),
+            self.rounding,
+        )?;
+        Ok(q)
+    }
+
+    /// Dequantizes integers `q` (of `shape`): `(q - zero_point) * scale`.
+    ///
+    /// # Errors
+    /// A shape that does not match `q` or the parameters.
+    pub fn dequantize<T: QuantInt>(&self, q: &[T], shape: &[usize]) -> Result<Vec<f32>> {
+        let layout = self.layout(shape)?;
+        let mut y = vec![0.0; q.len()];
+        kernels::dequantize_into(
+            q,
+            &mut y,
+            layout,
+            self.qparams.scales(),
+            self.qparams.zero_points(),
+            self.grid.quant_min(),
+            self.grid.quant_max(),
+        )?;
+        Ok(y)
+    }
+
+    /// Quantizes and dequantizes in one pass (equal to `dequantize(quantize(x))`, NaN aside,
+    /// which propagates here).
+    ///
+    /// # Errors
+    /// A shape that does not match `x` or the parameters.
+    pub fn fake_quantize(&self, x: &[f32], shape: &[usize]) -> Result<Vec<f32>> {
+        let layout = self.layout(shape)?;
+        let mut y = vec![0.0; x.len()];
+        kernels::fake_quantize_affine_into(
+            x,
+            &mut y,
+            layout,
+            self.qparams.scales(),
+            self.qparams.zero_points(),
+            self.grid.quant_min(),
+            self.grid.quant_max(),
+            self.rounding,
+        )?;
+        Ok(y)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn invariants_are_checked_on_load() {
+        let ok = r#"{"method":"PowerOfTwo","grid":{"bits":4,"signed":true},"qparams":{"scales":[0.25],"zero_points":[0]}}"#;
+        let q: InferableQuantizer = serde_json::from_str(ok).unwrap();
+        assert_eq!(q.grid().quant_min(), -8);
+        let not_pow2 = ok.replace("0.25", "0.3");
+        let err = serde_json::from_str::<InferableQuantizer>(&not_pow2).unwrap_err().to_string();
+        assert!(err.contains("power of two"), "{err}");
+        let zp = ok.replace("\"zero_points\":[0]", "\"zero_points\":[1]");
+        assert!(serde_json::from_str::<InferableQuantizer>(&zp).is_err());
+        let nan = ok.replace("0.25", "NaN");
+        assert!(serde_json::from_str::<InferableQuantizer>(&nan).is_err());
+        let extra = ok.replace("\"method\"", "\"oops\":1,\"method\"");
+        assert!(serde_json::from_str::<InferableQuantizer>(&extra).is_err());
+    }
+
+    #[test]
+    fn per_channel_storage_types() {
+        let q = InferableQuantizer::new(
+            QuantizationMethod::Uniform,
+            IntegerGrid::UINT8,
+            RoundingPolicy::HalfEven,
+            QParams::per_channel(1, vec![0.1, 0.2], vec![10, 0]).unwrap(),
+        )
+        .unwrap();
+        let x = [0.0, 1.0, -1.0, 60.0];
+        let u: Vec<u8> = q.quantize(&x, &[2, 2]).unwrap();
+        assert_eq!(u, vec![10, 5, 0, 255]);
+        let w: Vec<i16> = q.quantize(&x, &[2, 2]).unwrap();
+        assert_eq!(w, vec![10, 5, 0, 255]);
+        assert!(q.quantize::<i8>(&x, &[2, 2]).is_err());
+        assert!(q.quantize::<u8>(&x, &[4, 1]).is_err());
+        assert_eq!(q.dequantize(&u, &[2, 2]).unwrap(), q.fake_quantize(&x, &[2, 2]).unwrap());
+    }
+}

@@ -1,0 +1,64 @@
+//! # quant-core
+//!
+//! The vocabulary and the machinery of `quant`: what is quantized
+//! ([`QuantizationTarget`]), how the grid is laid out ([`QuantizationMethod`],
+//! [`IntegerGrid`]), how a quantizer trains ([`TrainingMethod`]), how values round
+//! ([`RoundingPolicy`]), quantization parameters ([`QParams`]), exact fake-quantization
+//! [`kernels`] on slices, differentiable dfdx [`ops`], the [`TrainableQuantizer`] trait, the
+//! [`InferableQuantizer`] a trained quantizer becomes, and the quantizer [`registry`].
+//!
+//! ```
+//! use quant_core::kernels::fake_quantize_per_tensor_affine;
+//! use quant_core::{qparams_from_range, IntegerGrid, QuantizationMethod};
+//!
+//! // 4-bit symmetric (MCT's threshold convention): scale = 2.0 / 8.
+//! let grid = IntegerGrid::new(4, true, false)?;
+//! let (scale, zero_point) = qparams_from_range(QuantizationMethod::Symmetric, grid, -1.0, 2.0)?;
+//! assert_eq!((scale, zero_point), (0.25, 0));
+//! let y = fake_quantize_per_tensor_affine(&[0.3, -0.125, 5.0], scale, zero_point, grid.quant_min(), grid.quant_max())?;
+//! assert_eq!(y, vec![0.25, 0.0, 1.75]); // -0.5 rounds half to even → 0; 5.0 clamps to 7 * 0.25
+//! # Ok::<(), quant_core::QuantError>(())
+//! ```
+//!
+//! Most users depend on the `quant` facade crate, which re-exports this one.
+
+#![warn(missing_docs)]
+
+// Lets `::quant_core::...` paths emitted by the macros resolve inside this crate's own tests.
+extern crate self as quant_core;
+
+pub mod config;
+pub mod error;
+pub mod grid;
+pub mod inferable;
+pub mod kernels;
+pub mod ops;
+pub mod quantizer;
+pub mod registry;
+pub mod vocab;
+
+pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerConfig};
+pub use error::{QuantError, Result};
+pub use grid::{
+    power_of_two_threshold, qparams_from_range, symmetric_scale, uniform_qparams, Granularity, IntegerGrid, QParams,
+    MIN_SCALE,
+};
+pub use inferable::InferableQuantizer;
+pub use quantizer::{
+    ActivationQuantizer, ChannelLayout, ParamBank, ParamBankMut, ParamDecl, QuantizerInput, TrainableQuantizer,
+    WeightsQuantizer, MAX_PARAMETERS,
+};
+pub use registry::{MarkedQuantizer, QuantizerEntry, QuantizerMetadata};
+pub use vocab::{QuantizationMethod, QuantizationTarget, RoundingPolicy, TrainingMethod};
+
+/// Not public API: what the macros' expansions refer to.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::registry::{QuantizerEntry, QUANTIZERS, TRAINING_METHODS};
+    pub use linkme;
+
+    /// Compile-time check emitted by `#[mark_quantizer(target = Weights)]`.
+    pub const fn assert_weights_quantizer<T: crate::WeightsQuantizer>() {}
+    /// Compile-time check emitted by `#[mark_quantizer(target = Activation)]`.
+    pub const fn assert_activation_quantizer<T: crate::ActivationQuantizer>() {}
+}

@@ -1,0 +1,387 @@
+//! Differentiable fake-quantization ops on dfdx tensors, with hand-written fused backward
+//! passes (one pass over the data each way, never a chain of dfdx primitives).
+//!
+//! Every op works with `OwnedTape` (training: records its backward) and `NoneTape`
+//! (evaluation: records nothing), accepts non-contiguous inputs (they are made contiguous
+//! first, which dfdx differentiates), and composes with any other dfdx op. Parameter tensors
+//! (scales, clip values, ranges) are ordinary module parameters without a tape: their
+//! gradients are added to the same `Gradients` as the input's, keyed by their ids, the way
+//! dfdx's own layers do it.
+//!
+//! ```
+//! use dfdx::prelude::*;
+//! use quant_core::ops;
+//! use quant_core::{IntegerGrid, RoundingPolicy};
+//!
+//! let dev = Cpu::default();
+//! let scale: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([0.5]);
+//! let x = dev.tensor([0.3f32, -0.9, 4.0]);
+//! let grads = scale.alloc_grads();
+//! let y = ops::lsq(x.trace(grads), &scale, None, None, IntegerGrid::new(4, true, false)?, RoundingPolicy::HalfEven, None)?;
+//! assert_eq!(y.array(), [0.5, -1.0, 3.5]);
+//! let grads = y.sum().backward();
+//! assert!(grads.get(&scale).array()[0] != 0.0);
+//! # Ok::<(), quant_core::QuantError>(())
+//! ```
+
+use std::sync::Arc;
+
+use dfdx::prelude::*;
+use dfdx::tensor::{CpuError, Gradients};
+
+use crate::error::{QuantError, Result};
+use crate::grid::{IntegerGrid, QParams};
+use crate::kernels;
+use crate::quantizer::{ChannelLayout, ParamBank, ParamBankMut, QuantizerInput, TrainableQuantizer, MAX_PARAMETERS};
+use crate::vocab::RoundingPolicy;
+
+type Accumulate = Box<dyn FnOnce(&mut Gradients<f32, Cpu>, &[f32]) -> std::result::Result<(), CpuError>>;
+
+/// A parameter tensor's values, and (when it trains) how to add into its gradient.
+pub struct ParamInput {
+    data: Vec<f32>,
+    accumulate: Option<Accumulate>,
+}
+
+impl ParamInput {
+    /// Reads `t`; its gradient is recorded when `trainable`. `t` must be contiguous, as every
+    /// module parameter is.
+    pub fn new<S: Shape>(t: &Tensor<S, f32, Cpu>, trainable: bool) -> ParamInput {
+        let accumulate: Option<Accumulate> = if trainable {
+            let ghost = t.ghost();
+            Some(Box::new(move |grads: &mut Gradients<f32, Cpu>, d: &[f32]| {
+                let slot = grads.get_or_alloc_mut(&ghost)?;
+                for (g, v) in slot.iter_mut().zip(d) {
+                    *g += *v;
+                }
+                Ok(())
+            }))
+        } else {
+            None
+        };
+        ParamInput {
+            data: t.as_vec(),
+            accumulate,
+        }
+    }
+
+    /// The values.
+    pub fn data(&self) -> &[f32] {
+        &self.data
+    }
+}
+
+/// The forward half of a custom op: reads the input, the parameters, writes the output.
+pub type ForwardFn<'a> = dyn FnOnce(&[f32], &[&[f32]], &mut [f32]) -> Result<()> + 'a;
+/// The backward half of a custom op: given the input, the parameters and the output
+/// gradient, adds into the input gradient and the (zeroed) parameter gradients.
+pub type BackwardFn = dyn FnOnce(&[f32], &[&[f32]], &[f32], &mut [f32], &mut [Vec<f32>]);
+
+/// Builds a differentiable elementwise op with parameters: runs `forward` now and, when `x`
+/// carries an `OwnedTape`, records `backward` on it.
+///
+/// This is the one place that talks to dfdx's tape; every op here and every quantizer chosen at
+/// run time goes through it.
+pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    params: Vec<ParamInput>,
+    forward: Box<ForwardFn<'_>>,
+    backward: Box<BackwardFn>,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let x = x.try_contiguous()?;
+    let (x, mut tape) = x.split_tape();
+    let x_data = x.as_vec();
+    let mut y = vec![0.0f32; x_data.len()];
+    {
+        let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
+        forward(&x_data, &views, &mut y)?;
+    }
+    let out = x.device().try_tensor_from_vec(y, *x.shape())?;
+    if T::OWNS_TAPE {
+        let x_ghost = x.ghost();
+        let out_ghost = out.ghost();
+        tape.add_backward_op(move |grads| {
+            grads.try_alloc_for(&x_ghost)?;
+            // Take the output gradient out of its slot so the input's can be borrowed too.
+            let dy: Vec<f32> = std::mem::take(&mut **grads.get_or_alloc_mut(&out_ghost)?);
+            let (datas, accumulates): (Vec<Vec<f32>>, Vec<Option<Accumulate>>) =
+                params.into_iter().map(|p| (p.data, p.accumulate)).unzip();
+            let views: Vec<&[f32]> = datas.iter().map(|d| d.as_slice()).collect();
+            let mut dparams: Vec<Vec<f32>> = datas.iter().map(|d| vec![0.0; d.len()]).collect();
+            {
+                let dx = grads.get_or_alloc_mut(&x_ghost)?;
+                backward(&x_data, &views, &dy, dx, &mut dparams);
+            }
+            **grads.get_or_alloc_mut(&out_ghost)? = dy;
+            for (acc, d) in accumulates.into_iter().zip(&dparams) {
+                if let Some(acc) = acc {
+                    acc(grads, d)?;
+                }
+            }
+            Ok(())
+        });
+    }
+    Ok(out.put_tape(tape))
+}
+
+fn shape_layout<S: Shape>(shape: &S, axis: Option<usize>) -> Result<ChannelLayout> {
+    let dims = shape.concrete();
+    ChannelLayout::new(dims.as_ref(), axis)
+}
+
+/// Straight-through fake quantization with fixed parameters (per tensor, or per channel on
+/// `qparams.axis()`), the dfdx form of [`kernels::fake_quantize_affine_into`]. The gradient is
+/// `dy` where the rounded value lies on the grid, 0 elsewhere.
+pub fn fake_quantize<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    qparams: &QParams,
+    grid: IntegerGrid,
+    rounding: RoundingPolicy,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let layout = shape_layout(x.shape(), qparams.axis())?;
+    if layout.channels != qparams.channels() {
+        return Err(QuantError::LengthMismatch {
+            what: format!("channels along axis {:?}", qparams.axis()),
+            expected: qparams.channels(),
+            actual: layout.channels,
+        });
+    }
+    qparams.check_zero_points(grid)?;
+    let q = qparams.clone();
+    let (qmin, qmax) = (grid.quant_min(), grid.quant_max());
+    let q2 = q.clone();
+    custom_op(
+        x,
+        Vec::new(),
+        Box::new(move |x, _, y| {
+            kernels::fake_quantize_affine_into(x, y, layout, q.scales(), q.zero_points(), qmin, qmax, rounding)
+        }),
+        Box::new(move |x, _, dy, dx, _| {
+            // Cannot fail: the forward pass validated the same arguments.
+            let _ = kernels::fake_quantize_affine_backward_into(
+                x,
+                dy,
+                dx,
+                layout,
+                q2.scales(),
+                q2.zero_points(),
+                qmin,
+                qmax,
+                rounding,
+            );
+        }),
+    )
+}
+
+/// LSQ's default gradient scale, `1 / sqrt(numel * quant_max)`.
+pub fn lsq_grad_factor(numel: usize, grid: IntegerGrid) -> f32 {
+    let qmax = grid.quant_max().max(1) as f64;
+    (1.0 / ((numel.max(1) as f64) * qmax).sqrt()) as f32
+}
+
+/// Learned step size quantization (Esser et al.): fake quantization whose scale (and, for an
+/// affine grid, zero point) are learned. `scale` holds one value per channel along `axis`
+/// (`axis = None` and `C = 1` for per tensor); `zero_point`, when given, is a learnable float
+/// rounded before use. `grad_factor` defaults to [`lsq_grad_factor`]. The backward pass is
+/// PyTorch's `_fake_quantize_learnable_*_affine_backward`.
+///
+/// Scales are clamped to at least [`crate::grid::MIN_SCALE`] before use, so a step that pushes
+/// a scale to zero or below does not break the forward pass.
+pub fn lsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
+    x: Tensor<S, f32, Cpu, T>,
+    scale: &Tensor<Rank1<C>, f32, Cpu>,
+    zero_point: Option<&Tensor<Rank1<C>, f32, Cpu>>,
+    axis: Option<usize>,
+    grid: IntegerGrid,
+    rounding: RoundingPolicy,
+    grad_factor: Option<f32>,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let layout = shape_layout(x.shape(), axis)?;
+    if layout.channels != C {
+        return Err(QuantError::LengthMismatch {
+            what: format!("channels along axis {axis:?} (the scale tensor has {C})"),
+            expected: C,
+            actual: layout.channels,
+        });
+    }
+    let g = grad_factor.unwrap_or_else(|| lsq_grad_factor(layout.numel(), grid));
+    let mut params = vec![ParamInput::new(scale, true)];
+    if let Some(z) = zero_point {
+        params.push(ParamInput::new(z, true));
+    }
+    let learn_zero = zero_point.is_some();
+    let (qmin, qmax) = (grid.quant_min(), grid.quant_max());
+    let prepare = move |p: &[&[f32]]| -> Result<(Vec<f32>, Vec<f32>, Vec<i32>)> {
+        let scales: Vec<f32> = p[0].iter().map(|s| s.max(crate::grid::MIN_SCALE)).collect();
+        let zf: Vec<f32> = if learn_zero { p[1].to_vec() } else { vec![0.0; C] };
+        let zi = zf
+            .iter()
+            .map(|z| kernels::round_zero_point(*z, qmin, qmax))
+            .collect::<Result<Vec<i32>>>()?;
+        Ok((scales, zf, zi))
+    };
+    custom_op(
+        x,
+        params,
+        Box::new(move |x, p, y| {
+            let (s, _, z) = prepare(p)?;
+            kernels::fake_quantize_affine_into(x, y, layout, &s, &z, qmin, qmax, rounding)
+        }),
+        Box::new(move |x, p, dy, dx, dp| {
+            if let Ok((s, zf, _)) = prepare(p) {
+                let mut ds = vec![0.0; C];
+                let mut dz = vec![0.0; C];
+                let _ = kernels::fake_quantize_learnable_affine_backward_into(
+                    x, dy, dx, layout, &s, &zf, qmin, qmax, g, rounding, &mut ds, &mut dz,
+                );
+                dp[0].copy_from_slice(&ds);
+                if learn_zero {
+                    dp[1].copy_from_slice(&dz);
+                }
+            }
+        }),
+    )
+}
+
+/// PACT (Choi et al.): `y = fake_quant(clamp(x, 0, α))` on an unsigned grid with
+/// `scale = α / quant_max`, zero point 0; `dx = dy·[0 ≤ x < α]`, `dα = Σ dy·[x ≥ α]`.
+/// `α` is clamped to at least `quant_max ·` [`crate::grid::MIN_SCALE`] before use.
+///
+/// # Errors
+/// A signed grid (PACT clips at 0).
+pub fn pact<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    alpha: &Tensor<Rank0, f32, Cpu>,
+    grid: IntegerGrid,
+    rounding: RoundingPolicy,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    if grid.signed() {
+        return Err(QuantError::InvalidValue {
+            what: "grid.signed".into(),
+            value: "true".into(),
+            expected: "an unsigned grid: PACT clips activations to [0, alpha]".into(),
+        });
+    }
+    let layout = shape_layout(x.shape(), None)?;
+    custom_op(
+        x,
+        vec![ParamInput::new(alpha, true)],
+        Box::new(move |x, p, y| kernels::pact_forward_into(x, y, layout, p[0][0], grid, rounding)),
+        Box::new(move |x, p, dy, dx, dp| {
+            dp[0][0] += kernels::pact_backward_into(x, dy, dx, p[0][0], grid);
+        }),
+    )
+}
+
+/// DSQ (Gong et al.): affine fake quantization over the learnable range `[lower, upper]`
+/// (nudged so 0 is on the grid) whose backward pass is the derivative of the soft, tanh-shaped
+/// surrogate with sharpness `alpha`; `alpha`, `lower` and `upper` all learn. See
+/// [`kernels::dsq_backward_into`] for the exact surrogate.
+#[allow(clippy::too_many_arguments)]
+pub fn dsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
+    x: Tensor<S, f32, Cpu, T>,
+    alpha: &Tensor<Rank1<C>, f32, Cpu>,
+    lower: &Tensor<Rank1<C>, f32, Cpu>,
+    upper: &Tensor<Rank1<C>, f32, Cpu>,
+    axis: Option<usize>,
+    grid: IntegerGrid,
+    rounding: RoundingPolicy,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let layout = shape_layout(x.shape(), axis)?;
+    if layout.channels != C {
+        return Err(QuantError::LengthMismatch {
+            what: format!("channels along axis {axis:?} (the parameter tensors have {C})"),
+            expected: C,
+            actual: layout.channels,
+        });
+    }
+    custom_op(
+        x,
+        vec![ParamInput::new(alpha, true), ParamInput::new(lower, true), ParamInput::new(upper, true)],
+        Box::new(move |x, p, y| kernels::dsq_forward_into(x, y, layout, p[1], p[2], grid, rounding)),
+        Box::new(move |x, p, dy, dx, dp| {
+            let (da, rest) = dp.split_at_mut(1);
+            let (dl, du) = rest.split_at_mut(1);
+            kernels::dsq_backward_into(x, dy, dx, layout, p[0], p[1], p[2], grid, &mut da[0], &mut dl[0], &mut du[0]);
+        }),
+    )
+}
+
+/// Runs a quantizer chosen at run time (`dyn TrainableQuantizer`) on a dfdx tensor.
+///
+/// The quantizer's parameter slots live in two banks of `MAX_PARAMETERS × channels` values:
+/// `learned` (trainable, updated by the optimiser) and `fixed` (detached). Slot `k` is read from
+/// `learned` when the quantizer declares it trainable, else from `fixed`. Gradients reach
+/// `learned` only when `train_params` is true.
+#[allow(clippy::too_many_arguments)]
+pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
+    quantizer: &Arc<dyn TrainableQuantizer>,
+    x: Tensor<S, f32, Cpu, T>,
+    learned: &Tensor<P, f32, Cpu>,
+    fixed: &Tensor<P, f32, Cpu>,
+    grid: IntegerGrid,
+    axis: Option<usize>,
+    train_params: bool,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let layout = shape_layout(x.shape(), axis)?;
+    let bank_channels = learned.shape().num_elements() / MAX_PARAMETERS;
+    let decls = quantizer.parameters();
+    if decls.len() > MAX_PARAMETERS {
+        return Err(QuantError::TooManyParameters {
+            quantizer: format!("{:?}", quantizer),
+            count: decls.len(),
+            max: MAX_PARAMETERS,
+        });
+    }
+    if layout.channels != 1 && layout.channels != bank_channels {
+        return Err(QuantError::LengthMismatch {
+            what: format!("channels along axis {axis:?} (the parameter slots hold {bank_channels})"),
+            expected: bank_channels,
+            actual: layout.channels,
+        });
+    }
+    let trainable: Vec<bool> = (0..MAX_PARAMETERS)
+        .map(|k| decls.get(k).is_some_and(|d| d.trainable))
+        .collect();
+    let q_fwd = quantizer.clone();
+    let q_bwd = quantizer.clone();
+    let trainable_fwd = trainable.clone();
+    custom_op(
+        x,
+        vec![ParamInput::new(learned, train_params), ParamInput::new(fixed, false)],
+        Box::new(move |x, p, y| {
+            let bank = merge_banks(&trainable_fwd, bank_channels, p[0], p[1]);
+            let input = QuantizerInput::new(x, layout, grid)?;
+            q_fwd.forward(input, &ParamBank::new(&bank, bank_channels)?, y)
+        }),
+        Box::new(move |x, p, dy, dx, dp| {
+            let bank = merge_banks(&trainable, bank_channels, p[0], p[1]);
+            let mut dbank = vec![0.0; bank.len()];
+            if let (Ok(input), Ok(view), Ok(mut dview)) = (
+                QuantizerInput::new(x, layout, grid),
+                ParamBank::new(&bank, bank_channels),
+                ParamBankMut::new(&mut dbank, bank_channels),
+            ) {
+                q_bwd.backward(input, &view, dy, dx, &mut dview);
+            }
+            for (k, t) in trainable.iter().enumerate() {
+                if *t {
+                    let r = k * bank_channels..(k + 1) * bank_channels;
+                    dp[0][r.clone()].copy_from_slice(&dbank[r]);
+                }
+            }
+        }),
+    )
+}
+
+/// One bank of slots: slot `k` from `learned` where `trainable[k]`, else from `fixed`.
+fn merge_banks(trainable: &[bool], channels: usize, learned: &[f32], fixed: &[f32]) -> Vec<f32> {
+    let mut bank = fixed.to_vec();
+    for (k, t) in trainable.iter().enumerate() {
+        if *t {
+            let r = k * channels..(k + 1) * channels;
+            bank[r.clone()].copy_from_slice(&learned[r]);
+        }
+    }
+    bank
+}
