@@ -1,1 +1,12 @@
-//! placeholder
+//! # quant-ops
+//!
+//! The catalogue of `quant`: built-in trainable quantizers, observers, float convolution and
+//! pooling for stable Rust, quantized layers, model conversion, calibration, platforms, export
+//! and integer inference.
+
+#![warn(missing_docs)]
+
+extern crate self as quant_ops;
+
+pub mod nn;
+pub mod observers;

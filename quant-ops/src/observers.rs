@@ -1,0 +1,1 @@
+//! Observers: statistics of tensors turned into quantization parameters.
