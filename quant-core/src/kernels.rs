@@ -129,7 +129,13 @@ fn check_range(quant_min: i32, quant_max: i32) -> Result<()> {
     Ok(())
 }
 
-fn affine(scale: f32, zero_point: i32, quant_min: i32, quant_max: i32, what: impl Fn() -> String) -> Result<Affine> {
+fn affine(
+    scale: f32,
+    zero_point: i32,
+    quant_min: i32,
+    quant_max: i32,
+    what: impl Fn() -> String,
+) -> Result<Affine> {
     check_scale(scale, || format!("{}scale", what()))?;
     if zero_point < quant_min || zero_point > quant_max {
         return Err(QuantError::InvalidZeroPoint {
@@ -265,7 +271,13 @@ fn fq_row_expanded<R: Round>(x: &[f32], y: &mut [f32], e: &Expanded) {
     }
 }
 
-fn fq_slow(x: &[f32], y: &mut [f32], layout: ChannelLayout, params: &[Affine], rounding: RoundingPolicy) {
+fn fq_slow(
+    x: &[f32],
+    y: &mut [f32],
+    layout: ChannelLayout,
+    params: &[Affine],
+    rounding: RoundingPolicy,
+) {
     for (i, (yi, xi)) in y.iter_mut().zip(x).enumerate() {
         let p = params[layout.channel_of(i)];
         let v = *xi * p.inv;
@@ -290,22 +302,32 @@ fn fq_driver<R: Round>(x: &[f32], y: &mut [f32], layout: ChannelLayout, params: 
         }
     } else if layout.inner >= SHORT_BLOCK {
         let inner = layout.inner;
-        let run = |(b, (y, x)): (usize, (&mut [f32], &[f32]))| fq_row::<R>(x, y, params[b % layout.channels]);
+        let run = |(b, (y, x)): (usize, (&mut [f32], &[f32]))| {
+            fq_row::<R>(x, y, params[b % layout.channels])
+        };
         if n >= PARALLEL_THRESHOLD {
-            y.par_chunks_mut(inner).zip(x.par_chunks(inner)).enumerate().for_each(run);
+            y.par_chunks_mut(inner)
+                .zip(x.par_chunks(inner))
+                .enumerate()
+                .for_each(run);
         } else {
-            y.chunks_mut(inner).zip(x.chunks(inner)).enumerate().for_each(run);
+            y.chunks_mut(inner)
+                .zip(x.chunks(inner))
+                .enumerate()
+                .for_each(run);
         }
     } else {
         let period = layout.channels * layout.inner;
         let e = Expanded::new(params, layout.inner);
         if n >= PARALLEL_THRESHOLD {
             let job = job_len(n, period);
-            y.par_chunks_mut(job).zip(x.par_chunks(job)).for_each(|(y, x)| {
-                for (y, x) in y.chunks_mut(period).zip(x.chunks(period)) {
-                    fq_row_expanded::<R>(x, y, &e);
-                }
-            });
+            y.par_chunks_mut(job)
+                .zip(x.par_chunks(job))
+                .for_each(|(y, x)| {
+                    for (y, x) in y.chunks_mut(period).zip(x.chunks(period)) {
+                        fq_row_expanded::<R>(x, y, &e);
+                    }
+                });
         } else {
             for (y, x) in y.chunks_mut(period).zip(x.chunks(period)) {
                 fq_row_expanded::<R>(x, y, &e);
@@ -334,7 +356,15 @@ pub fn fake_quantize_per_tensor_affine(
     quant_max: i32,
 ) -> Result<Vec<f32>> {
     let mut y = vec![0.0; x.len()];
-    fake_quantize_per_tensor_affine_into(x, &mut y, scale, zero_point, quant_min, quant_max, RoundingPolicy::HalfEven)?;
+    fake_quantize_per_tensor_affine_into(
+        x,
+        &mut y,
+        scale,
+        zero_point,
+        quant_min,
+        quant_max,
+        RoundingPolicy::HalfEven,
+    )?;
     Ok(y)
 }
 
@@ -385,7 +415,16 @@ pub fn fake_quantize_per_channel_affine(
 ) -> Result<Vec<f32>> {
     let layout = ChannelLayout::new(shape, Some(axis))?;
     let mut y = vec![0.0; x.len()];
-    fake_quantize_affine_into(x, &mut y, layout, scales, zero_points, quant_min, quant_max, RoundingPolicy::HalfEven)?;
+    fake_quantize_affine_into(
+        x,
+        &mut y,
+        layout,
+        scales,
+        zero_points,
+        quant_min,
+        quant_max,
+        RoundingPolicy::HalfEven,
+    )?;
     Ok(y)
 }
 
@@ -426,11 +465,30 @@ fn ste_row<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: Affine) {
     }
 }
 
-fn ste_driver<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], layout: ChannelLayout, params: &[Affine]) {
-    let inner = if layout.channels == 1 { PARALLEL_CHUNK } else { layout.inner };
+fn ste_driver<R: Round>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    layout: ChannelLayout,
+    params: &[Affine],
+) {
+    let inner = if layout.channels == 1 {
+        PARALLEL_CHUNK
+    } else {
+        layout.inner
+    };
     if layout.channels == 1 || inner >= SHORT_BLOCK {
         let run = |(b, ((g, x), dy)): (usize, ((&mut [f32], &[f32]), &[f32]))| {
-            ste_row::<R>(x, dy, g, params[if layout.channels == 1 { 0 } else { b % layout.channels }])
+            ste_row::<R>(
+                x,
+                dy,
+                g,
+                params[if layout.channels == 1 {
+                    0
+                } else {
+                    b % layout.channels
+                }],
+            )
         };
         if x.len() >= PARALLEL_THRESHOLD {
             dx.par_chunks_mut(inner)
@@ -439,7 +497,11 @@ fn ste_driver<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], layout: ChannelLa
                 .enumerate()
                 .for_each(run);
         } else {
-            dx.chunks_mut(inner).zip(x.chunks(inner)).zip(dy.chunks(inner)).enumerate().for_each(run);
+            dx.chunks_mut(inner)
+                .zip(x.chunks(inner))
+                .zip(dy.chunks(inner))
+                .enumerate()
+                .for_each(run);
         }
     } else {
         for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
@@ -558,7 +620,11 @@ fn lsq_driver<R: Round>(
     let channels = layout.channels;
     let mut sums = vec![LsqSums::default(); channels];
     if channels == 1 || layout.inner >= SHORT_BLOCK {
-        let inner = if channels == 1 { PARALLEL_CHUNK } else { layout.inner };
+        let inner = if channels == 1 {
+            PARALLEL_CHUNK
+        } else {
+            layout.inner
+        };
         let run = |(b, ((g, x), dy)): (usize, ((&mut [f32], &[f32]), &[f32]))| {
             let c = if channels == 1 { 0 } else { b % channels };
             (c, lsq_row::<R>(x, dy, g, params[c]))
@@ -571,7 +637,12 @@ fn lsq_driver<R: Round>(
                 .map(run)
                 .collect()
         } else {
-            dx.chunks_mut(inner).zip(x.chunks(inner)).zip(dy.chunks(inner)).enumerate().map(run).collect()
+            dx.chunks_mut(inner)
+                .zip(x.chunks(inner))
+                .zip(dy.chunks(inner))
+                .enumerate()
+                .map(run)
+                .collect()
         };
         for (c, s) in partial {
             sums[c] = sums[c] + s;
@@ -579,7 +650,12 @@ fn lsq_driver<R: Round>(
     } else {
         for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
             let c = layout.channel_of(i);
-            let s = lsq_row::<R>(std::slice::from_ref(xi), std::slice::from_ref(dyi), std::slice::from_mut(g), params[c]);
+            let s = lsq_row::<R>(
+                std::slice::from_ref(xi),
+                std::slice::from_ref(dyi),
+                std::slice::from_mut(g),
+                params[c],
+            );
             sums[c] = sums[c] + s;
         }
     }
@@ -773,7 +849,13 @@ pub fn pact_forward_into(
 }
 
 /// PACT backward: adds `dy·[0 ≤ x < α]` into `dx` and returns `dα = Σ dy·[x ≥ α]`.
-pub fn pact_backward_into(x: &[f32], dy: &[f32], dx: &mut [f32], alpha: f32, grid: crate::grid::IntegerGrid) -> f32 {
+pub fn pact_backward_into(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    alpha: f32,
+    grid: crate::grid::IntegerGrid,
+) -> f32 {
     let a = pact_alpha(alpha, grid);
     let mut dalpha = 0f64;
     for ((g, xi), dyi) in dx.iter_mut().zip(x).zip(dy) {
@@ -819,7 +901,16 @@ pub fn dsq_forward_into(
         scales.push(s);
         zps.push(z);
     }
-    fake_quantize_affine_into(x, y, layout, &scales, &zps, grid.quant_min(), grid.quant_max(), rounding)
+    fake_quantize_affine_into(
+        x,
+        y,
+        layout,
+        &scales,
+        &zps,
+        grid.quant_min(),
+        grid.quant_max(),
+        rounding,
+    )
 }
 
 /// DSQ backward: the exact derivative of the soft surrogate, added into `dx`, `dalpha`,
@@ -851,11 +942,19 @@ pub fn dsq_backward_into(
     let mut sums = vec![(0f64, 0f64); channels]; // (dΔ, dα) per channel
     let mut params = Vec::with_capacity(channels);
     for c in 0..channels {
-        let (l, u) = (lower.get(c).copied().unwrap_or(0.0), upper.get(c).copied().unwrap_or(0.0));
+        let (l, u) = (
+            lower.get(c).copied().unwrap_or(0.0),
+            upper.get(c).copied().unwrap_or(0.0),
+        );
         let (delta, z) = dsq_qparams(l, u, grid).unwrap_or((crate::grid::MIN_SCALE, 0));
         let raw_alpha = alpha.get(c).copied().unwrap_or(0.2);
         let a_clamped = raw_alpha.clamp(DSQ_ALPHA_RANGE.0, DSQ_ALPHA_RANGE.1);
-        params.push((delta, (grid.quant_min() - z) as f32, a_clamped, a_clamped == raw_alpha));
+        params.push((
+            delta,
+            (grid.quant_min() - z) as f32,
+            a_clamped,
+            a_clamped == raw_alpha,
+        ));
     }
     for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
         let c = layout.channel_of(i);
@@ -887,7 +986,10 @@ pub fn dsq_backward_into(
         sums[c].1 += (*dyi * 0.5 * delta * dphi_dalpha) as f64;
     }
     for c in 0..channels {
-        let (l, u) = (lower.get(c).copied().unwrap_or(0.0), upper.get(c).copied().unwrap_or(0.0));
+        let (l, u) = (
+            lower.get(c).copied().unwrap_or(0.0),
+            upper.get(c).copied().unwrap_or(0.0),
+        );
         let (lo_end, hi_end) = (l.min(u), u.max(l));
         let ddelta = sums[c].0 as f32;
         // Δ = (max(hi, 0) - min(lo, 0)) / N; the floor at MIN_SCALE stops the gradient.
@@ -953,16 +1055,39 @@ fn q_row<T: QuantInt, R: Round>(x: &[f32], q: &mut [T], p: Affine) {
     }
 }
 
-fn q_driver<R: Round>(x: &[f32], q: &mut [impl QuantInt], layout: ChannelLayout, params: &[Affine]) {
+fn q_driver<R: Round>(
+    x: &[f32],
+    q: &mut [impl QuantInt],
+    layout: ChannelLayout,
+    params: &[Affine],
+) {
     if layout.channels == 1 || layout.inner >= SHORT_BLOCK {
-        let inner = if layout.channels == 1 { PARALLEL_CHUNK } else { layout.inner };
+        let inner = if layout.channels == 1 {
+            PARALLEL_CHUNK
+        } else {
+            layout.inner
+        };
         let run = |(b, (q, x)): (usize, (&mut [_], &[f32]))| {
-            q_row::<_, R>(x, q, params[if layout.channels == 1 { 0 } else { b % layout.channels }])
+            q_row::<_, R>(
+                x,
+                q,
+                params[if layout.channels == 1 {
+                    0
+                } else {
+                    b % layout.channels
+                }],
+            )
         };
         if x.len() >= PARALLEL_THRESHOLD {
-            q.par_chunks_mut(inner).zip(x.par_chunks(inner)).enumerate().for_each(run);
+            q.par_chunks_mut(inner)
+                .zip(x.par_chunks(inner))
+                .enumerate()
+                .for_each(run);
         } else {
-            q.chunks_mut(inner).zip(x.chunks(inner)).enumerate().for_each(run);
+            q.chunks_mut(inner)
+                .zip(x.chunks(inner))
+                .enumerate()
+                .for_each(run);
         }
     } else {
         for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
@@ -1044,7 +1169,11 @@ pub fn dequantize_into<T: QuantInt>(
     check_len("y", q.len(), y.len())?;
     let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
     for (i, (yi, qi)) in y.iter_mut().zip(q).enumerate() {
-        let p = params[if layout.channels == 1 { 0 } else { layout.channel_of(i) }];
+        let p = params[if layout.channels == 1 {
+            0
+        } else {
+            layout.channel_of(i)
+        }];
         *yi = ((qi.to_i32() as i64 - p.zero_point as i64) as f32) * p.scale;
     }
     Ok(())
@@ -1115,31 +1244,70 @@ mod tests {
             fake_quantize_per_channel_affine(&[1.0; 6], &[2, 3], 2, &[1.0; 3], &[0; 3], -8, 7),
             Err(QuantError::InvalidAxis { .. })
         ));
-        assert!(fake_quantize_learnable_per_tensor_affine_backward(&x, &[1.0, 2.0], 1.0, 0.0, -8, 7, 1.0).is_err());
-        assert!(fake_quantize_learnable_per_tensor_affine_backward(&x, &[1.0], 1.0, f32::NAN, -8, 7, 1.0).is_err());
-        assert!(fake_quantize_learnable_per_tensor_affine_backward(&x, &[1.0], 1.0, 0.0, -8, 7, f32::NAN).is_err());
+        assert!(fake_quantize_learnable_per_tensor_affine_backward(
+            &x,
+            &[1.0, 2.0],
+            1.0,
+            0.0,
+            -8,
+            7,
+            1.0
+        )
+        .is_err());
+        assert!(fake_quantize_learnable_per_tensor_affine_backward(
+            &x,
+            &[1.0],
+            1.0,
+            f32::NAN,
+            -8,
+            7,
+            1.0
+        )
+        .is_err());
+        assert!(fake_quantize_learnable_per_tensor_affine_backward(
+            &x,
+            &[1.0],
+            1.0,
+            0.0,
+            -8,
+            7,
+            f32::NAN
+        )
+        .is_err());
     }
 
     #[test]
     fn wide_ranges_take_the_exact_slow_path() {
         let x = [3.5e6f32, -7.25e6, 0.5, 1.5];
         let y = fake_quantize_per_tensor_affine(&x, 1.0, 0, i32::MIN, i32::MAX).unwrap();
-        assert_eq!(y, vec![3.5e6f32.round_ties_even(), -7.25e6f32.round_ties_even(), 0.0, 2.0]);
+        assert_eq!(
+            y,
+            vec![
+                3.5e6f32.round_ties_even(),
+                -7.25e6f32.round_ties_even(),
+                0.0,
+                2.0
+            ]
+        );
     }
 
     #[test]
     fn per_channel_matches_per_tensor_channel_by_channel_on_every_axis() {
         let shape = [3usize, 4, 5];
-        let x: Vec<f32> = (0..60).map(|i| ((i * 37 % 61) as f32 - 30.0) * 0.173).collect();
+        let x: Vec<f32> = (0..60)
+            .map(|i| ((i * 37 % 61) as f32 - 30.0) * 0.173)
+            .collect();
         for axis in 0..3 {
             let c = shape[axis];
             let scales: Vec<f32> = (0..c).map(|k| 0.1 + 0.07 * k as f32).collect();
             let zps: Vec<i32> = (0..c).map(|k| k as i32 - 1).collect();
-            let y = fake_quantize_per_channel_affine(&x, &shape, axis, &scales, &zps, -8, 7).unwrap();
+            let y =
+                fake_quantize_per_channel_affine(&x, &shape, axis, &scales, &zps, -8, 7).unwrap();
             let layout = ChannelLayout::new(&shape, Some(axis)).unwrap();
             for (i, (xi, yi)) in x.iter().zip(&y).enumerate() {
                 let ch = layout.channel_of(i);
-                let e = fake_quantize_per_tensor_affine(&[*xi], scales[ch], zps[ch], -8, 7).unwrap()[0];
+                let e =
+                    fake_quantize_per_tensor_affine(&[*xi], scales[ch], zps[ch], -8, 7).unwrap()[0];
                 assert_eq!(*yi, e, "axis {axis} i {i}");
             }
         }
@@ -1148,13 +1316,20 @@ mod tests {
     #[test]
     fn large_tensors_split_across_threads_give_the_same_result() {
         let n = PARALLEL_THRESHOLD * 2 + 17;
-        let x: Vec<f32> = (0..n).map(|i| ((i * 7919) % 2001) as f32 * 0.01 - 10.0).collect();
+        let x: Vec<f32> = (0..n)
+            .map(|i| ((i * 7919) % 2001) as f32 * 0.01 - 10.0)
+            .collect();
         let y = fake_quantize_per_tensor_affine(&x, 0.05, 3, -128, 127).unwrap();
         for (xi, yi) in x.iter().zip(&y).step_by(997) {
-            assert_eq!(*yi, reference(*xi, 0.05, 3, -128, 127, RoundingPolicy::HalfEven));
+            assert_eq!(
+                *yi,
+                reference(*xi, 0.05, 3, -128, 127, RoundingPolicy::HalfEven)
+            );
         }
         let dy = vec![1.0; n];
-        let (dx, ds, _) = fake_quantize_learnable_per_tensor_affine_backward(&x, &dy, 0.05, 3.0, -128, 127, 1.0).unwrap();
+        let (dx, ds, _) =
+            fake_quantize_learnable_per_tensor_affine_backward(&x, &dy, 0.05, 3.0, -128, 127, 1.0)
+                .unwrap();
         let mut exact = 0f64;
         for (xi, gi) in x.iter().zip(&dx) {
             let q = (xi * 20.0f32).round_ties_even() + 3.0;
@@ -1168,7 +1343,10 @@ mod tests {
                 124.0
             };
         }
-        assert!(((ds as f64 - exact) / exact).abs() < 1e-6, "{ds} vs {exact}");
+        assert!(
+            ((ds as f64 - exact) / exact).abs() < 1e-6,
+            "{ds} vs {exact}"
+        );
     }
 
     #[test]
@@ -1177,15 +1355,45 @@ mod tests {
         let layout = ChannelLayout::new(&[3, 100], Some(0)).unwrap();
         let (s, z) = ([0.02, 0.05, 0.1], [-3, 0, 5]);
         let mut q = vec![0i8; 300];
-        quantize_into(&x, &mut q, layout, &s, &z, -128, 127, RoundingPolicy::HalfEven).unwrap();
+        quantize_into(
+            &x,
+            &mut q,
+            layout,
+            &s,
+            &z,
+            -128,
+            127,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
         let mut y = vec![0.0; 300];
         dequantize_into(&q, &mut y, layout, &s, &z, -128, 127).unwrap();
         let f = fake_quantize_per_channel_affine(&x, &[3, 100], 0, &s, &z, -128, 127).unwrap();
         assert_eq!(y, f);
-        assert!(quantize_into(&x, &mut vec![0i8; 300], layout, &s, &z, 0, 255, RoundingPolicy::HalfEven).is_err());
+        assert!(quantize_into(
+            &x,
+            &mut vec![0i8; 300],
+            layout,
+            &s,
+            &z,
+            0,
+            255,
+            RoundingPolicy::HalfEven
+        )
+        .is_err());
         let mut nan = x.clone();
         nan[7] = f32::NAN;
-        let err = quantize_into(&nan, &mut q, layout, &s, &z, -128, 127, RoundingPolicy::HalfEven).unwrap_err();
+        let err = quantize_into(
+            &nan,
+            &mut q,
+            layout,
+            &s,
+            &z,
+            -128,
+            127,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("x[7]"), "{err}");
     }
 }

@@ -10,3 +10,4 @@ extern crate self as quant_ops;
 
 pub mod nn;
 pub mod observers;
+pub mod quantizers;
