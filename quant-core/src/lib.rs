@@ -56,9 +56,4 @@ pub use vocab::{QuantizationMethod, QuantizationTarget, RoundingPolicy, Training
 pub mod __private {
     pub use crate::registry::{QuantizerEntry, QUANTIZERS, TRAINING_METHODS};
     pub use linkme;
-
-    /// Compile-time check emitted by `#[mark_quantizer(target = Weights)]`.
-    pub const fn assert_weights_quantizer<T: crate::WeightsQuantizer>() {}
-    /// Compile-time check emitted by `#[mark_quantizer(target = Activation)]`.
-    pub const fn assert_activation_quantizer<T: crate::ActivationQuantizer>() {}
 }

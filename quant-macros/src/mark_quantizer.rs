@@ -294,12 +294,15 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let methods = &attr.methods;
     let id = &attr.id;
     let id_tokens = quote_spanned!(id.span()=> #krate::TrainingMethod::#id);
-    let (assert_fn, entry_fn) = if target == "Weights" {
-        (quote!(assert_weights_quantizer), quote!(weights))
+    let entry_fn = if target == "Weights" {
+        quote!(weights)
     } else {
-        (quote!(assert_activation_quantizer), quote!(activation))
+        quote!(activation)
     };
-    let assert = quote_spanned!(name.span()=> #krate::__private::#assert_fn::<#name>(););
+    // Spanned on the struct's name: the entry's trait bound is what checks that the struct
+    // implements the quantizer trait of its target.
+    let entry =
+        quote_spanned!(name.span()=> #krate::__private::QuantizerEntry::#entry_fn::<#name>());
     let item_tokens = s.to_token_stream();
     quote! {
         #item_tokens
@@ -315,13 +318,9 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
 
         const _: () = {
-            // The struct must implement the quantizer trait of its target.
-            #assert
-
             #[#krate::__private::linkme::distributed_slice(#krate::__private::QUANTIZERS)]
             #[linkme(crate = #krate::__private::linkme)]
-            static REGISTRATION: #krate::__private::QuantizerEntry =
-                #krate::__private::QuantizerEntry::#entry_fn::<#name>();
+            static REGISTRATION: #krate::__private::QuantizerEntry = #entry;
         };
     }
 }
