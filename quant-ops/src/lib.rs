@@ -8,6 +8,8 @@
 
 extern crate self as quant_ops;
 
+pub mod convert;
+pub mod layers;
 pub mod nn;
 pub mod observers;
 pub mod quantizers;

@@ -9,7 +9,7 @@ use quant_core::{
 use quant_macros::mark_quantizer;
 
 use super::delegate_trainable;
-use super::ste::{read_affine, write_affine};
+use super::ste::write_affine;
 
 /// The shared engine: slot 0 the scale, slot 1 the zero point (a learnable float for Uniform,
 /// rounded before use as PyTorch does), both trainable.
@@ -83,8 +83,12 @@ impl TrainableQuantizer for Lsq {
         grid: IntegerGrid,
         axis: Option<usize>,
     ) -> Result<QParams> {
-        let q = read_affine(params, grid, axis)?;
-        QParams::new(self.scales(params, axis), q.zero_points().to_vec(), axis)
+        let zero_points = params
+            .values(1, axis)
+            .iter()
+            .map(|z| kernels::round_zero_point(*z, grid.quant_min(), grid.quant_max()))
+            .collect::<Result<Vec<i32>>>()?;
+        QParams::new(self.scales(params, axis), zero_points, axis)
     }
 
     fn forward(&self, x: QuantizerInput<'_>, params: &ParamBank<'_>, y: &mut [f32]) -> Result<()> {
