@@ -12,4 +12,12 @@ pub mod convert;
 pub mod layers;
 pub mod nn;
 pub mod observers;
+pub mod platform;
+pub mod policy;
 pub mod quantizers;
+
+/// Not public API: what the macros' expansions refer to.
+#[doc(hidden)]
+pub mod __private {
+    pub use linkme;
+}
