@@ -28,6 +28,8 @@ pub use quant_macros::*;
 pub use quant_ops;
 pub use quant_ops::*;
 
+pub mod digits;
+
 /// dfdx, as this crate uses it.
 pub use dfdx;
 

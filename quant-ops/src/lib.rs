@@ -9,6 +9,8 @@
 extern crate self as quant_ops;
 
 pub mod convert;
+pub mod export;
+pub mod integer;
 pub mod layers;
 pub mod nn;
 pub mod observers;
@@ -18,6 +20,6 @@ pub mod quantizers;
 
 /// Not public API: what the macros' expansions refer to.
 #[doc(hidden)]
-pub mod __private {
+pub mod __ops_private {
     pub use linkme;
 }

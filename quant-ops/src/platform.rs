@@ -65,8 +65,8 @@ pub static PLATFORMS: [PlatformEntry];
 #[macro_export]
 macro_rules! register_platform {
     ($ident:ident = $name:literal, $build:path) => {
-        #[$crate::__private::linkme::distributed_slice($crate::platform::PLATFORMS)]
-        #[linkme(crate = $crate::__private::linkme)]
+        #[$crate::__ops_private::linkme::distributed_slice($crate::platform::PLATFORMS)]
+        #[linkme(crate = $crate::__ops_private::linkme)]
         static $ident: $crate::platform::PlatformEntry = $crate::platform::PlatformEntry {
             name: $name,
             build: $build,

@@ -1,0 +1,600 @@
+//! Export of a quantized model to an inferable, integer-only form: integer weights, int32
+//! biases (`s_bias = s_input · s_weight`, zero point 0) and the inferable quantizers of every
+//! input, as a sequence of ops. Saved as a directory holding `model.safetensors` (the integer
+//! tensors) and `model.json` (ops, quantizer ids, methods, bits, qparams, versions), written
+//! to a temporary name and renamed, so a failed export leaves nothing half-written.
+//!
+//! Loading checks everything (hostile files get a typed error, never a panic and never an
+//! allocation larger than the file justifies): the JSON schema, every inferable quantizer's
+//! invariants, tensor names, dtypes and shapes against the ops, and the integer range of every
+//! weight code.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dfdx::nn::modules::ReLU;
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+use serde::{Deserialize, Serialize};
+
+use quant_core::{InferableQuantizer, QuantError, QuantizationMethod, TrainingMethod};
+
+use crate::layers::{FakeQuantizer, Float, QLinear, QuantizerControl};
+
+/// Version of the export format; loaders reject other versions.
+pub const FORMAT_VERSION: u32 = 1;
+/// The metadata file in an export directory.
+pub const METADATA_FILE: &str = "model.json";
+/// The tensor file in an export directory.
+pub const TENSORS_FILE: &str = "model.safetensors";
+/// Largest integer width the integer runtime supports for weights and activations.
+pub const MAX_EXPORT_BITS: u32 = 8;
+
+/// Errors of export and of loading exports; each names the file, op or tensor.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// A quantizer problem while exporting (uncalibrated, unsupported bit width, ...).
+    #[error("cannot export: {0}")]
+    Quant(#[from] QuantError),
+    /// A model part that has no integer form.
+    #[error("cannot export layer `{layer}`: {reason}")]
+    Unsupported {
+        /// The layer's dotted name.
+        layer: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metadata is not valid export JSON.
+    #[error("{path}: invalid export metadata: {message}")]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tensor file is not valid, or does not match the metadata.
+    #[error("{path}: {message}")]
+    Tensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (names the tensor).
+        message: String,
+    },
+}
+
+/// Provenance of an exported quantizer: which trainable quantizer produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizerOrigin {
+    /// Training method id (`Lsq`, ...), by name: custom ids of crates not linked into the
+    /// loading program still load.
+    pub training_method: String,
+    /// Registry name of the trainable quantizer, when registered.
+    pub quantizer: Option<String>,
+    /// Bit width.
+    pub bits: u32,
+    /// Grid layout.
+    pub method: QuantizationMethod,
+}
+
+/// An exported quantizer: the inferable form plus where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedQuantizer {
+    /// The deployable quantizer.
+    pub inferable: InferableQuantizer,
+    /// Where it came from.
+    pub origin: QuantizerOrigin,
+}
+
+/// A fully connected layer in integer form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedLinear {
+    /// Dotted layer name.
+    pub name: String,
+    /// Input features.
+    pub in_features: usize,
+    /// Output features.
+    pub out_features: usize,
+    /// Quantizer of the input.
+    pub input: ExportedQuantizer,
+    /// Quantizer of the weights (per channel on axis 0, or per tensor).
+    pub weights: ExportedQuantizer,
+    /// Weight codes `[out, in]`, on the weights grid.
+    pub weight: Vec<i32>,
+    /// Bias in int32 at scale `s_input · s_weight[o]`.
+    pub bias: Vec<i32>,
+}
+
+/// One op of an exported model, run in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExportedOp {
+    /// A fully connected layer.
+    Linear(ExportedLinear),
+    /// `max(x, 0)`, fused into the preceding layer's requantization.
+    Relu,
+}
+
+/// An exported model: its ops and free-form provenance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedModel {
+    /// The ops, in order.
+    pub ops: Vec<ExportedOp>,
+    /// What produced it (model name, policy, seed, ...), saved in the metadata.
+    pub info: BTreeMap<String, String>,
+}
+
+/// A module that can be exported to integer ops.
+pub trait Export {
+    /// Appends this module's ops, named under `name`.
+    ///
+    /// # Errors
+    /// A quantizer that is not calibrated, wider than [`MAX_EXPORT_BITS`], or a part with no
+    /// integer form.
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError>;
+}
+
+/// Exports `model` (named from the root).
+///
+/// # Errors
+/// See [`Export::export`].
+pub fn export_model<M: Export>(
+    model: &M,
+    info: BTreeMap<String, String>,
+) -> Result<ExportedModel, ExportError> {
+    let mut ops = Vec::new();
+    model.export("", &mut ops)?;
+    Ok(ExportedModel { ops, info })
+}
+
+fn exported_quantizer<Q: QuantizerControl>(
+    q: &Q,
+    layer: &str,
+    role: &str,
+) -> Result<ExportedQuantizer, ExportError> {
+    let unsupported = |reason: String| ExportError::Unsupported {
+        layer: layer.to_string(),
+        reason,
+    };
+    let d = q.describe().ok_or_else(|| {
+        unsupported(format!(
+            "its {role} is float; integer inference needs every weighted layer's {role} quantized"
+        ))
+    })?;
+    if d.bits > MAX_EXPORT_BITS {
+        return Err(unsupported(format!(
+            "its {role} uses {} bits; integer export supports up to {MAX_EXPORT_BITS}",
+            d.bits
+        )));
+    }
+    let inferable = q.inferable()?.ok_or_else(|| {
+        unsupported(format!(
+            "its {role} is not calibrated; calibrate or train it before exporting"
+        ))
+    })?;
+    Ok(ExportedQuantizer {
+        inferable,
+        origin: QuantizerOrigin {
+            training_method: d.training_method.name().to_string(),
+            quantizer: d.metadata.map(|m| m.path()),
+            bits: d.bits,
+            method: d.method,
+        },
+    })
+}
+
+/// Int32 bias at scale `s_input · s_weight[o]` (round half to even, saturating).
+pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Vec<i32> {
+    bias.iter()
+        .enumerate()
+        .map(|(o, b)| {
+            let s = input_scale as f64
+                * weight_scales[if weight_scales.len() == 1 { 0 } else { o }] as f64;
+            (*b as f64 / s)
+                .round_ties_even()
+                .clamp(i32::MIN as f64, i32::MAX as f64) as i32
+        })
+        .collect()
+}
+
+impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Export
+    for QLinear<I, O, WQ, AQ>
+{
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        let input = exported_quantizer(&self.input_quantizer, name, "input")?;
+        let weights = exported_quantizer(&self.weight_quantizer, name, "weights")?;
+        let codes: Vec<i32> = weights.inferable.quantize(&self.weight.as_vec(), &[O, I])?;
+        let bias = quantize_bias(
+            &self.bias.as_vec(),
+            input.inferable.qparams().scales()[0],
+            weights.inferable.qparams().scales(),
+        );
+        ops.push(ExportedOp::Linear(ExportedLinear {
+            name: name.to_string(),
+            in_features: I,
+            out_features: O,
+            input,
+            weights,
+            weight: codes,
+            bias,
+        }));
+        Ok(())
+    }
+}
+
+impl Export for Float<ReLU> {
+    fn export(&self, _name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        ops.push(ExportedOp::Relu);
+        Ok(())
+    }
+}
+
+macro_rules! tuple_export {
+    ($($name:ident $idx:tt),+) => {
+        impl<$($name: Export),+> Export for ($($name,)+) {
+            fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+                $(self.$idx.export(&crate::layers::join_name(name, stringify!($idx)), ops)?;)+
+                Ok(())
+            }
+        }
+    };
+}
+tuple_export!(A 0);
+tuple_export!(A 0, B 1);
+tuple_export!(A 0, B 1, C 2);
+tuple_export!(A 0, B 1, C 2, D 3);
+tuple_export!(A 0, B 1, C 2, D 3, E 4);
+tuple_export!(A 0, B 1, C 2, D 3, E 4, F 5);
+
+// ----- files ---------------------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Metadata {
+    format: String,
+    format_version: u32,
+    quant_version: String,
+    info: BTreeMap<String, String>,
+    ops: Vec<OpMeta>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "op", deny_unknown_fields)]
+enum OpMeta {
+    Linear {
+        name: String,
+        in_features: usize,
+        out_features: usize,
+        input: ExportedQuantizer,
+        weights: ExportedQuantizer,
+        weight_tensor: String,
+        bias_tensor: String,
+    },
+    Relu,
+}
+
+const FORMAT: &str = "quant-integer-model";
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The safetensors dtype holding codes of `grid`.
+fn storage_dtype(q: &InferableQuantizer) -> StDtype {
+    if q.grid().signed() {
+        StDtype::I8
+    } else {
+        StDtype::U8
+    }
+}
+
+impl ExportedModel {
+    /// Writes `model.json` and `model.safetensors` as the directory `dir`. Both files are written
+    /// into a temporary sibling directory which then replaces `dir`, so a failure leaves any
+    /// previous export untouched and no partial one.
+    ///
+    /// # Errors
+    /// The parent directory cannot be created or written.
+    pub fn save(&self, dir: &Path) -> Result<(), ExportError> {
+        let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut ops = Vec::new();
+        for op in &self.ops {
+            match op {
+                ExportedOp::Relu => ops.push(OpMeta::Relu),
+                ExportedOp::Linear(l) => {
+                    let wname = format!("{}.weight", l.name);
+                    let bname = format!("{}.bias", l.name);
+                    let dtype = storage_dtype(&l.weights.inferable);
+                    let bytes: Vec<u8> = match dtype {
+                        StDtype::I8 => l.weight.iter().map(|v| *v as i8 as u8).collect(),
+                        _ => l.weight.iter().map(|v| *v as u8).collect(),
+                    };
+                    buffers.push((
+                        wname.clone(),
+                        dtype,
+                        vec![l.out_features, l.in_features],
+                        bytes,
+                    ));
+                    let bias_bytes: Vec<u8> = l.bias.iter().flat_map(|b| b.to_le_bytes()).collect();
+                    buffers.push((
+                        bname.clone(),
+                        StDtype::I32,
+                        vec![l.out_features],
+                        bias_bytes,
+                    ));
+                    ops.push(OpMeta::Linear {
+                        name: l.name.clone(),
+                        in_features: l.in_features,
+                        out_features: l.out_features,
+                        input: l.input.clone(),
+                        weights: l.weights.clone(),
+                        weight_tensor: wname,
+                        bias_tensor: bname,
+                    });
+                }
+            }
+        }
+        let meta = Metadata {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            quant_version: env!("CARGO_PKG_VERSION").into(),
+            info: self.info.clone(),
+            ops,
+        };
+        let views: Vec<(String, TensorView<'_>)> = buffers
+            .iter()
+            .map(|(n, d, s, b)| {
+                TensorView::new(*d, s.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| ExportError::Tensors {
+                        path: dir.join(TENSORS_FILE),
+                        message: format!("tensor `{n}`: {e:?}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let tensor_bytes =
+            safetensors::serialize(views, &None).map_err(|e| ExportError::Tensors {
+                path: dir.join(TENSORS_FILE),
+                message: format!("{e:?}"),
+            })?;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| ExportError::Metadata {
+            path: dir.join(METADATA_FILE),
+            message: e.to_string(),
+        })?;
+        replace_dir(
+            dir,
+            &[(TENSORS_FILE, &tensor_bytes), (METADATA_FILE, &json)],
+        )
+    }
+
+    /// Loads an export directory, validating everything (see the module docs).
+    ///
+    /// # Errors
+    /// Missing or unreadable files, invalid JSON or safetensors, a version this program does
+    /// not read, tensors missing or not matching the ops, codes outside their grid.
+    pub fn load(dir: &Path) -> Result<ExportedModel, ExportError> {
+        let meta_path = dir.join(METADATA_FILE);
+        let tensors_path = dir.join(TENSORS_FILE);
+        let meta_bytes = std::fs::read(&meta_path).map_err(io(&meta_path))?;
+        let meta: Metadata =
+            serde_json::from_slice(&meta_bytes).map_err(|e| ExportError::Metadata {
+                path: meta_path.clone(),
+                message: e.to_string(),
+            })?;
+        let bad_meta = |message: String| ExportError::Metadata {
+            path: meta_path.clone(),
+            message,
+        };
+        if meta.format != FORMAT {
+            return Err(bad_meta(format!(
+                "format is `{}`; expected `{FORMAT}`",
+                meta.format
+            )));
+        }
+        if meta.format_version != FORMAT_VERSION {
+            return Err(bad_meta(format!(
+                "format_version {} is not supported; this program reads version {FORMAT_VERSION}",
+                meta.format_version
+            )));
+        }
+        let tensor_bytes = std::fs::read(&tensors_path).map_err(io(&tensors_path))?;
+        let tensors = safetensors::SafeTensors::deserialize(&tensor_bytes).map_err(|e| {
+            ExportError::Tensors {
+                path: tensors_path.clone(),
+                message: format!("not a valid safetensors file: {e:?}"),
+            }
+        })?;
+        let bad_tensor = |message: String| ExportError::Tensors {
+            path: tensors_path.clone(),
+            message,
+        };
+        let mut ops = Vec::with_capacity(meta.ops.len());
+        for op in meta.ops {
+            match op {
+                OpMeta::Relu => ops.push(ExportedOp::Relu),
+                OpMeta::Linear {
+                    name,
+                    in_features,
+                    out_features,
+                    input,
+                    weights,
+                    weight_tensor,
+                    bias_tensor,
+                } => {
+                    let numel = in_features
+                        .checked_mul(out_features)
+                        .filter(|n| *n > 0)
+                        .ok_or_else(|| bad_meta(format!("op `{name}`: {out_features} x {in_features} is not a valid weight shape")))?;
+                    check_export_quantizer(&input, &name, "input", None).map_err(bad_meta)?;
+                    check_export_quantizer(&weights, &name, "weights", Some(out_features))
+                        .map_err(bad_meta)?;
+                    let w = tensors.tensor(&weight_tensor).map_err(|_| {
+                        bad_tensor(format!(
+                            "tensor `{weight_tensor}` (weights of op `{name}`) is missing"
+                        ))
+                    })?;
+                    let expected_dtype = storage_dtype(&weights.inferable);
+                    if w.dtype() != expected_dtype || w.shape() != [out_features, in_features] {
+                        return Err(bad_tensor(format!(
+                            "tensor `{weight_tensor}` is {:?} {:?}; op `{name}` needs {expected_dtype:?} [{out_features}, {in_features}]",
+                            w.dtype(),
+                            w.shape()
+                        )));
+                    }
+                    let data = w.data();
+                    if data.len() != numel {
+                        return Err(bad_tensor(format!(
+                            "tensor `{weight_tensor}` holds {} bytes; expected {numel}",
+                            data.len()
+                        )));
+                    }
+                    let weight: Vec<i32> = match expected_dtype {
+                        StDtype::I8 => data.iter().map(|b| *b as i8 as i32).collect(),
+                        _ => data.iter().map(|b| *b as i32).collect(),
+                    };
+                    let g = weights.inferable.grid();
+                    if let Some(v) = weight
+                        .iter()
+                        .find(|v| **v < g.quant_min() || **v > g.quant_max())
+                    {
+                        return Err(bad_tensor(format!(
+                            "tensor `{weight_tensor}` holds code {v}, outside the weights grid [{}, {}]",
+                            g.quant_min(),
+                            g.quant_max()
+                        )));
+                    }
+                    let b = tensors.tensor(&bias_tensor).map_err(|_| {
+                        bad_tensor(format!(
+                            "tensor `{bias_tensor}` (bias of op `{name}`) is missing"
+                        ))
+                    })?;
+                    if b.dtype() != StDtype::I32
+                        || b.shape() != [out_features]
+                        || b.data().len() != out_features * 4
+                    {
+                        return Err(bad_tensor(format!(
+                            "tensor `{bias_tensor}` is {:?} {:?}; op `{name}` needs I32 [{out_features}]",
+                            b.dtype(),
+                            b.shape()
+                        )));
+                    }
+                    let bias: Vec<i32> = b
+                        .data()
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    ops.push(ExportedOp::Linear(ExportedLinear {
+                        name,
+                        in_features,
+                        out_features,
+                        input,
+                        weights,
+                        weight,
+                        bias,
+                    }));
+                }
+            }
+        }
+        Ok(ExportedModel {
+            ops,
+            info: meta.info,
+        })
+    }
+}
+
+fn check_export_quantizer(
+    q: &ExportedQuantizer,
+    op: &str,
+    role: &str,
+    channels: Option<usize>,
+) -> Result<(), String> {
+    let bits = q.inferable.grid().bits();
+    if bits > MAX_EXPORT_BITS {
+        return Err(format!(
+            "op `{op}`: {role} uses {bits} bits; at most {MAX_EXPORT_BITS} are supported"
+        ));
+    }
+    let n = q.inferable.qparams().channels();
+    match channels {
+        None if n != 1 => Err(format!(
+            "op `{op}`: {role} must be per tensor, has {n} channels"
+        )),
+        Some(c) if n != 1 && n != c => Err(format!(
+            "op `{op}`: {role} has {n} channels; expected 1 or {c}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Makes `dir` hold exactly `files`: writes them into a temporary sibling directory, then swaps
+/// it in place of `dir` (removing what `dir` held before only once the new one is complete).
+pub fn replace_dir(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), ExportError> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let result = (|| {
+        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+        for (file, bytes) in files {
+            let p = tmp.join(file);
+            std::fs::write(&p, bytes).map_err(io(&p))?;
+        }
+        if dir.exists() {
+            std::fs::rename(dir, &old).map_err(io(dir))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(io(dir))
+    })();
+    match result {
+        Ok(()) => {
+            let _ = std::fs::remove_dir_all(&old);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if old.exists() && !dir.exists() {
+                let _ = std::fs::rename(&old, dir);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
+    let tmp = path.with_extension(format!(
+        "{}.tmp-{}",
+        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(path)(e)
+    })
+}
+
+/// `TrainingMethod` names in exports are kept as text; this parses one back when the id is
+/// known to this program.
+pub fn training_method_of(origin: &QuantizerOrigin) -> Option<TrainingMethod> {
+    TrainingMethod::from_name(&origin.training_method).ok()
+}
