@@ -712,6 +712,41 @@ fn constant_and_zero_tensors_give_positive_scales() {
     );
 }
 
+#[test]
+fn extreme_finite_values_give_parameters_or_typed_errors() {
+    // Symmetric thresholds up to f32::MAX are representable; a PowerOfTwo threshold above
+    // 2^127 and a Uniform range wider than f32::MAX are not, and say so.
+    let x = [f32::MAX, -f32::MAX, 1.0, f32::MIN_POSITIVE];
+    for config in all_configs(64) {
+        let o = observed(config.build(), &[&x]);
+        let q = o.qparams(Symmetric, IntegerGrid::INT8, HE).unwrap();
+        assert_sane(&q, IntegerGrid::INT8, &config.to_string());
+        for method in [PowerOfTwo, Uniform] {
+            if let Err(e) = o.qparams(method, IntegerGrid::INT8, HE) {
+                assert!(
+                    matches!(
+                        e,
+                        QuantError::NonFinite { .. } | QuantError::InvalidScale { .. }
+                    ),
+                    "{config} {method}: {e}"
+                );
+            }
+        }
+    }
+    // A histogram that grew past f32::MAX still selects within the data.
+    let mut h = Histogram::new(bins(8));
+    h.add(&[3e38]);
+    h.add(&[-3.4e38, 1.0]);
+    assert!(h.range() > f64::from(f32::MAX));
+    assert_eq!(h.total(), 3);
+    assert_eq!(
+        h.percentile_range(Percentile::new(100.0).unwrap()),
+        (-3.4e38, 3e38)
+    );
+    assert_eq!(h.kl_threshold(4), 3.4e38);
+    assert!(h.mse_threshold(Symmetric, IntegerGrid::INT8, HE).unwrap() <= 3.4e38);
+}
+
 // ----- errors and the trait object ---------------------------------------------------------------
 
 #[test]
@@ -1047,12 +1082,12 @@ proptest! {
         prop_assert_eq!(h.total(), all.len() as u64);
         prop_assert_eq!(h.abs_counts().iter().sum::<u64>(), all.len() as u64);
         let max_abs = all.iter().fold(0f32, |m, v| m.max(v.abs()));
-        prop_assert!(h.range() >= max_abs);
+        prop_assert!(h.range() >= f64::from(max_abs));
         // Growth doubles: the range is at most twice what the data needs (or the first batch's).
         if let Some((lo, hi)) = h.min_max() {
             prop_assert_eq!(lo, all.iter().copied().fold(f32::INFINITY, f32::min));
             prop_assert_eq!(hi, all.iter().copied().fold(f32::NEG_INFINITY, f32::max));
-            prop_assert!(h.range() <= 2.0 * max_abs.max(1e-30) || max_abs == 0.0);
+            prop_assert!(h.range() <= 2.0 * f64::from(max_abs).max(1e-30) || max_abs == 0.0);
         }
         // Negative values are counted in the lower half, positive ones in the upper half.
         let neg = all.iter().filter(|v| **v < 0.0).count() as u64;

@@ -176,9 +176,10 @@ impl Histogram {
         self.half
     }
 
-    /// The histogram covers `[-range, range]`; 0 while every value seen is 0.
-    pub fn range(&self) -> f32 {
-        self.range as f32
+    /// The histogram covers `[-range, range]`; 0 while every value seen is 0. An `f64`:
+    /// growth by powers of two can take it past `f32::MAX`.
+    pub fn range(&self) -> f64 {
+        self.range
     }
 
     /// Width of one bin, `range / bins`.

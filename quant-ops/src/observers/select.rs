@@ -61,8 +61,8 @@ struct Points {
 }
 
 /// Sum of `w · (fq(c) − c)²` with `fq` the affine fake quantization of quant-core's kernels:
-/// `R(clamp(c · (1/s), quant_min − z, quant_max − z)) · s`. Differences are squared in `f64`
-/// so values near `f32::MAX` cannot overflow.
+/// `R(clamp(c · (1/s), quant_min − z, quant_max − z)) · s`. Differences are taken and squared
+/// in `f64` so values near `f32::MAX` cannot overflow.
 fn sse<R: Round>(p: &Points, scale: f32, lo: f32, hi: f32) -> f64 {
     let inv = 1.0 / scale;
     let mut acc = [0f64; 4];
@@ -71,13 +71,13 @@ fn sse<R: Round>(p: &Points, scale: f32, lo: f32, hi: f32) -> f64 {
     for (c, w) in (&mut cs).zip(&mut ws) {
         for i in 0..4 {
             let y = R::round((c[i] * inv).max(lo).min(hi)) * scale;
-            let d = f64::from(y - c[i]);
+            let d = f64::from(y) - f64::from(c[i]);
             acc[i] += w[i] * d * d;
         }
     }
     for (c, w) in cs.remainder().iter().zip(ws.remainder()) {
         let y = R::round((c * inv).max(lo).min(hi)) * scale;
-        let d = f64::from(y - c);
+        let d = f64::from(y) - f64::from(*c);
         acc[0] += w * d * d;
     }
     acc.iter().sum()
