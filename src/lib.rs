@@ -29,6 +29,7 @@ pub use quant_ops;
 pub use quant_ops::*;
 
 pub mod digits;
+pub mod pipeline;
 
 /// dfdx, as this crate uses it.
 pub use dfdx;

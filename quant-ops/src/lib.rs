@@ -17,6 +17,7 @@ pub mod observers;
 pub mod platform;
 pub mod policy;
 pub mod quantizers;
+pub mod report;
 
 /// Not public API: what the macros' expansions refer to.
 #[doc(hidden)]

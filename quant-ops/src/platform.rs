@@ -12,7 +12,7 @@ use std::fmt;
 use linkme::distributed_slice;
 use quant_core::{QuantError, QuantizationMethod, Result, RoundingPolicy, TrainingMethod};
 
-use crate::observers::ObserverConfig;
+use crate::observers::{HistogramBins, Momentum, ObserverConfig};
 use crate::policy::QuantizerSettings;
 
 /// A backend preset: complete default settings for weights and for activations.
@@ -177,7 +177,9 @@ fn tensorrt_int8() -> Platform {
             false,
             true,
             Some(true),
-            ObserverConfig::entropy(),
+            ObserverConfig::Entropy {
+                bins: HistogramBins::DEFAULT,
+            },
         ),
     }
 }
@@ -203,7 +205,9 @@ fn openvino_int8() -> Platform {
             false,
             false,
             None,
-            ObserverConfig::moving_average(),
+            ObserverConfig::MovingAverageMinMax {
+                momentum: Momentum::DEFAULT,
+            },
         ),
     }
 }
@@ -220,7 +224,9 @@ fn generic_int4() -> Platform {
             true,
             false,
             Some(true),
-            ObserverConfig::Mse,
+            ObserverConfig::Mse {
+                bins: HistogramBins::DEFAULT,
+            },
         ),
         input: settings(
             QuantizationMethod::Uniform,
@@ -228,7 +234,9 @@ fn generic_int4() -> Platform {
             false,
             false,
             None,
-            ObserverConfig::Mse,
+            ObserverConfig::Mse {
+                bins: HistogramBins::DEFAULT,
+            },
         ),
     }
 }

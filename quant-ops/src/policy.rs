@@ -318,7 +318,7 @@ impl Policy {
         let de = toml::Deserializer::new(text);
         let policy: Policy =
             serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, e))?;
-        policy.validate(origin)?;
+        policy.validate(origin, "")?;
         Ok(policy)
     }
 
@@ -345,11 +345,16 @@ impl Policy {
         }
     }
 
-    /// Checks everything that can be checked without a model.
-    fn validate(&self, origin: &str) -> std::result::Result<(), PolicyError> {
+    /// Checks everything that can be checked without a model (done by the loaders; call it for
+    /// a policy embedded in a larger file, with the table's key as `key_prefix`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Invalid`] naming the key: unknown platform, invalid pattern, incomplete
+    /// or unsupported settings.
+    pub fn validate(&self, origin: &str, key_prefix: &str) -> std::result::Result<(), PolicyError> {
         let invalid = |key: &str, source: QuantError| PolicyError::Invalid {
             origin: origin.to_string(),
-            key: key.to_string(),
+            key: key_of(key_prefix, key),
             source,
         };
         let (base_w, base_i) = self.base().map_err(|e| invalid("platform", e))?;
