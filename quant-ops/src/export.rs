@@ -18,7 +18,7 @@ use serde::{Deserialize, Serialize};
 
 use quant_core::{InferableQuantizer, QuantError, QuantizationMethod, TrainingMethod};
 
-use crate::layers::{FakeQuantizer, Float, QLinear, QuantizerControl};
+use crate::layers::{quantize_bias, FakeQuantizer, Float, QLinear, QuantizerControl};
 
 /// Version of the export format; loaders reject other versions.
 pub const FORMAT_VERSION: u32 = 1;
@@ -190,20 +190,6 @@ fn exported_quantizer<Q: QuantizerControl>(
             method: d.method,
         },
     })
-}
-
-/// Int32 bias at scale `s_input · s_weight[o]` (round half to even, saturating).
-pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Vec<i32> {
-    bias.iter()
-        .enumerate()
-        .map(|(o, b)| {
-            let s = input_scale as f64
-                * weight_scales[if weight_scales.len() == 1 { 0 } else { o }] as f64;
-            (*b as f64 / s)
-                .round_ties_even()
-                .clamp(i32::MIN as f64, i32::MAX as f64) as i32
-        })
-        .collect()
 }
 
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Export

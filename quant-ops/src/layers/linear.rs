@@ -112,11 +112,11 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QLine
 fn linear_2d<B: Dim, const I: usize, const O: usize, T: Tape<f32, Cpu> + Merge<T>>(
     x: Tensor<(B, Const<I>), f32, Cpu, T>,
     w: Tensor<Rank2<O, I>, f32, Cpu, T>,
-    bias: &Tensor<Rank1<O>, f32, Cpu>,
+    bias: Tensor<Rank1<O>, f32, Cpu, T>,
 ) -> Result<Tensor<(B, Const<O>), f32, Cpu, T>> {
     let y = x.try_matmul(w.try_permute::<_, Axes2<1, 0>>()?)?;
     let shape = *y.shape();
-    Ok(y.try_add(bias.retaped::<T>().try_broadcast_like(&shape)?)?)
+    Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
 }
 
 impl<
@@ -133,7 +133,8 @@ impl<
 
     fn try_forward(&self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.quantize(x)?;
-        linear_2d(x, self.quantized_weight::<T>()?, &self.bias)
+        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        linear_2d(x, self.quantized_weight::<T>()?, bias)
     }
 }
 
@@ -156,7 +157,8 @@ impl<
         let w = self
             .weight_quantizer
             .quantize_mut(self.weight.retaped::<T>())?;
-        linear_2d(x, w, &self.bias)
+        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        linear_2d(x, w, bias)
     }
 }
 

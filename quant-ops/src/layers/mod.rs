@@ -69,6 +69,65 @@ impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
     }
 }
 
+/// Int32 bias codes at scale `s_input · s_weight[o]` (zero point 0, round half to even,
+/// saturating), as integer deployment holds the bias.
+pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Vec<i32> {
+    bias.iter()
+        .enumerate()
+        .map(|(o, b)| {
+            let s = bias_scale(input_scale, weight_scales, o);
+            (*b as f64 / s)
+                .round_ties_even()
+                .clamp(i32::MIN as f64, i32::MAX as f64) as i32
+        })
+        .collect()
+}
+
+fn bias_scale(input_scale: f32, weight_scales: &[f32], o: usize) -> f64 {
+    input_scale as f64 * weight_scales[if weight_scales.len() == 1 { 0 } else { o }] as f64
+}
+
+/// The bias a quantized layer adds: while both its input and its weights quantize, the bias
+/// as integer deployment holds it (int32 at scale `s_input · s_weight`), with a straight-through
+/// gradient; otherwise the float bias. Keeping the two equal is what makes the integer model
+/// reproduce the fake-quantized one.
+///
+/// # Errors
+/// A quantizer's parameters cannot be read.
+pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
+    bias: &Tensor<S, f32, Cpu>,
+    input: &dyn QuantizerControl,
+    weights: &dyn QuantizerControl,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let both = input.mode().quantizes() && weights.mode().quantizes();
+    let (Some(qi), Some(qw)) = (
+        both.then(|| input.qparams()).transpose()?.flatten(),
+        both.then(|| weights.qparams()).transpose()?.flatten(),
+    ) else {
+        return Ok(bias.retaped::<T>());
+    };
+    let s_in = qi.scales()[0];
+    let codes = quantize_bias(&bias.as_vec(), s_in, qw.scales());
+    let values: Vec<f32> = codes
+        .iter()
+        .enumerate()
+        .map(|(o, q)| (*q as f64 * bias_scale(s_in, qw.scales(), o)) as f32)
+        .collect();
+    quant_core::ops::custom_op(
+        bias.retaped::<T>(),
+        Vec::new(),
+        Box::new(move |_, _, y| {
+            y.copy_from_slice(&values);
+            Ok(())
+        }),
+        Box::new(|_, _, dy, dx, _| {
+            for (g, d) in dx.iter_mut().zip(dy) {
+                *g += d;
+            }
+        }),
+    )
+}
+
 /// A model (or layer) whose quantizers can be visited by name.
 pub trait QuantizedModule {
     /// Calls `f` with each quantizer's full dotted name (under `prefix`) and its control.
