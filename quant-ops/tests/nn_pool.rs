@@ -4,18 +4,20 @@
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
 use quant_core::QuantError;
-use quant_ops::nn::{avg_pool2d, max_pool2d, AvgPool2d, MaxPool2d};
+use quant_ops::nn::{avg_pool2d, max_pool2d, AvgPool2d, FeatureMaps, MaxPool2d};
+
+type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
+type PoolFn<const H: usize, const W: usize> =
+    fn(
+        Traced<Rank4<1, 1, H, W>>,
+        usize,
+        usize,
+        usize,
+    ) -> quant_core::Result<FeatureMaps<Const<1>, 1, OwnedTape<f32, Cpu>>>;
 
 /// `(output, input gradient)` of `op` on a `(1, 1, h, w)` image for output gradient `dy`.
 fn run<const H: usize, const W: usize>(
-    op: fn(
-        Tensor<Rank4<1, 1, H, W>, f32, Cpu, OwnedTape<f32, Cpu>>,
-        usize,
-        usize,
-        usize,
-    ) -> quant_core::Result<
-        Tensor<(Const<1>, Const<1>, usize, usize), f32, Cpu, OwnedTape<f32, Cpu>>,
-    >,
+    op: PoolFn<H, W>,
     x: [[f32; W]; H],
     (k, s, p): (usize, usize, usize),
     dy: &[f32],
@@ -181,7 +183,7 @@ fn random_batches_match_naive_pooling_and_finite_differences() {
     for max in [true, false] {
         for geometry in [(3, 2, 1), (2, 2, 0), (3, 1, 0), (2, 1, 1), (4, 3, 2)] {
             let (k, s, p) = geometry;
-            let op = |x: Tensor<(usize, Const<3>, usize, usize), f32, Cpu, OwnedTape<f32, Cpu>>| {
+            let op = |x: Traced<(usize, Const<3>, usize, usize)>| {
                 if max {
                     max_pool2d(x, k, s, p)
                 } else {

@@ -17,6 +17,7 @@
 //! run-time `usize`s.
 //!
 //! ```
+//! use dfdx::optim::Adam;
 //! use dfdx::prelude::*;
 //! use quant_ops::nn::builders as qnn;
 //!
