@@ -193,6 +193,10 @@ fn forward_and_backward_match_naive_convolution() {
     // Padding wider than the input: some windows see only padding.
     check_against_naive::<1, 2, 3>(&dev, case(1, 2, 3, 1, 2));
     check_against_naive::<2, 3, 4>(&dev, case(2, 3, 3, 2, 3));
+    // Batches large enough to be split into several chunks (of 3, 3 and 1 images; of 4, 4 and
+    // 3), which run in parallel and add up their weight gradients.
+    check_against_naive::<8, 4, 3>(&dev, case(7, 12, 12, 1, 1));
+    check_against_naive::<16, 2, 3>(&dev, case(11, 13, 11, 2, 1));
 }
 
 /// Central differences of `loss = sum(r * conv2d(..))`, accumulated in f64, for one element

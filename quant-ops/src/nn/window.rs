@@ -1,6 +1,6 @@
 //! Sliding-window geometry shared by convolution and pooling: validation of kernel, stride and
-//! padding against the input, output sizes, and the range of output positions whose window
-//! tap lands inside the input (so the inner loops never test bounds per element).
+//! padding against the input, output sizes, and for each kernel offset the output positions
+//! whose tap lies inside the input (so the inner loops never test bounds per element).
 
 use quant_core::{QuantError, Result};
 
@@ -142,39 +142,21 @@ impl Window {
         self.oh * self.ow
     }
 
-    /// For kernel offset `kh` (a row of the window), the output rows `lo..hi` whose tap
-    /// `oy * stride + kh - pad` lies inside `0..h`.
-    pub fn rows(&self, kh: usize) -> (usize, usize) {
-        valid_range(kh, self.pad, self.stride, self.h, self.oh)
+    /// The output positions `lo..hi` (within
+    /// `0..out_len`) whose tap at kernel offset `offset` lies inside an input axis of length
+    /// `len`. They read consecutive input positions `stride` apart, from
+    /// `lo * stride + offset - pad`.
+    #[inline]
+    pub fn output_span(&self, offset: usize, len: usize, out_len: usize) -> (usize, usize) {
+        // o * stride + offset >= pad  <=>  o >= ceil((pad - offset) / stride)
+        let lo = self.pad.saturating_sub(offset).div_ceil(self.stride);
+        // o * stride + offset - pad <= len - 1  <=>  o <= (len - 1 + pad - offset) / stride
+        let hi = match (len + self.pad).checked_sub(offset + 1) {
+            Some(top) => (top / self.stride + 1).min(out_len),
+            None => 0,
+        };
+        (lo.min(hi), hi)
     }
-
-    /// For kernel offset `kw`, the output columns whose tap lies inside `0..w`.
-    pub fn cols(&self, kw: usize) -> (usize, usize) {
-        valid_range(kw, self.pad, self.stride, self.w, self.ow)
-    }
-}
-
-/// The output positions `o` in `lo..hi` (within `0..out_len`) with
-/// `0 <= o * stride + offset - pad < in_len`.
-fn valid_range(
-    offset: usize,
-    pad: usize,
-    stride: usize,
-    in_len: usize,
-    out_len: usize,
-) -> (usize, usize) {
-    // o * stride + offset >= pad  <=>  o >= ceil((pad - offset) / stride)
-    let lo = if offset >= pad {
-        0
-    } else {
-        (pad - offset).div_ceil(stride)
-    };
-    // o * stride + offset - pad <= in_len - 1  <=>  o <= (in_len - 1 + pad - offset) / stride
-    let hi = match (in_len + pad).checked_sub(offset + 1) {
-        Some(top) => (top / stride + 1).min(out_len),
-        None => 0,
-    };
-    (lo.min(hi), hi)
 }
 
 #[cfg(test)]
@@ -182,7 +164,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn valid_range_matches_brute_force() {
+    fn output_span_matches_brute_force() {
         for in_len in 1..7 {
             for k in 1..5 {
                 for pad in 0..3 {
@@ -192,7 +174,7 @@ mod tests {
                             continue;
                         };
                         for off in 0..k {
-                            let (lo, hi) = win.rows(off);
+                            let (lo, hi) = win.output_span(off, in_len, win.oh);
                             for o in 0..win.oh {
                                 let tap = (o * stride + off) as isize - pad as isize;
                                 let inside = tap >= 0 && tap < in_len as isize;
