@@ -294,6 +294,10 @@ fn invalid_geometry_is_a_typed_error() {
         "{msg}"
     );
 
+    let empty = dev.zeros_like(&(1usize, Const::<2>, 0usize, 3usize));
+    let msg = max_pool2d(empty, 2, 1, 1).unwrap_err().to_string();
+    assert!(msg.contains("input height = 0"), "{msg}");
+
     // 4 + 2 * 1 >= 5: padding makes room for the window.
     assert_eq!(
         max_pool2d(x, 5, 1, 1).unwrap().shape(),

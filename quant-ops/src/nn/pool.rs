@@ -15,7 +15,8 @@ use super::FeatureMaps;
 const PARALLEL_MIN_LEN: usize = 1 << 14;
 
 /// Validates a pooling window: the shared checks, plus PyTorch's rule that padding is at most
-/// half the kernel, which guarantees every window overlaps the input.
+/// half the kernel and a non-empty image, which together guarantee that every window
+/// overlaps the input.
 fn pool_window(op: &str, dims: [usize; 4], k: usize, s: usize, p: usize) -> Result<Window> {
     let win = Window::new(op, dims, k, s, p)?;
     if p > k / 2 {
@@ -28,6 +29,17 @@ fn pool_window(op: &str, dims: [usize; 4], k: usize, s: usize, p: usize) -> Resu
                 k / 2
             ),
         ));
+    }
+    // With padding alone, a window would pool nothing.
+    for (name, len) in [("height", win.h), ("width", win.w)] {
+        if len == 0 {
+            return Err(invalid(
+                op,
+                &format!("input {name}"),
+                0,
+                "pooling needs an image of at least one row and one column".into(),
+            ));
+        }
     }
     Ok(win)
 }
@@ -68,7 +80,8 @@ fn for_each_plane(out: &mut [f32], plane: usize, f: impl Fn(usize, &mut [f32]) +
 /// # Errors
 ///
 /// [`QuantError::InvalidValue`](quant_core::QuantError::InvalidValue) when `kernel` or
-/// `stride` is 0, `padding > kernel / 2`, or the padded input is smaller than the kernel.
+/// `stride` is 0, `padding > kernel / 2`, the image is empty (no rows or no columns), or the
+/// padded input is smaller than the kernel.
 ///
 /// ```
 /// use dfdx::prelude::*;
@@ -243,7 +256,8 @@ pub fn avg_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
 ///
 /// Its `Error` is [`CpuError`], the error type of dfdx's layers, so it composes in tuples with
 /// them; invalid geometry (an input smaller than the kernel, `P > K / 2`, `K` or `S` zero) is
-/// reported as `CpuError::WrongNumElements`. Call [`max_pool2d`] for a descriptive error.
+/// reported as `CpuError::WrongNumElements`, as is an empty image. Call [`max_pool2d`] for a
+/// descriptive error.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct MaxPool2d<const K: usize, const S: usize = K, const P: usize = 0>;
 
