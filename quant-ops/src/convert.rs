@@ -37,22 +37,26 @@ pub enum LayerKind {
     Flatten,
     /// An activation quantizer placed on its own (`TensorQuantizer<1>` as a module).
     Activation,
+    /// A user's own layer wrapped by `#[derive(QuantizedLayer)]`: its weight fields take the
+    /// weights settings, its input the input settings.
+    Custom,
 }
 
 impl LayerKind {
     /// Every kind.
-    pub const ALL: [LayerKind; 6] = [
+    pub const ALL: [LayerKind; 7] = [
         LayerKind::Linear,
         LayerKind::Conv2d,
         LayerKind::MaxPool2d,
         LayerKind::AvgPool2d,
         LayerKind::Flatten,
         LayerKind::Activation,
+        LayerKind::Custom,
     ];
 
     /// Whether layers of this kind have weights to quantize.
     pub fn has_weights(self) -> bool {
-        matches!(self, LayerKind::Linear | LayerKind::Conv2d)
+        matches!(self, LayerKind::Linear | LayerKind::Conv2d | LayerKind::Custom)
     }
 }
 
