@@ -20,7 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use quant_core::{QuantizationTarget, Result};
 
-use crate::layers::{join_name, FakeQuantizer, Float, QLinear, QuantizerSpec};
+use crate::layers::{join_name, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizerSpec};
+use crate::nn::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 
 /// The kinds of layer a policy configures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -56,7 +57,10 @@ impl LayerKind {
 
     /// Whether layers of this kind have weights to quantize.
     pub fn has_weights(self) -> bool {
-        matches!(self, LayerKind::Linear | LayerKind::Conv2d | LayerKind::Custom)
+        matches!(
+            self,
+            LayerKind::Linear | LayerKind::Conv2d | LayerKind::Custom
+        )
     }
 }
 
@@ -157,6 +161,52 @@ impl<const I: usize, const O: usize> Quantize for Linear<I, O, f32, Cpu> {
         Ok(q)
     }
 }
+
+impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, const P: usize> Quantize
+    for Conv2d<C_IN, C_OUT, K, S, P, f32, Cpu>
+{
+    type Quantized = QConv2d<C_IN, C_OUT, K, S, P>;
+
+    fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
+        let decision = policy.layer(name, LayerKind::Conv2d)?;
+        let mut q = QConv2d::from_conv(self);
+        configure_slot(
+            &mut q.weight_quantizer,
+            name,
+            "weight_quantizer",
+            QuantizationTarget::Weights,
+            decision.weights.as_ref(),
+        )?;
+        configure_slot(
+            &mut q.input_quantizer,
+            name,
+            "input_quantizer",
+            QuantizationTarget::Activation,
+            decision.input.as_ref(),
+        )?;
+        Ok(q)
+    }
+}
+
+/// Weight-free layers whose input a policy may quantize: their twin is `QuantInput<Self>`.
+macro_rules! input_only {
+    ($kind:expr => $($ty:ty where [$($g:tt)*]),+ $(,)?) => {
+        $(
+            impl<$($g)*> Quantize for $ty {
+                type Quantized = QuantInput<$ty>;
+                fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
+                    let decision = policy.layer(name, $kind)?;
+                    let mut q = QuantInput::new(*self, &Cpu::default());
+                    configure_slot(&mut q.input_quantizer, name, "input_quantizer", QuantizationTarget::Activation, decision.input.as_ref())?;
+                    Ok(q)
+                }
+            }
+        )+
+    };
+}
+input_only!(LayerKind::MaxPool2d => MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize]);
+input_only!(LayerKind::AvgPool2d => AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize]);
+input_only!(LayerKind::Flatten => Flatten<N> where [const N: usize]);
 
 /// Float modules that stay float: their twin is `Float<Self>`, a copy.
 macro_rules! stays_float {

@@ -18,7 +18,10 @@ use serde::{Deserialize, Serialize};
 
 use quant_core::{InferableQuantizer, QuantError, QuantizationMethod, TrainingMethod};
 
-use crate::layers::{quantize_bias, FakeQuantizer, Float, QLinear, QuantizerControl};
+use crate::layers::{
+    quantize_bias, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizerControl,
+};
+use crate::nn::{Flatten, MaxPool2d};
 
 /// Version of the export format; loaders reject other versions.
 pub const FORMAT_VERSION: u32 = 1;
@@ -96,20 +99,80 @@ pub struct ExportedQuantizer {
     pub origin: QuantizerOrigin,
 }
 
-/// A fully connected layer in integer form.
+/// The geometry of a layer with weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "layer", deny_unknown_fields)]
+pub enum WeightedKind {
+    /// Fully connected: weight `[out_features, in_features]`.
+    Linear {
+        /// Input features.
+        in_features: usize,
+        /// Output features.
+        out_features: usize,
+    },
+    /// 2-D convolution with zero padding: weight `[out_channels, in_channels, kernel, kernel]`.
+    Conv2d {
+        /// Input channels.
+        in_channels: usize,
+        /// Output channels.
+        out_channels: usize,
+        /// Kernel size.
+        kernel: usize,
+        /// Stride.
+        stride: usize,
+        /// Zero padding on each side.
+        padding: usize,
+    },
+}
+
+impl WeightedKind {
+    /// Output channels (features).
+    pub fn out_channels(&self) -> usize {
+        match *self {
+            WeightedKind::Linear { out_features, .. } => out_features,
+            WeightedKind::Conv2d { out_channels, .. } => out_channels,
+        }
+    }
+    /// Inputs per output value: `in_features`, or `in_channels · kernel²`.
+    pub fn fan_in(&self) -> Option<usize> {
+        match *self {
+            WeightedKind::Linear { in_features, .. } => Some(in_features),
+            WeightedKind::Conv2d {
+                in_channels,
+                kernel,
+                ..
+            } => in_channels.checked_mul(kernel)?.checked_mul(kernel),
+        }
+    }
+    /// The weight tensor's shape.
+    pub fn weight_shape(&self) -> Vec<usize> {
+        match *self {
+            WeightedKind::Linear {
+                in_features,
+                out_features,
+            } => vec![out_features, in_features],
+            WeightedKind::Conv2d {
+                in_channels,
+                out_channels,
+                kernel,
+                ..
+            } => vec![out_channels, in_channels, kernel, kernel],
+        }
+    }
+}
+
+/// A layer with weights (Linear or Conv2d) in integer form.
 #[derive(Debug, Clone, PartialEq)]
-pub struct ExportedLinear {
+pub struct ExportedWeighted {
     /// Dotted layer name.
     pub name: String,
-    /// Input features.
-    pub in_features: usize,
-    /// Output features.
-    pub out_features: usize,
+    /// Geometry.
+    pub kind: WeightedKind,
     /// Quantizer of the input.
     pub input: ExportedQuantizer,
     /// Quantizer of the weights (per channel on axis 0, or per tensor).
     pub weights: ExportedQuantizer,
-    /// Weight codes `[out, in]`, on the weights grid.
+    /// Weight codes on the weights grid, row-major in [`WeightedKind::weight_shape`].
     pub weight: Vec<i32>,
     /// Bias in int32 at scale `s_input · s_weight[o]`.
     pub bias: Vec<i32>,
@@ -118,15 +181,31 @@ pub struct ExportedLinear {
 /// One op of an exported model, run in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExportedOp {
-    /// A fully connected layer.
-    Linear(ExportedLinear),
+    /// A Linear or Conv2d layer.
+    Weighted(ExportedWeighted),
     /// `max(x, 0)`, fused into the preceding layer's requantization.
     Relu,
+    /// Max pooling on the integer codes (monotone, so it commutes with quantization).
+    MaxPool2d {
+        /// Window size.
+        kernel: usize,
+        /// Stride.
+        stride: usize,
+        /// Padding (never selected).
+        padding: usize,
+    },
+    /// `(C, H, W)` → `C·H·W` features, row-major.
+    Flatten {
+        /// Features after flattening.
+        features: usize,
+    },
 }
 
-/// An exported model: its ops and free-form provenance.
+/// An exported model: the shape of one input sample, its ops, and free-form provenance.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExportedModel {
+    /// Shape of one sample (`[64]`, or `[channels, height, width]`).
+    pub input_shape: Vec<usize>,
     /// The ops, in order.
     pub ops: Vec<ExportedOp>,
     /// What produced it (model name, policy, seed, ...), saved in the metadata.
@@ -143,17 +222,22 @@ pub trait Export {
     fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError>;
 }
 
-/// Exports `model` (named from the root).
+/// Exports `model` (named from the root), whose samples have `input_shape`.
 ///
 /// # Errors
 /// See [`Export::export`].
 pub fn export_model<M: Export>(
     model: &M,
+    input_shape: &[usize],
     info: BTreeMap<String, String>,
 ) -> Result<ExportedModel, ExportError> {
     let mut ops = Vec::new();
     model.export("", &mut ops)?;
-    Ok(ExportedModel { ops, info })
+    Ok(ExportedModel {
+        input_shape: input_shape.to_vec(),
+        ops,
+        info,
+    })
 }
 
 fn exported_quantizer<Q: QuantizerControl>(
@@ -192,27 +276,79 @@ fn exported_quantizer<Q: QuantizerControl>(
     })
 }
 
+/// The integer form of a layer with weights.
+fn export_weighted<WQ: QuantizerControl, AQ: QuantizerControl>(
+    name: &str,
+    kind: WeightedKind,
+    weight: &[f32],
+    bias: &[f32],
+    weight_quantizer: &WQ,
+    input_quantizer: &AQ,
+) -> Result<ExportedOp, ExportError> {
+    let input = exported_quantizer(input_quantizer, name, "input")?;
+    let weights = exported_quantizer(weight_quantizer, name, "weights")?;
+    let codes: Vec<i32> = weights.inferable.quantize(weight, &kind.weight_shape())?;
+    let bias = quantize_bias(
+        bias,
+        input.inferable.qparams().scales()[0],
+        weights.inferable.qparams().scales(),
+    );
+    Ok(ExportedOp::Weighted(ExportedWeighted {
+        name: name.to_string(),
+        kind,
+        input,
+        weights,
+        weight: codes,
+        bias,
+    }))
+}
+
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Export
     for QLinear<I, O, WQ, AQ>
 {
     fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
-        let input = exported_quantizer(&self.input_quantizer, name, "input")?;
-        let weights = exported_quantizer(&self.weight_quantizer, name, "weights")?;
-        let codes: Vec<i32> = weights.inferable.quantize(&self.weight.as_vec(), &[O, I])?;
-        let bias = quantize_bias(
-            &self.bias.as_vec(),
-            input.inferable.qparams().scales()[0],
-            weights.inferable.qparams().scales(),
-        );
-        ops.push(ExportedOp::Linear(ExportedLinear {
-            name: name.to_string(),
+        let kind = WeightedKind::Linear {
             in_features: I,
             out_features: O,
-            input,
-            weights,
-            weight: codes,
-            bias,
-        }));
+        };
+        ops.push(export_weighted(
+            name,
+            kind,
+            &self.weight.as_vec(),
+            &self.bias.as_vec(),
+            &self.weight_quantizer,
+            &self.input_quantizer,
+        )?);
+        Ok(())
+    }
+}
+
+impl<
+        const C: usize,
+        const O: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+    > Export for QConv2d<C, O, K, S, P, WQ, AQ>
+{
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        let kind = WeightedKind::Conv2d {
+            in_channels: C,
+            out_channels: O,
+            kernel: K,
+            stride: S,
+            padding: P,
+        };
+        ops.push(export_weighted(
+            name,
+            kind,
+            &self.weight.as_vec(),
+            &self.bias.as_vec(),
+            &self.weight_quantizer,
+            &self.input_quantizer,
+        )?);
         Ok(())
     }
 }
@@ -220,6 +356,43 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Expor
 impl Export for Float<ReLU> {
     fn export(&self, _name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
         ops.push(ExportedOp::Relu);
+        Ok(())
+    }
+}
+
+/// A weight-free layer exports as its integer op, on the codes of the next weighted layer's
+/// input grid; a quantizer of its own would need a requantization step the runtime does not
+/// have.
+fn input_only<M>(q: &QuantInput<M>, name: &str, op: ExportedOp) -> Result<ExportedOp, ExportError> {
+    if q.input_quantizer.describe().is_some() {
+        return Err(ExportError::Unsupported {
+            layer: name.to_string(),
+            reason: "its input has a quantizer of its own; integer export takes pooling and flattening on the \
+                     next weighted layer's input grid, so leave this layer's input float in the policy"
+                .into(),
+        });
+    }
+    Ok(op)
+}
+
+impl<const K: usize, const S: usize, const P: usize> Export for QuantInput<MaxPool2d<K, S, P>> {
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        ops.push(input_only(
+            self,
+            name,
+            ExportedOp::MaxPool2d {
+                kernel: K,
+                stride: S,
+                padding: P,
+            },
+        )?);
+        Ok(())
+    }
+}
+
+impl<const N: usize> Export for QuantInput<Flatten<N>> {
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        ops.push(input_only(self, name, ExportedOp::Flatten { features: N })?);
         Ok(())
     }
 }
@@ -249,6 +422,7 @@ struct Metadata {
     format: String,
     format_version: u32,
     quant_version: String,
+    input_shape: Vec<usize>,
     info: BTreeMap<String, String>,
     ops: Vec<OpMeta>,
 }
@@ -256,19 +430,29 @@ struct Metadata {
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "op", deny_unknown_fields)]
 enum OpMeta {
-    Linear {
+    Weighted {
         name: String,
-        in_features: usize,
-        out_features: usize,
+        geometry: WeightedKind,
         input: ExportedQuantizer,
         weights: ExportedQuantizer,
         weight_tensor: String,
         bias_tensor: String,
     },
     Relu,
+    MaxPool2d {
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    },
+    Flatten {
+        features: usize,
+    },
 }
 
 const FORMAT: &str = "quant-integer-model";
+/// Largest element count of any one shape in a loaded export (guards allocations driven by
+/// hostile metadata).
+const MAX_ELEMENTS: usize = 1 << 28;
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> ExportError + '_ {
     move |source| ExportError::Io {
@@ -297,9 +481,21 @@ impl ExportedModel {
         let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut ops = Vec::new();
         for op in &self.ops {
-            match op {
-                ExportedOp::Relu => ops.push(OpMeta::Relu),
-                ExportedOp::Linear(l) => {
+            ops.push(match op {
+                ExportedOp::Relu => OpMeta::Relu,
+                ExportedOp::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                } => OpMeta::MaxPool2d {
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                },
+                ExportedOp::Flatten { features } => OpMeta::Flatten {
+                    features: *features,
+                },
+                ExportedOp::Weighted(l) => {
                     let wname = format!("{}.weight", l.name);
                     let bname = format!("{}.bias", l.name);
                     let dtype = storage_dtype(&l.weights.inferable);
@@ -307,42 +503,37 @@ impl ExportedModel {
                         StDtype::I8 => l.weight.iter().map(|v| *v as i8 as u8).collect(),
                         _ => l.weight.iter().map(|v| *v as u8).collect(),
                     };
-                    buffers.push((
-                        wname.clone(),
-                        dtype,
-                        vec![l.out_features, l.in_features],
-                        bytes,
-                    ));
+                    buffers.push((wname.clone(), dtype, l.kind.weight_shape(), bytes));
                     let bias_bytes: Vec<u8> = l.bias.iter().flat_map(|b| b.to_le_bytes()).collect();
                     buffers.push((
                         bname.clone(),
                         StDtype::I32,
-                        vec![l.out_features],
+                        vec![l.kind.out_channels()],
                         bias_bytes,
                     ));
-                    ops.push(OpMeta::Linear {
+                    OpMeta::Weighted {
                         name: l.name.clone(),
-                        in_features: l.in_features,
-                        out_features: l.out_features,
+                        geometry: l.kind,
                         input: l.input.clone(),
                         weights: l.weights.clone(),
                         weight_tensor: wname,
                         bias_tensor: bname,
-                    });
+                    }
                 }
-            }
+            });
         }
         let meta = Metadata {
             format: FORMAT.into(),
             format_version: FORMAT_VERSION,
             quant_version: env!("CARGO_PKG_VERSION").into(),
+            input_shape: self.input_shape.clone(),
             info: self.info.clone(),
             ops,
         };
         let views: Vec<(String, TensorView<'_>)> = buffers
             .iter()
-            .map(|(n, d, s, b)| {
-                TensorView::new(*d, s.clone(), b)
+            .map(|(n, d, shape, b)| {
+                TensorView::new(*d, shape.clone(), b)
                     .map(|v| (n.clone(), v))
                     .map_err(|e| ExportError::Tensors {
                         path: dir.join(TENSORS_FILE),
@@ -395,6 +586,18 @@ impl ExportedModel {
                 meta.format_version
             )));
         }
+        let input_elements = meta
+            .input_shape
+            .iter()
+            .try_fold(1usize, |a, d| a.checked_mul(*d));
+        if meta.input_shape.is_empty()
+            || !matches!(input_elements, Some(n) if n > 0 && n <= MAX_ELEMENTS)
+        {
+            return Err(bad_meta(format!(
+                "input_shape {:?} is not a valid sample shape (non-empty, no zero, at most {MAX_ELEMENTS} elements)",
+                meta.input_shape
+            )));
+        }
         let tensor_bytes = std::fs::read(&tensors_path).map_err(io(&tensors_path))?;
         let tensors = safetensors::SafeTensors::deserialize(&tensor_bytes).map_err(|e| {
             ExportError::Tensors {
@@ -406,25 +609,66 @@ impl ExportedModel {
             path: tensors_path.clone(),
             message,
         };
-        let mut ops = Vec::with_capacity(meta.ops.len());
+        let mut ops = Vec::with_capacity(meta.ops.len().min(1 << 16));
         for op in meta.ops {
             match op {
                 OpMeta::Relu => ops.push(ExportedOp::Relu),
-                OpMeta::Linear {
+                OpMeta::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                } => {
+                    if kernel == 0 || stride == 0 || padding > kernel / 2 {
+                        return Err(bad_meta(format!(
+                            "MaxPool2d kernel {kernel}, stride {stride}, padding {padding}: kernel and stride must be > 0 and padding at most kernel / 2"
+                        )));
+                    }
+                    ops.push(ExportedOp::MaxPool2d {
+                        kernel,
+                        stride,
+                        padding,
+                    })
+                }
+                OpMeta::Flatten { features } => {
+                    if features == 0 || features > MAX_ELEMENTS {
+                        return Err(bad_meta(format!(
+                            "Flatten to {features} features is not valid"
+                        )));
+                    }
+                    ops.push(ExportedOp::Flatten { features })
+                }
+                OpMeta::Weighted {
                     name,
-                    in_features,
-                    out_features,
+                    geometry,
                     input,
                     weights,
                     weight_tensor,
                     bias_tensor,
                 } => {
-                    let numel = in_features
-                        .checked_mul(out_features)
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| bad_meta(format!("op `{name}`: {out_features} x {in_features} is not a valid weight shape")))?;
+                    let shape = geometry.weight_shape();
+                    let numel = shape
+                        .iter()
+                        .try_fold(1usize, |a, d| a.checked_mul(*d))
+                        .filter(|n| *n > 0 && *n <= MAX_ELEMENTS)
+                        .ok_or_else(|| {
+                            bad_meta(format!("op `{name}`: weight shape {shape:?} is not valid"))
+                        })?;
+                    if let WeightedKind::Conv2d {
+                        stride,
+                        padding,
+                        kernel,
+                        ..
+                    } = geometry
+                    {
+                        if stride == 0 || padding >= kernel {
+                            return Err(bad_meta(format!(
+                                "op `{name}`: stride {stride}, padding {padding}: the stride must be > 0 and the padding smaller than the kernel"
+                            )));
+                        }
+                    }
+                    let out = geometry.out_channels();
                     check_export_quantizer(&input, &name, "input", None).map_err(bad_meta)?;
-                    check_export_quantizer(&weights, &name, "weights", Some(out_features))
+                    check_export_quantizer(&weights, &name, "weights", Some(out))
                         .map_err(bad_meta)?;
                     let w = tensors.tensor(&weight_tensor).map_err(|_| {
                         bad_tensor(format!(
@@ -432,9 +676,9 @@ impl ExportedModel {
                         ))
                     })?;
                     let expected_dtype = storage_dtype(&weights.inferable);
-                    if w.dtype() != expected_dtype || w.shape() != [out_features, in_features] {
+                    if w.dtype() != expected_dtype || w.shape() != shape.as_slice() {
                         return Err(bad_tensor(format!(
-                            "tensor `{weight_tensor}` is {:?} {:?}; op `{name}` needs {expected_dtype:?} [{out_features}, {in_features}]",
+                            "tensor `{weight_tensor}` is {:?} {:?}; op `{name}` needs {expected_dtype:?} {shape:?}",
                             w.dtype(),
                             w.shape()
                         )));
@@ -466,12 +710,10 @@ impl ExportedModel {
                             "tensor `{bias_tensor}` (bias of op `{name}`) is missing"
                         ))
                     })?;
-                    if b.dtype() != StDtype::I32
-                        || b.shape() != [out_features]
-                        || b.data().len() != out_features * 4
+                    if b.dtype() != StDtype::I32 || b.shape() != [out] || b.data().len() != out * 4
                     {
                         return Err(bad_tensor(format!(
-                            "tensor `{bias_tensor}` is {:?} {:?}; op `{name}` needs I32 [{out_features}]",
+                            "tensor `{bias_tensor}` is {:?} {:?}; op `{name}` needs I32 [{out}]",
                             b.dtype(),
                             b.shape()
                         )));
@@ -481,10 +723,9 @@ impl ExportedModel {
                         .chunks_exact(4)
                         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();
-                    ops.push(ExportedOp::Linear(ExportedLinear {
+                    ops.push(ExportedOp::Weighted(ExportedWeighted {
                         name,
-                        in_features,
-                        out_features,
+                        kind: geometry,
                         input,
                         weights,
                         weight,
@@ -494,6 +735,7 @@ impl ExportedModel {
             }
         }
         Ok(ExportedModel {
+            input_shape: meta.input_shape,
             ops,
             info: meta.info,
         })

@@ -16,8 +16,10 @@ use serde::Serialize;
 use quant_core::{QuantError, QuantizationMethod, Result, TrainingMethod};
 
 use crate::layers::{
-    join_name, FakeQuantizer, Float, QLinear, QuantInput, QuantizedModule, QuantizerControl,
+    join_name, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizedModule,
+    QuantizerControl,
 };
+use crate::nn::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 
 /// One quantizer of a layer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -92,7 +94,10 @@ macro_rules! leaves {
 }
 leaves!(true => Linear<I, O, f32, Cpu> where [const I: usize, const O: usize]);
 leaves!(true => QLinear<I, O, WQ, AQ> where [const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer]);
+leaves!(true => Conv2d<C, O, K, S, P, f32, Cpu> where [const C: usize, const O: usize, const K: usize, const S: usize, const P: usize]);
+leaves!(true => QConv2d<C, O, K, S, P, WQ, AQ> where [const C: usize, const O: usize, const K: usize, const S: usize, const P: usize, WQ: FakeQuantizer, AQ: FakeQuantizer]);
 leaves!(false => ReLU, Tanh, Sigmoid, Float<M> where [M], QuantInput<M> where [M]);
+leaves!(false => MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize], AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize], Flatten<N> where [const N: usize]);
 leaves!(false => BatchNorm1D<C, f32, Cpu> where [const C: usize], BatchNorm2D<C, f32, Cpu> where [const C: usize]);
 
 /// `Trace` for tuples: each element's output feeds the next, names are the indices.

@@ -95,10 +95,7 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
     let data = digits::load(&data_path)?;
     match cfg.model.kind {
         ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data),
-        ModelKind::Cnn => Err(RunError::File {
-            path: data_path,
-            message: "TEMP cnn".into(),
-        }),
+        ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data),
     }
 }
 
@@ -280,7 +277,7 @@ where
         info.insert("model".into(), cfg.model.kind.to_string());
         info.insert("policy".into(), opts.policy_name.clone());
         info.insert("seed".into(), seed.to_string());
-        let exported = export_model(&qat, info)?;
+        let exported = export_model(&qat, N::INPUT_SHAPE, info)?;
         let integer = IntegerModel::new(&exported)?;
         let int_predictions = integer.predict(&data.test.images)?;
         let integer_accuracy = accuracy(&int_predictions, &data.test.labels);
@@ -291,7 +288,11 @@ where
             let idx: Vec<usize> = (0..n).collect();
             let (pixels, _) = data.train.gather(&idx);
             let x = input::<N::Input>(&dev, pixels, n)?;
-            first_layers = layer_report(&deploy, &mut qat, x)?;
+            // The reference is the same model with every quantizer disabled: after QAT its
+            // weights differ from the float model's, and the report measures quantization alone.
+            let mut reference = qat.clone();
+            reference.set_mode("*", QuantizerMode::Disabled)?;
+            first_layers = layer_report(&reference, &mut qat, x)?;
             if let Some(dir) = &opts.export_dir {
                 exported.save(dir)?;
                 // Prove the files load and reproduce the in-memory model.

@@ -12,11 +12,13 @@
 //! through [`QuantizedModule::visit_quantizers`], to change modes (like pytorch-quantization's
 //! `disable()` / `enable_calib()`), calibrate, report and export.
 
+mod conv;
 mod float;
 mod input;
 mod linear;
 mod quantizer;
 
+pub use conv::QConv2d;
 pub use float::Float;
 pub use input::QuantInput;
 pub use linear::QLinear;
