@@ -89,6 +89,17 @@ impl Default for RunSection {
     }
 }
 
+/// The optimiser of a training phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    /// Adam (β = 0.9, 0.999).
+    #[default]
+    Adam,
+    /// SGD with classic momentum 0.9.
+    Sgd,
+}
+
 /// Learning-rate schedule over the epochs of a phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -126,6 +137,12 @@ pub struct FloatSection {
     /// Learning-rate schedule.
     #[serde(default)]
     pub schedule: Schedule,
+    /// Augmentation: random translation by up to this many pixels (0 = none).
+    #[serde(default)]
+    pub shift: usize,
+    /// The optimiser.
+    #[serde(default)]
+    pub optimizer: Optimizer,
 }
 
 impl Default for FloatSection {
@@ -135,6 +152,8 @@ impl Default for FloatSection {
             batch_size: default_batch(),
             lr: default_lr(),
             schedule: Schedule::default(),
+            shift: 0,
+            optimizer: Optimizer::Adam,
         }
     }
 }
@@ -211,6 +230,12 @@ pub struct QatSection {
     pub init: QatInit,
     /// Distillation from the float model, if any.
     pub distillation: Option<Distillation>,
+    /// Augmentation: random translation by up to this many pixels (0 = none).
+    #[serde(default)]
+    pub shift: usize,
+    /// The optimiser.
+    #[serde(default)]
+    pub optimizer: Optimizer,
 }
 
 impl Default for QatSection {
@@ -222,6 +247,8 @@ impl Default for QatSection {
             schedule: Schedule::default(),
             init: QatInit::default(),
             distillation: None,
+            shift: 0,
+            optimizer: Optimizer::Adam,
         }
     }
 }
@@ -297,6 +324,18 @@ impl RunConfig {
         for (key, v) in [("float.lr", cfg.float.lr), ("qat.lr", cfg.qat.lr)] {
             if !(v.is_finite() && v > 0.0 && v < 10.0) {
                 return Err(invalid(key, "a learning rate in (0, 10)", v.to_string()));
+            }
+        }
+        for (key, v) in [
+            ("float.shift", cfg.float.shift),
+            ("qat.shift", cfg.qat.shift),
+        ] {
+            if v > 3 {
+                return Err(invalid(
+                    key,
+                    "a shift of 0..=3 pixels (the images are 8x8)",
+                    v.to_string(),
+                ));
             }
         }
         if let Some(d) = cfg.qat.distillation {

@@ -102,19 +102,27 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
 fn recipe(cfg: &RunConfig) -> String {
     let q = &cfg.qat;
     let mut s = format!(
-        "float: Adam lr {} ({:?}), {} epochs, batch {}; PTQ: {} calibration batches of {}; QAT: Adam lr {} ({:?}), {} epochs, batch {}, init {:?}",
+        "float: {:?} lr {} ({:?}), {} epochs, batch {}; PTQ: {} calibration batches of {}; QAT: {:?} lr {} ({:?}), {} epochs, batch {}, init {:?}",
+        cfg.float.optimizer,
         cfg.float.lr,
         cfg.float.schedule,
         cfg.float.epochs,
         cfg.float.batch_size,
         cfg.calibration.batches,
         cfg.calibration.batch_size,
+        q.optimizer,
         q.lr,
         q.schedule,
         q.epochs,
         q.batch_size,
         q.init
     );
+    if cfg.float.shift > 0 || q.shift > 0 {
+        s.push_str(&format!(
+            "; random shifts of up to {} px (float) / {} px (QAT)",
+            cfg.float.shift, q.shift
+        ));
+    }
     if let Some(d) = q.distillation {
         s.push_str(&format!(
             ", distillation from the float model (weight {}, temperature {})",
@@ -127,8 +135,8 @@ fn recipe(cfg: &RunConfig) -> String {
 fn cache_path(dir: &Path, cfg: &RunConfig, seed: u64) -> PathBuf {
     let f = &cfg.float;
     dir.join(format!(
-        "{}-seed{seed}-e{}-b{}-lr{}-{:?}.safetensors",
-        cfg.model.kind, f.epochs, f.batch_size, f.lr, f.schedule
+        "{}-seed{seed}-e{}-b{}-lr{}-{:?}-shift{}.safetensors",
+        cfg.model.kind, f.epochs, f.batch_size, f.lr, f.schedule, f.shift
     ))
 }
 
@@ -174,6 +182,8 @@ where
                 batch_size: cfg.float.batch_size,
                 lr: cfg.float.lr,
                 schedule: cfg.float.schedule,
+                shift: cfg.float.shift,
+                optimizer: cfg.float.optimizer,
             };
             let b = bar(
                 &multi,
@@ -237,18 +247,17 @@ where
         };
         if cfg.qat.epochs > 0 {
             qat.set_mode("*", QuantizerMode::Training)?;
-            let teacher = match cfg.qat.distillation {
-                Some(d) => Some((
-                    logits::<N::Float, N::Input>(&dev, &float, &data.train, eval_batch)?,
-                    d,
-                )),
-                None => None,
+            let teacher_fn = |pixels: Vec<f32>, n: usize| -> quant_core::Result<Vec<f32>> {
+                let x = input::<N::Input>(&dev, pixels, n)?;
+                Ok(float.try_forward(x)?.as_vec())
             };
             let phase = Phase {
                 epochs: cfg.qat.epochs,
                 batch_size: cfg.qat.batch_size,
                 lr: cfg.qat.lr,
                 schedule: cfg.qat.schedule,
+                shift: cfg.qat.shift,
+                optimizer: cfg.qat.optimizer,
             };
             let b = bar(
                 &multi,
@@ -262,7 +271,9 @@ where
                 &data.train,
                 &phase,
                 seed.wrapping_add(1),
-                teacher.as_ref().map(|(t, d)| (t.as_slice(), *d)),
+                cfg.qat
+                    .distillation
+                    .map(|d| (&teacher_fn as train::Teacher<'_>, d)),
                 &b,
             )?;
             b.finish_and_clear();
@@ -271,6 +282,15 @@ where
         let qat_logits = logits::<N::Quantized, N::Input>(&dev, &qat, &data.test, eval_batch)?;
         let qat_predictions = predictions(&qat_logits);
         let qat_accuracy = accuracy(&qat_predictions, &data.test.labels);
+        let qat_train_accuracy = accuracy(
+            &predictions(&logits::<N::Quantized, N::Input>(
+                &dev,
+                &qat,
+                &data.train,
+                eval_batch,
+            )?),
+            &data.train.labels,
+        );
 
         // 4. Export and integer inference.
         let mut info = BTreeMap::new();
@@ -314,6 +334,7 @@ where
             qat_accuracy,
             integer_accuracy,
             integer_agreement,
+            qat_train_accuracy,
             float_from_cache,
         });
     }

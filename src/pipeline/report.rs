@@ -23,6 +23,8 @@ pub struct SeedResult {
     /// Fraction of test samples where the integer model predicts what the fake-quantized
     /// model predicts.
     pub integer_agreement: f64,
+    /// Accuracy of the QAT model on the training split (to see over- or under-fitting).
+    pub qat_train_accuracy: f64,
     /// Whether the float model came from the checkpoint cache.
     pub float_from_cache: bool,
 }
@@ -104,13 +106,14 @@ impl RunReport {
         for r in &self.runs {
             let _ = writeln!(
                 s,
-                "  {:>4}   {}   {}   {}   {}   {}",
+                "  {:>4}   {}   {}   {}   {}   {}   {}",
                 r.seed,
                 pct(r.fp32_accuracy),
                 pct(r.ptq_accuracy),
                 pct(r.qat_accuracy),
                 pct(r.integer_accuracy),
-                pct(r.integer_agreement)
+                pct(r.integer_agreement),
+                pct(r.qat_train_accuracy)
             );
         }
         if self.runs.len() > 1 {

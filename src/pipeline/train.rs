@@ -1,6 +1,6 @@
 //! Training, evaluation and calibration loops, generic over the model (float or quantized).
 
-use dfdx::optim::{Adam, AdamConfig};
+use dfdx::optim::{Adam, AdamConfig, Momentum, Optimizer as _, Sgd, SgdConfig};
 use dfdx::prelude::*;
 use indicatif::ProgressBar;
 use rand::rngs::StdRng;
@@ -10,7 +10,7 @@ use rand::SeedableRng;
 use quant_core::{QuantError, Result};
 use quant_ops::integer::argmax_rows;
 
-use super::config::{Distillation, Schedule};
+use super::config::{Distillation, Optimizer, Schedule};
 use crate::digits::{Split, CLASSES};
 
 /// A batch's logits with tape `T`.
@@ -47,6 +47,87 @@ pub struct Phase {
     pub lr: f64,
     /// Schedule.
     pub schedule: Schedule,
+    /// Random translation of each training image by up to this many pixels in x and y (zero
+    /// fill); 0 disables it.
+    pub shift: usize,
+    /// The optimiser.
+    pub optimizer: Optimizer,
+}
+
+/// Adam, or SGD with momentum 0.9 (LSQ's recipe, where the gradient scale `g` balances the
+/// step sizes' updates against the weights').
+enum Opt<M> {
+    Adam(Adam<M, f32, Cpu>),
+    Sgd(Sgd<M, f32, Cpu>),
+}
+
+impl<M: TensorCollection<f32, Cpu>> Opt<M> {
+    fn new(model: &M, kind: Optimizer, lr: f64) -> Self {
+        match kind {
+            Optimizer::Adam => Opt::Adam(Adam::new(
+                model,
+                AdamConfig {
+                    lr,
+                    ..Default::default()
+                },
+            )),
+            Optimizer::Sgd => Opt::Sgd(Sgd::new(
+                model,
+                SgdConfig {
+                    lr,
+                    momentum: Some(Momentum::Classic(0.9)),
+                    weight_decay: None,
+                },
+            )),
+        }
+    }
+    fn set_lr(&mut self, lr: f64) {
+        match self {
+            Opt::Adam(o) => o.cfg.lr = lr,
+            Opt::Sgd(o) => o.cfg.lr = lr,
+        }
+    }
+    fn update(&mut self, model: &mut M, grads: &dfdx::tensor::Gradients<f32, Cpu>) -> Result<()> {
+        let r = match self {
+            Opt::Adam(o) => o.update(model, grads),
+            Opt::Sgd(o) => o.update(model, grads),
+        };
+        match r {
+            // Frozen or float slots get no gradient: not an error here.
+            Ok(()) | Err(OptimizerUpdateError::UnusedParams(_)) => Ok(()),
+            Err(OptimizerUpdateError::DeviceError(e)) => Err(e.into()),
+        }
+    }
+}
+
+/// The float model's logits for a batch of (augmented) pixels, for distillation.
+pub type Teacher<'a> = &'a dyn Fn(Vec<f32>, usize) -> Result<Vec<f32>>;
+
+/// Translates each 8×8 image of `pixels` by a random offset in `[-shift, shift]²`, filling with
+/// zeros (the digits' background).
+fn augment(pixels: &mut [f32], shift: usize, rng: &mut StdRng) {
+    use rand::Rng;
+    if shift == 0 {
+        return;
+    }
+    let s = shift as isize;
+    for img in pixels.chunks_mut(64) {
+        let (dx, dy) = (rng.gen_range(-s..=s), rng.gen_range(-s..=s));
+        if dx == 0 && dy == 0 {
+            continue;
+        }
+        let src: Vec<f32> = img.to_vec();
+        for y in 0..8isize {
+            for x in 0..8isize {
+                let (sx, sy) = (x - dx, y - dy);
+                img[(y * 8 + x) as usize] = if (0..8).contains(&sx) && (0..8).contains(&sy) {
+                    src[(sy * 8 + sx) as usize]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
 }
 
 fn lr_at(phase: &Phase, epoch: usize) -> f64 {
@@ -80,7 +161,7 @@ fn soft_targets(logits: &[f32], temperature: f32) -> Vec<f32> {
 }
 
 /// Trains `model` with Adam on `data` for a phase; returns the mean loss of each epoch.
-/// With `teacher` (the float model's logits for every training sample) and a distillation
+/// With a `teacher` (the float model, run on the same augmented batch) and a distillation
 /// config, the loss mixes the labels' cross-entropy with the cross-entropy against the
 /// teacher's softened predictions (Hinton et al.'s distillation, `T²`-scaled).
 #[allow(clippy::too_many_arguments)]
@@ -90,7 +171,7 @@ pub fn train<M, S>(
     data: &Split,
     phase: &Phase,
     seed: u64,
-    teacher: Option<(&[f32], Distillation)>,
+    teacher: Option<(Teacher<'_>, Distillation)>,
     bar: &ProgressBar,
 ) -> Result<Vec<f32>>
 where
@@ -99,24 +180,23 @@ where
     <M as ModuleMut<Tensor<S, f32, Cpu, Taped>>>::Error: Into<QuantError>,
 {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut opt: Adam<M, f32, Cpu> = Adam::new(
-        model,
-        AdamConfig {
-            lr: phase.lr,
-            ..Default::default()
-        },
-    );
+    let mut opt = Opt::new(model, phase.optimizer, phase.lr);
     let mut order: Vec<usize> = (0..data.len()).collect();
     let mut epoch_losses = Vec::with_capacity(phase.epochs);
     let mut grads = model.try_alloc_grads()?;
     for epoch in 0..phase.epochs {
-        opt.cfg.lr = lr_at(phase, epoch);
+        opt.set_lr(lr_at(phase, epoch));
         order.shuffle(&mut rng);
         let mut total = 0.0f64;
         let mut batches = 0usize;
         for idx in order.chunks(phase.batch_size) {
             let n = idx.len();
-            let (pixels, labels) = data.gather(idx);
+            let (mut pixels, labels) = data.gather(idx);
+            augment(&mut pixels, phase.shift, &mut rng);
+            let teacher_logits = match &teacher {
+                Some((t, _)) => Some(t(pixels.clone(), n)?),
+                None => None,
+            };
             let x: Tensor<S, f32, Cpu> = input(dev, pixels, n)?;
             let mut onehot = vec![0f32; n * CLASSES];
             for (i, l) in labels.iter().enumerate() {
@@ -124,14 +204,9 @@ where
             }
             let y = dev.try_tensor_from_vec(onehot, (n, Const::<CLASSES>))?;
             let logits = model.try_forward_mut(x.traced(grads)).map_err(Into::into)?;
-            let loss = match teacher {
-                None => cross_entropy_with_logits_loss(logits, y),
-                Some((all, d)) => {
+            let loss = match (&teacher, teacher_logits) {
+                (Some((_, d)), Some(picked)) => {
                     let t = d.temperature as f32;
-                    let picked: Vec<f32> = idx
-                        .iter()
-                        .flat_map(|i| all[i * CLASSES..(i + 1) * CLASSES].to_vec())
-                        .collect();
                     let soft =
                         dev.try_tensor_from_vec(soft_targets(&picked, t), (n, Const::<CLASSES>))?;
                     let w = d.weight as f32;
@@ -139,14 +214,12 @@ where
                     let distill = cross_entropy_with_logits_loss(logits / t, soft);
                     hard * (1.0 - w) + distill * (w * t * t)
                 }
+                _ => cross_entropy_with_logits_loss(logits, y),
             };
             total += loss.array() as f64;
             batches += 1;
             grads = loss.backward();
-            match opt.update(model, &grads) {
-                Ok(()) | Err(OptimizerUpdateError::UnusedParams(_)) => {}
-                Err(OptimizerUpdateError::DeviceError(e)) => return Err(e.into()),
-            }
+            opt.update(model, &grads)?;
             model.try_zero_grads(&mut grads)?;
         }
         epoch_losses.push((total / batches.max(1) as f64) as f32);
