@@ -107,8 +107,9 @@ fn cases(n: usize) -> Vec<Case> {
             },
         ));
     }
-    // A Linear weight [O, I] and a conv weight [O, C, 3, 3] on axis 0, and an activation
-    // [N, C, H, W] on axis 1 with short 4x4 planes.
+    // A Linear weight [O, I] and a conv weight [O, C, 3, 3] on axis 0, and activations
+    // [N, C, H, W] on axis 1 with 8x8 planes (rows of 64) and short 4x4 planes (expanded
+    // per-element constants).
     let shapes: [(&str, Vec<usize>, usize); 3] = [
         (
             "per-channel linear [O,2048] axis 0",
@@ -309,6 +310,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let one = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let all = rayon::ThreadPoolBuilder::new().build()?;
     println!("rayon default pool: {} threads", all.current_num_threads());
+    println!(
+        "ratios: time / memcpy time, scaled to {n} elements; the pool column uses a parallel memcpy, \
+         whose 2 buffers may fit the last-level cache where a kernel's 3 or 4 do not"
+    );
 
     let memcpy_1 = one.install(|| best(runs, || b.y.copy_from_slice(black_box(&b.x))));
     let memcpy_n = all.install(|| {

@@ -358,6 +358,14 @@ impl Expanded {
     }
 }
 
+/// The constants of consecutive rows from row `first` on: `params` over and over. (A `%` per
+/// row costs as much as a row of 64 elements.)
+#[inline(always)]
+fn rows_params(params: &[Affine], first: usize) -> impl Iterator<Item = &Affine> {
+    let skip = first % params.len().max(1);
+    params[skip..].iter().chain(params.iter().cycle())
+}
+
 /// How a kernel walks a tensor.
 enum Walk<'a> {
     /// One set of constants for every element.
@@ -439,9 +447,9 @@ multiversion! {
             }
             Walk::Rows { inner, params } => {
                 // Explicit loops, not closures: a closure would be compiled without AVX2.
-                let first = start / inner;
-                for (b, (y, x)) in y.chunks_mut(*inner).zip(x.chunks(*inner)).enumerate() {
-                    fq_span::<R>(x, y, &params[(first + b) % params.len()]);
+                let rows = y.chunks_mut(*inner).zip(x.chunks(*inner));
+                for (p, (y, x)) in rows_params(params, start / inner).zip(rows) {
+                    fq_span::<R>(x, y, p);
                 }
             }
             Walk::Tensor(p) => fq_span::<R>(x, y, p),
@@ -723,10 +731,9 @@ multiversion! {
                 }
             }
             Walk::Rows { inner, params } => {
-                let first = start / inner;
                 let rows = dx.chunks_mut(*inner).zip(x.chunks(*inner)).zip(dy.chunks(*inner));
-                for (b, ((g, x), dy)) in rows.enumerate() {
-                    ste_span::<R>(x, dy, g, &params[(first + b) % params.len()]);
+                for (p, ((g, x), dy)) in rows_params(params, start / inner).zip(rows) {
+                    ste_span::<R>(x, dy, g, p);
                 }
             }
             Walk::Tensor(p) => ste_span::<R>(x, dy, dx, p),
@@ -1033,8 +1040,8 @@ multiversion! {
                 let mut sums = Vec::with_capacity(x.len().div_ceil(*inner));
                 let rows = dx.chunks_mut(*inner).zip(x.chunks(*inner)).zip(dy.chunks(*inner));
                 // A loop, not a closure: a closure would be compiled without AVX2.
-                for (b, ((g, x), dy)) in rows.enumerate() {
-                    sums.push(lsq_span::<R>(x, dy, g, &params[(first + b) % params.len()]));
+                for (p, ((g, x), dy)) in rows_params(params, first).zip(rows) {
+                    sums.push(lsq_span::<R>(x, dy, g, p));
                 }
                 sums
             }
@@ -1692,9 +1699,9 @@ multiversion! {
                 }
             }
             Walk::Rows { inner, params } => {
-                let first = start / inner;
-                for (b, (q, x)) in q.chunks_mut(*inner).zip(x.chunks(*inner)).enumerate() {
-                    q_span::<T, R>(x, q, &params[(first + b) % params.len()]);
+                let rows = q.chunks_mut(*inner).zip(x.chunks(*inner));
+                for (p, (q, x)) in rows_params(params, start / inner).zip(rows) {
+                    q_span::<T, R>(x, q, p);
                 }
             }
             Walk::Tensor(p) => q_span::<T, R>(x, q, p),
@@ -1800,16 +1807,14 @@ multiversion! {
             Walk::Periods(e) => {
                 // Short rows: one row at a time (dequantization is not on the training path).
                 let inner = e.inner.max(1);
-                for (b, (y, q)) in y.chunks_mut(inner).zip(q.chunks(inner)).enumerate() {
-                    if let Some(p) = e.params.get(b % e.params.len().max(1)) {
-                        dq_span(q, y, p.scale, p.zero_point_i);
-                    }
+                let rows = y.chunks_mut(inner).zip(q.chunks(inner));
+                for (p, (y, q)) in rows_params(&e.params, start / inner).zip(rows) {
+                    dq_span(q, y, p.scale, p.zero_point_i);
                 }
             }
             Walk::Rows { inner, params } => {
-                let first = start / inner;
-                for (b, (y, q)) in y.chunks_mut(*inner).zip(q.chunks(*inner)).enumerate() {
-                    let p = &params[(first + b) % params.len()];
+                let rows = y.chunks_mut(*inner).zip(q.chunks(*inner));
+                for (p, (y, q)) in rows_params(params, start / inner).zip(rows) {
                     dq_span(q, y, p.scale, p.zero_point_i);
                 }
             }
