@@ -110,7 +110,7 @@ fn cases(n: usize) -> Vec<Case> {
     // A Linear weight [O, I] and a conv weight [O, C, 3, 3] on axis 0, and activations
     // [N, C, H, W] on axis 1 with 8x8 planes (rows of 64) and short 4x4 planes (expanded
     // per-element constants).
-    let shapes: [(&str, Vec<usize>, usize); 3] = [
+    let shapes: [(&str, Vec<usize>, usize); 4] = [
         (
             "per-channel linear [O,2048] axis 0",
             vec![n / 2048, 2048],
@@ -120,6 +120,11 @@ fn cases(n: usize) -> Vec<Case> {
             "per-channel conv [O,256,3,3] axis 0",
             vec![n / (256 * 9), 256, 3, 3],
             0,
+        ),
+        (
+            "per-channel act [N,64,8,8] axis 1",
+            vec![n / (64 * 64), 64, 8, 8],
+            1,
         ),
         (
             "per-channel act [N,64,4,4] axis 1",

@@ -696,13 +696,13 @@ pub fn fake_quantize_affine_into(
 
 #[inline(always)]
 fn ste_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) {
-    let (lo1, hi1) = (p.lo - 1.0, p.hi + 1.0);
     for ((g, xi), dyi) in dx.iter_mut().zip(x).zip(dy) {
         // Read before the select: a read inside it became a masked load (vmaskmovps), which
         // made the whole loop several times slower on AMD.
         let d = *dyi;
-        // Clamped one step past the grid, so out-of-range values stay out of range.
-        let r = R::round(clamp(*xi * p.inv, lo1, hi1));
+        // Not clamped first: beyond 2^22 the fast rounding is off by a little, but such a
+        // value stays far outside the grid (which is what the mask asks), and ±Inf stays ±Inf.
+        let r = R::round(*xi * p.inv);
         // `r` is on the grid iff clamping it changes nothing (NaN compares unequal: mask 0).
         *g += if r == clamp(r, p.lo, p.hi) { d } else { 0.0 };
     }
@@ -715,7 +715,7 @@ fn ste_period<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], e: &Expanded) {
     let (inv, lo, hi) = (&e.inv[..n], &e.lo[..n], &e.hi[..n]);
     for i in 0..n {
         let d = dy[i];
-        let r = R::round(clamp(x[i] * inv[i], lo[i] - 1.0, hi[i] + 1.0));
+        let r = R::round(x[i] * inv[i]); // See `ste_span` for why no clamp.
         dx[i] += if r == clamp(r, lo[i], hi[i]) { d } else { 0.0 };
     }
 }
@@ -830,7 +830,9 @@ struct LsqTerms {
 fn lsq_terms<R: Round>(x: f32, dy: f32, p: &Affine) -> LsqTerms {
     // PyTorch's backward adds z before rounding (its forward adds it after).
     let w = x * p.inv + p.zero_point;
-    let r = R::round(clamp(w, p.quant_min - 1.0, p.quant_max + 1.0));
+    // No clamp before rounding, as in `ste_span`: only `inside` and `rc` depend on `r`, and
+    // both are exact wherever the fast rounding is not.
+    let r = R::round(w);
     let rc = clamp(r, p.quant_min, p.quant_max);
     let inside = r == rc;
     let k = rc - p.zero_point;
@@ -975,10 +977,6 @@ mod avx2 {
         let zp = _mm256_set1_ps(p.zero_point);
         let scale = _mm256_set1_ps(p.scale);
         let (qmin, qmax) = (_mm256_set1_ps(p.quant_min), _mm256_set1_ps(p.quant_max));
-        let (qmin1, qmax1) = (
-            _mm256_set1_ps(p.quant_min - 1.0),
-            _mm256_set1_ps(p.quant_max + 1.0),
-        );
         let magic = _mm256_set1_ps(MAGIC);
         let (mut ds_lo, mut ds_hi) = (
             _mm256_loadu_pd(ds.as_ptr()),
@@ -998,8 +996,7 @@ mod avx2 {
                 let dyv = _mm256_loadu_ps(yp.add(i));
                 // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp`.
                 let w = _mm256_add_ps(_mm256_mul_ps(xv, inv), zp);
-                let c = _mm256_min_ps(qmax1, _mm256_max_ps(qmin1, w));
-                let r = _mm256_sub_ps(_mm256_add_ps(c, magic), magic);
+                let r = _mm256_sub_ps(_mm256_add_ps(w, magic), magic);
                 let rc = _mm256_min_ps(qmax, _mm256_max_ps(qmin, r));
                 let inside = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, rc);
                 let k = _mm256_sub_ps(rc, zp);
