@@ -15,9 +15,15 @@
 //! rounds `x * (1/scale)` and then adds `zero_point`. At an exact tie with an odd zero point the
 //! two disagree (`x/s = 0.5, z = 1`: the forward gives `q = 1`, the backward `q = 2`). We follow
 //! PyTorch in each, so [`fake_quantize_learnable_affine_backward_into`] matches its gradients
-//! exactly. One quirk we do not copy: for a fractional zero point, PyTorch's *per-tensor*
-//! backward uses `trunc(clamp(z + 0.5))` where its forward and its per-channel backward use
-//! `round_half_even(clamp(z))`; we use the latter everywhere ([`round_zero_point`]).
+//! exactly. Two things we do not copy:
+//! - PyTorch's *per-tensor* backward rounds a learnable zero point as `trunc(clamp(z + 0.5))`
+//!   where its forward and its per-channel backward use `round_half_even(clamp(z))`; they
+//!   differ for every negative zero point (`z = -5` becomes `-4` in the backward) and at
+//!   halves. We use the forward's rounding everywhere ([`round_zero_point`]), so forward and
+//!   backward see the same grid.
+//! - PyTorch's AVX2/AVX512 builds of the LSQ backward contract `z + x * (1/s)` into one fused
+//!   multiply-add, so one ulp from a tie their result depends on the CPU. We compute the
+//!   product and the sum separately, as its portable (`DEFAULT`) build does, on every CPU.
 //!
 //! # Non-finite inputs
 //! `±Inf` saturates to the nearest end of the grid. `NaN` propagates: the output is `NaN`,
@@ -32,14 +38,18 @@
 //! are integers), so every loop vectorises on baseline x86-64 (SSE2) without `roundps`. On
 //! x86-64 CPUs with AVX2 (detected at run time) the same loops run compiled for AVX2: twice
 //! the lanes, same results bit for bit (no FMA contraction: Rust never fuses `a * b + c`).
+//! The LSQ backward with round half to even, the training hot spot, has a hand-written AVX2
+//! loop (LLVM would not keep the sums in registers), lane for lane the portable arithmetic.
 //! Gradient sums accumulate in `f32` lanes over blocks of at most 4 terms per lane and in
-//! `f64` across blocks, so they stay within about 1e-7 relative of an exact sum of the terms.
+//! `f64` across blocks, so they stay within about 1e-7 relative of an exact sum of the terms
+//! (relative to the sum of their absolute values, when terms of both signs cancel).
 //! Tensors of at least [`PARALLEL_THRESHOLD`] elements are split across rayon's threads into
 //! jobs whose boundaries depend only on the tensor's size, so results do not depend on the
 //! number of threads.
 //!
 //! Grids wider than `2^21` levels on either side of zero take exact scalar paths that follow
-//! PyTorch's integer arithmetic (`int64` codes, a `double` product for the output).
+//! PyTorch's own arithmetic there, which differs between its per-tensor kernel (`f32` codes
+//! and products) and its per-channel kernel (`int64` codes, a `double` product).
 
 use rayon::prelude::*;
 
@@ -1230,7 +1240,8 @@ pub fn round_zero_point(zero_point: f32, quant_min: i32, quant_max: i32) -> Resu
 /// `(dx, dscale, dzero_point)` for the forward `fake_quantize_per_tensor_affine(x, scale,
 /// round(zero_point), ...)`, with `grad_factor` (LSQ's `g = 1/sqrt(numel * quant_max)`)
 /// applied to the scale and zero-point gradients. With `q = round(x * (1/scale) + z)` (the
-/// zero point added before rounding, as PyTorch's backward does):
+/// zero point added before rounding, as PyTorch's backward does) and `z` the zero point
+/// rounded as the forward rounds it (see the module docs for where PyTorch differs):
 ///
 /// ```text
 /// inside:      dx = dy,  dscale = dy * (x_fq - x) / scale * g,               dzero = 0

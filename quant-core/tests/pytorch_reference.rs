@@ -1,7 +1,9 @@
 //! Our kernels against real PyTorch (`tools/gen_pytorch_fixtures.py` wrote the vectors in
 //! `fixtures/pytorch_fake_quant.json` with `torch.fake_quantize_per_tensor_affine`,
 //! `torch.fake_quantize_per_channel_affine`, `torch._fake_quantize_learnable_per_tensor_affine`
-//! and `torch._fake_quantize_learnable_per_channel_affine` and their autograd backward).
+//! and `torch._fake_quantize_learnable_per_channel_affine` and their autograd backward), run
+//! with `ATEN_CPU_CAPABILITY=default` (the script says why: PyTorch's AVX2/AVX512 builds fuse
+//! the LSQ backward's `z + x * (1/s)` into an FMA, which moves a few near-tie codes).
 //!
 //! Forward values must be bit-identical. Straight-through and LSQ input gradients must be
 //! equal (as numbers: PyTorch's `dy * 0` keeps the sign of `dy`, our `0` does not). LSQ's
