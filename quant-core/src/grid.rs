@@ -316,7 +316,10 @@ pub(crate) fn check_scale(s: f32, what: impl FnOnce() -> String) -> Result<()> {
     if s.is_finite() && s >= f32::MIN_POSITIVE {
         Ok(())
     } else {
-        Err(QuantError::InvalidScale { what: what(), value: s })
+        Err(QuantError::InvalidScale {
+            what: what(),
+            value: s,
+        })
     }
 }
 
@@ -421,24 +424,47 @@ mod tests {
             let g = IntegerGrid::new(b, s, n).unwrap();
             assert_eq!((g.quant_min(), g.quant_max()), (lo, hi), "{g:?}");
         }
-        assert_eq!(IntegerGrid::new(1, true, false), Err(QuantError::InvalidBits { bits: 1 }));
-        let err = serde_json::from_str::<IntegerGrid>(r#"{"bits": 40, "signed": true}"#).unwrap_err();
-        assert!(err.to_string().contains("bits = 40 is out of range"), "{err}");
+        assert_eq!(
+            IntegerGrid::new(1, true, false),
+            Err(QuantError::InvalidBits { bits: 1 })
+        );
+        let err =
+            serde_json::from_str::<IntegerGrid>(r#"{"bits": 40, "signed": true}"#).unwrap_err();
+        assert!(
+            err.to_string().contains("bits = 40 is out of range"),
+            "{err}"
+        );
     }
 
     #[test]
     fn symmetric_conventions() {
         // MCT: T / 2^(b-1); NVIDIA (narrow): amax / 127; unsigned: T / 2^b.
-        assert_eq!(symmetric_scale(1.0, IntegerGrid::INT8).unwrap(), 1.0 / 128.0);
-        assert_eq!(symmetric_scale(127.0, IntegerGrid::new(8, true, true).unwrap()).unwrap(), 1.0);
-        assert_eq!(symmetric_scale(2.0, IntegerGrid::UINT8).unwrap(), 2.0 / 256.0);
+        assert_eq!(
+            symmetric_scale(1.0, IntegerGrid::INT8).unwrap(),
+            1.0 / 128.0
+        );
+        assert_eq!(
+            symmetric_scale(127.0, IntegerGrid::new(8, true, true).unwrap()).unwrap(),
+            1.0
+        );
+        assert_eq!(
+            symmetric_scale(2.0, IntegerGrid::UINT8).unwrap(),
+            2.0 / 256.0
+        );
         assert_eq!(symmetric_scale(0.0, IntegerGrid::INT8).unwrap(), MIN_SCALE);
         assert!(symmetric_scale(f32::NAN, IntegerGrid::INT8).is_err());
     }
 
     #[test]
     fn power_of_two_rounds_up() {
-        for (t, p) in [(1.0, 1.0), (1.5, 2.0), (0.3, 0.5), (4.0, 4.0), (4.0001, 8.0), (0.125, 0.125)] {
+        for (t, p) in [
+            (1.0, 1.0),
+            (1.5, 2.0),
+            (0.3, 0.5),
+            (4.0, 4.0),
+            (4.0001, 8.0),
+            (0.125, 0.125),
+        ] {
             assert_eq!(power_of_two_threshold(t).unwrap(), p, "{t}");
         }
         assert!(power_of_two_threshold(f32::INFINITY).is_err());
@@ -469,7 +495,11 @@ mod tests {
         let json = serde_json::to_string(&q).unwrap();
         assert_eq!(serde_json::from_str::<QParams>(&json).unwrap(), q);
         assert!(serde_json::from_str::<QParams>(r#"{"scales":[-1.0],"zero_points":[0]}"#).is_err());
-        assert!(q.check_zero_points(IntegerGrid::new(2, false, false).unwrap()).is_ok());
-        assert!(q.check_zero_points(IntegerGrid::new(2, true, false).unwrap()).is_err());
+        assert!(q
+            .check_zero_points(IntegerGrid::new(2, false, false).unwrap())
+            .is_ok());
+        assert!(q
+            .check_zero_points(IntegerGrid::new(2, true, false).unwrap())
+            .is_err());
     }
 }

@@ -94,7 +94,9 @@ impl InferableQuantizer {
             for (i, s) in qparams.scales().iter().enumerate() {
                 if s.to_bits() & 0x007f_ffff != 0 {
                     return Err(QuantError::InvalidScale {
-                        what: format!("scales[{i}] of a PowerOfTwo quantizer (must be a power of two)"),
+                        what: format!(
+                            "scales[{i}] of a PowerOfTwo quantizer (must be a power of two)"
+                        ),
                         value: *s,
                     });
                 }
@@ -133,7 +135,10 @@ impl InferableQuantizer {
         let layout = ChannelLayout::new(shape, self.qparams.axis())?;
         if layout.channels != self.qparams.channels() {
             return Err(QuantError::LengthMismatch {
-                what: format!("channels along axis {:?} of shape {shape:?}", self.qparams.axis()),
+                what: format!(
+                    "channels along axis {:?} of shape {shape:?}",
+                    self.qparams.axis()
+                ),
                 expected: self.qparams.channels(),
                 actual: layout.channels,
             });
@@ -213,7 +218,9 @@ mod tests {
         let q: InferableQuantizer = serde_json::from_str(ok).unwrap();
         assert_eq!(q.grid().quant_min(), -8);
         let not_pow2 = ok.replace("0.25", "0.3");
-        let err = serde_json::from_str::<InferableQuantizer>(&not_pow2).unwrap_err().to_string();
+        let err = serde_json::from_str::<InferableQuantizer>(&not_pow2)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("power of two"), "{err}");
         let zp = ok.replace("\"zero_points\":[0]", "\"zero_points\":[1]");
         assert!(serde_json::from_str::<InferableQuantizer>(&zp).is_err());
@@ -239,6 +246,9 @@ mod tests {
         assert_eq!(w, vec![10, 5, 0, 255]);
         assert!(q.quantize::<i8>(&x, &[2, 2]).is_err());
         assert!(q.quantize::<u8>(&x, &[4, 1]).is_err());
-        assert_eq!(q.dequantize(&u, &[2, 2]).unwrap(), q.fake_quantize(&x, &[2, 2]).unwrap());
+        assert_eq!(
+            q.dequantize(&u, &[2, 2]).unwrap(),
+            q.fake_quantize(&x, &[2, 2]).unwrap()
+        );
     }
 }

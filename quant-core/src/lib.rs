@@ -40,13 +40,13 @@ pub mod vocab;
 pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerConfig};
 pub use error::{QuantError, Result};
 pub use grid::{
-    power_of_two_threshold, qparams_from_range, symmetric_scale, uniform_qparams, Granularity, IntegerGrid, QParams,
-    MIN_SCALE,
+    power_of_two_threshold, qparams_from_range, symmetric_scale, uniform_qparams, Granularity,
+    IntegerGrid, QParams, MIN_SCALE,
 };
 pub use inferable::InferableQuantizer;
 pub use quantizer::{
-    ActivationQuantizer, ChannelLayout, ParamBank, ParamBankMut, ParamDecl, QuantizerInput, TrainableQuantizer,
-    WeightsQuantizer, MAX_PARAMETERS,
+    ActivationQuantizer, ChannelLayout, ParamBank, ParamBankMut, ParamDecl, QuantizerInput,
+    TrainableQuantizer, WeightsQuantizer, MAX_PARAMETERS,
 };
 pub use registry::{MarkedQuantizer, QuantizerEntry, QuantizerMetadata};
 pub use vocab::{QuantizationMethod, QuantizationTarget, RoundingPolicy, TrainingMethod};
@@ -56,9 +56,4 @@ pub use vocab::{QuantizationMethod, QuantizationTarget, RoundingPolicy, Training
 pub mod __private {
     pub use crate::registry::{QuantizerEntry, QUANTIZERS, TRAINING_METHODS};
     pub use linkme;
-
-    /// Compile-time check emitted by `#[mark_quantizer(target = Weights)]`.
-    pub const fn assert_weights_quantizer<T: crate::WeightsQuantizer>() {}
-    /// Compile-time check emitted by `#[mark_quantizer(target = Activation)]`.
-    pub const fn assert_activation_quantizer<T: crate::ActivationQuantizer>() {}
 }

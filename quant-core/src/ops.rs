@@ -32,10 +32,13 @@ use dfdx::tensor::{CpuError, Gradients};
 use crate::error::{QuantError, Result};
 use crate::grid::{IntegerGrid, QParams};
 use crate::kernels;
-use crate::quantizer::{ChannelLayout, ParamBank, ParamBankMut, QuantizerInput, TrainableQuantizer, MAX_PARAMETERS};
+use crate::quantizer::{
+    ChannelLayout, ParamBank, ParamBankMut, QuantizerInput, TrainableQuantizer, MAX_PARAMETERS,
+};
 use crate::vocab::RoundingPolicy;
 
-type Accumulate = Box<dyn FnOnce(&mut Gradients<f32, Cpu>, &[f32]) -> std::result::Result<(), CpuError>>;
+type Accumulate =
+    Box<dyn FnOnce(&mut Gradients<f32, Cpu>, &[f32]) -> std::result::Result<(), CpuError>>;
 
 /// A parameter tensor's values, and (when it trains) how to add into its gradient.
 pub struct ParamInput {
@@ -49,13 +52,15 @@ impl ParamInput {
     pub fn new<S: Shape>(t: &Tensor<S, f32, Cpu>, trainable: bool) -> ParamInput {
         let accumulate: Option<Accumulate> = if trainable {
             let ghost = t.ghost();
-            Some(Box::new(move |grads: &mut Gradients<f32, Cpu>, d: &[f32]| {
-                let slot = grads.get_or_alloc_mut(&ghost)?;
-                for (g, v) in slot.iter_mut().zip(d) {
-                    *g += *v;
-                }
-                Ok(())
-            }))
+            Some(Box::new(
+                move |grads: &mut Gradients<f32, Cpu>, d: &[f32]| {
+                    let slot = grads.get_or_alloc_mut(&ghost)?;
+                    for (g, v) in slot.iter_mut().zip(d) {
+                        *g += *v;
+                    }
+                    Ok(())
+                },
+            ))
         } else {
             None
         };
@@ -154,7 +159,16 @@ pub fn fake_quantize<S: Shape, T: Tape<f32, Cpu>>(
         x,
         Vec::new(),
         Box::new(move |x, _, y| {
-            kernels::fake_quantize_affine_into(x, y, layout, q.scales(), q.zero_points(), qmin, qmax, rounding)
+            kernels::fake_quantize_affine_into(
+                x,
+                y,
+                layout,
+                q.scales(),
+                q.zero_points(),
+                qmin,
+                qmax,
+                rounding,
+            )
         }),
         Box::new(move |x, _, dy, dx, _| {
             // Cannot fail: the forward pass validated the same arguments.
@@ -213,7 +227,11 @@ pub fn lsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
     let (qmin, qmax) = (grid.quant_min(), grid.quant_max());
     let prepare = move |p: &[&[f32]]| -> Result<(Vec<f32>, Vec<f32>, Vec<i32>)> {
         let scales: Vec<f32> = p[0].iter().map(|s| s.max(crate::grid::MIN_SCALE)).collect();
-        let zf: Vec<f32> = if learn_zero { p[1].to_vec() } else { vec![0.0; C] };
+        let zf: Vec<f32> = if learn_zero {
+            p[1].to_vec()
+        } else {
+            vec![0.0; C]
+        };
         let zi = zf
             .iter()
             .map(|z| kernels::round_zero_point(*z, qmin, qmax))
@@ -297,12 +315,20 @@ pub fn dsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
     }
     custom_op(
         x,
-        vec![ParamInput::new(alpha, true), ParamInput::new(lower, true), ParamInput::new(upper, true)],
-        Box::new(move |x, p, y| kernels::dsq_forward_into(x, y, layout, p[1], p[2], grid, rounding)),
+        vec![
+            ParamInput::new(alpha, true),
+            ParamInput::new(lower, true),
+            ParamInput::new(upper, true),
+        ],
+        Box::new(move |x, p, y| {
+            kernels::dsq_forward_into(x, y, layout, p[1], p[2], grid, rounding)
+        }),
         Box::new(move |x, p, dy, dx, dp| {
             let (da, rest) = dp.split_at_mut(1);
             let (dl, du) = rest.split_at_mut(1);
-            kernels::dsq_backward_into(x, dy, dx, layout, p[0], p[1], p[2], grid, &mut da[0], &mut dl[0], &mut du[0]);
+            kernels::dsq_backward_into(
+                x, dy, dx, layout, p[0], p[1], p[2], grid, &mut da[0], &mut dl[0], &mut du[0],
+            );
         }),
     )
 }
@@ -335,7 +361,9 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     }
     if layout.channels != 1 && layout.channels != bank_channels {
         return Err(QuantError::LengthMismatch {
-            what: format!("channels along axis {axis:?} (the parameter slots hold {bank_channels})"),
+            what: format!(
+                "channels along axis {axis:?} (the parameter slots hold {bank_channels})"
+            ),
             expected: bank_channels,
             actual: layout.channels,
         });
@@ -348,7 +376,10 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     let trainable_fwd = trainable.clone();
     custom_op(
         x,
-        vec![ParamInput::new(learned, train_params), ParamInput::new(fixed, false)],
+        vec![
+            ParamInput::new(learned, train_params),
+            ParamInput::new(fixed, false),
+        ],
         Box::new(move |x, p, y| {
             let bank = merge_banks(&trainable_fwd, bank_channels, p[0], p[1]);
             let input = QuantizerInput::new(x, layout, grid)?;

@@ -177,6 +177,16 @@ impl<'a> ParamBank<'a> {
     pub fn scalar(&self, k: usize) -> f32 {
         self.slot(k)[0]
     }
+    /// Slot `k` as used along `axis`: every channel's value when per channel, the first value
+    /// alone when `axis` is `None`.
+    pub fn values(&self, k: usize, axis: Option<usize>) -> &'a [f32] {
+        let slot = self.slot(k);
+        if axis.is_some() {
+            slot
+        } else {
+            &slot[..1]
+        }
+    }
 }
 
 /// A writable view of a quantizer's parameter slots (or of their gradients).
@@ -215,6 +225,26 @@ impl<'a> ParamBankMut<'a> {
     /// Sets every value of slot `k`.
     pub fn fill(&mut self, k: usize, v: f32) {
         self.slot_mut(k).fill(v);
+    }
+    /// Sets slot `k` from per-channel `values` (one per channel), or fills it with the single
+    /// value of per-tensor parameters.
+    ///
+    /// # Errors
+    /// `values` is neither one value nor one per channel.
+    pub fn set(&mut self, k: usize, values: &[f32]) -> Result<()> {
+        let channels = self.channels;
+        match values.len() {
+            1 => self.fill(k, values[0]),
+            n if n == channels => self.slot_mut(k).copy_from_slice(values),
+            n => {
+                return Err(QuantError::LengthMismatch {
+                    what: "quantization parameters (one per channel)".into(),
+                    expected: channels,
+                    actual: n,
+                })
+            }
+        }
+        Ok(())
     }
     /// A read-only view of the same slots.
     pub fn as_ref(&self) -> ParamBank<'_> {
@@ -255,10 +285,21 @@ pub trait TrainableQuantizer: Send + Sync + fmt::Debug + 'static {
 
     /// Sets the parameters from calibrated quantization parameters (an observer's result).
     /// `params` holds every slot; trainable and fixed slots alike.
-    fn set_qparams(&self, qparams: &QParams, grid: IntegerGrid, params: &mut ParamBankMut<'_>) -> Result<()>;
+    fn set_qparams(
+        &self,
+        qparams: &QParams,
+        grid: IntegerGrid,
+        params: &mut ParamBankMut<'_>,
+    ) -> Result<()>;
 
-    /// The scale(s) and zero point(s) the current parameters quantize with.
-    fn qparams(&self, params: &ParamBank<'_>, grid: IntegerGrid) -> Result<QParams>;
+    /// The scale(s) and zero point(s) the current parameters quantize with: one per channel
+    /// along `axis`, or one (from each slot's first value) when `axis` is `None`.
+    fn qparams(
+        &self,
+        params: &ParamBank<'_>,
+        grid: IntegerGrid,
+        axis: Option<usize>,
+    ) -> Result<QParams>;
 
     /// Initialises the parameters from data (the weights themselves, or a first batch of
     /// activations). The default takes the per-channel min/max of `x` and calls
@@ -290,12 +331,17 @@ pub trait TrainableQuantizer: Send + Sync + fmt::Debug + 'static {
     /// The deployable form: plain data that quantizes and dequantizes without dfdx, and
     /// reproduces [`forward`](Self::forward) exactly. The default builds it from
     /// [`qparams`](Self::qparams).
-    fn to_inferable(&self, params: &ParamBank<'_>, grid: IntegerGrid) -> Result<InferableQuantizer> {
+    fn to_inferable(
+        &self,
+        params: &ParamBank<'_>,
+        grid: IntegerGrid,
+        axis: Option<usize>,
+    ) -> Result<InferableQuantizer> {
         InferableQuantizer::new(
             self.config().method(),
             grid,
             self.config().rounding(),
-            self.qparams(params, grid)?,
+            self.qparams(params, grid, axis)?,
         )
     }
 }
@@ -347,7 +393,12 @@ mod tests {
     #[test]
     fn channel_ranges_skip_non_finite() {
         let data = [1.0, -2.0, f32::NAN, 4.0, f32::INFINITY, 0.5];
-        let x = QuantizerInput::new(&data, ChannelLayout::new(&[2, 3], Some(0)).unwrap(), IntegerGrid::INT8).unwrap();
+        let x = QuantizerInput::new(
+            &data,
+            ChannelLayout::new(&[2, 3], Some(0)).unwrap(),
+            IntegerGrid::INT8,
+        )
+        .unwrap();
         let (mins, maxs) = x.channel_ranges();
         assert_eq!(mins, vec![-2.0, 0.5]);
         assert_eq!(maxs, vec![1.0, 4.0]);

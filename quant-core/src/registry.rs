@@ -153,14 +153,18 @@ impl QuantizerEntry {
     }
 }
 
-fn build_weights<T: WeightsQuantizer>(config: &QuantizerConfig) -> Result<Box<dyn TrainableQuantizer>> {
+fn build_weights<T: WeightsQuantizer>(
+    config: &QuantizerConfig,
+) -> Result<Box<dyn TrainableQuantizer>> {
     match config {
         QuantizerConfig::Weights(c) => Ok(Box::new(T::from_config(c)?)),
         QuantizerConfig::Activation(_) => unreachable_target(),
     }
 }
 
-fn build_activation<T: ActivationQuantizer>(config: &QuantizerConfig) -> Result<Box<dyn TrainableQuantizer>> {
+fn build_activation<T: ActivationQuantizer>(
+    config: &QuantizerConfig,
+) -> Result<Box<dyn TrainableQuantizer>> {
     match config {
         QuantizerConfig::Activation(c) => Ok(Box::new(T::from_config(c)?)),
         QuantizerConfig::Weights(_) => unreachable_target(),
@@ -206,7 +210,9 @@ pub fn find(
     let matches: Vec<&'static QuantizerEntry> = registered()
         .into_iter()
         .filter(|e| {
-            e.metadata.target == target && e.metadata.training_method == training_method && e.metadata.supports(method)
+            e.metadata.target == target
+                && e.metadata.training_method == training_method
+                && e.metadata.supports(method)
         })
         .collect();
     match matches.as_slice() {
@@ -236,7 +242,11 @@ pub fn find(
             method,
             training_method,
             count: many.len(),
-            candidates: many.iter().map(|e| e.metadata.path()).collect::<Vec<_>>().join(", "),
+            candidates: many
+                .iter()
+                .map(|e| e.metadata.path())
+                .collect::<Vec<_>>()
+                .join(", "),
         }),
     }
 }

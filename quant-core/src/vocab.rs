@@ -18,7 +18,8 @@ pub enum QuantizationTarget {
 
 impl QuantizationTarget {
     /// Every target, in declaration order.
-    pub const ALL: [QuantizationTarget; 2] = [QuantizationTarget::Weights, QuantizationTarget::Activation];
+    pub const ALL: [QuantizationTarget; 2] =
+        [QuantizationTarget::Weights, QuantizationTarget::Activation];
 
     /// The name as written in code and config files.
     pub const fn name(self) -> &'static str {
@@ -65,7 +66,10 @@ impl QuantizationMethod {
 
     /// Whether the zero point is always 0.
     pub const fn is_symmetric(self) -> bool {
-        matches!(self, QuantizationMethod::Symmetric | QuantizationMethod::PowerOfTwo)
+        matches!(
+            self,
+            QuantizationMethod::Symmetric | QuantizationMethod::PowerOfTwo
+        )
     }
 }
 
@@ -163,7 +167,11 @@ impl TrainingMethod {
     pub fn known() -> Vec<TrainingMethod> {
         let mut all: Vec<TrainingMethod> = TrainingMethod::BUILT_IN.to_vec();
         all.extend(crate::registry::TRAINING_METHODS.iter().copied());
-        all.extend(crate::registry::QUANTIZERS.iter().map(|e| e.metadata.training_method));
+        all.extend(
+            crate::registry::QUANTIZERS
+                .iter()
+                .map(|e| e.metadata.training_method),
+        );
         all.sort();
         all.dedup();
         all
@@ -317,10 +325,22 @@ mod tests {
 
     #[test]
     fn enums_serialise_with_their_code_spelling() {
-        assert_eq!(serde_json::to_string(&QuantizationTarget::Weights).unwrap(), "\"Weights\"");
-        assert_eq!(serde_json::to_string(&QuantizationMethod::PowerOfTwo).unwrap(), "\"PowerOfTwo\"");
-        assert_eq!(serde_json::to_string(&RoundingPolicy::HalfAwayFromZero).unwrap(), "\"HalfAwayFromZero\"");
-        assert_eq!(serde_json::to_string(&TrainingMethod::Lsq).unwrap(), "\"Lsq\"");
+        assert_eq!(
+            serde_json::to_string(&QuantizationTarget::Weights).unwrap(),
+            "\"Weights\""
+        );
+        assert_eq!(
+            serde_json::to_string(&QuantizationMethod::PowerOfTwo).unwrap(),
+            "\"PowerOfTwo\""
+        );
+        assert_eq!(
+            serde_json::to_string(&RoundingPolicy::HalfAwayFromZero).unwrap(),
+            "\"HalfAwayFromZero\""
+        );
+        assert_eq!(
+            serde_json::to_string(&TrainingMethod::Lsq).unwrap(),
+            "\"Lsq\""
+        );
         let m: QuantizationMethod = serde_json::from_str("\"Uniform\"").unwrap();
         assert_eq!(m, QuantizationMethod::Uniform);
         assert!(serde_json::from_str::<QuantizationMethod>("\"uniform\"").is_err());
@@ -328,9 +348,14 @@ mod tests {
 
     #[test]
     fn unknown_training_method_lists_known_ones() {
-        let err = serde_json::from_str::<TrainingMethod>("\"Lqs\"").unwrap_err().to_string();
+        let err = serde_json::from_str::<TrainingMethod>("\"Lqs\"")
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("unknown training method `Lqs`"), "{err}");
-        assert!(err.contains("Lsq") && err.contains("Ste") && err.contains("Pact"), "{err}");
+        assert!(
+            err.contains("Lsq") && err.contains("Ste") && err.contains("Pact"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -8,5 +8,19 @@
 
 extern crate self as quant_ops;
 
+pub mod convert;
+pub mod export;
+pub mod integer;
+pub mod layers;
 pub mod nn;
 pub mod observers;
+pub mod platform;
+pub mod policy;
+pub mod quantizers;
+pub mod report;
+
+/// Not public API: what the macros' expansions refer to.
+#[doc(hidden)]
+pub mod __ops_private {
+    pub use linkme;
+}

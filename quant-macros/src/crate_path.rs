@@ -1,0 +1,52 @@
+//! Finding quant-core from the user's crate, and collecting errors to report all at once.
+
+use proc_macro2::{Span, TokenStream};
+use proc_macro_crate::{crate_name, FoundCrate};
+use quote::quote;
+use syn::Path;
+
+/// The path to quant-core as the calling crate sees it: `::quant_core` (or its renamed name)
+/// when it is a direct dependency or the crate itself, else `::quant::core` through the facade,
+/// else `::quant_core` (the compiler then says it is missing; `crate = path` overrides).
+pub fn core_path() -> Path {
+    let ident = |name: &str| syn::Ident::new(&name.replace('-', "_"), Span::call_site());
+    if let Ok(found) = crate_name("quant-core") {
+        return match found {
+            FoundCrate::Itself => syn::parse_quote!(::quant_core),
+            FoundCrate::Name(name) => {
+                let name = ident(&name);
+                syn::parse_quote!(::#name)
+            }
+        };
+    }
+    if let Ok(found) = crate_name("quant") {
+        return match found {
+            FoundCrate::Itself => syn::parse_quote!(::quant_core),
+            FoundCrate::Name(name) => {
+                let name = ident(&name);
+                syn::parse_quote!(::#name::core)
+            }
+        };
+    }
+    syn::parse_quote!(::quant_core)
+}
+
+/// Errors collected while checking an attribute, reported together.
+#[derive(Default)]
+pub struct Errors(Vec<syn::Error>);
+
+impl Errors {
+    /// Adds one.
+    pub fn push(&mut self, e: syn::Error) {
+        self.0.push(e);
+    }
+    /// Whether none were added.
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+    /// One `compile_error!` per error, each on its own span.
+    pub fn to_compile_errors(&self) -> TokenStream {
+        let errs = self.0.iter().map(syn::Error::to_compile_error);
+        quote!(#(#errs)*)
+    }
+}

@@ -1,0 +1,828 @@
+//! Export of a quantized model to an inferable, integer-only form: integer weights, int32
+//! biases (`s_bias = s_input · s_weight`, zero point 0) and the inferable quantizers of every
+//! input, as a sequence of ops. Saved as a directory holding `model.safetensors` (the integer
+//! tensors) and `model.json` (ops, quantizer ids, methods, bits, qparams, versions), written
+//! to a temporary name and renamed, so a failed export leaves nothing half-written.
+//!
+//! Loading checks everything (hostile files get a typed error, never a panic and never an
+//! allocation larger than the file justifies): the JSON schema, every inferable quantizer's
+//! invariants, tensor names, dtypes and shapes against the ops, and the integer range of every
+//! weight code.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dfdx::nn::modules::ReLU;
+use safetensors::tensor::{Dtype as StDtype, TensorView};
+use serde::{Deserialize, Serialize};
+
+use quant_core::{InferableQuantizer, QuantError, QuantizationMethod, TrainingMethod};
+
+use crate::layers::{
+    quantize_bias, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizerControl,
+};
+use crate::nn::{Flatten, MaxPool2d};
+
+/// Version of the export format; loaders reject other versions.
+pub const FORMAT_VERSION: u32 = 1;
+/// The metadata file in an export directory.
+pub const METADATA_FILE: &str = "model.json";
+/// The tensor file in an export directory.
+pub const TENSORS_FILE: &str = "model.safetensors";
+/// Largest integer width the integer runtime supports for weights and activations.
+pub const MAX_EXPORT_BITS: u32 = 8;
+
+/// Errors of export and of loading exports; each names the file, op or tensor.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// A quantizer problem while exporting (uncalibrated, unsupported bit width, ...).
+    #[error("cannot export: {0}")]
+    Quant(#[from] QuantError),
+    /// A model part that has no integer form.
+    #[error("cannot export layer `{layer}`: {reason}")]
+    Unsupported {
+        /// The layer's dotted name.
+        layer: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metadata is not valid export JSON.
+    #[error("{path}: invalid export metadata: {message}")]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tensor file is not valid, or does not match the metadata.
+    #[error("{path}: {message}")]
+    Tensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (names the tensor).
+        message: String,
+    },
+}
+
+/// Provenance of an exported quantizer: which trainable quantizer produced it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizerOrigin {
+    /// Training method id (`Lsq`, ...), by name: custom ids of crates not linked into the
+    /// loading program still load.
+    pub training_method: String,
+    /// Registry name of the trainable quantizer, when registered.
+    pub quantizer: Option<String>,
+    /// Bit width.
+    pub bits: u32,
+    /// Grid layout.
+    pub method: QuantizationMethod,
+}
+
+/// An exported quantizer: the inferable form plus where it came from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExportedQuantizer {
+    /// The deployable quantizer.
+    pub inferable: InferableQuantizer,
+    /// Where it came from.
+    pub origin: QuantizerOrigin,
+}
+
+/// The geometry of a layer with weights.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "layer", deny_unknown_fields)]
+pub enum WeightedKind {
+    /// Fully connected: weight `[out_features, in_features]`.
+    Linear {
+        /// Input features.
+        in_features: usize,
+        /// Output features.
+        out_features: usize,
+    },
+    /// 2-D convolution with zero padding: weight `[out_channels, in_channels, kernel, kernel]`.
+    Conv2d {
+        /// Input channels.
+        in_channels: usize,
+        /// Output channels.
+        out_channels: usize,
+        /// Kernel size.
+        kernel: usize,
+        /// Stride.
+        stride: usize,
+        /// Zero padding on each side.
+        padding: usize,
+    },
+}
+
+impl WeightedKind {
+    /// Output channels (features).
+    pub fn out_channels(&self) -> usize {
+        match *self {
+            WeightedKind::Linear { out_features, .. } => out_features,
+            WeightedKind::Conv2d { out_channels, .. } => out_channels,
+        }
+    }
+    /// Inputs per output value: `in_features`, or `in_channels · kernel²`.
+    pub fn fan_in(&self) -> Option<usize> {
+        match *self {
+            WeightedKind::Linear { in_features, .. } => Some(in_features),
+            WeightedKind::Conv2d {
+                in_channels,
+                kernel,
+                ..
+            } => in_channels.checked_mul(kernel)?.checked_mul(kernel),
+        }
+    }
+    /// The weight tensor's shape.
+    pub fn weight_shape(&self) -> Vec<usize> {
+        match *self {
+            WeightedKind::Linear {
+                in_features,
+                out_features,
+            } => vec![out_features, in_features],
+            WeightedKind::Conv2d {
+                in_channels,
+                out_channels,
+                kernel,
+                ..
+            } => vec![out_channels, in_channels, kernel, kernel],
+        }
+    }
+}
+
+/// A layer with weights (Linear or Conv2d) in integer form.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedWeighted {
+    /// Dotted layer name.
+    pub name: String,
+    /// Geometry.
+    pub kind: WeightedKind,
+    /// Quantizer of the input.
+    pub input: ExportedQuantizer,
+    /// Quantizer of the weights (per channel on axis 0, or per tensor).
+    pub weights: ExportedQuantizer,
+    /// Weight codes on the weights grid, row-major in [`WeightedKind::weight_shape`].
+    pub weight: Vec<i32>,
+    /// Bias in int32 at scale `s_input · s_weight[o]`.
+    pub bias: Vec<i32>,
+}
+
+/// One op of an exported model, run in order.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExportedOp {
+    /// A Linear or Conv2d layer.
+    Weighted(ExportedWeighted),
+    /// `max(x, 0)`, fused into the preceding layer's requantization.
+    Relu,
+    /// Max pooling on the integer codes (monotone, so it commutes with quantization).
+    MaxPool2d {
+        /// Window size.
+        kernel: usize,
+        /// Stride.
+        stride: usize,
+        /// Padding (never selected).
+        padding: usize,
+    },
+    /// `(C, H, W)` → `C·H·W` features, row-major.
+    Flatten {
+        /// Features after flattening.
+        features: usize,
+    },
+}
+
+/// An exported model: the shape of one input sample, its ops, and free-form provenance.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExportedModel {
+    /// Shape of one sample (`[64]`, or `[channels, height, width]`).
+    pub input_shape: Vec<usize>,
+    /// The ops, in order.
+    pub ops: Vec<ExportedOp>,
+    /// What produced it (model name, policy, seed, ...), saved in the metadata.
+    pub info: BTreeMap<String, String>,
+}
+
+/// A module that can be exported to integer ops.
+pub trait Export {
+    /// Appends this module's ops, named under `name`.
+    ///
+    /// # Errors
+    /// A quantizer that is not calibrated, wider than [`MAX_EXPORT_BITS`], or a part with no
+    /// integer form.
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError>;
+}
+
+/// Exports `model` (named from the root), whose samples have `input_shape`.
+///
+/// # Errors
+/// See [`Export::export`].
+pub fn export_model<M: Export>(
+    model: &M,
+    input_shape: &[usize],
+    info: BTreeMap<String, String>,
+) -> Result<ExportedModel, ExportError> {
+    let mut ops = Vec::new();
+    model.export("", &mut ops)?;
+    Ok(ExportedModel {
+        input_shape: input_shape.to_vec(),
+        ops,
+        info,
+    })
+}
+
+fn exported_quantizer<Q: QuantizerControl>(
+    q: &Q,
+    layer: &str,
+    role: &str,
+) -> Result<ExportedQuantizer, ExportError> {
+    let unsupported = |reason: String| ExportError::Unsupported {
+        layer: layer.to_string(),
+        reason,
+    };
+    let d = q.describe().ok_or_else(|| {
+        unsupported(format!(
+            "its {role} is float; integer inference needs every weighted layer's {role} quantized"
+        ))
+    })?;
+    if d.bits > MAX_EXPORT_BITS {
+        return Err(unsupported(format!(
+            "its {role} uses {} bits; integer export supports up to {MAX_EXPORT_BITS}",
+            d.bits
+        )));
+    }
+    let inferable = q.inferable()?.ok_or_else(|| {
+        unsupported(format!(
+            "its {role} is not calibrated; calibrate or train it before exporting"
+        ))
+    })?;
+    Ok(ExportedQuantizer {
+        inferable,
+        origin: QuantizerOrigin {
+            training_method: d.training_method.name().to_string(),
+            quantizer: d.metadata.map(|m| m.path()),
+            bits: d.bits,
+            method: d.method,
+        },
+    })
+}
+
+/// The integer form of a layer with weights.
+fn export_weighted<WQ: QuantizerControl, AQ: QuantizerControl>(
+    name: &str,
+    kind: WeightedKind,
+    weight: &[f32],
+    bias: &[f32],
+    weight_quantizer: &WQ,
+    input_quantizer: &AQ,
+) -> Result<ExportedOp, ExportError> {
+    let input = exported_quantizer(input_quantizer, name, "input")?;
+    let weights = exported_quantizer(weight_quantizer, name, "weights")?;
+    let codes: Vec<i32> = weights.inferable.quantize(weight, &kind.weight_shape())?;
+    let bias = quantize_bias(
+        bias,
+        input.inferable.qparams().scales()[0],
+        weights.inferable.qparams().scales(),
+    );
+    Ok(ExportedOp::Weighted(ExportedWeighted {
+        name: name.to_string(),
+        kind,
+        input,
+        weights,
+        weight: codes,
+        bias,
+    }))
+}
+
+impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Export
+    for QLinear<I, O, WQ, AQ>
+{
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        let kind = WeightedKind::Linear {
+            in_features: I,
+            out_features: O,
+        };
+        ops.push(export_weighted(
+            name,
+            kind,
+            &self.weight.as_vec(),
+            &self.bias.as_vec(),
+            &self.weight_quantizer,
+            &self.input_quantizer,
+        )?);
+        Ok(())
+    }
+}
+
+impl<
+        const C: usize,
+        const O: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+    > Export for QConv2d<C, O, K, S, P, WQ, AQ>
+{
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        let kind = WeightedKind::Conv2d {
+            in_channels: C,
+            out_channels: O,
+            kernel: K,
+            stride: S,
+            padding: P,
+        };
+        ops.push(export_weighted(
+            name,
+            kind,
+            &self.weight.as_vec(),
+            &self.bias.as_vec(),
+            &self.weight_quantizer,
+            &self.input_quantizer,
+        )?);
+        Ok(())
+    }
+}
+
+impl Export for Float<ReLU> {
+    fn export(&self, _name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        ops.push(ExportedOp::Relu);
+        Ok(())
+    }
+}
+
+/// A weight-free layer exports as its integer op, on the codes of the next weighted layer's
+/// input grid; a quantizer of its own would need a requantization step the runtime does not
+/// have.
+fn input_only<M>(q: &QuantInput<M>, name: &str, op: ExportedOp) -> Result<ExportedOp, ExportError> {
+    if q.input_quantizer.describe().is_some() {
+        return Err(ExportError::Unsupported {
+            layer: name.to_string(),
+            reason: "its input has a quantizer of its own; integer export takes pooling and flattening on the \
+                     next weighted layer's input grid, so leave this layer's input float in the policy"
+                .into(),
+        });
+    }
+    Ok(op)
+}
+
+impl<const K: usize, const S: usize, const P: usize> Export for QuantInput<MaxPool2d<K, S, P>> {
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        ops.push(input_only(
+            self,
+            name,
+            ExportedOp::MaxPool2d {
+                kernel: K,
+                stride: S,
+                padding: P,
+            },
+        )?);
+        Ok(())
+    }
+}
+
+impl<const N: usize> Export for QuantInput<Flatten<N>> {
+    fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+        ops.push(input_only(self, name, ExportedOp::Flatten { features: N })?);
+        Ok(())
+    }
+}
+
+macro_rules! tuple_export {
+    ($($name:ident $idx:tt),+) => {
+        impl<$($name: Export),+> Export for ($($name,)+) {
+            fn export(&self, name: &str, ops: &mut Vec<ExportedOp>) -> Result<(), ExportError> {
+                $(self.$idx.export(&crate::layers::join_name(name, stringify!($idx)), ops)?;)+
+                Ok(())
+            }
+        }
+    };
+}
+tuple_export!(A 0);
+tuple_export!(A 0, B 1);
+tuple_export!(A 0, B 1, C 2);
+tuple_export!(A 0, B 1, C 2, D 3);
+tuple_export!(A 0, B 1, C 2, D 3, E 4);
+tuple_export!(A 0, B 1, C 2, D 3, E 4, F 5);
+
+// ----- files ---------------------------------------------------------------------------------
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Metadata {
+    format: String,
+    format_version: u32,
+    quant_version: String,
+    input_shape: Vec<usize>,
+    info: BTreeMap<String, String>,
+    ops: Vec<OpMeta>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(tag = "op", deny_unknown_fields)]
+enum OpMeta {
+    Weighted {
+        name: String,
+        geometry: WeightedKind,
+        input: ExportedQuantizer,
+        weights: ExportedQuantizer,
+        weight_tensor: String,
+        bias_tensor: String,
+    },
+    Relu,
+    MaxPool2d {
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    },
+    Flatten {
+        features: usize,
+    },
+}
+
+const FORMAT: &str = "quant-integer-model";
+/// Largest element count of any one shape in a loaded export (guards allocations driven by
+/// hostile metadata).
+const MAX_ELEMENTS: usize = 1 << 28;
+
+fn io(path: &Path) -> impl Fn(std::io::Error) -> ExportError + '_ {
+    move |source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// The safetensors dtype holding codes of `grid`.
+fn storage_dtype(q: &InferableQuantizer) -> StDtype {
+    if q.grid().signed() {
+        StDtype::I8
+    } else {
+        StDtype::U8
+    }
+}
+
+impl ExportedModel {
+    /// Writes `model.json` and `model.safetensors` as the directory `dir`. Both files are written
+    /// into a temporary sibling directory which then replaces `dir`, so a failure leaves any
+    /// previous export untouched and no partial one.
+    ///
+    /// # Errors
+    /// The parent directory cannot be created or written.
+    pub fn save(&self, dir: &Path) -> Result<(), ExportError> {
+        let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
+        let mut ops = Vec::new();
+        for op in &self.ops {
+            ops.push(match op {
+                ExportedOp::Relu => OpMeta::Relu,
+                ExportedOp::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                } => OpMeta::MaxPool2d {
+                    kernel: *kernel,
+                    stride: *stride,
+                    padding: *padding,
+                },
+                ExportedOp::Flatten { features } => OpMeta::Flatten {
+                    features: *features,
+                },
+                ExportedOp::Weighted(l) => {
+                    let wname = format!("{}.weight", l.name);
+                    let bname = format!("{}.bias", l.name);
+                    let dtype = storage_dtype(&l.weights.inferable);
+                    let bytes: Vec<u8> = match dtype {
+                        StDtype::I8 => l.weight.iter().map(|v| *v as i8 as u8).collect(),
+                        _ => l.weight.iter().map(|v| *v as u8).collect(),
+                    };
+                    buffers.push((wname.clone(), dtype, l.kind.weight_shape(), bytes));
+                    let bias_bytes: Vec<u8> = l.bias.iter().flat_map(|b| b.to_le_bytes()).collect();
+                    buffers.push((
+                        bname.clone(),
+                        StDtype::I32,
+                        vec![l.kind.out_channels()],
+                        bias_bytes,
+                    ));
+                    OpMeta::Weighted {
+                        name: l.name.clone(),
+                        geometry: l.kind,
+                        input: l.input.clone(),
+                        weights: l.weights.clone(),
+                        weight_tensor: wname,
+                        bias_tensor: bname,
+                    }
+                }
+            });
+        }
+        let meta = Metadata {
+            format: FORMAT.into(),
+            format_version: FORMAT_VERSION,
+            quant_version: env!("CARGO_PKG_VERSION").into(),
+            input_shape: self.input_shape.clone(),
+            info: self.info.clone(),
+            ops,
+        };
+        let views: Vec<(String, TensorView<'_>)> = buffers
+            .iter()
+            .map(|(n, d, shape, b)| {
+                TensorView::new(*d, shape.clone(), b)
+                    .map(|v| (n.clone(), v))
+                    .map_err(|e| ExportError::Tensors {
+                        path: dir.join(TENSORS_FILE),
+                        message: format!("tensor `{n}`: {e:?}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
+        let tensor_bytes =
+            safetensors::serialize(views, &None).map_err(|e| ExportError::Tensors {
+                path: dir.join(TENSORS_FILE),
+                message: format!("{e:?}"),
+            })?;
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| ExportError::Metadata {
+            path: dir.join(METADATA_FILE),
+            message: e.to_string(),
+        })?;
+        replace_dir(
+            dir,
+            &[(TENSORS_FILE, &tensor_bytes), (METADATA_FILE, &json)],
+        )
+    }
+
+    /// Loads an export directory, validating everything (see the module docs).
+    ///
+    /// # Errors
+    /// Missing or unreadable files, invalid JSON or safetensors, a version this program does
+    /// not read, tensors missing or not matching the ops, codes outside their grid.
+    pub fn load(dir: &Path) -> Result<ExportedModel, ExportError> {
+        let meta_path = dir.join(METADATA_FILE);
+        let tensors_path = dir.join(TENSORS_FILE);
+        let meta_bytes = std::fs::read(&meta_path).map_err(io(&meta_path))?;
+        let meta: Metadata =
+            serde_json::from_slice(&meta_bytes).map_err(|e| ExportError::Metadata {
+                path: meta_path.clone(),
+                message: e.to_string(),
+            })?;
+        let bad_meta = |message: String| ExportError::Metadata {
+            path: meta_path.clone(),
+            message,
+        };
+        if meta.format != FORMAT {
+            return Err(bad_meta(format!(
+                "format is `{}`; expected `{FORMAT}`",
+                meta.format
+            )));
+        }
+        if meta.format_version != FORMAT_VERSION {
+            return Err(bad_meta(format!(
+                "format_version {} is not supported; this program reads version {FORMAT_VERSION}",
+                meta.format_version
+            )));
+        }
+        let input_elements = meta
+            .input_shape
+            .iter()
+            .try_fold(1usize, |a, d| a.checked_mul(*d));
+        if meta.input_shape.is_empty()
+            || !matches!(input_elements, Some(n) if n > 0 && n <= MAX_ELEMENTS)
+        {
+            return Err(bad_meta(format!(
+                "input_shape {:?} is not a valid sample shape (non-empty, no zero, at most {MAX_ELEMENTS} elements)",
+                meta.input_shape
+            )));
+        }
+        let tensor_bytes = std::fs::read(&tensors_path).map_err(io(&tensors_path))?;
+        let tensors = safetensors::SafeTensors::deserialize(&tensor_bytes).map_err(|e| {
+            ExportError::Tensors {
+                path: tensors_path.clone(),
+                message: format!("not a valid safetensors file: {e:?}"),
+            }
+        })?;
+        let bad_tensor = |message: String| ExportError::Tensors {
+            path: tensors_path.clone(),
+            message,
+        };
+        let mut ops = Vec::with_capacity(meta.ops.len().min(1 << 16));
+        for op in meta.ops {
+            match op {
+                OpMeta::Relu => ops.push(ExportedOp::Relu),
+                OpMeta::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                } => {
+                    if kernel == 0 || stride == 0 || padding > kernel / 2 {
+                        return Err(bad_meta(format!(
+                            "MaxPool2d kernel {kernel}, stride {stride}, padding {padding}: kernel and stride must be > 0 and padding at most kernel / 2"
+                        )));
+                    }
+                    ops.push(ExportedOp::MaxPool2d {
+                        kernel,
+                        stride,
+                        padding,
+                    })
+                }
+                OpMeta::Flatten { features } => {
+                    if features == 0 || features > MAX_ELEMENTS {
+                        return Err(bad_meta(format!(
+                            "Flatten to {features} features is not valid"
+                        )));
+                    }
+                    ops.push(ExportedOp::Flatten { features })
+                }
+                OpMeta::Weighted {
+                    name,
+                    geometry,
+                    input,
+                    weights,
+                    weight_tensor,
+                    bias_tensor,
+                } => {
+                    let shape = geometry.weight_shape();
+                    let numel = shape
+                        .iter()
+                        .try_fold(1usize, |a, d| a.checked_mul(*d))
+                        .filter(|n| *n > 0 && *n <= MAX_ELEMENTS)
+                        .ok_or_else(|| {
+                            bad_meta(format!("op `{name}`: weight shape {shape:?} is not valid"))
+                        })?;
+                    if let WeightedKind::Conv2d {
+                        stride,
+                        padding,
+                        kernel,
+                        ..
+                    } = geometry
+                    {
+                        if stride == 0 || padding >= kernel {
+                            return Err(bad_meta(format!(
+                                "op `{name}`: stride {stride}, padding {padding}: the stride must be > 0 and the padding smaller than the kernel"
+                            )));
+                        }
+                    }
+                    let out = geometry.out_channels();
+                    check_export_quantizer(&input, &name, "input", None).map_err(bad_meta)?;
+                    check_export_quantizer(&weights, &name, "weights", Some(out))
+                        .map_err(bad_meta)?;
+                    let w = tensors.tensor(&weight_tensor).map_err(|_| {
+                        bad_tensor(format!(
+                            "tensor `{weight_tensor}` (weights of op `{name}`) is missing"
+                        ))
+                    })?;
+                    let expected_dtype = storage_dtype(&weights.inferable);
+                    if w.dtype() != expected_dtype || w.shape() != shape.as_slice() {
+                        return Err(bad_tensor(format!(
+                            "tensor `{weight_tensor}` is {:?} {:?}; op `{name}` needs {expected_dtype:?} {shape:?}",
+                            w.dtype(),
+                            w.shape()
+                        )));
+                    }
+                    let data = w.data();
+                    if data.len() != numel {
+                        return Err(bad_tensor(format!(
+                            "tensor `{weight_tensor}` holds {} bytes; expected {numel}",
+                            data.len()
+                        )));
+                    }
+                    let weight: Vec<i32> = match expected_dtype {
+                        StDtype::I8 => data.iter().map(|b| *b as i8 as i32).collect(),
+                        _ => data.iter().map(|b| *b as i32).collect(),
+                    };
+                    let g = weights.inferable.grid();
+                    if let Some(v) = weight
+                        .iter()
+                        .find(|v| **v < g.quant_min() || **v > g.quant_max())
+                    {
+                        return Err(bad_tensor(format!(
+                            "tensor `{weight_tensor}` holds code {v}, outside the weights grid [{}, {}]",
+                            g.quant_min(),
+                            g.quant_max()
+                        )));
+                    }
+                    let b = tensors.tensor(&bias_tensor).map_err(|_| {
+                        bad_tensor(format!(
+                            "tensor `{bias_tensor}` (bias of op `{name}`) is missing"
+                        ))
+                    })?;
+                    if b.dtype() != StDtype::I32 || b.shape() != [out] || b.data().len() != out * 4
+                    {
+                        return Err(bad_tensor(format!(
+                            "tensor `{bias_tensor}` is {:?} {:?}; op `{name}` needs I32 [{out}]",
+                            b.dtype(),
+                            b.shape()
+                        )));
+                    }
+                    let bias: Vec<i32> = b
+                        .data()
+                        .chunks_exact(4)
+                        .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect();
+                    ops.push(ExportedOp::Weighted(ExportedWeighted {
+                        name,
+                        kind: geometry,
+                        input,
+                        weights,
+                        weight,
+                        bias,
+                    }));
+                }
+            }
+        }
+        Ok(ExportedModel {
+            input_shape: meta.input_shape,
+            ops,
+            info: meta.info,
+        })
+    }
+}
+
+fn check_export_quantizer(
+    q: &ExportedQuantizer,
+    op: &str,
+    role: &str,
+    channels: Option<usize>,
+) -> Result<(), String> {
+    let bits = q.inferable.grid().bits();
+    if bits > MAX_EXPORT_BITS {
+        return Err(format!(
+            "op `{op}`: {role} uses {bits} bits; at most {MAX_EXPORT_BITS} are supported"
+        ));
+    }
+    let n = q.inferable.qparams().channels();
+    match channels {
+        None if n != 1 => Err(format!(
+            "op `{op}`: {role} must be per tensor, has {n} channels"
+        )),
+        Some(c) if n != 1 && n != c => Err(format!(
+            "op `{op}`: {role} has {n} channels; expected 1 or {c}"
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Makes `dir` hold exactly `files`: writes them into a temporary sibling directory, then swaps
+/// it in place of `dir` (removing what `dir` held before only once the new one is complete).
+pub fn replace_dir(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), ExportError> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "export".into());
+    let parent = match dir.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
+    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
+    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    let result = (|| {
+        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
+        for (file, bytes) in files {
+            let p = tmp.join(file);
+            std::fs::write(&p, bytes).map_err(io(&p))?;
+        }
+        if dir.exists() {
+            std::fs::rename(dir, &old).map_err(io(dir))?;
+        }
+        std::fs::rename(&tmp, dir).map_err(io(dir))
+    })();
+    match result {
+        Ok(()) => {
+            let _ = std::fs::remove_dir_all(&old);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&tmp);
+            if old.exists() && !dir.exists() {
+                let _ = std::fs::rename(&old, dir);
+            }
+            Err(e)
+        }
+    }
+}
+
+/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
+    let tmp = path.with_extension(format!(
+        "{}.tmp-{}",
+        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
+        std::process::id()
+    ));
+    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io(path)(e)
+    })
+}
+
+/// `TrainingMethod` names in exports are kept as text; this parses one back when the id is
+/// known to this program.
+pub fn training_method_of(origin: &QuantizerOrigin) -> Option<TrainingMethod> {
+    TrainingMethod::from_name(&origin.training_method).ok()
+}

@@ -1,0 +1,741 @@
+//! Integer-only inference of an exported model.
+//!
+//! The float input is quantized once by the first layer's input quantizer. From there on every
+//! layer works on integers: centered codes `q - z` (at most 8 bits, held in `i16`), products
+//! accumulated in `i32` with the int32 bias, then requantized into the next layer's input grid
+//! with a fixed-point multiplier: `q = round(acc · m / 2^shift) + z`, clamped to the grid, where
+//! `m / 2^shift` is `s_input · s_weight[o] / s_next` to 31 bits and the rounding is the next
+//! quantizer's policy (ties to even by default), carried out exactly in integer arithmetic. A
+//! ReLU after a layer is fused as `max(q, z)`. The last layer's accumulators become logits by
+//! one `f32` multiplication each, `acc as f32 · (s_input · s_weight[o])`.
+
+use rayon::prelude::*;
+
+use quant_core::{QuantError, RoundingPolicy};
+
+use crate::export::{ExportError, ExportedModel, ExportedOp, ExportedWeighted, WeightedKind};
+
+/// How a layer's accumulators leave it.
+#[derive(Debug, Clone)]
+enum Output {
+    /// Into the next layer's input grid.
+    Requantize {
+        /// Per output channel: multiplier and right shift.
+        multipliers: Vec<(i64, u32)>,
+        zero_point: i32,
+        quant_min: i32,
+        quant_max: i32,
+        rounding: RoundingPolicy,
+    },
+    /// Out of the model as float logits.
+    Dequantize {
+        /// Per output channel: `s_input · s_weight[o]`.
+        scales: Vec<f32>,
+    },
+}
+
+#[derive(Debug, Clone)]
+struct IntWeighted {
+    name: String,
+    kind: WeightedKind,
+    fan_in: usize,
+    /// Centered weight codes `q - z_w`, `[out, fan_in]`.
+    weight: Vec<i16>,
+    bias: Vec<i32>,
+    relu: bool,
+    output: Output,
+}
+
+#[derive(Debug, Clone)]
+enum IntOp {
+    Weighted(IntWeighted),
+    MaxPool2d {
+        kernel: usize,
+        stride: usize,
+        padding: usize,
+    },
+    Flatten {
+        features: usize,
+    },
+}
+
+/// An exported model, ready to run on integers.
+#[derive(Debug, Clone)]
+pub struct IntegerModel {
+    input_shape: Vec<usize>,
+    /// Quantizes the float input.
+    input: quant_core::InferableQuantizer,
+    ops: Vec<IntOp>,
+    output_features: usize,
+}
+
+/// `m · 2^-shift ≈ multiplier`, with `m` in `[2^30, 2^31)`.
+///
+/// # Errors
+/// A multiplier that is not finite and positive, or too large for the representation.
+pub fn fixed_point_multiplier(multiplier: f64) -> Result<(i64, u32), QuantError> {
+    if !(multiplier.is_finite() && multiplier > 0.0) {
+        return Err(QuantError::NonFinite {
+            what: "requantization multiplier".into(),
+            value: multiplier,
+        });
+    }
+    // multiplier = f · 2^e with f in [0.5, 1).
+    let mut e = multiplier.log2().floor() as i32 + 1;
+    let mut f = multiplier / 2f64.powi(e);
+    if f >= 1.0 {
+        f /= 2.0;
+        e += 1;
+    }
+    if f < 0.5 {
+        f *= 2.0;
+        e -= 1;
+    }
+    let mut m = (f * 2f64.powi(31)).round() as i64;
+    if m == 1 << 31 {
+        m = 1 << 30;
+        e += 1;
+    }
+    let shift = 31 - e;
+    if shift < 0 {
+        return Err(QuantError::InvalidValue {
+            what: "requantization multiplier".into(),
+            value: multiplier.to_string(),
+            expected: "a value below 2^31 (scales of consecutive layers this far apart cannot be requantized)".into(),
+        });
+    }
+    if shift > 62 {
+        // So small that every product rounds to zero; keep the shift representable.
+        return Ok((m >> (shift - 62).min(63), 62));
+    }
+    Ok((m, shift as u32))
+}
+
+/// `round(n / 2^shift)` with `policy`, in exact integer arithmetic.
+#[inline]
+pub fn rounding_shift(n: i64, shift: u32, policy: RoundingPolicy) -> i64 {
+    if shift == 0 {
+        return n;
+    }
+    let q = n >> shift;
+    let rem = n - (q << shift);
+    let half = 1i64 << (shift - 1);
+    let up = match policy {
+        RoundingPolicy::HalfEven => rem > half || (rem == half && q & 1 == 1),
+        RoundingPolicy::HalfUp => rem >= half,
+        RoundingPolicy::HalfDown => rem > half,
+        RoundingPolicy::HalfAwayFromZero => {
+            if n >= 0 {
+                rem >= half
+            } else {
+                rem > half
+            }
+        }
+        RoundingPolicy::HalfTowardZero => {
+            if n >= 0 {
+                rem > half
+            } else {
+                rem >= half
+            }
+        }
+        RoundingPolicy::Floor => false,
+        RoundingPolicy::Ceil => rem > 0,
+    };
+    q + up as i64
+}
+
+fn weighted_of(
+    l: &ExportedWeighted,
+    relu: bool,
+    next: Option<&ExportedWeighted>,
+) -> Result<IntWeighted, ExportError> {
+    let fan_in = l.kind.fan_in().ok_or_else(|| ExportError::Unsupported {
+        layer: l.name.clone(),
+        reason: "its weight shape overflows".into(),
+    })?;
+    let wq = &l.weights.inferable;
+    let s_in = l.input.inferable.qparams().scales()[0] as f64;
+    let w_scales = wq.qparams().scales();
+    let w_zeros = wq.qparams().zero_points();
+    let per_channel = w_scales.len() > 1;
+    let weight: Vec<i16> = l
+        .weight
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (q - w_zeros[if per_channel { i / fan_in } else { 0 }]) as i16)
+        .collect();
+    let scale_of = |o: usize| s_in * w_scales[if per_channel { o } else { 0 }] as f64;
+    let out = l.kind.out_channels();
+    let output = match next {
+        Some(n) => {
+            let nq = &n.input.inferable;
+            let s_next = nq.qparams().scales()[0] as f64;
+            let multipliers = (0..out)
+                .map(|o| fixed_point_multiplier(scale_of(o) / s_next))
+                .collect::<Result<Vec<_>, QuantError>>()?;
+            Output::Requantize {
+                multipliers,
+                zero_point: nq.qparams().zero_points()[0],
+                quant_min: nq.grid().quant_min(),
+                quant_max: nq.grid().quant_max(),
+                rounding: nq.rounding(),
+            }
+        }
+        None => Output::Dequantize {
+            scales: (0..out).map(|o| scale_of(o) as f32).collect(),
+        },
+    };
+    Ok(IntWeighted {
+        name: l.name.clone(),
+        kind: l.kind,
+        fan_in,
+        weight,
+        bias: l.bias.clone(),
+        relu,
+        output,
+    })
+}
+
+/// Per-sample layout of the activations between ops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Dims {
+    Flat(usize),
+    Maps(usize, usize, usize),
+}
+
+impl Dims {
+    fn numel(self) -> usize {
+        match self {
+            Dims::Flat(f) => f,
+            Dims::Maps(c, h, w) => c * h * w,
+        }
+    }
+}
+
+fn out_len(len: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    (len + 2 * padding)
+        .checked_sub(kernel)
+        .map(|d| d / stride + 1)
+}
+
+impl IntegerModel {
+    /// Prepares an exported model for integer inference.
+    ///
+    /// # Errors
+    /// No layer with weights, an op before the first one or after the last one that the
+    /// runtime cannot place, consecutive layers whose sizes do not match.
+    pub fn new(model: &ExportedModel) -> Result<IntegerModel, ExportError> {
+        let unsupported = |layer: &str, reason: String| ExportError::Unsupported {
+            layer: layer.to_string(),
+            reason,
+        };
+        let weighted: Vec<(usize, &ExportedWeighted)> = model
+            .ops
+            .iter()
+            .enumerate()
+            .filter_map(|(i, op)| match op {
+                ExportedOp::Weighted(w) => Some((i, w)),
+                _ => None,
+            })
+            .collect();
+        let Some(&(first_index, first)) = weighted.first() else {
+            return Err(unsupported(
+                "(model)",
+                "the export has no layer with weights".into(),
+            ));
+        };
+        if first_index != 0 {
+            return Err(unsupported(
+                "(model)",
+                "the first op must be a layer with weights: its input quantizer turns the float input into integers"
+                    .into(),
+            ));
+        }
+        let Some(&(last_index, _)) = weighted.last() else {
+            return Err(unsupported(
+                "(model)",
+                "the export has no layer with weights".into(),
+            ));
+        };
+        let mut ops = Vec::with_capacity(model.ops.len());
+        for (k, &(index, layer)) in weighted.iter().enumerate() {
+            let end = weighted.get(k + 1).map_or(model.ops.len(), |n| n.0);
+            let relu = model.ops[index + 1..end]
+                .iter()
+                .any(|op| matches!(op, ExportedOp::Relu));
+            ops.push(IntOp::Weighted(weighted_of(
+                layer,
+                relu,
+                weighted.get(k + 1).map(|n| n.1),
+            )?));
+            for op in &model.ops[index + 1..end] {
+                match op {
+                    ExportedOp::Relu | ExportedOp::Weighted(_) => {}
+                    ExportedOp::MaxPool2d {
+                        kernel,
+                        stride,
+                        padding,
+                    } => {
+                        if index == last_index {
+                            return Err(unsupported(
+                                "(model)",
+                                "max pooling after the last layer with weights".into(),
+                            ));
+                        }
+                        ops.push(IntOp::MaxPool2d {
+                            kernel: *kernel,
+                            stride: *stride,
+                            padding: *padding,
+                        })
+                    }
+                    ExportedOp::Flatten { features } => {
+                        if index == last_index {
+                            return Err(unsupported(
+                                "(model)",
+                                "flattening after the last layer with weights".into(),
+                            ));
+                        }
+                        ops.push(IntOp::Flatten {
+                            features: *features,
+                        })
+                    }
+                }
+            }
+        }
+        let output_features = weighted.last().map_or(0, |w| w.1.kind.out_channels());
+        let model = IntegerModel {
+            input_shape: model.input_shape.clone(),
+            input: first.input.inferable.clone(),
+            ops,
+            output_features,
+        };
+        // Walk the shapes once so that mismatched layers fail here, not at the first batch.
+        model.trace_dims()?;
+        Ok(model)
+    }
+
+    fn input_dims(&self) -> Result<Dims, ExportError> {
+        match self.input_shape.as_slice() {
+            [f] => Ok(Dims::Flat(*f)),
+            [c, h, w] => Ok(Dims::Maps(*c, *h, *w)),
+            other => Err(ExportError::Unsupported {
+                layer: "(input)".into(),
+                reason: format!(
+                    "input shape {other:?}: expected [features] or [channels, height, width]"
+                ),
+            }),
+        }
+    }
+
+    /// The per-sample layout after each op; checks every op fits its input.
+    fn trace_dims(&self) -> Result<Vec<Dims>, ExportError> {
+        let mut dims = self.input_dims()?;
+        let mut all = Vec::with_capacity(self.ops.len());
+        for op in &self.ops {
+            dims = self.step_dims(op, dims)?;
+            all.push(dims);
+        }
+        Ok(all)
+    }
+
+    fn step_dims(&self, op: &IntOp, dims: Dims) -> Result<Dims, ExportError> {
+        let bad = |layer: &str, reason: String| ExportError::Unsupported {
+            layer: layer.to_string(),
+            reason,
+        };
+        match (op, dims) {
+            (IntOp::Weighted(l), Dims::Flat(f)) => match l.kind {
+                WeightedKind::Linear {
+                    in_features,
+                    out_features,
+                } if in_features == f => Ok(Dims::Flat(out_features)),
+                _ => Err(bad(
+                    &l.name,
+                    format!("receives {f} features, expects {:?}", l.kind),
+                )),
+            },
+            (IntOp::Weighted(l), Dims::Maps(c, h, w)) => match l.kind {
+                WeightedKind::Conv2d {
+                    in_channels,
+                    out_channels,
+                    kernel,
+                    stride,
+                    padding,
+                } if in_channels == c => match (
+                    out_len(h, kernel, stride, padding),
+                    out_len(w, kernel, stride, padding),
+                ) {
+                    (Some(oh), Some(ow)) if oh > 0 && ow > 0 => {
+                        Ok(Dims::Maps(out_channels, oh, ow))
+                    }
+                    _ => Err(bad(
+                        &l.name,
+                        format!("a {h}x{w} input is smaller than its {kernel}x{kernel} kernel"),
+                    )),
+                },
+                _ => Err(bad(
+                    &l.name,
+                    format!("receives {c}x{h}x{w} feature maps, expects {:?}", l.kind),
+                )),
+            },
+            (
+                IntOp::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                },
+                Dims::Maps(c, h, w),
+            ) => {
+                match (
+                    out_len(h, *kernel, *stride, *padding),
+                    out_len(w, *kernel, *stride, *padding),
+                ) {
+                    (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok(Dims::Maps(c, oh, ow)),
+                    _ => Err(bad(
+                        "(max pool)",
+                        format!("a {h}x{w} input is smaller than its {kernel}x{kernel} window"),
+                    )),
+                }
+            }
+            (IntOp::Flatten { features }, d) if d.numel() == *features => Ok(Dims::Flat(*features)),
+            (IntOp::Flatten { features }, d) => Err(bad(
+                "(flatten)",
+                format!("flattens {d:?} but expects {features} features"),
+            )),
+            (IntOp::MaxPool2d { .. }, d) => Err(bad(
+                "(max pool)",
+                format!("needs feature maps, receives {d:?}"),
+            )),
+        }
+    }
+
+    /// Shape of one input sample.
+    pub fn input_shape(&self) -> &[usize] {
+        &self.input_shape
+    }
+
+    /// Input values per sample.
+    pub fn input_features(&self) -> usize {
+        self.input_shape.iter().product()
+    }
+
+    /// Output features (logits) per sample.
+    pub fn output_features(&self) -> usize {
+        self.output_features
+    }
+
+    /// Runs a batch (`x` holds whole samples of [`input_shape`](Self::input_shape), row-major)
+    /// and returns `n × output_features` logits.
+    ///
+    /// # Errors
+    /// `x` is not a whole number of samples, or holds NaN.
+    pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>, QuantError> {
+        let in_f = self.input_features();
+        if in_f == 0 || x.len() % in_f != 0 {
+            return Err(QuantError::LengthMismatch {
+                what: format!("input (whole samples of {:?})", self.input_shape),
+                expected: x.len().div_ceil(in_f.max(1)) * in_f,
+                actual: x.len(),
+            });
+        }
+        let n = x.len() / in_f;
+        let codes: Vec<i32> = self.input.quantize(x, &[n * in_f])?;
+        let z = self.input.qparams().zero_points()[0];
+        let mut act: Vec<i16> = codes.iter().map(|q| (q - z) as i16).collect();
+        let mut dims = self.input_dims().map_err(|e| QuantError::InvalidValue {
+            what: "input shape".into(),
+            value: format!("{:?}", self.input_shape),
+            expected: e.to_string(),
+        })?;
+        let mut logits = Vec::new();
+        for op in &self.ops {
+            let next_dims = self
+                .step_dims(op, dims)
+                .map_err(|e| QuantError::InvalidValue {
+                    what: "layer sizes".into(),
+                    value: format!("{dims:?}"),
+                    expected: e.to_string(),
+                })?;
+            match op {
+                IntOp::Weighted(l) => {
+                    let (next, out) = run_weighted(l, &act, dims, next_dims, n);
+                    act = next;
+                    if matches!(l.output, Output::Dequantize { .. }) {
+                        logits = out;
+                    }
+                }
+                IntOp::MaxPool2d {
+                    kernel,
+                    stride,
+                    padding,
+                } => {
+                    act = max_pool(&act, dims, next_dims, n, *kernel, *stride, *padding);
+                }
+                IntOp::Flatten { .. } => {}
+            }
+            dims = next_dims;
+        }
+        Ok(logits)
+    }
+
+    /// The predicted class of each sample (argmax of the logits; the first on ties).
+    ///
+    /// # Errors
+    /// See [`IntegerModel::forward`].
+    pub fn predict(&self, x: &[f32]) -> Result<Vec<usize>, QuantError> {
+        let logits = self.forward(x)?;
+        Ok(argmax_rows(&logits, self.output_features()))
+    }
+}
+
+/// Gathers the `fan_in` centered codes feeding output position `(oy, ox)` of a convolution
+/// (zero padding is the centered code 0, i.e. the real value 0).
+#[allow(clippy::too_many_arguments)]
+fn patch(
+    sample: &[i16],
+    (c, h, w): (usize, usize, usize),
+    k: usize,
+    s: usize,
+    p: usize,
+    oy: usize,
+    ox: usize,
+    out: &mut [i16],
+) {
+    let mut i = 0;
+    for ch in 0..c {
+        for ky in 0..k {
+            let y = (oy * s + ky) as isize - p as isize;
+            for kx in 0..k {
+                let xx = (ox * s + kx) as isize - p as isize;
+                out[i] = if y >= 0 && (y as usize) < h && xx >= 0 && (xx as usize) < w {
+                    sample[(ch * h + y as usize) * w + xx as usize]
+                } else {
+                    0
+                };
+                i += 1;
+            }
+        }
+    }
+}
+
+/// One layer with weights on a batch: returns the next layer's centered codes (when
+/// requantizing) or the logits (when dequantizing).
+fn run_weighted(
+    l: &IntWeighted,
+    act: &[i16],
+    dims: Dims,
+    next_dims: Dims,
+    n: usize,
+) -> (Vec<i16>, Vec<f32>) {
+    let in_per = dims.numel();
+    let out_per = next_dims.numel();
+    let out_c = l.kind.out_channels();
+    let positions = out_per / out_c.max(1);
+    let dequantize = matches!(l.output, Output::Dequantize { .. });
+    let mut next = vec![0i16; if dequantize { 0 } else { n * out_per }];
+    let mut logits = vec![0f32; if dequantize { n * out_per } else { 0 }];
+    let emit = |o: usize, acc: i32, code: &mut i16, logit: &mut f32| match &l.output {
+        Output::Requantize {
+            multipliers,
+            zero_point,
+            quant_min,
+            quant_max,
+            rounding,
+        } => {
+            let (m, shift) = multipliers[o];
+            let q = rounding_shift(acc as i64 * m, shift, *rounding) + *zero_point as i64;
+            let lo = if l.relu {
+                (*quant_min).max(*zero_point)
+            } else {
+                *quant_min
+            };
+            *code = (q.clamp(lo as i64, *quant_max as i64) - *zero_point as i64) as i16;
+        }
+        Output::Dequantize { scales } => {
+            let v = acc as f32 * scales[o];
+            *logit = if l.relu { v.max(0.0) } else { v };
+        }
+    };
+    let sample_run = |b: usize, codes: &mut [i16], outs: &mut [f32]| {
+        let xs = &act[b * in_per..(b + 1) * in_per];
+        let mut scratch = vec![0i16; l.fan_in];
+        let mut dummy_code = 0i16;
+        let mut dummy_logit = 0f32;
+        for pos in 0..positions {
+            let input: &[i16] = match (l.kind, dims) {
+                (
+                    WeightedKind::Conv2d {
+                        kernel,
+                        stride,
+                        padding,
+                        ..
+                    },
+                    Dims::Maps(c, h, w),
+                ) => {
+                    let ow = match next_dims {
+                        Dims::Maps(_, _, ow) => ow,
+                        Dims::Flat(_) => 1,
+                    };
+                    patch(
+                        xs,
+                        (c, h, w),
+                        kernel,
+                        stride,
+                        padding,
+                        pos / ow,
+                        pos % ow,
+                        &mut scratch,
+                    );
+                    &scratch
+                }
+                _ => xs,
+            };
+            for o in 0..out_c {
+                let wrow = &l.weight[o * l.fan_in..(o + 1) * l.fan_in];
+                let acc = dot(wrow, input) + l.bias[o];
+                // NCHW: channel-major within a sample.
+                let idx = o * positions + pos;
+                let code = codes.get_mut(idx).unwrap_or(&mut dummy_code);
+                let logit = outs.get_mut(idx).unwrap_or(&mut dummy_logit);
+                emit(o, acc, code, logit);
+            }
+        }
+    };
+    if dequantize {
+        logits
+            .par_chunks_mut(out_per)
+            .enumerate()
+            .for_each(|(b, outs)| sample_run(b, &mut [], outs));
+    } else {
+        next.par_chunks_mut(out_per)
+            .enumerate()
+            .for_each(|(b, codes)| sample_run(b, codes, &mut []));
+    }
+    (next, logits)
+}
+
+/// Max pooling on centered codes; padding never wins.
+fn max_pool(
+    act: &[i16],
+    dims: Dims,
+    next_dims: Dims,
+    n: usize,
+    k: usize,
+    s: usize,
+    p: usize,
+) -> Vec<i16> {
+    let (Dims::Maps(c, h, w), Dims::Maps(_, oh, ow)) = (dims, next_dims) else {
+        return act.to_vec();
+    };
+    let mut out = vec![0i16; n * c * oh * ow];
+    for b in 0..n {
+        for ch in 0..c {
+            let plane = &act[((b * c) + ch) * h * w..((b * c) + ch + 1) * h * w];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut best = i16::MIN;
+                    for ky in 0..k {
+                        let y = (oy * s + ky) as isize - p as isize;
+                        if y < 0 || y as usize >= h {
+                            continue;
+                        }
+                        for kx in 0..k {
+                            let x = (ox * s + kx) as isize - p as isize;
+                            if x >= 0 && (x as usize) < w {
+                                best = best.max(plane[y as usize * w + x as usize]);
+                            }
+                        }
+                    }
+                    out[((b * c + ch) * oh + oy) * ow + ox] = best;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// `Σ w[i]·x[i]` in i32 (vectorises to multiply-add of 16-bit pairs).
+#[inline]
+fn dot(w: &[i16], x: &[i16]) -> i32 {
+    w.iter().zip(x).map(|(a, b)| *a as i32 * *b as i32).sum()
+}
+
+/// Index of the largest value in each row of `cols` values (the first on ties).
+pub fn argmax_rows(values: &[f32], cols: usize) -> Vec<usize> {
+    values
+        .chunks(cols.max(1))
+        .map(|row| {
+            row.iter()
+                .enumerate()
+                .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, v)| {
+                    if *v > bv {
+                        (i, *v)
+                    } else {
+                        (bi, bv)
+                    }
+                })
+                .0
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fixed_point_multipliers_are_accurate() {
+        for m in [0.5, 0.75, 1.0, 3.0e-4, 0.123456789, 1234.5, 1e-12] {
+            let (q, shift) = fixed_point_multiplier(m).unwrap();
+            let back = q as f64 / 2f64.powi(shift as i32);
+            assert!(
+                ((back - m) / m).abs() < 1e-9 || m < 1e-10,
+                "{m}: {q} >> {shift} = {back}"
+            );
+        }
+        assert!(fixed_point_multiplier(0.0).is_err());
+        assert!(fixed_point_multiplier(f64::NAN).is_err());
+        assert!(fixed_point_multiplier(1e12).is_err());
+    }
+
+    #[test]
+    fn rounding_shift_follows_each_policy_on_ties() {
+        // 5/2 = 2.5, -5/2 = -2.5, 7/4 = 1.75, -7/4 = -1.75
+        let cases = [
+            (RoundingPolicy::HalfEven, [2, -2, 2, -2]),
+            (RoundingPolicy::HalfUp, [3, -2, 2, -2]),
+            (RoundingPolicy::HalfDown, [2, -3, 2, -2]),
+            (RoundingPolicy::HalfAwayFromZero, [3, -3, 2, -2]),
+            (RoundingPolicy::HalfTowardZero, [2, -2, 2, -2]),
+            (RoundingPolicy::Floor, [2, -3, 1, -2]),
+            (RoundingPolicy::Ceil, [3, -2, 2, -1]),
+        ];
+        for (policy, want) in cases {
+            let got = [
+                rounding_shift(5, 1, policy),
+                rounding_shift(-5, 1, policy),
+                rounding_shift(7, 2, policy),
+                rounding_shift(-7, 2, policy),
+            ];
+            assert_eq!(got, want, "{policy:?}");
+            // Agrees with the float rounding of the kernels.
+            for (n, s) in [
+                (5i64, 1u32),
+                (-5, 1),
+                (7, 2),
+                (-7, 2),
+                (13, 3),
+                (-13, 3),
+                (12, 3),
+                (-12, 3),
+            ] {
+                let v = n as f32 / (1 << s) as f32;
+                assert_eq!(
+                    rounding_shift(n, s, policy) as f32,
+                    policy.round(v),
+                    "{policy:?} {n}>>{s}"
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,201 @@
+//! `QConv2d`: the stable 2-D convolution with a weights quantizer and an input quantizer.
+
+use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection, TensorOptions};
+use dfdx::prelude::*;
+
+use quant_core::{QuantError, Result};
+
+use super::{
+    join_name, layer_bias, FakeQuantizer, QuantizedModule, QuantizerControl, TensorQuantizer,
+};
+use crate::nn::{conv2d, Conv2d, FeatureMaps};
+
+/// A 2-D convolution (`weight [C_OUT, C_IN, K, K]`, stride `S`, zero padding `P`) whose weight
+/// passes through `weight_quantizer` (per output channel on axis 0, or per tensor) and whose
+/// input passes through `input_quantizer` (per tensor). Like [`QLinear`](super::QLinear), the
+/// bias is added as int32 deployment holds it while both quantizers quantize.
+#[derive(Debug, Clone)]
+pub struct QConv2d<
+    const C_IN: usize,
+    const C_OUT: usize,
+    const K: usize,
+    const S: usize = 1,
+    const P: usize = 0,
+    WQ = TensorQuantizer<C_OUT>,
+    AQ = TensorQuantizer<1>,
+    E: Dtype = f32,
+    D: Storage<E> = Cpu,
+> {
+    /// The kernels `[C_OUT, C_IN, K, K]`.
+    pub weight: Tensor<Rank4<C_OUT, C_IN, K, K>, E, D>,
+    /// One bias per output channel.
+    pub bias: Tensor<Rank1<C_OUT>, E, D>,
+    /// Quantizer of the weight.
+    pub weight_quantizer: WQ,
+    /// Quantizer of the input.
+    pub input_quantizer: AQ,
+}
+
+impl<
+        const C_IN: usize,
+        const C_OUT: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        WQ,
+        AQ,
+        E,
+        D,
+    > TensorCollection<E, D> for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ, E, D>
+where
+    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+    D: Device<E>,
+    WQ: TensorCollection<E, D>,
+    AQ: TensorCollection<E, D>,
+{
+    type To<E2: Dtype, D2: Device<E2>> =
+        QConv2d<C_IN, C_OUT, K, S, P, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::tensor(
+                    "weight",
+                    |s| &s.weight,
+                    |s| &mut s.weight,
+                    TensorOptions::reset_with(|t| {
+                        let b: E = E::ONE / E::from_usize(C_IN * K * K).unwrap_or(E::ONE).sqrt();
+                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
+                    }),
+                ),
+                Self::tensor(
+                    "bias",
+                    |s| &s.bias,
+                    |s| &mut s.bias,
+                    TensorOptions::reset_with(|t| {
+                        let b: E = E::ONE / E::from_usize(C_IN * K * K).unwrap_or(E::ONE).sqrt();
+                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
+                    }),
+                ),
+                Self::module(
+                    "weight_quantizer",
+                    |s| &s.weight_quantizer,
+                    |s| &mut s.weight_quantizer,
+                ),
+                Self::module(
+                    "input_quantizer",
+                    |s| &s.input_quantizer,
+                    |s| &mut s.input_quantizer,
+                ),
+            ),
+            |(weight, bias, weight_quantizer, input_quantizer)| QConv2d {
+                weight,
+                bias,
+                weight_quantizer,
+                input_quantizer,
+            },
+        )
+    }
+}
+
+impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, const P: usize>
+    QConv2d<C_IN, C_OUT, K, S, P>
+{
+    /// Wraps a float convolution (weights copied) with unconfigured quantizers: until
+    /// configured, the layer computes exactly what the float convolution does.
+    pub fn from_conv(conv: &Conv2d<C_IN, C_OUT, K, S, P, f32, Cpu>) -> Self {
+        let dev = conv.weight.device();
+        QConv2d {
+            weight: conv.weight.clone(),
+            bias: conv.bias.clone(),
+            weight_quantizer: TensorQuantizer::new(dev),
+            input_quantizer: TensorQuantizer::new(dev),
+        }
+    }
+}
+
+impl<
+        B: Dim,
+        H: Dim,
+        W: Dim,
+        const C_IN: usize,
+        const C_OUT: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+        T: Tape<f32, Cpu> + Merge<T>,
+    > Module<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
+    for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
+{
+    type Output = FeatureMaps<B, C_OUT, T>;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>) -> Result<Self::Output> {
+        let x = self.input_quantizer.quantize(x)?;
+        let w = self.weight_quantizer.quantize(self.weight.retaped::<T>())?;
+        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        conv2d(x, w, bias, S, P)
+    }
+}
+
+impl<
+        B: Dim,
+        H: Dim,
+        W: Dim,
+        const C_IN: usize,
+        const C_OUT: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+        T: Tape<f32, Cpu> + Merge<T>,
+    > ModuleMut<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
+    for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
+{
+    type Output = FeatureMaps<B, C_OUT, T>;
+    type Error = QuantError;
+
+    fn try_forward_mut(
+        &mut self,
+        x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        let x = self.input_quantizer.quantize_mut(x)?;
+        // Weights calibrate from themselves (see QLinear).
+        let w = self
+            .weight_quantizer
+            .quantize_mut(self.weight.retaped::<T>())?;
+        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        conv2d(x, w, bias, S, P)
+    }
+}
+
+impl<
+        const C_IN: usize,
+        const C_OUT: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+    > QuantizedModule for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
+{
+    fn visit_quantizers(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+    ) -> Result<()> {
+        f(
+            &join_name(prefix, "input_quantizer"),
+            &mut self.input_quantizer,
+        )?;
+        f(
+            &join_name(prefix, "weight_quantizer"),
+            &mut self.weight_quantizer,
+        )
+    }
+}

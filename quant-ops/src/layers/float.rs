@@ -1,0 +1,60 @@
+//! `Float<M>`: a float module inside a quantized model.
+
+use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
+use dfdx::prelude::*;
+
+use quant_core::{QuantError, Result};
+
+use super::{QuantizedModule, QuantizerControl};
+
+/// A module that stays float inside a quantized model (activations, normalisation, ...).
+///
+/// dfdx chains tuple modules only when they share one error type; quantized layers report
+/// [`QuantError`], so the float modules of a converted model are wrapped to report it too. The
+/// wrapped module's tensors appear under `inner` in save files.
+#[derive(Debug, Clone, Default)]
+pub struct Float<M>(pub M);
+
+impl<E: Dtype, D: Device<E>, M: TensorCollection<E, D>> TensorCollection<E, D> for Float<M> {
+    type To<E2: Dtype, D2: Device<E2>> = Float<M::To<E2, D2>>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(Self::module("inner", |s| &s.0, |s| &mut s.0), Float)
+    }
+}
+
+impl<X, M: Module<X>> Module<X> for Float<M>
+where
+    M::Error: Into<QuantError>,
+{
+    type Output = M::Output;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: X) -> Result<Self::Output> {
+        self.0.try_forward(x).map_err(Into::into)
+    }
+}
+
+impl<X, M: ModuleMut<X>> ModuleMut<X> for Float<M>
+where
+    M::Error: Into<QuantError>,
+{
+    type Output = M::Output;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, x: X) -> Result<Self::Output> {
+        self.0.try_forward_mut(x).map_err(Into::into)
+    }
+}
+
+impl<M> QuantizedModule for Float<M> {
+    fn visit_quantizers(
+        &mut self,
+        _prefix: &str,
+        _f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+    ) -> Result<()> {
+        Ok(())
+    }
+}

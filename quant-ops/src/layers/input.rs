@@ -1,0 +1,95 @@
+//! `QuantInput<M>`: quantize the input of any module.
+
+use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
+use dfdx::prelude::*;
+
+use quant_core::{QuantError, Result};
+
+use super::{join_name, QuantizedModule, QuantizerControl, TensorQuantizer};
+
+/// Quantizes the input of a module that has no weights (pooling, flatten, a residual add)
+/// with a per-tensor quantizer, then runs the module: pytorch-quantization's
+/// `QuantInputMixin` (`QuantMaxPool2d`, `QuantAvgPool2d`) for any module.
+#[derive(Debug, Clone)]
+pub struct QuantInput<M, E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// The wrapped module.
+    pub module: M,
+    /// Quantizer of the module's input.
+    pub input_quantizer: TensorQuantizer<1, E, D>,
+}
+
+impl<M> QuantInput<M> {
+    /// Wraps `module` with an unconfigured (pass-through) input quantizer.
+    pub fn new(module: M, dev: &Cpu) -> Self {
+        QuantInput {
+            module,
+            input_quantizer: TensorQuantizer::new(dev),
+        }
+    }
+}
+
+impl<E: Dtype, D: Device<E>, M: TensorCollection<E, D>> TensorCollection<E, D>
+    for QuantInput<M, E, D>
+{
+    type To<E2: Dtype, D2: Device<E2>> = QuantInput<M::To<E2, D2>, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::module("module", |s| &s.module, |s| &mut s.module),
+                Self::module(
+                    "input_quantizer",
+                    |s| &s.input_quantizer,
+                    |s| &mut s.input_quantizer,
+                ),
+            ),
+            |(module, input_quantizer)| QuantInput {
+                module,
+                input_quantizer,
+            },
+        )
+    }
+}
+
+impl<S: Shape, T: Tape<f32, Cpu>, M: Module<Tensor<S, f32, Cpu, T>>> Module<Tensor<S, f32, Cpu, T>>
+    for QuantInput<M>
+where
+    M::Error: Into<QuantError>,
+{
+    type Output = M::Output;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        let x = self.input_quantizer.quantize(x)?;
+        self.module.try_forward(x).map_err(Into::into)
+    }
+}
+
+impl<S: Shape, T: Tape<f32, Cpu>, M: ModuleMut<Tensor<S, f32, Cpu, T>>>
+    ModuleMut<Tensor<S, f32, Cpu, T>> for QuantInput<M>
+where
+    M::Error: Into<QuantError>,
+{
+    type Output = M::Output;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        let x = self.input_quantizer.quantize_mut(x)?;
+        self.module.try_forward_mut(x).map_err(Into::into)
+    }
+}
+
+impl<M> QuantizedModule for QuantInput<M> {
+    fn visit_quantizers(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+    ) -> Result<()> {
+        f(
+            &join_name(prefix, "input_quantizer"),
+            &mut self.input_quantizer,
+        )
+    }
+}

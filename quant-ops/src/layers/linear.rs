@@ -1,0 +1,182 @@
+//! `QLinear`: dfdx's Linear with a weights quantizer and an input quantizer.
+
+use dfdx::nn::modules::Linear;
+use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection, TensorOptions};
+use dfdx::prelude::*;
+
+use quant_core::{QuantError, Result};
+
+use super::{join_name, FakeQuantizer, QuantizedModule, QuantizerControl, TensorQuantizer};
+
+/// A Linear layer (`y = x·Wᵀ + b`, weight `[O, I]`) whose weight passes through
+/// `weight_quantizer` (per output channel on axis 0, or per tensor) and whose input passes
+/// through `input_quantizer` (per tensor). The bias stays float in training; export quantizes it
+/// to int32 with `s_bias = s_input · s_weight`.
+///
+/// The quantizers default to [`TensorQuantizer`] (chosen at run time); any [`FakeQuantizer`]
+/// fixed at compile time works too.
+#[derive(Debug, Clone)]
+pub struct QLinear<
+    const I: usize,
+    const O: usize,
+    WQ = TensorQuantizer<O>,
+    AQ = TensorQuantizer<1>,
+    E: Dtype = f32,
+    D: Storage<E> = Cpu,
+> {
+    /// Weight matrix `[O, I]`, as in dfdx's Linear.
+    pub weight: Tensor<Rank2<O, I>, E, D>,
+    /// Bias `[O]`.
+    pub bias: Tensor<Rank1<O>, E, D>,
+    /// Quantizer of the weight.
+    pub weight_quantizer: WQ,
+    /// Quantizer of the input.
+    pub input_quantizer: AQ,
+}
+
+impl<const I: usize, const O: usize, WQ, AQ, E, D> TensorCollection<E, D>
+    for QLinear<I, O, WQ, AQ, E, D>
+where
+    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+    D: Device<E>,
+    WQ: TensorCollection<E, D>,
+    AQ: TensorCollection<E, D>,
+{
+    type To<E2: Dtype, D2: Device<E2>> = QLinear<I, O, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::tensor(
+                    "weight",
+                    |s| &s.weight,
+                    |s| &mut s.weight,
+                    TensorOptions::reset_with(|t| {
+                        let b: E = E::ONE / E::from_usize(I).unwrap_or(E::ONE).sqrt();
+                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
+                    }),
+                ),
+                Self::tensor(
+                    "bias",
+                    |s| &s.bias,
+                    |s| &mut s.bias,
+                    TensorOptions::reset_with(|t| {
+                        let b: E = E::ONE / E::from_usize(I).unwrap_or(E::ONE).sqrt();
+                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
+                    }),
+                ),
+                Self::module(
+                    "weight_quantizer",
+                    |s| &s.weight_quantizer,
+                    |s| &mut s.weight_quantizer,
+                ),
+                Self::module(
+                    "input_quantizer",
+                    |s| &s.input_quantizer,
+                    |s| &mut s.input_quantizer,
+                ),
+            ),
+            |(weight, bias, weight_quantizer, input_quantizer)| QLinear {
+                weight,
+                bias,
+                weight_quantizer,
+                input_quantizer,
+            },
+        )
+    }
+}
+
+impl<const I: usize, const O: usize> QLinear<I, O> {
+    /// Wraps a float Linear (weights copied, not re-initialised) with unconfigured quantizers:
+    /// until configured, the layer computes exactly what the float Linear does.
+    pub fn from_linear(linear: &Linear<I, O, f32, Cpu>) -> Self {
+        let dev = linear.weight.device();
+        QLinear {
+            weight: linear.weight.clone(),
+            bias: linear.bias.clone(),
+            weight_quantizer: TensorQuantizer::new(dev),
+            input_quantizer: TensorQuantizer::new(dev),
+        }
+    }
+}
+
+impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QLinear<I, O, WQ, AQ> {
+    /// The fake-quantized weight, on tape `T` when its quantizer trains.
+    fn quantized_weight<T: Tape<f32, Cpu>>(&self) -> Result<Tensor<Rank2<O, I>, f32, Cpu, T>> {
+        self.weight_quantizer.quantize(self.weight.retaped::<T>())
+    }
+}
+
+fn linear_2d<B: Dim, const I: usize, const O: usize, T: Tape<f32, Cpu> + Merge<T>>(
+    x: Tensor<(B, Const<I>), f32, Cpu, T>,
+    w: Tensor<Rank2<O, I>, f32, Cpu, T>,
+    bias: Tensor<Rank1<O>, f32, Cpu, T>,
+) -> Result<Tensor<(B, Const<O>), f32, Cpu, T>> {
+    let y = x.try_matmul(w.try_permute::<_, Axes2<1, 0>>()?)?;
+    let shape = *y.shape();
+    Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
+}
+
+impl<
+        B: Dim,
+        const I: usize,
+        const O: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+        T: Tape<f32, Cpu> + Merge<T>,
+    > Module<Tensor<(B, Const<I>), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
+{
+    type Output = Tensor<(B, Const<O>), f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
+        let x = self.input_quantizer.quantize(x)?;
+        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        linear_2d(x, self.quantized_weight::<T>()?, bias)
+    }
+}
+
+impl<
+        B: Dim,
+        const I: usize,
+        const O: usize,
+        WQ: FakeQuantizer,
+        AQ: FakeQuantizer,
+        T: Tape<f32, Cpu> + Merge<T>,
+    > ModuleMut<Tensor<(B, Const<I>), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
+{
+    type Output = Tensor<(B, Const<O>), f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
+        let x = self.input_quantizer.quantize_mut(x)?;
+        // Weights calibrate from themselves: while calibrating, the observer sees the weight on
+        // every step and the weight passes through.
+        let w = self
+            .weight_quantizer
+            .quantize_mut(self.weight.retaped::<T>())?;
+        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        linear_2d(x, w, bias)
+    }
+}
+
+impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QuantizedModule
+    for QLinear<I, O, WQ, AQ>
+{
+    fn visit_quantizers(
+        &mut self,
+        prefix: &str,
+        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+    ) -> Result<()> {
+        f(
+            &join_name(prefix, "input_quantizer"),
+            &mut self.input_quantizer,
+        )?;
+        f(
+            &join_name(prefix, "weight_quantizer"),
+            &mut self.weight_quantizer,
+        )
+    }
+}

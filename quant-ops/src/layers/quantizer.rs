@@ -1,0 +1,629 @@
+//! Quantizers as dfdx modules: the per-quantizer mode, the control interface reachable by
+//! name, and [`TensorQuantizer`], the module that runs a quantizer chosen at run time.
+
+use std::fmt;
+use std::sync::Arc;
+
+use dfdx::nn::tensor_collection::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
+use dfdx::prelude::*;
+use serde::{Deserialize, Serialize};
+
+use quant_core::{
+    ops, registry, ChannelLayout, InferableQuantizer, IntegerGrid, ParamBank, ParamBankMut,
+    QParams, QuantError, QuantizationMethod, QuantizationTarget, QuantizerConfig,
+    QuantizerMetadata, Result, TrainableQuantizer, TrainingMethod, MAX_PARAMETERS,
+};
+
+use crate::observers::{Observer, ObserverConfig};
+
+/// What a quantizer does in the forward pass. Like pytorch-quantization's
+/// `TensorQuantizer.disable()` / `enable_calib()` and MCT's training vs. frozen quantizers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+pub enum QuantizerMode {
+    /// Pass-through: the layer runs in float.
+    #[default]
+    Disabled,
+    /// Pass-through while an observer records statistics (`forward_mut` only).
+    Calibrating,
+    /// Quantize with fixed parameters: gradients reach the input (straight-through) but not
+    /// the quantizer's parameters.
+    Frozen,
+    /// Quantize and train the quantizer's learnable parameters with the model.
+    Training,
+}
+
+impl QuantizerMode {
+    const ALL: [QuantizerMode; 4] = [
+        QuantizerMode::Disabled,
+        QuantizerMode::Calibrating,
+        QuantizerMode::Frozen,
+        QuantizerMode::Training,
+    ];
+
+    fn code(self) -> u8 {
+        self as u8
+    }
+
+    fn from_code(code: u8) -> QuantizerMode {
+        Self::ALL.get(code as usize).copied().unwrap_or_default()
+    }
+
+    /// Whether the forward pass quantizes.
+    pub fn quantizes(self) -> bool {
+        matches!(self, QuantizerMode::Frozen | QuantizerMode::Training)
+    }
+}
+
+impl fmt::Display for QuantizerMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A quantizer's configuration as a policy chose it: what to build and which observer
+/// calibrates it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QuantizerSpec {
+    /// The trainable quantizer's config (target, method, training method, bits, ...).
+    pub config: QuantizerConfig,
+    /// How calibration turns statistics into quantization parameters.
+    pub observer: ObserverConfig,
+}
+
+/// What a configured quantizer is, for reports.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct QuantizerDescription {
+    /// Registry metadata of the quantizer (`None` for quantizers fixed at compile time that are
+    /// not registered).
+    #[serde(skip)]
+    pub metadata: Option<QuantizerMetadata>,
+    /// Training method id.
+    pub training_method: TrainingMethod,
+    /// Grid layout.
+    pub method: QuantizationMethod,
+    /// Bit width.
+    pub bits: u32,
+    /// Whether parameters are per channel.
+    pub per_channel: bool,
+    /// The observer used in calibration.
+    pub observer: String,
+    /// The current mode.
+    pub mode: QuantizerMode,
+}
+
+/// Controls one quantizer inside a model: mode, calibration, parameters, deployment. Reachable
+/// by name through [`QuantizedModule::visit_quantizers`](crate::layers::QuantizedModule).
+pub trait QuantizerControl {
+    /// The current mode.
+    fn mode(&self) -> QuantizerMode;
+    /// Changes the mode.
+    ///
+    /// # Errors
+    /// [`QuantError::NotInitialized`] when asked to quantize (Frozen, Training) before the
+    /// parameters were calibrated or initialised, or to calibrate an unconfigured quantizer.
+    fn set_mode(&mut self, mode: QuantizerMode) -> Result<()>;
+    /// What the quantizer is; `None` when no quantizer is configured (the slot stays float).
+    fn describe(&self) -> Option<QuantizerDescription>;
+    /// Feeds data to the observer (used for weights, which the layer passes itself).
+    fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()>;
+    /// Turns the observed statistics into parameters and switches to Frozen.
+    ///
+    /// # Errors
+    /// Nothing was observed.
+    fn finish_calibration(&mut self) -> Result<()>;
+    /// The current quantization parameters (`None` before initialisation or when unconfigured).
+    fn qparams(&self) -> Result<Option<QParams>>;
+    /// The deployable quantizer (`None` before initialisation or when unconfigured).
+    fn inferable(&self) -> Result<Option<InferableQuantizer>>;
+    /// Whether parameters are calibrated or initialised.
+    fn is_initialized(&self) -> bool;
+}
+
+/// The run-time part of a [`TensorQuantizer`]: not tensors, so not saved with the model (a
+/// converted model is rebuilt from its policy, then loads its tensors).
+#[derive(Clone)]
+struct Setup {
+    metadata: QuantizerMetadata,
+    quantizer: Arc<dyn TrainableQuantizer>,
+    spec: QuantizerSpec,
+}
+
+impl fmt::Debug for Setup {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Setup")
+            .field("quantizer", &self.metadata.path())
+            .field("spec", &self.spec)
+            .finish()
+    }
+}
+
+/// Codes of the `signedness` scalar.
+const SIGN_UNRESOLVED: u8 = 0;
+const SIGN_UNSIGNED: u8 = 1;
+const SIGN_SIGNED: u8 = 2;
+
+/// A quantizer chosen at run time (from the registry, by enum or by config), as a dfdx module.
+///
+/// Its parameters live in two banks of `MAX_PARAMETERS × C` values, one column per channel
+/// (`C = 1` per tensor): `learned` trains with the model's optimiser, `fixed` is detached (STE
+/// thresholds, calibrated values). Both save and load with the model, as do the mode, the
+/// resolved signedness and the initialised flag (dfdx scalars). The quantizer's choice itself
+/// is configuration: a model is rebuilt from its policy, then loads its tensors.
+///
+/// `TensorQuantizer<1>` is also a module on its own: put it anywhere in a model to quantize an
+/// activation (MCT's activation holder, Brevitas' `QuantIdentity`).
+pub struct TensorQuantizer<const C: usize, E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// Trainable parameter slots.
+    pub learned: Tensor<Rank2<MAX_PARAMETERS, C>, E, D>,
+    /// Fixed (detached) parameter slots.
+    pub fixed: Tensor<Rank2<MAX_PARAMETERS, C>, E, D>,
+    mode: u8,
+    signedness: u8,
+    initialized: u8,
+    name: String,
+    setup: Option<Setup>,
+    observer: Option<Box<dyn Observer>>,
+}
+
+impl<const C: usize, E: Dtype, D: Storage<E>> Clone for TensorQuantizer<C, E, D> {
+    fn clone(&self) -> Self {
+        TensorQuantizer {
+            learned: self.learned.clone(),
+            fixed: self.fixed.clone(),
+            mode: self.mode,
+            signedness: self.signedness,
+            initialized: self.initialized,
+            name: self.name.clone(),
+            setup: self.setup.clone(),
+            observer: self.observer.as_ref().map(|o| o.box_clone()),
+        }
+    }
+}
+
+impl<const C: usize, E: Dtype, D: Storage<E>> fmt::Debug for TensorQuantizer<C, E, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TensorQuantizer")
+            .field("name", &self.name)
+            .field("mode", &QuantizerMode::from_code(self.mode))
+            .field("setup", &self.setup)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<const C: usize, E: Dtype, D: Device<E>> TensorCollection<E, D> for TensorQuantizer<C, E, D> {
+    type To<E2: Dtype, D2: Device<E2>> = TensorQuantizer<C, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::tensor(
+                    "learned",
+                    |s| &s.learned,
+                    |s| &mut s.learned,
+                    TensorOptions::reset_to_zeros(),
+                ),
+                Self::tensor(
+                    "fixed",
+                    |s| &s.fixed,
+                    |s| &mut s.fixed,
+                    TensorOptions::detached(|t| t.try_fill_with_zeros()),
+                ),
+                Self::scalar(
+                    "mode",
+                    |s| &s.mode,
+                    |s| &mut s.mode,
+                    ScalarOptions::from_default(0u8),
+                ),
+                Self::scalar(
+                    "signedness",
+                    |s| &s.signedness,
+                    |s| &mut s.signedness,
+                    ScalarOptions::from_default(SIGN_UNRESOLVED),
+                ),
+                Self::scalar(
+                    "initialized",
+                    |s| &s.initialized,
+                    |s| &mut s.initialized,
+                    ScalarOptions::from_default(0u8),
+                ),
+            ),
+            |(learned, fixed, mode, signedness, initialized)| TensorQuantizer {
+                learned,
+                fixed,
+                mode,
+                signedness,
+                initialized,
+                name: String::new(),
+                setup: None,
+                observer: None,
+            },
+        )
+    }
+}
+
+impl<const C: usize> TensorQuantizer<C> {
+    /// An unconfigured quantizer (Disabled, pass-through).
+    pub fn new(dev: &Cpu) -> Self {
+        TensorQuantizer {
+            learned: dev.zeros(),
+            fixed: dev.zeros(),
+            mode: QuantizerMode::Disabled.code(),
+            signedness: SIGN_UNRESOLVED,
+            initialized: 0,
+            name: String::new(),
+            setup: None,
+            observer: None,
+        }
+    }
+
+    /// Builds the quantizer `spec.config` names from the registry, and enters Calibrating.
+    /// `name` (e.g. `fc1.weight_quantizer`) appears in errors and reports.
+    ///
+    /// # Errors
+    /// The registry has no (or more than one) quantizer for the config, the quantizer rejects
+    /// the config, or it declares more parameters than [`MAX_PARAMETERS`].
+    pub fn configure(&mut self, name: impl Into<String>, spec: QuantizerSpec) -> Result<()> {
+        let name = name.into();
+        let entry = registry::find(
+            spec.config.target(),
+            spec.config.method(),
+            spec.config.training_method(),
+        )
+        .map_err(|e| e.at(&name))?;
+        let quantizer: Arc<dyn TrainableQuantizer> =
+            entry.build(&spec.config).map_err(|e| e.at(&name))?.into();
+        let declared = quantizer.parameters().len();
+        if declared > MAX_PARAMETERS {
+            return Err(QuantError::TooManyParameters {
+                quantizer: entry.metadata.path(),
+                count: declared,
+                max: MAX_PARAMETERS,
+            }
+            .at(&name));
+        }
+        if spec.config.per_channel() && C == 1 {
+            return Err(QuantError::ConfigMismatch {
+                quantizer: entry.metadata.path(),
+                reason:
+                    "per-channel parameters need a channel axis; this slot quantizes per tensor"
+                        .into(),
+            }
+            .at(&name));
+        }
+        self.observer = Some(spec.observer.build());
+        self.setup = Some(Setup {
+            metadata: entry.metadata,
+            quantizer,
+            spec,
+        });
+        self.name = name;
+        self.signedness = SIGN_UNRESOLVED;
+        self.initialized = 0;
+        self.mode = QuantizerMode::Calibrating.code();
+        Ok(())
+    }
+
+    /// Removes the quantizer: the slot stays float (Disabled) for good.
+    pub fn clear(&mut self) {
+        self.setup = None;
+        self.observer = None;
+        self.mode = QuantizerMode::Disabled.code();
+        self.initialized = 0;
+    }
+
+    /// The name given at configuration (empty when unconfigured).
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The spec it was configured with.
+    pub fn spec(&self) -> Option<&QuantizerSpec> {
+        self.setup.as_ref().map(|s| &s.spec)
+    }
+
+    /// The integer grid, with the signedness resolved from the data where the config leaves it
+    /// open.
+    pub fn grid(&self) -> Result<Option<IntegerGrid>> {
+        match &self.setup {
+            None => Ok(None),
+            Some(s) => s.spec.config.grid(self.signedness == SIGN_SIGNED).map(Some),
+        }
+    }
+
+    /// The channel axis used for `shape`-ranked data: `Some(0)` for per-channel weights.
+    fn axis(&self) -> Option<usize> {
+        match &self.setup {
+            Some(s) if s.spec.config.per_channel() => Some(0),
+            _ => None,
+        }
+    }
+
+    fn not_initialized(&self) -> QuantError {
+        QuantError::NotInitialized {
+            hint: "calibrate it (Calibrating mode, forward_mut on data, then finish_calibration) before quantizing"
+                .into(),
+        }
+        .at(self.label())
+    }
+
+    fn label(&self) -> String {
+        if self.name.is_empty() {
+            "quantizer".into()
+        } else {
+            self.name.clone()
+        }
+    }
+
+    /// Fake-quantizes `x` according to the mode. Per-channel quantizers use axis 0 of `x`.
+    ///
+    /// # Errors
+    /// Calibrating mode (observing needs `quantize_mut`), uninitialised parameters, or a channel
+    /// count along axis 0 other than `C` for per-channel quantizers.
+    pub fn quantize<S: Shape, T: Tape<f32, Cpu>>(
+        &self,
+        x: Tensor<S, f32, Cpu, T>,
+    ) -> Result<Tensor<S, f32, Cpu, T>> {
+        let mode = QuantizerMode::from_code(self.mode);
+        match (mode, &self.setup) {
+            (QuantizerMode::Disabled, _) | (_, None) => Ok(x),
+            (QuantizerMode::Calibrating, Some(_)) => Err(QuantError::InvalidValue {
+                what: "mode".into(),
+                value: "Calibrating".into(),
+                expected: "forward_mut while calibrating: the observer records statistics, which needs &mut".into(),
+            }
+            .at(self.label())),
+            (_, Some(setup)) => {
+                if self.initialized == 0 {
+                    return Err(self.not_initialized());
+                }
+                let grid = self.grid()?.ok_or_else(|| self.not_initialized())?;
+                ops::fake_quantize_dyn(
+                    &setup.quantizer,
+                    x,
+                    &self.learned,
+                    &self.fixed,
+                    grid,
+                    self.axis(),
+                    mode == QuantizerMode::Training,
+                )
+                .map_err(|e| e.at(self.label()))
+            }
+        }
+    }
+
+    /// Like [`quantize`](Self::quantize), but in Calibrating mode records `x` in the observer and
+    /// passes it through.
+    pub fn quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
+        &mut self,
+        x: Tensor<S, f32, Cpu, T>,
+    ) -> Result<Tensor<S, f32, Cpu, T>> {
+        if QuantizerMode::from_code(self.mode) == QuantizerMode::Calibrating && self.setup.is_some()
+        {
+            let dims = x.shape().concrete();
+            let layout = ChannelLayout::new(dims.as_ref(), self.axis())?;
+            self.observe(&x.as_vec(), layout)?;
+            return Ok(x);
+        }
+        self.quantize(x)
+    }
+
+    /// Sets the parameters from quantization parameters directly (bypassing the observer), and
+    /// switches to Frozen. `grid` fixes the signedness.
+    pub fn set_qparams(&mut self, qparams: &QParams, grid: IntegerGrid) -> Result<()> {
+        let label = self.label();
+        let setup = self.setup.as_ref().ok_or_else(|| {
+            QuantError::NotInitialized {
+                hint: "no quantizer is configured in this slot".into(),
+            }
+            .at(&label)
+        })?;
+        let mut bank = merged_bank(
+            &setup.quantizer,
+            &self.learned.as_vec(),
+            &self.fixed.as_vec(),
+            C,
+        );
+        setup
+            .quantizer
+            .set_qparams(qparams, grid, &mut ParamBankMut::new(&mut bank, C)?)
+            .map_err(|e| e.at(&label))?;
+        let (learned, fixed) = split_bank(&setup.quantizer, &bank, C);
+        self.learned.copy_from(&learned);
+        self.fixed.copy_from(&fixed);
+        self.signedness = if grid.signed() {
+            SIGN_SIGNED
+        } else {
+            SIGN_UNSIGNED
+        };
+        self.initialized = 1;
+        self.mode = QuantizerMode::Frozen.code();
+        Ok(())
+    }
+}
+
+/// One bank with each slot taken from where the quantizer keeps it.
+fn merged_bank(
+    q: &Arc<dyn TrainableQuantizer>,
+    learned: &[f32],
+    fixed: &[f32],
+    channels: usize,
+) -> Vec<f32> {
+    let mut bank = fixed.to_vec();
+    for (k, decl) in q.parameters().iter().enumerate() {
+        if decl.trainable {
+            let r = k * channels..(k + 1) * channels;
+            bank[r.clone()].copy_from_slice(&learned[r]);
+        }
+    }
+    bank
+}
+
+/// Splits a bank into (learned, fixed) by the quantizer's declarations.
+fn split_bank(
+    q: &Arc<dyn TrainableQuantizer>,
+    bank: &[f32],
+    channels: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut learned = vec![0.0; bank.len()];
+    let mut fixed = vec![0.0; bank.len()];
+    for (k, decl) in q.parameters().iter().enumerate() {
+        let r = k * channels..(k + 1) * channels;
+        if decl.trainable {
+            learned[r.clone()].copy_from_slice(&bank[r]);
+        } else {
+            fixed[r.clone()].copy_from_slice(&bank[r]);
+        }
+    }
+    (learned, fixed)
+}
+
+impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
+    fn mode(&self) -> QuantizerMode {
+        QuantizerMode::from_code(self.mode)
+    }
+
+    fn set_mode(&mut self, mode: QuantizerMode) -> Result<()> {
+        match mode {
+            QuantizerMode::Disabled => {}
+            QuantizerMode::Calibrating => {
+                let setup = self.setup.as_ref().ok_or_else(|| QuantError::NotInitialized {
+                    hint: "no quantizer is configured in this slot, so there is nothing to calibrate".into(),
+                }
+                .at(self.label()))?;
+                self.observer = Some(setup.spec.observer.build());
+            }
+            QuantizerMode::Frozen | QuantizerMode::Training => {
+                if self.setup.is_none() || self.initialized == 0 {
+                    return Err(self.not_initialized());
+                }
+            }
+        }
+        self.mode = mode.code();
+        Ok(())
+    }
+
+    fn describe(&self) -> Option<QuantizerDescription> {
+        let s = self.setup.as_ref()?;
+        Some(QuantizerDescription {
+            metadata: Some(s.metadata),
+            training_method: s.spec.config.training_method(),
+            method: s.spec.config.method(),
+            bits: s.spec.config.bits(),
+            per_channel: s.spec.config.per_channel(),
+            observer: s.spec.observer.to_string(),
+            mode: self.mode(),
+        })
+    }
+
+    fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
+        let label = self.label();
+        let observer = self.observer.as_mut().ok_or_else(|| {
+            QuantError::NotInitialized {
+                hint: "no quantizer is configured in this slot".into(),
+            }
+            .at(&label)
+        })?;
+        observer.observe(x, layout).map_err(|e| e.at(label))
+    }
+
+    fn finish_calibration(&mut self) -> Result<()> {
+        let label = self.label();
+        let (Some(setup), Some(observer)) = (&self.setup, &self.observer) else {
+            return Err(QuantError::NotInitialized {
+                hint: "no quantizer is configured in this slot".into(),
+            }
+            .at(label));
+        };
+        let (mins, _) = observer.ranges().ok_or_else(|| {
+            QuantError::NotInitialized {
+                hint: "no data was observed: run forward_mut on calibration batches first".into(),
+            }
+            .at(&label)
+        })?;
+        let has_negatives = mins.iter().any(|m| *m < 0.0);
+        let grid = setup
+            .spec
+            .config
+            .grid(has_negatives)
+            .map_err(|e| e.at(&label))?;
+        let qparams = observer
+            .qparams(
+                setup.spec.config.method(),
+                grid,
+                setup.spec.config.rounding(),
+            )
+            .map_err(|e| e.at(&label))?;
+        self.set_qparams(&qparams, grid)
+    }
+
+    fn qparams(&self) -> Result<Option<QParams>> {
+        let (Some(setup), Some(grid)) = (&self.setup, self.grid()?) else {
+            return Ok(None);
+        };
+        if self.initialized == 0 {
+            return Ok(None);
+        }
+        let bank = merged_bank(
+            &setup.quantizer,
+            &self.learned.as_vec(),
+            &self.fixed.as_vec(),
+            C,
+        );
+        setup
+            .quantizer
+            .qparams(&ParamBank::new(&bank, C)?, grid, self.axis())
+            .map(Some)
+            .map_err(|e| e.at(self.label()))
+    }
+
+    fn inferable(&self) -> Result<Option<InferableQuantizer>> {
+        let (Some(setup), Some(grid)) = (&self.setup, self.grid()?) else {
+            return Ok(None);
+        };
+        if self.initialized == 0 {
+            return Ok(None);
+        }
+        let bank = merged_bank(
+            &setup.quantizer,
+            &self.learned.as_vec(),
+            &self.fixed.as_vec(),
+            C,
+        );
+        setup
+            .quantizer
+            .to_inferable(&ParamBank::new(&bank, C)?, grid, self.axis())
+            .map(Some)
+            .map_err(|e| e.at(self.label()))
+    }
+
+    fn is_initialized(&self) -> bool {
+        self.initialized != 0
+    }
+}
+
+impl<const C: usize> TensorQuantizer<C> {
+    /// The target the configured quantizer quantizes.
+    pub fn target(&self) -> Option<QuantizationTarget> {
+        self.setup.as_ref().map(|s| s.metadata.target)
+    }
+}
+
+impl<S: Shape, T: Tape<f32, Cpu>> Module<Tensor<S, f32, Cpu, T>> for TensorQuantizer<1> {
+    type Output = Tensor<S, f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        self.quantize(x)
+    }
+}
+
+impl<S: Shape, T: Tape<f32, Cpu>> ModuleMut<Tensor<S, f32, Cpu, T>> for TensorQuantizer<1> {
+    type Output = Tensor<S, f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        self.quantize_mut(x)
+    }
+}

@@ -1,1 +1,0 @@
-//! Observers: statistics of tensors turned into quantization parameters.

@@ -1,0 +1,242 @@
+//! Min/max observers: the running extremes, and their exponential moving average.
+
+use quant_core::{ChannelLayout, IntegerGrid, QParams, QuantizationMethod, Result, RoundingPolicy};
+
+use super::config::{Momentum, ObserverConfig};
+use super::kernel::batch_stats;
+use super::{not_initialized, seen_or_zero, LayoutGuard, Observer};
+
+/// The running minimum and maximum of every finite value seen, per channel (PyTorch's
+/// `MinMaxObserver` / `PerChannelMinMaxObserver`, MCT's and PPQ's `minmax`).
+///
+/// Parameters follow quant-core's range formulas, which widen the range to contain 0:
+/// `min ≤ 0 ≤ max` always holds for the range that is quantized.
+///
+/// ```
+/// use quant_core::{ChannelLayout, IntegerGrid, QuantizationMethod, RoundingPolicy};
+/// use quant_ops::observers::{MinMaxObserver, Observer};
+/// let mut o = MinMaxObserver::new();
+/// o.observe(&[0.5, -1.0, 3.0, f32::NAN], ChannelLayout::per_tensor(4))?;
+/// assert_eq!(o.ranges(), Some((vec![-1.0], vec![3.0])));
+/// assert_eq!(o.skipped(), 1);
+/// let q = o.qparams(QuantizationMethod::Uniform, IntegerGrid::UINT8, RoundingPolicy::HalfEven)?;
+/// assert_eq!(q.scales(), &[4.0 / 255.0]);
+/// # Ok::<(), quant_core::QuantError>(())
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct MinMaxObserver {
+    guard: LayoutGuard,
+    /// `+Inf` / `-Inf` for channels without finite values.
+    mins: Vec<f32>,
+    maxs: Vec<f32>,
+    skipped: u64,
+}
+
+impl MinMaxObserver {
+    /// An observer that has seen nothing.
+    pub fn new() -> MinMaxObserver {
+        MinMaxObserver::default()
+    }
+}
+
+/// Shared by the min/max-based observers: parameters from per-channel ranges, or the
+/// not-initialised error when no channel has a finite value.
+pub(crate) fn qparams_from_ranges(
+    name: &str,
+    mins: &[f32],
+    maxs: &[f32],
+    skipped: u64,
+    axis: Option<usize>,
+    method: QuantizationMethod,
+    grid: IntegerGrid,
+) -> Result<QParams> {
+    if !mins.iter().zip(maxs).any(|(lo, hi)| lo <= hi) {
+        return Err(not_initialized(name, skipped));
+    }
+    let (lo, hi): (Vec<f32>, Vec<f32>) = mins
+        .iter()
+        .zip(maxs)
+        .map(|(l, h)| seen_or_zero(*l, *h))
+        .unzip();
+    QParams::from_ranges(method, grid, &lo, &hi, axis)
+}
+
+/// The per-channel ranges, `None` when no channel has a finite value.
+pub(crate) fn ranges_of(mins: &[f32], maxs: &[f32]) -> Option<(Vec<f32>, Vec<f32>)> {
+    if !mins.iter().zip(maxs).any(|(lo, hi)| lo <= hi) {
+        return None;
+    }
+    Some(
+        mins.iter()
+            .zip(maxs)
+            .map(|(l, h)| seen_or_zero(*l, *h))
+            .unzip(),
+    )
+}
+
+impl Observer for MinMaxObserver {
+    fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
+        self.guard.check(x, layout)?;
+        let st = batch_stats(x, layout, false);
+        if self.mins.len() != layout.channels {
+            self.mins = vec![f32::INFINITY; layout.channels];
+            self.maxs = vec![f32::NEG_INFINITY; layout.channels];
+        }
+        for ((lo, hi), s) in self.mins.iter_mut().zip(&mut self.maxs).zip(&st.channels) {
+            *lo = lo.min(s.min);
+            *hi = hi.max(s.max);
+        }
+        self.skipped += st.nonfinite();
+        Ok(())
+    }
+
+    fn qparams(
+        &self,
+        method: QuantizationMethod,
+        grid: IntegerGrid,
+        _rounding: RoundingPolicy,
+    ) -> Result<QParams> {
+        qparams_from_ranges(
+            "MinMax",
+            &self.mins,
+            &self.maxs,
+            self.skipped,
+            self.guard.axis(),
+            method,
+            grid,
+        )
+    }
+
+    fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
+        ranges_of(&self.mins, &self.maxs)
+    }
+
+    fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    fn reset(&mut self) {
+        *self = MinMaxObserver::default();
+    }
+
+    fn box_clone(&self) -> Box<dyn Observer> {
+        Box::new(self.clone())
+    }
+
+    fn config(&self) -> ObserverConfig {
+        ObserverConfig::MinMax
+    }
+}
+
+/// The exponential moving average of each batch's minimum and maximum, per channel
+/// (PyTorch's `MovingAverageMinMaxObserver`): `v += c·(v_batch − v)` with the momentum `c`
+/// (0.01 by default); a channel's first batch with finite values initialises it, and a batch
+/// without finite values in a channel leaves that channel alone.
+///
+/// The average runs in `f64` and is stored as `f32`, so extreme ranges cannot overflow.
+///
+/// ```
+/// use quant_core::ChannelLayout;
+/// use quant_ops::observers::{Momentum, MovingAverageMinMaxObserver, Observer};
+/// let mut o = MovingAverageMinMaxObserver::new(Momentum::new(0.5)?);
+/// o.observe(&[-2.0, 2.0], ChannelLayout::per_tensor(2))?;
+/// o.observe(&[-4.0, 6.0], ChannelLayout::per_tensor(2))?;
+/// assert_eq!(o.ranges(), Some((vec![-3.0], vec![4.0])));
+/// # Ok::<(), quant_core::QuantError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct MovingAverageMinMaxObserver {
+    momentum: Momentum,
+    guard: LayoutGuard,
+    mins: Vec<f32>,
+    maxs: Vec<f32>,
+    skipped: u64,
+}
+
+impl MovingAverageMinMaxObserver {
+    /// An observer with momentum `c` that has seen nothing.
+    pub fn new(momentum: Momentum) -> MovingAverageMinMaxObserver {
+        MovingAverageMinMaxObserver {
+            momentum,
+            guard: LayoutGuard::default(),
+            mins: Vec::new(),
+            maxs: Vec::new(),
+            skipped: 0,
+        }
+    }
+
+    /// The momentum `c`.
+    pub fn momentum(&self) -> Momentum {
+        self.momentum
+    }
+}
+
+impl Default for MovingAverageMinMaxObserver {
+    fn default() -> Self {
+        MovingAverageMinMaxObserver::new(Momentum::DEFAULT)
+    }
+}
+
+impl Observer for MovingAverageMinMaxObserver {
+    fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
+        self.guard.check(x, layout)?;
+        let st = batch_stats(x, layout, false);
+        if self.mins.len() != layout.channels {
+            self.mins = vec![f32::INFINITY; layout.channels];
+            self.maxs = vec![f32::NEG_INFINITY; layout.channels];
+        }
+        let c = self.momentum.get();
+        let ema = |v: f32, cur: f32| (f64::from(v) + c * (f64::from(cur) - f64::from(v))) as f32;
+        for ((lo, hi), s) in self.mins.iter_mut().zip(&mut self.maxs).zip(&st.channels) {
+            if s.min > s.max {
+                continue; // no finite value of this channel in this batch
+            }
+            if *lo > *hi {
+                (*lo, *hi) = (s.min, s.max);
+            } else {
+                (*lo, *hi) = (ema(*lo, s.min), ema(*hi, s.max));
+            }
+        }
+        self.skipped += st.nonfinite();
+        Ok(())
+    }
+
+    fn qparams(
+        &self,
+        method: QuantizationMethod,
+        grid: IntegerGrid,
+        _rounding: RoundingPolicy,
+    ) -> Result<QParams> {
+        qparams_from_ranges(
+            "MovingAverageMinMax",
+            &self.mins,
+            &self.maxs,
+            self.skipped,
+            self.guard.axis(),
+            method,
+            grid,
+        )
+    }
+
+    fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
+        ranges_of(&self.mins, &self.maxs)
+    }
+
+    fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    fn reset(&mut self) {
+        *self = MovingAverageMinMaxObserver::new(self.momentum);
+    }
+
+    fn box_clone(&self) -> Box<dyn Observer> {
+        Box::new(self.clone())
+    }
+
+    fn config(&self) -> ObserverConfig {
+        ObserverConfig::MovingAverageMinMax {
+            momentum: self.momentum,
+        }
+    }
+}

@@ -1,0 +1,276 @@
+//! Platforms: backend presets for how weights and activations are quantized (PPQ's
+//! `TargetPlatform`, mmrazor's backend quantizers). A policy names one and overrides what it
+//! needs.
+//!
+//! A downstream crate adds a platform without editing this crate, with
+//! [`register_platform!`](crate::register_platform); a policy file then names it like a
+//! built-in one. See `examples/custom_platform.rs`.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use linkme::distributed_slice;
+use quant_core::{QuantError, QuantizationMethod, Result, RoundingPolicy, TrainingMethod};
+
+use crate::observers::{HistogramBins, Momentum, ObserverConfig};
+use crate::policy::QuantizerSettings;
+
+/// A backend preset: complete default settings for weights and for activations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Platform {
+    /// The name a policy file uses (`platform = "TensorRtInt8"`).
+    pub name: String,
+    /// One line saying what it models.
+    pub description: String,
+    /// Defaults for weights quantizers.
+    pub weights: QuantizerSettings,
+    /// Defaults for activation (input) quantizers.
+    pub input: QuantizerSettings,
+}
+
+impl fmt::Display for Platform {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.name, self.description)
+    }
+}
+
+/// A registered platform: its name and how to build it.
+pub struct PlatformEntry {
+    /// The name a policy file uses.
+    pub name: &'static str,
+    /// Builds the preset.
+    pub build: fn() -> Platform,
+}
+
+/// Every platform registered with [`register_platform!`](crate::register_platform), built-ins
+/// included.
+#[distributed_slice]
+pub static PLATFORMS: [PlatformEntry];
+
+/// Registers a platform under `name`, built by `build` (a `fn() -> Platform`).
+///
+/// ```
+/// use quant_ops::platform::{Platform, find_platform};
+/// fn my_dsp() -> Platform {
+///     let mut p = find_platform("Academic").unwrap();
+///     p.name = "MyDsp".into();
+///     p.description = "8-bit symmetric everywhere, ties away from zero".into();
+///     p.input.method = Some(quant_core::QuantizationMethod::Symmetric);
+///     p.input.rounding = Some(quant_core::RoundingPolicy::HalfAwayFromZero);
+///     p
+/// }
+/// quant_ops::register_platform!(MY_DSP = "MyDsp", my_dsp);
+/// assert_eq!(find_platform("MyDsp").unwrap().input.rounding, Some(quant_core::RoundingPolicy::HalfAwayFromZero));
+/// ```
+#[macro_export]
+macro_rules! register_platform {
+    ($ident:ident = $name:literal, $build:path) => {
+        #[$crate::__ops_private::linkme::distributed_slice($crate::platform::PLATFORMS)]
+        #[linkme(crate = $crate::__ops_private::linkme)]
+        static $ident: $crate::platform::PlatformEntry = $crate::platform::PlatformEntry {
+            name: $name,
+            build: $build,
+        };
+    };
+}
+
+/// The names of every registered platform, sorted.
+pub fn platform_names() -> Vec<&'static str> {
+    let mut names: Vec<&'static str> = PLATFORMS.iter().map(|p| p.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+}
+
+/// Builds the platform registered as `name`.
+///
+/// # Errors
+/// No platform has that name (the message lists the registered ones), or two do.
+pub fn find_platform(name: &str) -> Result<Platform> {
+    let matches: Vec<&PlatformEntry> = PLATFORMS.iter().filter(|p| p.name == name).collect();
+    match matches.as_slice() {
+        [one] => Ok((one.build)()),
+        [] => Err(QuantError::InvalidValue {
+            what: "platform".into(),
+            value: name.into(),
+            expected: format!(
+                "one of the registered platforms: {}",
+                platform_names().join(", ")
+            ),
+        }),
+        many => Err(QuantError::InvalidValue {
+            what: "platform".into(),
+            value: name.into(),
+            expected: format!(
+                "a unique name, but {} platforms are registered under it",
+                many.len()
+            ),
+        }),
+    }
+}
+
+fn settings(
+    method: QuantizationMethod,
+    bits: u32,
+    per_channel: bool,
+    narrow_range: bool,
+    signed: Option<bool>,
+    observer: ObserverConfig,
+) -> QuantizerSettings {
+    QuantizerSettings {
+        training_method: Some(TrainingMethod::Ste),
+        method: Some(method),
+        bits: Some(bits),
+        per_channel: Some(per_channel),
+        narrow_range: Some(narrow_range),
+        signed,
+        rounding: Some(RoundingPolicy::HalfEven),
+        observer: Some(observer),
+        options: BTreeMap::new(),
+    }
+}
+
+fn academic() -> Platform {
+    Platform {
+        name: "Academic".into(),
+        description:
+            "8-bit, symmetric per-tensor weights, asymmetric (uniform) per-tensor activations: \
+                      the common academic setting (PPQ's ACADEMIC_INT8)"
+                .into(),
+        weights: settings(
+            QuantizationMethod::Symmetric,
+            8,
+            false,
+            false,
+            None,
+            ObserverConfig::MinMax,
+        ),
+        input: settings(
+            QuantizationMethod::Uniform,
+            8,
+            false,
+            false,
+            None,
+            ObserverConfig::MinMax,
+        ),
+    }
+}
+
+fn tensorrt_int8() -> Platform {
+    Platform {
+        name: "TensorRtInt8".into(),
+        description:
+            "TensorRT INT8: symmetric per-channel weights on [-127, 127] (amax/127), symmetric \
+                      per-tensor activations calibrated by entropy (KL), ties to even"
+                .into(),
+        weights: settings(
+            QuantizationMethod::Symmetric,
+            8,
+            true,
+            true,
+            Some(true),
+            ObserverConfig::MinMax,
+        ),
+        input: settings(
+            QuantizationMethod::Symmetric,
+            8,
+            false,
+            true,
+            Some(true),
+            ObserverConfig::Entropy {
+                bins: HistogramBins::DEFAULT,
+            },
+        ),
+    }
+}
+
+fn openvino_int8() -> Platform {
+    Platform {
+        name: "OpenVinoInt8".into(),
+        description:
+            "OpenVINO INT8: symmetric per-channel weights on [-127, 127], symmetric per-tensor \
+                      activations (unsigned after ReLU), moving-average min/max"
+                .into(),
+        weights: settings(
+            QuantizationMethod::Symmetric,
+            8,
+            true,
+            true,
+            Some(true),
+            ObserverConfig::MinMax,
+        ),
+        input: settings(
+            QuantizationMethod::Symmetric,
+            8,
+            false,
+            false,
+            None,
+            ObserverConfig::MovingAverageMinMax {
+                momentum: Momentum::DEFAULT,
+            },
+        ),
+    }
+}
+
+fn generic_int4() -> Platform {
+    Platform {
+        name: "GenericInt4".into(),
+        description:
+            "4-bit: symmetric per-channel weights, uniform per-tensor activations, MSE-calibrated"
+                .into(),
+        weights: settings(
+            QuantizationMethod::Symmetric,
+            4,
+            true,
+            false,
+            Some(true),
+            ObserverConfig::Mse {
+                bins: HistogramBins::DEFAULT,
+            },
+        ),
+        input: settings(
+            QuantizationMethod::Uniform,
+            4,
+            false,
+            false,
+            None,
+            ObserverConfig::Mse {
+                bins: HistogramBins::DEFAULT,
+            },
+        ),
+    }
+}
+
+crate::register_platform!(ACADEMIC = "Academic", academic);
+crate::register_platform!(TENSORRT_INT8 = "TensorRtInt8", tensorrt_int8);
+crate::register_platform!(OPENVINO_INT8 = "OpenVinoInt8", openvino_int8);
+crate::register_platform!(GENERIC_INT4 = "GenericInt4", generic_int4);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn built_in_platforms_are_registered_and_complete() {
+        for name in ["Academic", "TensorRtInt8", "OpenVinoInt8", "GenericInt4"] {
+            let p = find_platform(name).unwrap();
+            assert_eq!(p.name, name);
+            for s in [&p.weights, &p.input] {
+                assert!(
+                    s.training_method.is_some()
+                        && s.method.is_some()
+                        && s.bits.is_some()
+                        && s.observer.is_some()
+                );
+            }
+        }
+        let trt = find_platform("TensorRtInt8").unwrap();
+        assert_eq!(trt.weights.narrow_range, Some(true));
+        assert_eq!(trt.weights.per_channel, Some(true));
+        let err = find_platform("TensorRT").unwrap_err().to_string();
+        assert!(
+            err.contains("Academic, GenericInt4, OpenVinoInt8, TensorRtInt8"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,524 @@
+//! The policy file: which quantizer each layer gets (QuanTransformer's `quan_policy` +
+//! `special_layers`, ModelOpt's wildcard configs, PPQ's platform + per-op settings).
+//!
+//! ```toml
+//! platform = "Academic"            # preset defaults (see quant_ops::platform)
+//!
+//! [weights]                        # defaults for every layer with weights
+//! training_method = "Lsq"
+//! bits = 4
+//! per_channel = true
+//!
+//! [input]                          # defaults for the input of every layer with weights
+//! training_method = "Lsq"
+//! method = "Uniform"
+//! bits = 4
+//! observer = "LsqInit"
+//!
+//! [kinds.MaxPool2d]                # per layer kind (layers without weights have no input
+//! input = { bits = 8 }             # quantizer unless their kind or an override gives one)
+//!
+//! [[overrides]]                    # by dotted layer name, glob patterns; applied in order
+//! pattern = "0"
+//! weights = { bits = 8 }
+//! input = "float"                  # leave this slot float
+//!
+//! unmatched_patterns = "error"     # or "warn": an override that matches no layer
+//! ```
+//!
+//! Settings merge field by field: platform, then `[weights]` / `[input]`, then
+//! `[kinds.<Kind>]`, then every matching override in file order. `"float"` leaves a slot float
+//! (a later table turns it back on). Loading checks everything it can before any model exists:
+//! unknown keys, unknown training methods, platforms or observers, bit widths, and whether a
+//! registered quantizer supports each combination the file can produce; every error names
+//! its key path. Conversion then checks each layer exactly and reports patterns that matched
+//! nothing.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use quant_core::{
+    registry, ActivationQuantizerConfig, IntegerGrid, QuantError, QuantizationMethod,
+    QuantizationTarget, QuantizerConfig, Result, RoundingPolicy, TrainingMethod,
+    WeightsQuantizerConfig,
+};
+
+use crate::convert::{LayerKind, LayerPolicy, LayerQuantization};
+use crate::layers::{glob, QuantizerSpec};
+use crate::observers::ObserverConfig;
+use crate::platform::find_platform;
+
+/// Errors of policy files: where (file, key path) and what.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// The file could not be read.
+    #[error("cannot read policy file {path}: {source}")]
+    Read {
+        /// The file.
+        path: String,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The text is not valid TOML for a policy (syntax, unknown key, wrong type, bad value).
+    #[error("{origin}: `{key}`: {message}")]
+    Parse {
+        /// The file (or `<string>`).
+        origin: String,
+        /// The key path, e.g. `overrides[1].weights.bits` (`.` for the top level).
+        key: String,
+        /// What is wrong and what is valid.
+        message: String,
+    },
+    /// The file parses but asks for something invalid.
+    #[error("{origin}: `{key}`: {source}")]
+    Invalid {
+        /// The file (or `<string>`).
+        origin: String,
+        /// The key path.
+        key: String,
+        /// What is wrong.
+        #[source]
+        source: QuantError,
+    },
+}
+
+/// Settings of one quantizer slot, every field optional so that layers of settings merge.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizerSettings {
+    /// Training method id (`Ste`, `Lsq`, `Pact`, `Dsq`, or a registered custom one).
+    pub training_method: Option<TrainingMethod>,
+    /// Grid layout.
+    pub method: Option<QuantizationMethod>,
+    /// Bit width, 2..=16.
+    pub bits: Option<u32>,
+    /// Per-channel weights (ignored for inputs).
+    pub per_channel: Option<bool>,
+    /// Narrow range.
+    pub narrow_range: Option<bool>,
+    /// Signedness of a symmetric activation grid (absent: decided from the data). Ignored for
+    /// weights.
+    pub signed: Option<bool>,
+    /// Rounding policy.
+    pub rounding: Option<RoundingPolicy>,
+    /// Calibration observer.
+    pub observer: Option<ObserverConfig>,
+    /// Method-specific options, merged key by key.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub options: BTreeMap<String, f64>,
+}
+
+impl QuantizerSettings {
+    /// `self` with every field `over` sets replaced.
+    pub fn merged(&self, over: &QuantizerSettings) -> QuantizerSettings {
+        let mut options = self.options.clone();
+        options.extend(over.options.iter().map(|(k, v)| (k.clone(), *v)));
+        QuantizerSettings {
+            training_method: over.training_method.or(self.training_method),
+            method: over.method.or(self.method),
+            bits: over.bits.or(self.bits),
+            per_channel: over.per_channel.or(self.per_channel),
+            narrow_range: over.narrow_range.or(self.narrow_range),
+            signed: over.signed.or(self.signed),
+            rounding: over.rounding.or(self.rounding),
+            observer: over.observer.clone().or_else(|| self.observer.clone()),
+            options,
+        }
+    }
+
+    /// The complete spec for a slot of `target`, checking that a registered quantizer supports
+    /// it. `key` prefixes error messages about missing fields.
+    ///
+    /// # Errors
+    /// A required field (`training_method`, `method`, `bits`) is missing, the bit width is out
+    /// of range, or no quantizer is registered for the combination.
+    pub fn to_spec(&self, target: QuantizationTarget) -> Result<QuantizerSpec> {
+        let missing = |field: &str| {
+            QuantError::InvalidValue {
+            what: field.into(),
+            value: "(missing)".into(),
+            expected: format!(
+                "a value: set `{field}` in the defaults (`[weights]` / `[input]`), the platform, a kind or an override"
+            ),
+        }
+        };
+        let training_method = self
+            .training_method
+            .ok_or_else(|| missing("training_method"))?;
+        let method = self.method.ok_or_else(|| missing("method"))?;
+        let bits = self.bits.ok_or_else(|| missing("bits"))?;
+        IntegerGrid::new(bits, true, false)?;
+        let config: QuantizerConfig = match target {
+            QuantizationTarget::Weights => WeightsQuantizerConfig {
+                training_method,
+                method,
+                bits,
+                per_channel: self.per_channel.unwrap_or(true),
+                narrow_range: self.narrow_range.unwrap_or(false),
+                rounding: self.rounding.unwrap_or_default(),
+                options: self.options.clone(),
+            }
+            .into(),
+            QuantizationTarget::Activation => ActivationQuantizerConfig {
+                training_method,
+                method,
+                bits,
+                signed: self.signed,
+                narrow_range: self.narrow_range.unwrap_or(false),
+                rounding: self.rounding.unwrap_or_default(),
+                options: self.options.clone(),
+            }
+            .into(),
+        };
+        // Fails with NotFound (listing what exists) or with the quantizer's own complaint.
+        registry::build(&config)?;
+        Ok(QuantizerSpec {
+            config,
+            observer: self.observer.clone().unwrap_or(ObserverConfig::MinMax),
+        })
+    }
+}
+
+/// A slot's setting: quantize with (partial) settings, or leave it float.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SlotSetting {
+    /// `"float"`: leave the slot float.
+    Float,
+    /// A table of settings merged onto what came before.
+    Quantize(QuantizerSettings),
+}
+
+impl Serialize for SlotSetting {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        match self {
+            SlotSetting::Float => s.serialize_str("float"),
+            SlotSetting::Quantize(q) => q.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for SlotSetting {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        struct SlotVisitor;
+        impl<'de> serde::de::Visitor<'de> for SlotVisitor {
+            type Value = SlotSetting;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("\"float\" or a table of quantizer settings")
+            }
+            fn visit_str<E: serde::de::Error>(
+                self,
+                v: &str,
+            ) -> std::result::Result<SlotSetting, E> {
+                if v == "float" {
+                    Ok(SlotSetting::Float)
+                } else {
+                    Err(E::invalid_value(serde::de::Unexpected::Str(v), &self))
+                }
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                map: A,
+            ) -> std::result::Result<SlotSetting, A::Error> {
+                QuantizerSettings::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+                    .map(SlotSetting::Quantize)
+            }
+        }
+        d.deserialize_any(SlotVisitor)
+    }
+}
+
+/// Settings of a layer's two slots.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LayerSettings {
+    /// The weights slot.
+    pub weights: Option<SlotSetting>,
+    /// The input slot.
+    pub input: Option<SlotSetting>,
+}
+
+/// Settings for the layers whose dotted name matches `pattern`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Override {
+    /// A glob over dotted layer names (`0`, `encoder.*`, `*.fc?`).
+    pub pattern: String,
+    /// The weights slot.
+    pub weights: Option<SlotSetting>,
+    /// The input slot.
+    pub input: Option<SlotSetting>,
+}
+
+/// What to do with an override that matches no layer of the model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum UnmatchedPatterns {
+    /// Conversion fails (the default: a typo in a layer name must not go unnoticed).
+    #[default]
+    Error,
+    /// Conversion succeeds; the unmatched patterns are reported by [`Policy::unmatched`].
+    Warn,
+}
+
+/// A parsed, validated policy.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Policy {
+    /// A registered platform whose presets are the starting point.
+    pub platform: Option<String>,
+    /// Defaults for weights slots.
+    pub weights: Option<SlotSetting>,
+    /// Defaults for the input slots of layers with weights.
+    pub input: Option<SlotSetting>,
+    /// Settings per layer kind.
+    #[serde(default)]
+    pub kinds: BTreeMap<LayerKind, LayerSettings>,
+    /// Settings per layer name pattern, applied in order.
+    #[serde(default)]
+    pub overrides: Vec<Override>,
+    /// What to do with overrides that match no layer.
+    #[serde(default)]
+    pub unmatched_patterns: UnmatchedPatterns,
+    /// Layers seen during conversion, to report unmatched patterns.
+    #[serde(skip)]
+    seen: RefCell<BTreeSet<String>>,
+}
+
+/// Where a setting sits in the file, for messages.
+fn key_of(prefix: &str, slot: &str) -> String {
+    if prefix.is_empty() {
+        slot.to_string()
+    } else {
+        format!("{prefix}.{slot}")
+    }
+}
+
+/// One step of the merge: the accumulated setting, plus the key that set it.
+fn apply(acc: &mut Option<QuantizerSettings>, step: Option<&SlotSetting>) {
+    match step {
+        None => {}
+        Some(SlotSetting::Float) => *acc = None,
+        Some(SlotSetting::Quantize(s)) => *acc = Some(acc.clone().unwrap_or_default().merged(s)),
+    }
+}
+
+impl Policy {
+    /// Parses and validates a policy from TOML text. `origin` names the source in errors.
+    ///
+    /// # Errors
+    /// [`PolicyError::Parse`] for syntax, unknown keys and bad values (with the key path),
+    /// [`PolicyError::Invalid`] for combinations no quantizer supports, unknown platforms and
+    /// invalid patterns.
+    pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, PolicyError> {
+        let de = toml::Deserializer::new(text);
+        let policy: Policy =
+            serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, e))?;
+        policy.validate(origin, "")?;
+        Ok(policy)
+    }
+
+    /// Reads and validates a policy file.
+    ///
+    /// # Errors
+    /// See [`Policy::from_toml_str`]; also [`PolicyError::Read`].
+    pub fn from_file(path: &Path) -> std::result::Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
+            path: path.display().to_string(),
+            source,
+        })?;
+        Policy::from_toml_str(&text, &path.display().to_string())
+    }
+
+    /// The platform's defaults, or empty settings.
+    fn base(&self) -> Result<(QuantizerSettings, QuantizerSettings)> {
+        match &self.platform {
+            Some(name) => {
+                let p = find_platform(name)?;
+                Ok((p.weights, p.input))
+            }
+            None => Ok(Default::default()),
+        }
+    }
+
+    /// Checks everything that can be checked without a model (done by the loaders; call it for
+    /// a policy embedded in a larger file, with the table's key as `key_prefix`).
+    ///
+    /// # Errors
+    /// [`PolicyError::Invalid`] naming the key: unknown platform, invalid pattern, incomplete
+    /// or unsupported settings.
+    pub fn validate(&self, origin: &str, key_prefix: &str) -> std::result::Result<(), PolicyError> {
+        let invalid = |key: &str, source: QuantError| PolicyError::Invalid {
+            origin: origin.to_string(),
+            key: key_of(key_prefix, key),
+            source,
+        };
+        let (base_w, base_i) = self.base().map_err(|e| invalid("platform", e))?;
+        let mut default_w = Some(base_w);
+        apply(&mut default_w, self.weights.as_ref());
+        let mut default_i = Some(base_i);
+        apply(&mut default_i, self.input.as_ref());
+        // Each place a setting can come from, checked merged onto the defaults it extends.
+        let mut checks: Vec<(String, Option<QuantizerSettings>, QuantizationTarget)> = vec![
+            (
+                "weights".into(),
+                default_w.clone(),
+                QuantizationTarget::Weights,
+            ),
+            (
+                "input".into(),
+                default_i.clone(),
+                QuantizationTarget::Activation,
+            ),
+        ];
+        for (kind, s) in &self.kinds {
+            let prefix = format!("kinds.{kind}");
+            if s.weights.is_some() && !kind.has_weights() {
+                return Err(invalid(
+                    &key_of(&prefix, "weights"),
+                    QuantError::InvalidValue {
+                        what: "weights".into(),
+                        value: kind.to_string(),
+                        expected: format!("no weights settings: {kind} layers have no weights"),
+                    },
+                ));
+            }
+            let (mut w, mut i) = (default_w.clone(), default_i.clone());
+            apply(&mut w, s.weights.as_ref());
+            apply(&mut i, s.input.as_ref());
+            checks.push((key_of(&prefix, "weights"), w, QuantizationTarget::Weights));
+            checks.push((key_of(&prefix, "input"), i, QuantizationTarget::Activation));
+        }
+        for (n, o) in self.overrides.iter().enumerate() {
+            let prefix = format!("overrides[{n}]");
+            glob(&o.pattern).map_err(|e| invalid(&key_of(&prefix, "pattern"), e))?;
+            let (mut w, mut i) = (default_w.clone(), default_i.clone());
+            apply(&mut w, o.weights.as_ref());
+            apply(&mut i, o.input.as_ref());
+            if o.weights.is_some() {
+                checks.push((key_of(&prefix, "weights"), w, QuantizationTarget::Weights));
+            }
+            if o.input.is_some() {
+                checks.push((key_of(&prefix, "input"), i, QuantizationTarget::Activation));
+            }
+        }
+        for (key, settings, target) in checks {
+            if let Some(s) = settings {
+                s.to_spec(target).map_err(|e| invalid(&key, e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// The decision for layer `name` of `kind` (the merge described in the module docs).
+    ///
+    /// # Errors
+    /// The merged settings are incomplete or unsupported; the error names the layer.
+    pub fn resolve(&self, name: &str, kind: LayerKind) -> Result<LayerQuantization> {
+        self.seen.borrow_mut().insert(name.to_string());
+        let (base_w, base_i) = self.base()?;
+        let mut w = kind.has_weights().then_some(base_w);
+        let mut i = kind.has_weights().then_some(base_i);
+        if kind.has_weights() {
+            apply(&mut w, self.weights.as_ref());
+            apply(&mut i, self.input.as_ref());
+        }
+        if let Some(s) = self.kinds.get(&kind) {
+            if !kind.has_weights() && matches!(s.input, Some(SlotSetting::Quantize(_))) {
+                // Input-only kinds start from the input defaults when their kind turns them on.
+                let mut defaults = Some(self.base()?.1);
+                apply(&mut defaults, self.input.as_ref());
+                i = defaults;
+            }
+            apply(&mut w, s.weights.as_ref());
+            apply(&mut i, s.input.as_ref());
+        }
+        for o in &self.overrides {
+            if glob(&o.pattern)?.is_match(name) {
+                if i.is_none() && matches!(o.input, Some(SlotSetting::Quantize(_))) {
+                    let mut defaults = Some(self.base()?.1);
+                    apply(&mut defaults, self.input.as_ref());
+                    i = defaults;
+                }
+                apply(&mut w, o.weights.as_ref());
+                apply(&mut i, o.input.as_ref());
+            }
+        }
+        let layer = |e: QuantError, slot: &str| e.at(format!("layer `{name}` ({kind}) {slot}"));
+        Ok(LayerQuantization {
+            weights: match w.filter(|_| kind.has_weights()) {
+                Some(s) => Some(
+                    s.to_spec(QuantizationTarget::Weights)
+                        .map_err(|e| layer(e, "weights"))?,
+                ),
+                None => None,
+            },
+            input: match i {
+                Some(s) => Some(
+                    s.to_spec(QuantizationTarget::Activation)
+                        .map_err(|e| layer(e, "input"))?,
+                ),
+                None => None,
+            },
+        })
+    }
+
+    /// Override patterns that matched none of the layers resolved so far.
+    pub fn unmatched(&self) -> Vec<String> {
+        let seen = self.seen.borrow();
+        self.overrides
+            .iter()
+            .filter(|o| {
+                glob(&o.pattern)
+                    .map(|g| !seen.iter().any(|n| g.is_match(n)))
+                    .unwrap_or(true)
+            })
+            .map(|o| o.pattern.clone())
+            .collect()
+    }
+
+    /// After a conversion: fails when an override matched no layer and the policy says
+    /// `unmatched_patterns = "error"`; returns the unmatched patterns otherwise.
+    ///
+    /// # Errors
+    /// [`QuantError::InvalidValue`] listing the unmatched patterns and the layer names seen.
+    pub fn check_unmatched(&self) -> Result<Vec<String>> {
+        let unmatched = self.unmatched();
+        if !unmatched.is_empty() && self.unmatched_patterns == UnmatchedPatterns::Error {
+            let seen: Vec<String> = self.seen.borrow().iter().cloned().collect();
+            return Err(QuantError::InvalidValue {
+                what: "overrides[].pattern".into(),
+                value: unmatched.join(", "),
+                expected: format!(
+                    "patterns matching layers of this model ({}), or unmatched_patterns = \"warn\"",
+                    seen.join(", ")
+                ),
+            });
+        }
+        Ok(unmatched)
+    }
+}
+
+impl LayerPolicy for Policy {
+    fn layer(&self, name: &str, kind: LayerKind) -> Result<LayerQuantization> {
+        self.resolve(name, kind)
+    }
+}
+
+fn parse_error(origin: &str, e: serde_path_to_error::Error<toml::de::Error>) -> PolicyError {
+    let key = e.path().to_string();
+    let inner = e.into_inner();
+    let mut message = inner.message().to_string();
+    if let Some(span) = inner.span() {
+        message = format!("{message} (at byte {})", span.start);
+    }
+    PolicyError::Parse {
+        origin: origin.to_string(),
+        key,
+        message,
+    }
+}

@@ -1,0 +1,376 @@
+//! The main job: train a float model on the digits, convert it under a policy, calibrate (PTQ),
+//! train with quantization (QAT), export the integer model and run it on integers.
+//!
+//! [`run`] does all of it from a [`RunConfig`]; the `quant run` command is a thin shell around
+//! it.
+
+pub mod config;
+pub mod nets;
+pub mod report;
+pub mod train;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use dfdx::nn::{LoadFromSafetensors, SaveToSafetensors};
+use dfdx::prelude::*;
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+use quant_core::QuantError;
+use quant_ops::convert::quantize_model;
+use quant_ops::export::{export_model, ExportError, ExportedModel};
+use quant_ops::integer::IntegerModel;
+use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_ops::policy::PolicyError;
+use quant_ops::report::{layer_report, LayerReport, Trace};
+
+use crate::digits::{self, DataError, Digits};
+pub use config::{ModelKind, QatInit, RunConfig};
+use nets::{MlpNet, Net};
+pub use report::{RunReport, SeedResult};
+use train::{accuracy, calibrate, input, logits, predictions, train, Phase};
+
+/// Everything that can stop a run, each naming the file or layer concerned.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RunError {
+    /// The run file.
+    #[error(transparent)]
+    Config(#[from] PolicyError),
+    /// The data file.
+    #[error(transparent)]
+    Data(#[from] DataError),
+    /// A quantization step (the message names the layer or quantizer).
+    #[error(transparent)]
+    Quant(#[from] QuantError),
+    /// Export or loading of the integer model.
+    #[error(transparent)]
+    Export(#[from] ExportError),
+    /// Reading or writing the float checkpoint cache or the report.
+    #[error("{path}: {message}")]
+    File {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        message: String,
+    },
+}
+
+/// Where a run reads and writes.
+#[derive(Debug, Clone)]
+pub struct RunOptions {
+    /// Float checkpoints are cached here (per model, seed and schedule); `None` disables it.
+    pub cache_dir: Option<PathBuf>,
+    /// The first seed's integer model is exported here.
+    pub export_dir: Option<PathBuf>,
+    /// Draw progress bars (on stderr).
+    pub progress: bool,
+    /// The run file's name, for the report.
+    pub policy_name: String,
+}
+
+fn bar(multi: &MultiProgress, len: u64, label: String, show: bool) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = multi.add(ProgressBar::new(len));
+    b.set_style(
+        ProgressStyle::with_template("{prefix:>22} [{bar:30}] {pos}/{len} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    b.set_prefix(label);
+    b.enable_steady_tick(Duration::from_millis(200));
+    b
+}
+
+/// Runs the whole pipeline for every seed of `cfg`.
+///
+/// # Errors
+/// Data, quantization, export and file errors; nothing is written half-way (checkpoints and
+/// exports are renamed into place).
+pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
+    let data_path = cfg.data.path.clone().unwrap_or_else(digits::bundled_path);
+    let data = digits::load(&data_path)?;
+    match cfg.model.kind {
+        ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data),
+        ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data),
+    }
+}
+
+fn recipe(cfg: &RunConfig) -> String {
+    let q = &cfg.qat;
+    let mut s = format!(
+        "float: Adam lr {} ({:?}), {} epochs, batch {}; PTQ: {} calibration batches of {}; QAT: Adam lr {} ({:?}), {} epochs, batch {}, init {:?}",
+        cfg.float.lr,
+        cfg.float.schedule,
+        cfg.float.epochs,
+        cfg.float.batch_size,
+        cfg.calibration.batches,
+        cfg.calibration.batch_size,
+        q.lr,
+        q.schedule,
+        q.epochs,
+        q.batch_size,
+        q.init
+    );
+    if let Some(d) = q.distillation {
+        s.push_str(&format!(
+            ", distillation from the float model (weight {}, temperature {})",
+            d.weight, d.temperature
+        ));
+    }
+    s
+}
+
+fn cache_path(dir: &Path, cfg: &RunConfig, seed: u64) -> PathBuf {
+    let f = &cfg.float;
+    dir.join(format!(
+        "{}-seed{seed}-e{}-b{}-lr{}-{:?}.safetensors",
+        cfg.model.kind, f.epochs, f.batch_size, f.lr, f.schedule
+    ))
+}
+
+fn file_error(path: &Path, e: impl std::fmt::Display) -> RunError {
+    RunError::File {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    }
+}
+
+fn run_net<N: Net>(cfg: &RunConfig, opts: &RunOptions, data: &Digits) -> Result<RunReport, RunError>
+where
+    N::Deploy: Trace<Tensor<N::Input, f32, Cpu>>,
+    N::Quantized: Trace<Tensor<N::Input, f32, Cpu>>,
+{
+    let multi = MultiProgress::with_draw_target(if opts.progress {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    });
+    let mut results = Vec::new();
+    let mut first_layers: Vec<LayerReport> = Vec::new();
+    let mut exported_dir = None;
+    for (i, &seed) in cfg.run.seeds.iter().enumerate() {
+        let dev = Cpu::seed_from_u64(seed);
+        let eval_batch = 256;
+
+        // 1. Float model: from the cache, or trained.
+        let mut float = N::build(&dev);
+        let cached = opts.cache_dir.as_ref().map(|d| cache_path(d, cfg, seed));
+        let float_from_cache = match &cached {
+            Some(path) if path.exists() => {
+                float.load_safetensors(path).map_err(|e| {
+                    file_error(path, format!("cannot load float checkpoint: {e:?}"))
+                })?;
+                true
+            }
+            _ => false,
+        };
+        if !float_from_cache {
+            let phase = Phase {
+                epochs: cfg.float.epochs,
+                batch_size: cfg.float.batch_size,
+                lr: cfg.float.lr,
+                schedule: cfg.float.schedule,
+            };
+            let b = bar(
+                &multi,
+                phase.epochs as u64,
+                format!("seed {seed}: float"),
+                opts.progress,
+            );
+            train::<N::Float, N::Input>(&dev, &mut float, &data.train, &phase, seed, None, &b)?;
+            b.finish_and_clear();
+            if let Some(path) = &cached {
+                save_checkpoint(&float, path)?;
+            }
+        }
+        let fp32_logits = logits::<N::Float, N::Input>(&dev, &float, &data.test, eval_batch)?;
+        let fp32_accuracy = accuracy(&predictions(&fp32_logits), &data.test.labels);
+
+        // 2. PTQ: convert the deployable float model, calibrate, evaluate.
+        let deploy = N::deploy(&float);
+        let policy = cfg.quantization.clone();
+        let mut ptq = quantize_model(&deploy, &policy)?;
+        policy.check_unmatched()?;
+        let b = bar(
+            &multi,
+            1,
+            format!("seed {seed}: calibration"),
+            opts.progress,
+        );
+        calibrate::<N::Quantized, N::Input>(
+            &dev,
+            &mut ptq,
+            &data.train,
+            cfg.calibration.batches,
+            cfg.calibration.batch_size,
+            seed,
+        )?;
+        ptq.finish_calibration()?;
+        b.finish_and_clear();
+        let ptq_accuracy = accuracy(
+            &predictions(&logits::<N::Quantized, N::Input>(
+                &dev, &ptq, &data.test, eval_batch,
+            )?),
+            &data.test.labels,
+        );
+
+        // 3. QAT.
+        let mut qat = match cfg.qat.init {
+            QatInit::Ptq => ptq.clone(),
+            QatInit::FirstBatch => {
+                let mut m = quantize_model(&deploy, &policy)?;
+                calibrate::<N::Quantized, N::Input>(
+                    &dev,
+                    &mut m,
+                    &data.train,
+                    1,
+                    cfg.qat.batch_size,
+                    seed,
+                )?;
+                m.finish_calibration()?;
+                m
+            }
+        };
+        if cfg.qat.epochs > 0 {
+            qat.set_mode("*", QuantizerMode::Training)?;
+            let teacher = match cfg.qat.distillation {
+                Some(d) => Some((
+                    logits::<N::Float, N::Input>(&dev, &float, &data.train, eval_batch)?,
+                    d,
+                )),
+                None => None,
+            };
+            let phase = Phase {
+                epochs: cfg.qat.epochs,
+                batch_size: cfg.qat.batch_size,
+                lr: cfg.qat.lr,
+                schedule: cfg.qat.schedule,
+            };
+            let b = bar(
+                &multi,
+                phase.epochs as u64,
+                format!("seed {seed}: QAT"),
+                opts.progress,
+            );
+            train::<N::Quantized, N::Input>(
+                &dev,
+                &mut qat,
+                &data.train,
+                &phase,
+                seed.wrapping_add(1),
+                teacher.as_ref().map(|(t, d)| (t.as_slice(), *d)),
+                &b,
+            )?;
+            b.finish_and_clear();
+            qat.set_mode("*", QuantizerMode::Frozen)?;
+        }
+        let qat_logits = logits::<N::Quantized, N::Input>(&dev, &qat, &data.test, eval_batch)?;
+        let qat_predictions = predictions(&qat_logits);
+        let qat_accuracy = accuracy(&qat_predictions, &data.test.labels);
+
+        // 4. Export and integer inference.
+        let mut info = BTreeMap::new();
+        info.insert("model".into(), cfg.model.kind.to_string());
+        info.insert("policy".into(), opts.policy_name.clone());
+        info.insert("seed".into(), seed.to_string());
+        let exported = export_model(&qat, N::INPUT_SHAPE, info)?;
+        let integer = IntegerModel::new(&exported)?;
+        let int_predictions = integer.predict(&data.test.images)?;
+        let integer_accuracy = accuracy(&int_predictions, &data.test.labels);
+        let integer_agreement = accuracy(&int_predictions, &qat_predictions);
+
+        if i == 0 {
+            let n = data.train.len().min(256);
+            let idx: Vec<usize> = (0..n).collect();
+            let (pixels, _) = data.train.gather(&idx);
+            let x = input::<N::Input>(&dev, pixels, n)?;
+            // The reference is the same model with every quantizer disabled: after QAT its
+            // weights differ from the float model's, and the report measures quantization alone.
+            let mut reference = qat.clone();
+            reference.set_mode("*", QuantizerMode::Disabled)?;
+            first_layers = layer_report(&reference, &mut qat, x)?;
+            if let Some(dir) = &opts.export_dir {
+                exported.save(dir)?;
+                // Prove the files load and reproduce the in-memory model.
+                let reloaded = IntegerModel::new(&ExportedModel::load(dir)?)?;
+                if reloaded.predict(&data.test.images)? != int_predictions {
+                    return Err(RunError::File {
+                        path: dir.clone(),
+                        message: "the saved export does not reproduce the in-memory integer model"
+                            .into(),
+                    });
+                }
+                exported_dir = Some(dir.display().to_string());
+            }
+        }
+        results.push(SeedResult {
+            seed,
+            fp32_accuracy,
+            ptq_accuracy,
+            qat_accuracy,
+            integer_accuracy,
+            integer_agreement,
+            float_from_cache,
+        });
+    }
+    Ok(RunReport::new(
+        cfg.model.kind.to_string(),
+        opts.policy_name.clone(),
+        recipe(cfg),
+        results,
+        first_layers,
+        exported_dir,
+    ))
+}
+
+fn save_checkpoint<M: SaveToSafetensors<f32, Cpu>>(model: &M, path: &Path) -> Result<(), RunError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent).map_err(|e| file_error(parent, e))?;
+    }
+    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
+    model
+        .save_safetensors(&tmp)
+        .map_err(|e| file_error(&tmp, format!("{e:?}")))?;
+    std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
+}
+
+/// Evaluates an exported integer model on the test split of `data_path` (default: the bundled
+/// file): returns the accuracy and the number of test samples.
+///
+/// # Errors
+/// The export cannot be loaded or is inconsistent; the data file cannot be read.
+pub fn eval_export(dir: &Path, data_path: Option<&Path>) -> Result<(f64, usize), RunError> {
+    let data = digits::load(
+        &data_path
+            .map(Path::to_path_buf)
+            .unwrap_or_else(digits::bundled_path),
+    )?;
+    let model = IntegerModel::new(&ExportedModel::load(dir)?)?;
+    if model.input_features() != digits::PIXELS || model.output_features() != digits::CLASSES {
+        return Err(RunError::Export(ExportError::Unsupported {
+            layer: "(model)".into(),
+            reason: format!(
+                "takes {} inputs and gives {} outputs; the digits need {} and {}",
+                model.input_features(),
+                model.output_features(),
+                digits::PIXELS,
+                digits::CLASSES
+            ),
+        }));
+    }
+    let predicted = model.predict(&data.test.images)?;
+    Ok((accuracy(&predicted, &data.test.labels), data.test.len()))
+}
+
+/// Loads a float checkpoint of `N` (used by tests).
+#[doc(hidden)]
+pub fn load_float<N: Net>(dev: &Cpu, path: &Path) -> Result<N::Float, RunError> {
+    let mut m = N::build(dev);
+    m.load_safetensors(path)
+        .map_err(|e| file_error(path, format!("{e:?}")))?;
+    Ok(m)
+}

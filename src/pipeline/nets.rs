@@ -1,0 +1,196 @@
+//! The networks of the main job, and what the pipeline needs to know about each.
+
+use dfdx::prelude::*;
+
+use quant_core::QuantError;
+use quant_ops::convert::Quantize;
+use quant_ops::export::Export;
+use quant_ops::layers::QuantizedModule;
+
+use super::config::ModelKind;
+use super::train::{InputShape, Logits, Taped};
+
+/// The MLP, as dfdx builders: 64-256-256-10 with ReLU.
+pub type MlpBuilder = (
+    dfdx::nn::builders::Linear<64, 256>,
+    ReLU,
+    dfdx::nn::builders::Linear<256, 256>,
+    ReLU,
+    dfdx::nn::builders::Linear<256, 10>,
+);
+/// The built MLP.
+pub type Mlp = <MlpBuilder as BuildOnDevice<Cpu, f32>>::Built;
+/// The quantized MLP.
+pub type QMlp = <Mlp as Quantize>::Quantized;
+
+/// A network of the main job: its float form, the float form prepared for quantization, and
+/// its quantized twin.
+pub trait Net {
+    /// Which network.
+    const KIND: ModelKind;
+    /// Shape of one input sample.
+    const INPUT_SHAPE: &'static [usize];
+    /// The shape of an input batch.
+    type Input: InputShape;
+    /// The float network as trained.
+    type Float: TensorCollection<f32, Cpu, To<f32, Cpu> = Self::Float>
+        + Clone
+        + ModuleMut<
+            Tensor<Self::Input, f32, Cpu, Taped>,
+            Output = Logits<Taped>,
+            Error = dfdx::tensor::CpuError,
+        > + Module<
+            Tensor<Self::Input, f32, Cpu>,
+            Output = Logits<NoneTape>,
+            Error = dfdx::tensor::CpuError,
+        >;
+    /// The float network with everything folded that has no integer form (BatchNorm).
+    type Deploy: Quantize<Quantized = Self::Quantized>
+        + Module<
+            Tensor<Self::Input, f32, Cpu>,
+            Output = Logits<NoneTape>,
+            Error = dfdx::tensor::CpuError,
+        >;
+    /// The quantized twin.
+    type Quantized: TensorCollection<f32, Cpu>
+        + Clone
+        + QuantizedModule
+        + Export
+        + ModuleMut<Tensor<Self::Input, f32, Cpu, Taped>, Output = Logits<Taped>, Error = QuantError>
+        + ModuleMut<Tensor<Self::Input, f32, Cpu>, Output = Logits<NoneTape>, Error = QuantError>
+        + Module<Tensor<Self::Input, f32, Cpu>, Output = Logits<NoneTape>, Error = QuantError>;
+
+    /// A freshly initialised float network (weights from `dev`'s seeded generator).
+    fn build(dev: &Cpu) -> Self::Float;
+    /// The float network prepared for quantization.
+    fn deploy(float: &Self::Float) -> Self::Deploy;
+}
+
+/// The 64-256-256-10 MLP.
+pub struct MlpNet;
+
+impl Net for MlpNet {
+    const KIND: ModelKind = ModelKind::Mlp;
+    const INPUT_SHAPE: &'static [usize] = &[64];
+    type Input = (usize, Const<64>);
+    type Float = Mlp;
+    type Deploy = Mlp;
+    type Quantized = QMlp;
+
+    fn build(dev: &Cpu) -> Mlp {
+        dev.build_module::<MlpBuilder, f32>()
+    }
+
+    fn deploy(float: &Mlp) -> Mlp {
+        float.clone()
+    }
+}
+
+/// The CNN, as builders: two stages of 3×3 convolution (padding 1), BatchNorm, ReLU and 2×2
+/// max pooling (8×8 → 4×4 → 2×2), then a Linear head on the 128 features.
+pub type CnnBuilder = (
+    (
+        quant_ops::nn::builders::Conv2d<1, 16, 3, 1, 1>,
+        dfdx::nn::builders::BatchNorm2D<16>,
+        ReLU,
+        quant_ops::nn::MaxPool2d<2>,
+    ),
+    (
+        quant_ops::nn::builders::Conv2d<16, 32, 3, 1, 1>,
+        dfdx::nn::builders::BatchNorm2D<32>,
+        ReLU,
+        quant_ops::nn::MaxPool2d<2>,
+    ),
+    (
+        quant_ops::nn::Flatten<128>,
+        dfdx::nn::builders::Linear<128, 10>,
+    ),
+);
+/// The built CNN.
+pub type Cnn = <CnnBuilder as BuildOnDevice<Cpu, f32>>::Built;
+/// The CNN with BatchNorm folded into the convolutions.
+pub type FoldedCnn = (
+    (
+        quant_ops::nn::Conv2d<1, 16, 3, 1, 1>,
+        ReLU,
+        quant_ops::nn::MaxPool2d<2>,
+    ),
+    (
+        quant_ops::nn::Conv2d<16, 32, 3, 1, 1>,
+        ReLU,
+        quant_ops::nn::MaxPool2d<2>,
+    ),
+    (
+        quant_ops::nn::Flatten<128>,
+        dfdx::nn::modules::Linear<128, 10, f32, Cpu>,
+    ),
+);
+/// The quantized CNN.
+pub type QCnn = <FoldedCnn as Quantize>::Quantized;
+
+/// Folds an inference-mode BatchNorm into the convolution before it:
+/// `W' = W·γ/√(σ²+ε)` per output channel and `b' = (b − μ)·γ/√(σ²+ε) + β`, so the folded
+/// convolution computes exactly what convolution then BatchNorm compute in evaluation mode
+/// (up to float rounding), and the exported integer model has no BatchNorm left.
+pub fn fold_batchnorm<
+    const C: usize,
+    const O: usize,
+    const K: usize,
+    const S: usize,
+    const P: usize,
+>(
+    conv: &quant_ops::nn::Conv2d<C, O, K, S, P, f32, Cpu>,
+    bn: &dfdx::nn::modules::BatchNorm2D<O, f32, Cpu>,
+) -> quant_ops::nn::Conv2d<C, O, K, S, P, f32, Cpu> {
+    let gamma = bn.scale.as_vec();
+    let beta = bn.bias.as_vec();
+    let mean = bn.running_mean.as_vec();
+    let var = bn.running_var.as_vec();
+    let factor: Vec<f64> = (0..O)
+        .map(|o| gamma[o] as f64 / (var[o] as f64 + bn.epsilon).sqrt())
+        .collect();
+    let per_out = C * K * K;
+    let weight: Vec<f32> = conv
+        .weight
+        .as_vec()
+        .iter()
+        .enumerate()
+        .map(|(i, w)| (*w as f64 * factor[i / per_out]) as f32)
+        .collect();
+    let bias: Vec<f32> = conv
+        .bias
+        .as_vec()
+        .iter()
+        .enumerate()
+        .map(|(o, b)| ((*b as f64 - mean[o] as f64) * factor[o] + beta[o] as f64) as f32)
+        .collect();
+    let mut folded = conv.clone();
+    folded.weight.copy_from(&weight);
+    folded.bias.copy_from(&bias);
+    folded
+}
+
+/// The small CNN with BatchNorm.
+pub struct CnnNet;
+
+impl Net for CnnNet {
+    const KIND: ModelKind = ModelKind::Cnn;
+    const INPUT_SHAPE: &'static [usize] = &[1, 8, 8];
+    type Input = (usize, Const<1>, Const<8>, Const<8>);
+    type Float = Cnn;
+    type Deploy = FoldedCnn;
+    type Quantized = QCnn;
+
+    fn build(dev: &Cpu) -> Cnn {
+        dev.build_module::<CnnBuilder, f32>()
+    }
+
+    fn deploy(float: &Cnn) -> FoldedCnn {
+        let ((c1, bn1, r1, p1), (c2, bn2, r2, p2), head) = float.clone();
+        (
+            (fold_batchnorm(&c1, &bn1), r1, p1),
+            (fold_batchnorm(&c2, &bn2), r2, p2),
+            head,
+        )
+    }
+}

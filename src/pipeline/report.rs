@@ -1,0 +1,134 @@
+//! The run report: per-seed and mean accuracies, per-layer quantizer report, as a table and as
+//! JSON.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use quant_ops::report::LayerReport;
+
+/// Figures of one seed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SeedResult {
+    /// The seed.
+    pub seed: u64,
+    /// Float accuracy on the test split.
+    pub fp32_accuracy: f64,
+    /// Accuracy after calibration (PTQ).
+    pub ptq_accuracy: f64,
+    /// Accuracy after QAT (fake-quantized model).
+    pub qat_accuracy: f64,
+    /// Accuracy of the exported model run on integers.
+    pub integer_accuracy: f64,
+    /// Fraction of test samples where the integer model predicts what the fake-quantized
+    /// model predicts.
+    pub integer_agreement: f64,
+    /// Whether the float model came from the checkpoint cache.
+    pub float_from_cache: bool,
+}
+
+/// The report of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RunReport {
+    /// `mlp` or `cnn`.
+    pub model: String,
+    /// The run file.
+    pub policy: String,
+    /// The first seed.
+    pub seed: u64,
+    /// Every seed run.
+    pub seeds: Vec<u64>,
+    /// Mean over seeds.
+    pub fp32_accuracy: f64,
+    /// Mean over seeds.
+    pub ptq_accuracy: f64,
+    /// Mean over seeds.
+    pub qat_accuracy: f64,
+    /// Mean over seeds.
+    pub integer_accuracy: f64,
+    /// Mean over seeds.
+    pub integer_agreement: f64,
+    /// The training recipe, in words.
+    pub recipe: String,
+    /// Per seed.
+    pub runs: Vec<SeedResult>,
+    /// Per quantized layer, of the first seed's QAT model.
+    pub layers: Vec<LayerReport>,
+    /// Where the first seed's integer model was exported.
+    pub export_dir: Option<String>,
+}
+
+fn mean(xs: impl Iterator<Item = f64>) -> f64 {
+    let v: Vec<f64> = xs.collect();
+    v.iter().sum::<f64>() / v.len().max(1) as f64
+}
+
+impl RunReport {
+    /// Aggregates per-seed results.
+    pub fn new(
+        model: String,
+        policy: String,
+        recipe: String,
+        runs: Vec<SeedResult>,
+        layers: Vec<LayerReport>,
+        export_dir: Option<String>,
+    ) -> RunReport {
+        RunReport {
+            model,
+            policy,
+            seed: runs.first().map_or(0, |r| r.seed),
+            seeds: runs.iter().map(|r| r.seed).collect(),
+            fp32_accuracy: mean(runs.iter().map(|r| r.fp32_accuracy)),
+            ptq_accuracy: mean(runs.iter().map(|r| r.ptq_accuracy)),
+            qat_accuracy: mean(runs.iter().map(|r| r.qat_accuracy)),
+            integer_accuracy: mean(runs.iter().map(|r| r.integer_accuracy)),
+            integer_agreement: mean(runs.iter().map(|r| r.integer_agreement)),
+            recipe,
+            runs,
+            layers,
+            export_dir,
+        }
+    }
+
+    /// The human-readable report.
+    pub fn table(&self) -> String {
+        let mut s = String::new();
+        let pct = |v: f64| format!("{:6.2}%", 100.0 * v);
+        let _ = writeln!(s, "model {}   policy {}", self.model, self.policy);
+        let _ = writeln!(s, "recipe: {}", self.recipe);
+        let _ = writeln!(s);
+        let _ = writeln!(
+            s,
+            "  seed      fp32       PTQ       QAT   integer   int=QAT"
+        );
+        for r in &self.runs {
+            let _ = writeln!(
+                s,
+                "  {:>4}   {}   {}   {}   {}   {}",
+                r.seed,
+                pct(r.fp32_accuracy),
+                pct(r.ptq_accuracy),
+                pct(r.qat_accuracy),
+                pct(r.integer_accuracy),
+                pct(r.integer_agreement)
+            );
+        }
+        if self.runs.len() > 1 {
+            let _ = writeln!(
+                s,
+                "  mean   {}   {}   {}   {}   {}",
+                pct(self.fp32_accuracy),
+                pct(self.ptq_accuracy),
+                pct(self.qat_accuracy),
+                pct(self.integer_accuracy),
+                pct(self.integer_agreement)
+            );
+        }
+        let _ = writeln!(s);
+        s.push_str(&quant_ops::report::layer_table(&self.layers));
+        if let Some(dir) = &self.export_dir {
+            let _ = writeln!(s, "\nexported integer model (seed {}): {dir}", self.seed);
+        }
+        s
+    }
+}

@@ -1,0 +1,8 @@
+use quant::prelude::*;
+
+#[mark_quantizer(target = Weights, method = [Symmetric], id = Lsq)]
+pub enum Q {
+    A,
+}
+
+fn main() {}
