@@ -347,7 +347,7 @@ impl Expanded {
         let per = |f: fn(&Affine) -> f32| -> Vec<f32> {
             params
                 .iter()
-                .flat_map(|p| std::iter::repeat(f(p)).take(inner))
+                .flat_map(|p| std::iter::repeat_n(f(p), inner))
                 .collect()
         };
         Expanded {
