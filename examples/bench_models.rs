@@ -37,15 +37,25 @@ fn median(rounds: usize, mut f: impl FnMut()) -> Duration {
     t[t.len() / 2]
 }
 
-fn train_step<M>(dev: &Cpu, model: &mut M, opt: &mut Adam<M, f32, Cpu>, x: &Tensor<X, f32, Cpu>, y: &Tensor<(usize, Const<10>), f32, Cpu>)
-where
+fn train_step<M>(
+    dev: &Cpu,
+    model: &mut M,
+    opt: &mut Adam<M, f32, Cpu>,
+    x: &Tensor<X, f32, Cpu>,
+    y: &Tensor<(usize, Const<10>), f32, Cpu>,
+) where
     M: TensorCollection<f32, Cpu>
-        + ModuleMut<Tensor<X, f32, Cpu, OwnedTape<f32, Cpu>>, Output = Tensor<(usize, Const<10>), f32, Cpu, OwnedTape<f32, Cpu>>>,
+        + ModuleMut<
+            Tensor<X, f32, Cpu, OwnedTape<f32, Cpu>>,
+            Output = Tensor<(usize, Const<10>), f32, Cpu, OwnedTape<f32, Cpu>>,
+        >,
     <M as ModuleMut<Tensor<X, f32, Cpu, OwnedTape<f32, Cpu>>>>::Error: std::fmt::Debug,
 {
     let _ = dev;
     let grads = model.alloc_grads();
-    let logits = model.try_forward_mut(x.clone().traced(grads)).expect("forward");
+    let logits = model
+        .try_forward_mut(x.clone().traced(grads))
+        .expect("forward");
     let grads = cross_entropy_with_logits_loss(logits, y.clone()).backward();
     let _ = opt.update(model, &grads);
 }
@@ -84,9 +94,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let t_qat = median(200, || train_step(&dev, &mut q, &mut qopt, &x, &y));
         Ok((t_float, t_qat))
     })?;
-    println!("   float step            {:>9.1} µs", t_float.as_secs_f64() * 1e6);
-    println!("   W4A4 LSQ QAT step     {:>9.1} µs", t_qat.as_secs_f64() * 1e6);
-    println!("   ratio QAT / float     {:>9.2}x", t_qat.as_secs_f64() / t_float.as_secs_f64());
+    println!(
+        "   float step            {:>9.1} µs",
+        t_float.as_secs_f64() * 1e6
+    );
+    println!(
+        "   W4A4 LSQ QAT step     {:>9.1} µs",
+        t_qat.as_secs_f64() * 1e6
+    );
+    println!(
+        "   ratio QAT / float     {:>9.2}x",
+        t_qat.as_secs_f64() / t_float.as_secs_f64()
+    );
 
     println!("\n2. Inference, exported integer MLP vs float dfdx MLP (same weights' model)");
     let exported = export_model(&qmlp, &[64], Default::default())?;

@@ -10,13 +10,13 @@ use dfdx::prelude::*;
 use quant::digits;
 use quant::pipeline::nets::{Mlp, MlpBuilder};
 use quant::pipeline::train::{accuracy, calibrate, logits, predictions};
+use quant::{QuantizationMethod, RoundingPolicy, TrainingMethod};
 use quant_ops::convert::quantize_model;
 use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::observers::ObserverConfig;
 use quant_ops::platform::{find_platform, platform_names, Platform};
 use quant_ops::policy::{Policy, QuantizerSettings};
 use quant_ops::report::{layer_report, layer_table};
-use quant::{QuantizationMethod, RoundingPolicy, TrainingMethod};
 
 /// A DSP that multiplies int8 by int8 with symmetric, per-tensor scales everywhere and rounds
 /// ties away from zero (like NCNN), and whose activations are unsigned after ReLU.
@@ -36,7 +36,10 @@ fn my_dsp_int8() -> Platform {
         name: "MyDspInt8".into(),
         description: "a DSP: symmetric per-tensor int8 everywhere, ties away from zero".into(),
         weights: settings(false, ObserverConfig::MinMax),
-        input: settings(false, ObserverConfig::from_kind("Percentile").unwrap_or_default()),
+        input: settings(
+            false,
+            ObserverConfig::from_kind("Percentile").unwrap_or_default(),
+        ),
     }
 }
 
@@ -67,7 +70,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         None,
         &indicatif::ProgressBar::hidden(),
     )?;
-    let fp32 = accuracy(&predictions(&logits::<Mlp, (usize, Const<64>)>(&dev, &float, &data.test, 256)?), &data.test.labels);
+    let fp32 = accuracy(
+        &predictions(&logits::<Mlp, (usize, Const<64>)>(
+            &dev, &float, &data.test, 256,
+        )?),
+        &data.test.labels,
+    );
     println!("float MLP: {:.2}% on the test split\n", 100.0 * fp32);
 
     for platform in ["MyDspInt8", "TensorRtInt8"] {
@@ -75,7 +83,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let mut q = quantize_model(&float, &policy)?;
         calibrate::<_, (usize, Const<64>)>(&dev, &mut q, &data.train, 8, 64, 0)?;
         q.finish_calibration()?;
-        let acc = accuracy(&predictions(&logits::<_, (usize, Const<64>)>(&dev, &q, &data.test, 256)?), &data.test.labels);
+        let acc = accuracy(
+            &predictions(&logits::<_, (usize, Const<64>)>(&dev, &q, &data.test, 256)?),
+            &data.test.labels,
+        );
         println!("PTQ for {platform}: {:.2}%", 100.0 * acc);
         let (pixels, _) = data.train.gather(&(0..128).collect::<Vec<_>>());
         let x = quant::pipeline::train::input::<(usize, Const<64>)>(&dev, pixels, 128)?;

@@ -109,7 +109,7 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
         return Ok(bias.retaped::<T>());
     };
     let s_in = qi.scales()[0];
-    let codes = quantize_bias(&bias.as_vec(), s_in, qw.scales());
+    let codes = quantize_bias(&quant_core::ops::read_contiguous(bias), s_in, qw.scales());
     let values: Vec<f32> = codes
         .iter()
         .enumerate()
