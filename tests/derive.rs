@@ -645,3 +645,35 @@ fn generic_layers_and_models_with_const_parameters() {
     assert!(q64.scale.is_none());
     assert!(q.to_dtype::<f32>().scale.is_some());
 }
+
+/// Whether `T` implements `Export`, decided at compile time: method resolution prefers the
+/// inherent method (bounded on `T: Export`) and falls back to the trait method reached by
+/// auto-ref when the bound does not hold.
+struct Probe<T>(std::marker::PhantomData<T>);
+
+trait NoExport {
+    fn exports(&self) -> bool {
+        false
+    }
+}
+
+impl<T> NoExport for &Probe<T> {}
+
+impl<T: quant_ops::export::Export> Probe<T> {
+    fn exports(&self) -> bool {
+        true
+    }
+}
+
+#[test]
+// The explicit `&` is the probe: without the bound, resolution falls back to `&Probe`'s trait.
+#[allow(clippy::needless_borrow)]
+fn twins_export_only_when_every_layer_has_an_integer_form() {
+    use std::marker::PhantomData;
+    assert!((&Probe::<QNet>(PhantomData)).exports());
+    assert!((&Probe::<(QEncoder, QNet)>(PhantomData)).exports());
+    // A user's layer has no integer form, so neither has a twin holding one: export_model on
+    // it does not compile (rather than failing at run time).
+    assert!(!(&Probe::<QGatedMix<4>>(PhantomData)).exports());
+    assert!(!(&Probe::<QuantMixer>(PhantomData)).exports());
+}

@@ -420,8 +420,12 @@ fn generic_pair(
             GenericParam::Lifetime(l) => errors.push(syn::Error::new_spanned(
                 l,
                 format!(
-                    "#[derive({})] does not support lifetime parameters: a layer owns its tensors and modules",
-                    derive.name()
+                    "#[derive({})] does not support lifetime parameters: {}",
+                    derive.name(),
+                    match derive {
+                        Derive::Layer => "a layer owns its tensors and modules",
+                        Derive::Model => "a model owns its layers",
+                    }
                 ),
             )),
             GenericParam::Const(_) => {}
@@ -583,6 +587,7 @@ impl StructInfo {
             fields: Vec::new(),
             options,
         };
+        let cpu = cpu_path(&info.ops_path());
         for f in named?.named.iter() {
             let Some(ident) = f.ident.clone() else {
                 continue;
@@ -591,7 +596,7 @@ impl StructInfo {
             info.fields.push(FieldInfo {
                 name: ident.unraw().to_string(),
                 ident,
-                concrete: info.concrete_type(&f.ty),
+                concrete: info.concrete_type(&f.ty, &cpu),
                 is_tensor: is_tensor(&f.ty),
                 ty: f.ty.clone(),
                 docs: f
@@ -626,10 +631,9 @@ impl StructInfo {
         syn::parse2(tokens).unwrap_or_else(|_| ty.clone())
     }
 
-    /// `ty` for `f32` on the CPU.
-    fn concrete_type(&self, ty: &Type) -> Type {
-        let cpu = cpu_path(&self.ops_path());
-        self.substituted(ty, quote!(f32), cpu)
+    /// `ty` for `f32` on the CPU (`cpu` the path to dfdx's `Cpu`).
+    fn concrete_type(&self, ty: &Type, cpu: &TokenStream) -> Type {
+        self.substituted(ty, quote!(f32), cpu.clone())
     }
 
     /// The path to quant-ops.

@@ -44,8 +44,8 @@ fn check(info: &StructInfo, errors: &mut Errors) {
                 &f.ty,
                 format!(
                     "`weights` marks a tensor field, written `Tensor<Shape, f32, Cpu>` (or \
-                     `Tensor<Shape, E, D>`); the type of `{}` is not. A module field stays float \
-                     inside the layer: to quantize a sub-layer, make it a field of a \
+                     `Tensor<Shape, E, D>`); `{}` is not one. Other fields stay float inside the \
+                     layer; to quantize a sub-layer, make it a field of a \
                      #[derive(QuantizedModel)] struct",
                     f.name
                 ),
@@ -77,7 +77,9 @@ fn check(info: &StructInfo, errors: &mut Errors) {
             ));
         }
     }
-    if weights == 0 && !info.options.input {
+    // An attribute error (a misspelt `weights` or `input`) usually explains this one: report it
+    // only on its own.
+    if weights == 0 && !info.options.input && errors.is_empty() {
         errors.push(syn::Error::new_spanned(
             &info.ident,
             "nothing to quantize: mark tensor fields `#[quantized(weights)]`, or quantize the \

@@ -109,17 +109,23 @@ pub fn derive_quantized_layer(item: TokenStream) -> TokenStream {
 /// - for `M`: `TensorCollection`, `Module` and `ModuleMut` running the fields in order (error:
 ///   the first field's, into which the others' must convert), `Trace`, and `Quantize` (each
 ///   field converted under `name.field`);
-/// - the twin `QM` (each field `<F as Quantize>::Quantized`, always `f32` on the CPU) with
-///   `Clone`, `Debug`, `TensorCollection`, `Module`/`ModuleMut` in field order (`Error =
-///   QuantError`), `QuantizedModule` (dotted names such as `encoder.fc1.weight_quantizer`),
-///   `Trace` (layer names `encoder.fc1`) and `Export` (when every field exports).
+/// - the twin `QM`, always `f32` on the CPU, with `Clone`, `Debug`, `TensorCollection`,
+///   `Module`/`ModuleMut` in field order (`Error = QuantError`), `QuantizedModule` (dotted names
+///   such as `encoder.fc1.weight_quantizer`), `Trace` (layer names `encoder.fc1`) and `Export`
+///   (when every field exports: a twin holding a user's layer, which has no integer form, does
+///   not implement it).
+///
+/// The twin is generic over its fields' types, which default to `<F as Quantize>::Quantized`:
+/// `QM` (or `QM<N>` for const parameters) names the twin of `M`. Like a tuple, it maps
+/// `TensorCollection::To<E2, D2>` field by field.
 ///
 /// A struct written dfdx-style, generic over `E: Dtype, D: Device<E>`, maps `To<E2, D2>` to
 /// itself with `E2, D2`, and builds with `BuildModule::build(&dev)`. A concrete (`f32`, `Cpu`)
-/// struct, and every twin, has `To<E2, D2> = Option<Self>`: dfdx's visitors rebuild it only as
-/// itself, so it is built by conversion or by the inherent `M::build(&Cpu)`, not by
+/// struct cannot: it has `To<E2, D2> = Option<Self>` (`Some` only for f32 on the CPU), so it is
+/// built by conversion or by the generated inherent `M::build(&Cpu)`, not by
 /// `dev.build_module`; dfdx optimizers, `ZeroGrads` and safetensors save/load work as for any
-/// module. Derived structs and tuples nest both ways.
+/// module. Derived structs and tuples nest both ways; dfdx's visitors cannot rebuild a tuple
+/// holding a concrete struct, so `M::build` reports an error for such a field.
 #[proc_macro_derive(QuantizedModel, attributes(quantized))]
 pub fn derive_quantized_model(item: TokenStream) -> TokenStream {
     match syn::parse(item) {
