@@ -677,3 +677,54 @@ fn twins_export_only_when_every_layer_has_an_integer_form() {
     assert!(!(&Probe::<QGatedMix<4>>(PhantomData)).exports());
     assert!(!(&Probe::<QuantMixer>(PhantomData)).exports());
 }
+
+/// Seven fields: dfdx's field lists hold at most six, so the visit nests.
+#[derive(Clone, Debug, QuantizedModel)]
+pub struct Deep<E: Dtype, D: Device<E>> {
+    /// Layer 1.
+    pub l1: Linear<4, 8, E, D>,
+    /// Activation 1.
+    pub a1: ReLU,
+    /// Layer 2.
+    pub l2: Linear<8, 8, E, D>,
+    /// Activation 2.
+    pub a2: ReLU,
+    /// Layer 3.
+    pub l3: Linear<8, 8, E, D>,
+    /// Activation 3.
+    pub a3: ReLU,
+    /// Layer 4.
+    pub l4: Linear<8, 2, E, D>,
+}
+
+#[test]
+fn models_with_more_than_six_fields_save_and_load() {
+    let dev = Cpu::seed_from_u64(8);
+    let float = Deep::<f32, Cpu>::build(&dev);
+    let x = dev.sample_normal::<Rank2<5, 4>>();
+    let mut q = quantize_model(&float, &int8_policy).unwrap();
+    q.try_forward_mut(x.clone()).unwrap();
+    assert_eq!(q.finish_calibration().unwrap(), 8);
+    let dir = std::env::temp_dir().join(format!("quant-derive-deep-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("deep.safetensors");
+    q.save_safetensors(&path).unwrap();
+    let names: Vec<String> =
+        ::safetensors::SafeTensors::deserialize(&std::fs::read(&path).unwrap())
+            .unwrap()
+            .names()
+            .into_iter()
+            .cloned()
+            .collect();
+    assert!(
+        names.contains(&"l4.weight_quantizer.learned".to_string()),
+        "{names:?}"
+    );
+    let mut fresh = quantize_model(&float, &int8_policy).unwrap();
+    fresh.load_safetensors(&path).unwrap();
+    assert_eq!(
+        fresh.try_forward(x.clone()).unwrap().array(),
+        q.try_forward(x).unwrap().array()
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

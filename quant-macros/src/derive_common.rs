@@ -102,10 +102,10 @@ fn misplaced(derive: Derive, key: &str, on_field: bool) -> Option<String> {
         Derive::Layer => Derive::Model,
         Derive::Model => Derive::Layer,
     };
-    let (here, there) = if on_field {
-        (derive.struct_keys(), other.field_keys())
+    let here = if on_field {
+        derive.struct_keys()
     } else {
-        (derive.field_keys(), other.struct_keys())
+        derive.field_keys()
     };
     if here.contains(&key) {
         Some(if on_field {
@@ -113,7 +113,7 @@ fn misplaced(derive: Derive, key: &str, on_field: bool) -> Option<String> {
         } else {
             format!("`{key}` goes on a field, not on the struct")
         })
-    } else if there.contains(&key) || other.struct_keys().contains(&key) {
+    } else if other.struct_keys().contains(&key) || other.field_keys().contains(&key) {
         Some(format!(
             "`{key}` is an argument of #[derive({})]",
             other.name()
@@ -227,7 +227,11 @@ pub fn struct_options(
         }
         match key.as_str() {
             "name" => {
-                let Some(v) = value(&arg, "name = QMyLayer", errors) else {
+                let example = match derive {
+                    Derive::Layer => "name = QMyLayer",
+                    Derive::Model => "name = QMyModel",
+                };
+                let Some(v) = value(&arg, example, errors) else {
                     continue;
                 };
                 match bare_ident(v) {
@@ -241,7 +245,9 @@ pub fn struct_options(
                     Some(name) => opts.name = Some(name.clone()),
                     None => errors.push(syn::Error::new_spanned(
                         v,
-                        "expected the generated struct's name as an identifier, e.g. `name = QMyLayer` (no path, no generics, no quotes)",
+                        format!(
+                            "expected the generated struct's name as an identifier, e.g. `{example}` (no path, no generics, no quotes)"
+                        ),
                     )),
                 }
             }
@@ -287,8 +293,8 @@ fn unreachable_key(key: &Ident, errors: &mut Errors) {
 /// The field-level arguments of a layer's field.
 #[derive(Default)]
 pub struct FieldOptions {
-    /// `weights`: quantize this tensor (its span, for errors).
-    pub weights: Option<Ident>,
+    /// `weights`: quantize this tensor.
+    pub weights: bool,
     /// `channels = N`: per channel on axis 0, with `N` channels.
     pub channels: Option<Expr>,
 }
@@ -305,9 +311,7 @@ pub fn field_options(derive: Derive, attrs: &[Attribute], errors: &mut Errors) -
         }
         match key.as_str() {
             "weights" => {
-                if flag(&arg, errors) {
-                    opts.weights = Some(arg.key.clone());
-                }
+                opts.weights = flag(&arg, errors);
             }
             "channels" => {
                 let Some(v) = value(&arg, "channels = N", errors) else {
@@ -330,7 +334,7 @@ pub fn field_options(derive: Derive, attrs: &[Attribute], errors: &mut Errors) -
             _ => unreachable_key(&arg.key, errors),
         }
     }
-    if let (Some(key), None) = (&channels_key, &opts.weights) {
+    if let (Some(key), false) = (&channels_key, opts.weights) {
         errors.push(syn::Error::new_spanned(
             key,
             "`channels` sets how a weights quantizer is laid out; it needs `weights` too: `#[quantized(weights, channels = N)]`",
@@ -838,6 +842,8 @@ pub fn float_collection(info: &StructInfo, paths: &Paths, visits: &[Visit]) -> T
         return quote! {
             #collection
 
+            // The user may never call it (a model built by hand or loaded).
+            #[allow(dead_code)]
             impl #impl_generics #self_ty #where_clause {
                 /// Builds the layer on `dev`, every tensor initialised as its options say (this
                 /// struct is not generic over the dtype and device, so `dev.build_module` cannot

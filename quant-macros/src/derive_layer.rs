@@ -35,7 +35,7 @@ fn quantizer_name(f: &FieldInfo) -> String {
 fn check(info: &StructInfo, errors: &mut Errors) {
     let mut weights = 0;
     for f in &info.fields {
-        if f.options.weights.is_none() {
+        if !f.options.weights {
             continue;
         }
         weights += 1;
@@ -110,11 +110,7 @@ fn generate(info: &StructInfo) -> TokenStream {
     let layer_ty = info.concrete_self(&paths);
     let input = info.options.input;
 
-    let weights: Vec<&FieldInfo> = info
-        .fields
-        .iter()
-        .filter(|f| f.options.weights.is_some())
-        .collect();
+    let weights: Vec<&FieldInfo> = info.fields.iter().filter(|f| f.options.weights).collect();
     let has_weights = !weights.is_empty();
     let wf: Vec<&Ident> = weights.iter().map(|f| &f.ident).collect();
     let qf: Vec<Ident> = weights
@@ -162,7 +158,7 @@ fn generate(info: &StructInfo) -> TokenStream {
     let input_new = input.then(|| quote!(input_quantizer: #sup::TensorQuantizer::new(dev),));
     let wrapper_struct = quote! {
         #wrapper_doc
-        #[derive(Clone, Debug)]
+        #[derive(::core::clone::Clone, ::core::fmt::Debug)]
         #vis struct #wrapper #generics #where_clause {
             /// The wrapped layer, holding the float weights.
             pub layer: #layer_ty,
@@ -170,6 +166,8 @@ fn generate(info: &StructInfo) -> TokenStream {
             #input_field
         }
 
+        // The user may never call it (conversion builds the wrapper).
+        #[allow(dead_code)]
         impl #impl_generics #wrapper_ty #where_clause {
             /// Wraps `layer` with unconfigured quantizers: until a policy configures them, the
             /// wrapper computes exactly what `layer` does.

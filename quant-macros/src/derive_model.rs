@@ -109,7 +109,7 @@ fn generate(info: &StructInfo) -> TokenStream {
     let (_, _, decl_where) = twin_decl.split_for_impl();
     let twin_struct = quote! {
         #twin_doc
-        #[derive(Clone, Debug)]
+        #[derive(::core::clone::Clone, ::core::fmt::Debug)]
         #vis struct #twin #twin_decl #decl_where {
             #(#twin_fields,)*
         }
