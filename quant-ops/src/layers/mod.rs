@@ -13,15 +13,19 @@
 //! `disable()` / `enable_calib()`), calibrate, report and export.
 
 mod conv;
+#[doc(hidden)]
+pub mod derive;
 mod float;
 mod input;
 mod linear;
+mod param;
 mod quantizer;
 
 pub use conv::QConv2d;
 pub use float::Float;
 pub use input::QuantInput;
 pub use linear::QLinear;
+pub use param::{quantize_param, quantize_param_mut, LayerInput};
 pub use quantizer::{
     QuantizerControl, QuantizerDescription, QuantizerMode, QuantizerSpec, TensorQuantizer,
 };
