@@ -75,13 +75,20 @@ impl ChannelLayout {
         }
     }
 
-    /// Total number of elements.
+    /// Total number of elements. The fields are public, so a layout built by hand may claim
+    /// more than `usize` holds: the product saturates at `usize::MAX`, which no slice's length
+    /// equals, so every length check against it fails instead of wrapping around.
     pub const fn numel(&self) -> usize {
-        self.outer * self.channels * self.inner
+        self.outer
+            .saturating_mul(self.channels)
+            .saturating_mul(self.inner)
     }
 
-    /// The channel of element `i`.
+    /// The channel of element `i` (0 for a layout without elements).
     pub const fn channel_of(&self, i: usize) -> usize {
+        if self.inner == 0 || self.channels == 0 {
+            return 0;
+        }
         (i / self.inner) % self.channels
     }
 }

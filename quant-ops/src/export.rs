@@ -39,8 +39,9 @@ pub enum ExportError {
     /// A quantizer problem while exporting (uncalibrated, unsupported bit width, ...).
     #[error("cannot export: {0}")]
     Quant(#[from] QuantError),
-    /// A model part that has no integer form.
-    #[error("cannot export layer `{layer}`: {reason}")]
+    /// A model part that has no integer form (at export), or that the integer runtime cannot
+    /// run (when preparing a model for it).
+    #[error("layer `{layer}` cannot run on integers: {reason}")]
     Unsupported {
         /// The layer's dotted name.
         layer: String,
@@ -292,7 +293,8 @@ fn export_weighted<WQ: QuantizerControl, AQ: QuantizerControl>(
         bias,
         input.inferable.qparams().scales()[0],
         weights.inferable.qparams().scales(),
-    );
+    )
+    .map_err(|e| e.at(format!("layer `{name}`")))?;
     Ok(ExportedOp::Weighted(ExportedWeighted {
         name: name.to_string(),
         kind,
@@ -452,7 +454,7 @@ enum OpMeta {
 const FORMAT: &str = "quant-integer-model";
 /// Largest element count of any one shape in a loaded export (guards allocations driven by
 /// hostile metadata).
-const MAX_ELEMENTS: usize = 1 << 28;
+pub const MAX_ELEMENTS: usize = 1 << 28;
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> ExportError + '_ {
     move |source| ExportError::Io {
@@ -560,7 +562,8 @@ impl ExportedModel {
     ///
     /// # Errors
     /// Missing or unreadable files, invalid JSON or safetensors, a version this program does
-    /// not read, tensors missing or not matching the ops, codes outside their grid.
+    /// not read, tensors missing or not matching the ops, codes outside their grid, geometry or
+    /// parameters the integer runtime cannot run (see [`ExportedModel::check`]).
     pub fn load(dir: &Path) -> Result<ExportedModel, ExportError> {
         let meta_path = dir.join(METADATA_FILE);
         let tensors_path = dir.join(TENSORS_FILE);
@@ -586,30 +589,17 @@ impl ExportedModel {
                 meta.format_version
             )));
         }
-        let input_elements = meta
-            .input_shape
-            .iter()
-            .try_fold(1usize, |a, d| a.checked_mul(*d));
-        if meta.input_shape.is_empty()
-            || !matches!(input_elements, Some(n) if n > 0 && n <= MAX_ELEMENTS)
-        {
-            return Err(bad_meta(format!(
-                "input_shape {:?} is not a valid sample shape (non-empty, no zero, at most {MAX_ELEMENTS} elements)",
-                meta.input_shape
-            )));
-        }
+        check_input_shape(&meta.input_shape).map_err(bad_meta)?;
         let tensor_bytes = std::fs::read(&tensors_path).map_err(io(&tensors_path))?;
-        let tensors = safetensors::SafeTensors::deserialize(&tensor_bytes).map_err(|e| {
-            ExportError::Tensors {
-                path: tensors_path.clone(),
-                message: format!("not a valid safetensors file: {e:?}"),
-            }
-        })?;
         let bad_tensor = |message: String| ExportError::Tensors {
             path: tensors_path.clone(),
             message,
         };
+        // The header is checked in full before `safetensors` parses it (see crate::checkpoint).
+        let (_, tensors) =
+            crate::checkpoint::read_safetensors(&tensor_bytes).map_err(bad_tensor)?;
         let mut ops = Vec::with_capacity(meta.ops.len().min(1 << 16));
+        let mut used = std::collections::BTreeSet::new();
         for op in meta.ops {
             match op {
                 OpMeta::Relu => ops.push(ExportedOp::Relu),
@@ -618,24 +608,18 @@ impl ExportedModel {
                     stride,
                     padding,
                 } => {
-                    if kernel == 0 || stride == 0 || padding > kernel / 2 {
-                        return Err(bad_meta(format!(
-                            "MaxPool2d kernel {kernel}, stride {stride}, padding {padding}: kernel and stride must be > 0 and padding at most kernel / 2"
-                        )));
-                    }
-                    ops.push(ExportedOp::MaxPool2d {
+                    let op = ExportedOp::MaxPool2d {
                         kernel,
                         stride,
                         padding,
-                    })
+                    };
+                    check_op(&op).map_err(|(_, m)| bad_meta(m))?;
+                    ops.push(op)
                 }
                 OpMeta::Flatten { features } => {
-                    if features == 0 || features > MAX_ELEMENTS {
-                        return Err(bad_meta(format!(
-                            "Flatten to {features} features is not valid"
-                        )));
-                    }
-                    ops.push(ExportedOp::Flatten { features })
+                    let op = ExportedOp::Flatten { features };
+                    check_op(&op).map_err(|(_, m)| bad_meta(m))?;
+                    ops.push(op)
                 }
                 OpMeta::Weighted {
                     name,
@@ -645,72 +629,49 @@ impl ExportedModel {
                     weight_tensor,
                     bias_tensor,
                 } => {
-                    let shape = geometry.weight_shape();
-                    let numel = shape
-                        .iter()
-                        .try_fold(1usize, |a, d| a.checked_mul(*d))
-                        .filter(|n| *n > 0 && *n <= MAX_ELEMENTS)
-                        .ok_or_else(|| {
-                            bad_meta(format!("op `{name}`: weight shape {shape:?} is not valid"))
-                        })?;
-                    if let WeightedKind::Conv2d {
-                        stride,
-                        padding,
-                        kernel,
-                        ..
-                    } = geometry
-                    {
-                        if stride == 0 || padding >= kernel {
-                            return Err(bad_meta(format!(
-                                "op `{name}`: stride {stride}, padding {padding}: the stride must be > 0 and the padding smaller than the kernel"
-                            )));
+                    let at = |m: String| format!("op `{name}`: {m}");
+                    // Geometry and quantizers first: they size what is read from the tensors.
+                    let numel = geometry.check().map_err(|m| bad_meta(at(m)))?;
+                    let out = geometry.out_channels();
+                    check_export_quantizer(&input, "input", None).map_err(|m| bad_meta(at(m)))?;
+                    check_export_quantizer(&weights, "weights", Some(out))
+                        .map_err(|m| bad_meta(at(m)))?;
+                    for t in [&weight_tensor, &bias_tensor] {
+                        if !used.insert(t.clone()) {
+                            return Err(bad_meta(at(format!(
+                                "tensor `{t}` is already used by another op or role"
+                            ))));
                         }
                     }
-                    let out = geometry.out_channels();
-                    check_export_quantizer(&input, &name, "input", None).map_err(bad_meta)?;
-                    check_export_quantizer(&weights, &name, "weights", Some(out))
-                        .map_err(bad_meta)?;
+                    let shape = geometry.weight_shape();
                     let w = tensors.tensor(&weight_tensor).map_err(|_| {
                         bad_tensor(format!(
                             "tensor `{weight_tensor}` (weights of op `{name}`) is missing"
                         ))
                     })?;
                     let expected_dtype = storage_dtype(&weights.inferable);
-                    if w.dtype() != expected_dtype || w.shape() != shape.as_slice() {
+                    if w.dtype() != expected_dtype
+                        || w.shape() != shape.as_slice()
+                        || w.data().len() != numel
+                    {
                         return Err(bad_tensor(format!(
                             "tensor `{weight_tensor}` is {:?} {:?}; op `{name}` needs {expected_dtype:?} {shape:?}",
                             w.dtype(),
                             w.shape()
                         )));
                     }
-                    let data = w.data();
-                    if data.len() != numel {
-                        return Err(bad_tensor(format!(
-                            "tensor `{weight_tensor}` holds {} bytes; expected {numel}",
-                            data.len()
-                        )));
-                    }
                     let weight: Vec<i32> = match expected_dtype {
-                        StDtype::I8 => data.iter().map(|b| *b as i8 as i32).collect(),
-                        _ => data.iter().map(|b| *b as i32).collect(),
+                        StDtype::I8 => w.data().iter().map(|b| *b as i8 as i32).collect(),
+                        _ => w.data().iter().map(|b| *b as i32).collect(),
                     };
-                    let g = weights.inferable.grid();
-                    if let Some(v) = weight
-                        .iter()
-                        .find(|v| **v < g.quant_min() || **v > g.quant_max())
-                    {
-                        return Err(bad_tensor(format!(
-                            "tensor `{weight_tensor}` holds code {v}, outside the weights grid [{}, {}]",
-                            g.quant_min(),
-                            g.quant_max()
-                        )));
-                    }
                     let b = tensors.tensor(&bias_tensor).map_err(|_| {
                         bad_tensor(format!(
                             "tensor `{bias_tensor}` (bias of op `{name}`) is missing"
                         ))
                     })?;
-                    if b.dtype() != StDtype::I32 || b.shape() != [out] || b.data().len() != out * 4
+                    if b.dtype() != StDtype::I32
+                        || b.shape() != [out]
+                        || Some(b.data().len()) != out.checked_mul(4)
                     {
                         return Err(bad_tensor(format!(
                             "tensor `{bias_tensor}` is {:?} {:?}; op `{name}` needs I32 [{out}]",
@@ -723,14 +684,22 @@ impl ExportedModel {
                         .chunks_exact(4)
                         .map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]))
                         .collect();
-                    ops.push(ExportedOp::Weighted(ExportedWeighted {
+                    let layer = ExportedWeighted {
                         name,
                         kind: geometry,
                         input,
                         weights,
                         weight,
                         bias,
-                    }));
+                    };
+                    // Codes on the grid, accumulators that fit in i32.
+                    layer.check().map_err(|m| {
+                        bad_tensor(format!(
+                            "tensors `{weight_tensor}`, `{bias_tensor}` of op `{}`: {m}",
+                            layer.name
+                        ))
+                    })?;
+                    ops.push(ExportedOp::Weighted(layer));
                 }
             }
         }
@@ -740,29 +709,198 @@ impl ExportedModel {
             info: meta.info,
         })
     }
+
+    /// Checks what [`ExportedModel::load`] checks on a model built in code (its fields are
+    /// public): the sample shape, every op's geometry ([`check_op`]) and every layer's
+    /// quantizers, tensors and accumulator range ([`ExportedWeighted::check`]).
+    /// [`IntegerModel::new`](crate::integer::IntegerModel::new) calls it.
+    ///
+    /// # Errors
+    /// [`ExportError::Unsupported`] naming the layer (or `(input)`, `(max pool)`, `(flatten)`).
+    pub fn check(&self) -> Result<(), ExportError> {
+        let unsupported = |layer: &str, reason: String| ExportError::Unsupported {
+            layer: layer.to_string(),
+            reason,
+        };
+        check_input_shape(&self.input_shape).map_err(|m| unsupported("(input)", m))?;
+        for op in &self.ops {
+            check_op(op).map_err(|(layer, m)| unsupported(&layer, m))?;
+        }
+        Ok(())
+    }
+}
+
+fn check_input_shape(shape: &[usize]) -> Result<(), String> {
+    let elements = shape.iter().try_fold(1usize, |a, d| a.checked_mul(*d));
+    if shape.is_empty() || !matches!(elements, Some(n) if n > 0 && n <= MAX_ELEMENTS) {
+        return Err(format!(
+            "input_shape {shape:?} is not a valid sample shape (non-empty, no zero, at most {MAX_ELEMENTS} elements)"
+        ));
+    }
+    Ok(())
+}
+
+/// Checks one op on its own: a layer with [`ExportedWeighted::check`]; max pooling with a
+/// kernel and stride of at least 1 and at most [`MAX_ELEMENTS`], padding at most half the
+/// kernel; flattening to `1..=MAX_ELEMENTS` features. Returns the layer's name with the reason.
+///
+/// # Errors
+/// `(name, reason)`; the name is `(max pool)` or `(flatten)` for the weight-free ops.
+pub fn check_op(op: &ExportedOp) -> Result<(), (String, String)> {
+    match op {
+        ExportedOp::Relu => Ok(()),
+        ExportedOp::Weighted(l) => l.check().map_err(|m| (l.name.clone(), m)),
+        &ExportedOp::MaxPool2d {
+            kernel,
+            stride,
+            padding,
+        } => {
+            if kernel == 0
+                || stride == 0
+                || kernel > MAX_ELEMENTS
+                || stride > MAX_ELEMENTS
+                || padding > kernel / 2
+            {
+                return Err((
+                    "(max pool)".into(),
+                    format!(
+                        "MaxPool2d kernel {kernel}, stride {stride}, padding {padding}: kernel and stride must be in 1..={MAX_ELEMENTS} and padding at most kernel / 2"
+                    ),
+                ));
+            }
+            Ok(())
+        }
+        &ExportedOp::Flatten { features } => {
+            if features == 0 || features > MAX_ELEMENTS {
+                return Err((
+                    "(flatten)".into(),
+                    format!("Flatten to {features} features is not valid (1..={MAX_ELEMENTS})"),
+                ));
+            }
+            Ok(())
+        }
+    }
+}
+
+impl WeightedKind {
+    /// Checks the geometry and returns the weight's element count: every dimension at least 1,
+    /// at most [`MAX_ELEMENTS`] weights, and for Conv2d a stride of at least 1 and padding
+    /// smaller than the kernel.
+    ///
+    /// # Errors
+    /// What is wrong, as text.
+    pub fn check(&self) -> Result<usize, String> {
+        let shape = self.weight_shape();
+        let numel = shape
+            .iter()
+            .try_fold(1usize, |a, d| a.checked_mul(*d))
+            .filter(|n| *n > 0 && *n <= MAX_ELEMENTS)
+            .ok_or_else(|| {
+                format!(
+                    "weight shape {shape:?} is not valid (no zero, at most {MAX_ELEMENTS} elements)"
+                )
+            })?;
+        if let WeightedKind::Conv2d {
+            stride,
+            padding,
+            kernel,
+            ..
+        } = *self
+        {
+            if stride == 0 || stride > MAX_ELEMENTS || padding >= kernel {
+                return Err(format!(
+                    "stride {stride}, padding {padding}: the stride must be in 1..={MAX_ELEMENTS} and the padding smaller than the kernel ({kernel})"
+                ));
+            }
+        }
+        Ok(numel)
+    }
+}
+
+impl ExportedWeighted {
+    /// Checks the invariants the integer runtime relies on: the geometry
+    /// ([`WeightedKind::check`]); a per-tensor input quantizer and a weights quantizer per
+    /// tensor or per output channel (axis 0), both at most [`MAX_EXPORT_BITS`] wide; as many
+    /// weight codes as the geometry has weights, all on the weights grid, and one bias per
+    /// output channel; and, for every output channel, `Σ|w - z_w| · max|x - z_x| + |bias|` within
+    /// `i32`, so that no accumulator can overflow whatever the input.
+    ///
+    /// # Errors
+    /// What is wrong, as text (the caller adds the layer's name).
+    pub fn check(&self) -> Result<(), String> {
+        let numel = self.kind.check()?;
+        let out = self.kind.out_channels();
+        check_export_quantizer(&self.input, "input", None)?;
+        check_export_quantizer(&self.weights, "weights", Some(out))?;
+        if self.weight.len() != numel {
+            return Err(format!(
+                "{} weight codes; the geometry has {numel} weights",
+                self.weight.len()
+            ));
+        }
+        if self.bias.len() != out {
+            return Err(format!(
+                "{} bias values; the layer has {out} output channels",
+                self.bias.len()
+            ));
+        }
+        let g = self.weights.inferable.grid();
+        if let Some(v) = self
+            .weight
+            .iter()
+            .find(|v| **v < g.quant_min() || **v > g.quant_max())
+        {
+            return Err(format!(
+                "weight code {v} lies outside the weights grid [{}, {}]",
+                g.quant_min(),
+                g.quant_max()
+            ));
+        }
+        let gi = self.input.inferable.grid();
+        let zi = i64::from(self.input.inferable.qparams().zero_points()[0]);
+        let x_max = (zi - i64::from(gi.quant_min())).max(i64::from(gi.quant_max()) - zi);
+        let zw = self.weights.inferable.qparams().zero_points();
+        let fan_in = numel / out;
+        for (o, (row, b)) in self.weight.chunks(fan_in).zip(&self.bias).enumerate() {
+            let z = i64::from(zw[if zw.len() == 1 { 0 } else { o }]);
+            let w_abs: i64 = row.iter().map(|q| (i64::from(*q) - z).abs()).sum();
+            let bound = w_abs * x_max + i64::from(*b).abs();
+            if bound > i64::from(i32::MAX) {
+                return Err(format!(
+                    "output channel {o}: an i32 accumulator could overflow (|weights| sum to {w_abs}, inputs reach ±{x_max}, bias {b})"
+                ));
+            }
+        }
+        Ok(())
+    }
 }
 
 fn check_export_quantizer(
     q: &ExportedQuantizer,
-    op: &str,
     role: &str,
     channels: Option<usize>,
 ) -> Result<(), String> {
     let bits = q.inferable.grid().bits();
     if bits > MAX_EXPORT_BITS {
         return Err(format!(
-            "op `{op}`: {role} uses {bits} bits; at most {MAX_EXPORT_BITS} are supported"
+            "{role} uses {bits} bits; at most {MAX_EXPORT_BITS} are supported"
         ));
     }
-    let n = q.inferable.qparams().channels();
-    match channels {
-        None if n != 1 => Err(format!(
-            "op `{op}`: {role} must be per tensor, has {n} channels"
+    let qp = q.inferable.qparams();
+    let n = qp.channels();
+    match (channels, qp.axis()) {
+        (None, None) => Ok(()),
+        (None, Some(axis)) => Err(format!(
+            "{role} must be per tensor; it is per channel on axis {axis} with {n} channels"
         )),
-        Some(c) if n != 1 && n != c => Err(format!(
-            "op `{op}`: {role} has {n} channels; expected 1 or {c}"
+        (Some(_), None) => Ok(()),
+        (Some(c), Some(0)) if n == 1 || n == c => Ok(()),
+        (Some(c), Some(0)) => Err(format!(
+            "{role} has {n} channels; expected 1 or {c} (one per output channel)"
         )),
-        _ => Ok(()),
+        (Some(_), Some(axis)) => Err(format!(
+            "{role} is per channel on axis {axis}; only the output channels (axis 0) are supported"
+        )),
     }
 }
 

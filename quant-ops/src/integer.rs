@@ -59,6 +59,13 @@ enum IntOp {
     },
 }
 
+/// Most values one sample may hold between two ops, or in a convolution's patches (64 Mi,
+/// 128 MiB of 16-bit codes): [`IntegerModel::new`] refuses larger models.
+pub const MAX_SAMPLE_ELEMENTS: usize = 1 << 26;
+/// Most multiply-adds one sample may take (about 16 times a ResNet-50):
+/// [`IntegerModel::new`] refuses costlier models.
+pub const MAX_SAMPLE_MACS: u64 = 1 << 36;
+
 /// An exported model, ready to run on integers.
 #[derive(Debug, Clone)]
 pub struct IntegerModel {
@@ -67,6 +74,8 @@ pub struct IntegerModel {
     input: quant_core::InferableQuantizer,
     ops: Vec<IntOp>,
     output_features: usize,
+    /// Multiply-adds (and pooling comparisons) per sample.
+    macs: u64,
 }
 
 /// `m · 2^-shift ≈ multiplier`, with `m` in `[2^30, 2^31)`.
@@ -167,6 +176,10 @@ fn weighted_of(
     })?;
     let wq = &l.weights.inferable;
     let s_in = l.input.inferable.qparams().scales()[0] as f64;
+    let unsupported = |reason: String| ExportError::Unsupported {
+        layer: l.name.clone(),
+        reason,
+    };
     let w_scales = wq.qparams().scales();
     let w_zeros = wq.qparams().zero_points();
     let per_channel = w_scales.len() > 1;
@@ -184,7 +197,8 @@ fn weighted_of(
             let s_next = nq.qparams().scales()[0] as f64;
             let multipliers = (0..out)
                 .map(|o| fixed_point_multiplier(scale_of(o) / s_next))
-                .collect::<Result<Vec<_>, QuantError>>()?;
+                .collect::<Result<Vec<_>, QuantError>>()
+                .map_err(|e| unsupported(format!("requantizing into `{}`: {e}", n.name)))?;
             Output::Requantize {
                 multipliers,
                 zero_point: nq.qparams().zero_points()[0],
@@ -193,9 +207,16 @@ fn weighted_of(
                 rounding: nq.rounding(),
             }
         }
-        None => Output::Dequantize {
-            scales: (0..out).map(|o| scale_of(o) as f32).collect(),
-        },
+        None => {
+            let scales: Vec<f32> = (0..out).map(|o| scale_of(o) as f32).collect();
+            if let Some(o) = scales.iter().position(|s| !s.is_finite()) {
+                return Err(unsupported(format!(
+                    "output channel {o}: the logit scale s_input · s_weight = {} overflows f32",
+                    scale_of(o)
+                )));
+            }
+            Output::Dequantize { scales }
+        }
     };
     Ok(IntWeighted {
         name: l.name.clone(),
@@ -216,18 +237,24 @@ enum Dims {
 }
 
 impl Dims {
+    /// Values per sample (at most [`MAX_SAMPLE_ELEMENTS`] once traced).
     fn numel(self) -> usize {
+        self.checked_numel().unwrap_or(usize::MAX)
+    }
+    fn checked_numel(self) -> Option<usize> {
         match self {
-            Dims::Flat(f) => f,
-            Dims::Maps(c, h, w) => c * h * w,
+            Dims::Flat(f) => Some(f),
+            Dims::Maps(c, h, w) => c.checked_mul(h)?.checked_mul(w),
         }
     }
 }
 
+/// Output positions along one axis, `None` when the window does not fit (or the sizes overflow).
 fn out_len(len: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
-    (len + 2 * padding)
+    len.checked_add(padding.checked_mul(2)?)?
         .checked_sub(kernel)
-        .map(|d| d / stride + 1)
+        .and_then(|d| d.checked_div(stride))
+        .map(|d| d + 1)
 }
 
 impl IntegerModel {
@@ -237,6 +264,7 @@ impl IntegerModel {
     /// No layer with weights, an op before the first one or after the last one that the
     /// runtime cannot place, consecutive layers whose sizes do not match.
     pub fn new(model: &ExportedModel) -> Result<IntegerModel, ExportError> {
+        model.check()?;
         let unsupported = |layer: &str, reason: String| ExportError::Unsupported {
             layer: layer.to_string(),
             reason,
@@ -315,15 +343,22 @@ impl IntegerModel {
             }
         }
         let output_features = weighted.last().map_or(0, |w| w.1.kind.out_channels());
-        let model = IntegerModel {
+        let mut model = IntegerModel {
             input_shape: model.input_shape.clone(),
             input: first.input.inferable.clone(),
             ops,
             output_features,
+            macs: 0,
         };
-        // Walk the shapes once so that mismatched layers fail here, not at the first batch.
-        model.trace_dims()?;
+        // Walk the shapes once so that mismatched layers fail here, not at the first batch,
+        // and so that the cost of a sample is known and bounded.
+        model.macs = model.trace_cost()?;
         Ok(model)
+    }
+
+    /// Multiply-adds (and pooling comparisons) one sample takes, at most [`MAX_SAMPLE_MACS`].
+    pub fn macs_per_sample(&self) -> u64 {
+        self.macs
     }
 
     fn input_dims(&self) -> Result<Dims, ExportError> {
@@ -339,15 +374,58 @@ impl IntegerModel {
         }
     }
 
-    /// The per-sample layout after each op; checks every op fits its input.
-    fn trace_dims(&self) -> Result<Vec<Dims>, ExportError> {
+    /// Checks every op fits its input, and that no sample holds more than
+    /// [`MAX_SAMPLE_ELEMENTS`] values at once or takes more than [`MAX_SAMPLE_MACS`]
+    /// multiply-adds; returns the multiply-adds.
+    fn trace_cost(&self) -> Result<u64, ExportError> {
+        let too_big = |layer: &str, what: String| ExportError::Unsupported {
+            layer: layer.to_string(),
+            reason: what,
+        };
         let mut dims = self.input_dims()?;
-        let mut all = Vec::with_capacity(self.ops.len());
+        let mut macs: u64 = 0;
         for op in &self.ops {
-            dims = self.step_dims(op, dims)?;
-            all.push(dims);
+            let next = self.step_dims(op, dims)?;
+            let (name, values, cost) = match op {
+                IntOp::Weighted(l) => {
+                    let out = l.kind.out_channels().max(1);
+                    let positions = next.numel() / out;
+                    // Conv2d holds its patches: positions × fan_in values.
+                    let patches = match l.kind {
+                        WeightedKind::Conv2d { .. } => positions.checked_mul(l.fan_in),
+                        WeightedKind::Linear { .. } => Some(0),
+                    };
+                    let cost = (next.numel() as u64).checked_mul(l.fan_in as u64);
+                    (l.name.as_str(), patches.map(|p| p.max(next.numel())), cost)
+                }
+                IntOp::MaxPool2d { kernel, .. } => (
+                    "(max pool)",
+                    Some(next.numel()),
+                    (next.numel() as u64)
+                        .checked_mul((*kernel as u64).saturating_mul(*kernel as u64)),
+                ),
+                IntOp::Flatten { .. } => ("(flatten)", Some(next.numel()), Some(0)),
+            };
+            if !matches!(values, Some(v) if v <= MAX_SAMPLE_ELEMENTS) {
+                return Err(too_big(
+                    name,
+                    format!(
+                        "one sample would hold more than {MAX_SAMPLE_ELEMENTS} values here ({next:?})"
+                    ),
+                ));
+            }
+            macs = match cost.and_then(|c| macs.checked_add(c)) {
+                Some(m) if m <= MAX_SAMPLE_MACS => m,
+                _ => return Err(too_big(
+                    name,
+                    format!(
+                        "one sample would take more than {MAX_SAMPLE_MACS} multiply-adds by here"
+                    ),
+                )),
+            };
+            dims = next;
         }
-        Ok(all)
+        Ok(macs)
     }
 
     fn step_dims(&self, op: &IntOp, dims: Dims) -> Result<Dims, ExportError> {
@@ -717,7 +795,7 @@ mod simd {
 
     /// `[Σ x·w0, Σ x·w1, Σ x·w2, Σ x·w3]` (all slices of one length).
     pub(super) fn dot4_sse2(x: &[i16], w: [&[i16]; 4]) -> [i32; 4] {
-        let k = x.len();
+        let k = w.iter().fold(x.len(), |k, r| k.min(r.len()));
         let mut sums = [0i32; 4];
         let full = k / 8 * 8;
         // SAFETY: SSE2 is part of x86-64; every load reads 8 lanes below `full <= len`.
@@ -754,7 +832,9 @@ mod simd {
         x1: &[i16],
         w: [&[i16]; 4],
     ) -> ([i32; 4], [i32; 4]) {
-        let k = x0.len();
+        // Every slice has this length in `gemm_i16`; the minimum keeps each load in bounds
+        // whatever the caller passes.
+        let k = w.iter().fold(x0.len().min(x1.len()), |k, r| k.min(r.len()));
         let full = k / 16 * 16;
         let mut a0 = [_mm256_setzero_si256(); 4];
         let mut a1 = [_mm256_setzero_si256(); 4];

@@ -8,6 +8,7 @@
 
 extern crate self as quant_ops;
 
+pub mod checkpoint;
 pub mod convert;
 pub mod export;
 pub mod integer;

@@ -317,7 +317,7 @@ impl Policy {
     pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, PolicyError> {
         let de = toml::Deserializer::new(text);
         let policy: Policy =
-            serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, e))?;
+            serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, text, e))?;
         policy.validate(origin, "")?;
         Ok(policy)
     }
@@ -509,16 +509,76 @@ impl LayerPolicy for Policy {
     }
 }
 
-fn parse_error(origin: &str, e: serde_path_to_error::Error<toml::de::Error>) -> PolicyError {
+fn parse_error(
+    origin: &str,
+    text: &str,
+    e: serde_path_to_error::Error<toml::de::Error>,
+) -> PolicyError {
     let key = e.path().to_string();
-    let inner = e.into_inner();
-    let mut message = inner.message().to_string();
-    if let Some(span) = inner.span() {
-        message = format!("{message} (at byte {})", span.start);
+    toml_parse_error(origin, text, key, &e.into_inner())
+}
+
+/// A TOML error as a [`PolicyError::Parse`]: the key path serde reported, or, when the TOML
+/// parser failed before any key was known (syntax errors, numbers too large for their type),
+/// the key written on the offending line under its table (`qat.batch_size`,
+/// `overrides[1].pattern`); the message gains the line, column and byte offset. `key` is the
+/// path serde reported (`.` for none). The run file's loader uses it too.
+pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Error) -> PolicyError {
+    let mut message = e.message().to_string();
+    let mut key = key;
+    if let Some(start) = e.span().map(|s| s.start.min(text.len())) {
+        let before = text.get(..start).unwrap_or("");
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        message = format!("{message} (line {line}, column {column}, at byte {start})");
+        if key == "." || key.is_empty() {
+            if let Some(found) = key_at_line(text, line) {
+                key = found;
+            }
+        }
     }
     PolicyError::Parse {
         origin: origin.to_string(),
         key,
         message,
     }
+}
+
+/// The dotted key assigned on 1-based line `line` of a TOML text, under the table header before
+/// it (`[a.b]`, or `[[a]]` counted as `a[i]`), when the line reads `key = ...`.
+fn key_at_line(text: &str, line: usize) -> Option<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let this = lines.get(line.checked_sub(1)?)?.trim();
+    let (name, _) = this.split_once('=')?;
+    let name = name.trim().trim_matches('"');
+    if name.is_empty() || name.starts_with('[') || name.starts_with('#') {
+        return None;
+    }
+    let mut table = String::new();
+    for (i, l) in lines[..line - 1].iter().enumerate().rev() {
+        let l = l.trim();
+        if let Some(inner) = l.strip_prefix("[[").and_then(|r| r.split_once("]]")) {
+            let header = inner.0.trim();
+            let index = lines[..i]
+                .iter()
+                .filter(|p| {
+                    p.trim()
+                        .strip_prefix("[[")
+                        .and_then(|r| r.split_once("]]"))
+                        .is_some_and(|(h, _)| h.trim() == header)
+                })
+                .count();
+            table = format!("{header}[{index}]");
+            break;
+        }
+        if let Some(inner) = l.strip_prefix('[').and_then(|r| r.split_once(']')) {
+            table = inner.0.trim().to_string();
+            break;
+        }
+    }
+    Some(if table.is_empty() {
+        name.to_string()
+    } else {
+        format!("{table}.{name}")
+    })
 }

@@ -77,8 +77,13 @@ impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
 
 /// Int32 bias codes at scale `s_input · s_weight[o]` (zero point 0, round half to even,
 /// saturating), as integer deployment holds the bias.
-pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Vec<i32> {
-    bias.iter()
+///
+/// # Errors
+/// [`QuantError::LengthMismatch`] unless there is one weight scale, or one per bias element.
+pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Result<Vec<i32>> {
+    check_bias_scales(bias.len(), weight_scales)?;
+    Ok(bias
+        .iter()
         .enumerate()
         .map(|(o, b)| {
             let s = bias_scale(input_scale, weight_scales, o);
@@ -86,9 +91,22 @@ pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> V
                 .round_ties_even()
                 .clamp(i32::MIN as f64, i32::MAX as f64) as i32
         })
-        .collect()
+        .collect())
 }
 
+fn check_bias_scales(outputs: usize, weight_scales: &[f32]) -> Result<()> {
+    if weight_scales.len() == 1 || weight_scales.len() == outputs {
+        Ok(())
+    } else {
+        Err(QuantError::LengthMismatch {
+            what: "weight scales (one, or one per output channel of the bias)".into(),
+            expected: outputs,
+            actual: weight_scales.len(),
+        })
+    }
+}
+
+/// Only after [`check_bias_scales`].
 fn bias_scale(input_scale: f32, weight_scales: &[f32], o: usize) -> f64 {
     input_scale as f64 * weight_scales[if weight_scales.len() == 1 { 0 } else { o }] as f64
 }
@@ -113,7 +131,7 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
         return Ok(bias.retaped::<T>());
     };
     let s_in = qi.scales()[0];
-    let codes = quantize_bias(&quant_core::ops::read_contiguous(bias), s_in, qw.scales());
+    let codes = quantize_bias(&quant_core::ops::read_contiguous(bias), s_in, qw.scales())?;
     let values: Vec<f32> = codes
         .iter()
         .enumerate()

@@ -1,0 +1,138 @@
+//! The hostile-input corpus under `tests/hostile/` (written by `tools/gen_hostile_corpus.py`):
+//! every file goes through its loader, which must return an error (never panic) whose message
+//! names what `expected.toml` says: the file, the key path, the tensor or the layer. The valid
+//! controls beside them must load (and, for exports, run).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use dfdx::prelude::*;
+use quant::pipeline::RunConfig;
+use quant_core::InferableQuantizer;
+use quant_ops::checkpoint::load_checkpoint;
+use quant_ops::export::ExportedModel;
+use quant_ops::integer::IntegerModel;
+use quant_ops::policy::Policy;
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Case {
+    loader: String,
+    contains: Vec<String>,
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join("hostile")
+}
+
+/// The error and its sources, one message.
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        s.push_str(": ");
+        s.push_str(&inner.to_string());
+        source = inner.source();
+    }
+    s
+}
+
+/// Runs `path` through `loader`: `Ok(())` when it loads, the error's message otherwise.
+fn load(loader: &str, path: &Path) -> Result<(), String> {
+    match loader {
+        "policy" => Policy::from_file(path).map(|_| ()).map_err(|e| chain(&e)),
+        "run" => RunConfig::from_file(path)
+            .map(|_| ())
+            .map_err(|e| chain(&e)),
+        "inferable" => {
+            let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+            serde_json::from_slice::<InferableQuantizer>(&bytes)
+                .map(|_| ())
+                .map_err(|e| chain(&e))
+        }
+        "export" => {
+            let model = ExportedModel::load(path).map_err(|e| chain(&e))?;
+            let integer = IntegerModel::new(&model).map_err(|e| chain(&e))?;
+            // A valid model runs on a batch of two samples and gives finite logits.
+            let x: Vec<f32> = (0..2 * integer.input_features())
+                .map(|i| (i % 7) as f32 * 0.3 - 0.8)
+                .collect();
+            let logits = integer.forward(&x).map_err(|e| chain(&e))?;
+            assert_eq!(logits.len(), 2 * integer.output_features());
+            assert!(logits.iter().all(|v| v.is_finite()), "{logits:?}");
+            Ok(())
+        }
+        "checkpoint" => {
+            let dev = Cpu::default();
+            let mut model = dev.build_module::<Linear<4, 3>, f32>();
+            load_checkpoint(&mut model, path).map_err(|e| chain(&e))?;
+            assert_eq!(model.bias.as_vec(), vec![0.5, -0.5, 0.25]);
+            Ok(())
+        }
+        "data" => quant::digits::load(path).map(|_| ()).map_err(|e| chain(&e)),
+        other => panic!("unknown loader `{other}` in expected.toml"),
+    }
+}
+
+fn manifest() -> BTreeMap<String, Case> {
+    let text = std::fs::read_to_string(root().join("expected.toml")).unwrap();
+    toml::from_str(&text).unwrap()
+}
+
+#[test]
+fn every_hostile_input_gets_an_error_naming_what_is_wrong() {
+    let mut failures = Vec::new();
+    let cases = manifest();
+    assert!(cases.len() > 100, "{} cases", cases.len());
+    for (rel, case) in &cases {
+        let path = root().join(rel);
+        assert!(path.exists(), "{rel} is in expected.toml but missing");
+        match (load(&case.loader, &path), case.contains.is_empty()) {
+            (Ok(()), true) => {}
+            (Ok(()), false) => failures.push(format!("{rel}: loaded; expected an error")),
+            (Err(e), true) => failures.push(format!("{rel}: valid control failed: {e}")),
+            (Err(e), false) => {
+                let missing: Vec<&String> = case
+                    .contains
+                    .iter()
+                    .filter(|c| !e.contains(c.as_str()))
+                    .collect();
+                if !missing.is_empty() {
+                    failures.push(format!("{rel}: message lacks {missing:?}: {e}"));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "\n{}", failures.join("\n"));
+}
+
+#[test]
+fn the_manifest_covers_every_file_of_the_corpus() {
+    let cases = manifest();
+    let mut uncovered = Vec::new();
+    let mut stack = vec![root()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            let rel = path.strip_prefix(root()).unwrap();
+            let rel_s = rel.to_string_lossy().replace('\\', "/");
+            let parent = rel
+                .parent()
+                .map(|p| p.to_string_lossy().replace('\\', "/"))
+                .unwrap_or_default();
+            if rel_s != "expected.toml"
+                && !cases.contains_key(&rel_s)
+                && !cases.contains_key(&parent)
+            {
+                uncovered.push(rel_s);
+            }
+        }
+    }
+    assert!(uncovered.is_empty(), "not in expected.toml: {uncovered:?}");
+}

@@ -1,0 +1,385 @@
+#!/usr/bin/env python3
+"""Writes the hostile-input corpus under tests/hostile/ and its manifest, expected.toml.
+
+Every file (or export directory) is one hostile input for one loader; the manifest says which
+loader reads it and which substrings its error message must contain (the file, key, tensor or
+layer it names). tests/hostile.rs feeds each to its loader and checks the error. Rerun after
+editing: `python3 tools/gen_hostile_corpus.py` (standard library only).
+"""
+
+import json
+import os
+import shutil
+import struct
+
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "hostile")
+CASES = []  # (relative path, loader, [substrings])
+
+
+def case(path, loader, contains, data):
+    full = os.path.join(ROOT, path)
+    os.makedirs(os.path.dirname(full), exist_ok=True)
+    with open(full, "wb") as f:
+        f.write(data.encode() if isinstance(data, str) else data)
+    CASES.append((path, loader, contains))
+
+
+# ----- policy files (quant_ops::policy::Policy::from_file) ------------------------------------
+
+LSQ_W = '[weights]\ntraining_method = "Lsq"\nmethod = "Symmetric"\nbits = 4\n'
+LSQ_I = '[input]\ntraining_method = "Lsq"\nmethod = "Uniform"\nbits = 4\n'
+
+case("policy/not_utf8.toml", "policy", ["not_utf8.toml", "UTF-8"], b"\xff\xfe[weights]\nbits = 4\n\x80")
+case("policy/syntax_error.toml", "policy", ["syntax_error.toml"], "[weights\nbits = 4\n")
+case("policy/truncated.toml", "policy", ["truncated.toml"], LSQ_W[:-9])
+case("policy/unknown_key.toml", "policy", ["unknown_key.toml", "`weights.bitz`", "unknown field"],
+     '[weights]\ntraining_method = "Lsq"\nbitz = 4\n')
+case("policy/negative_bits.toml", "policy", ["negative_bits.toml", "`weights.bits`"],
+     LSQ_W.replace("bits = 4", "bits = -1"))
+case("policy/huge_bits.toml", "policy", ["huge_bits.toml", "`weights.bits`", "line 4"],
+     LSQ_W.replace("bits = 4", "bits = 99999999999999999999999999"))
+case("policy/bits_out_of_range.toml", "policy", ["bits_out_of_range.toml", "`weights`", "bits = 40"],
+     LSQ_W.replace("bits = 4", "bits = 40"))
+case("policy/bits_as_float.toml", "policy", ["`weights.bits`"], LSQ_W.replace("bits = 4", "bits = 4.5"))
+case("policy/nan_option.toml", "policy", ["nan_option.toml", "`input`", "alpha"],
+     LSQ_W + '[input]\ntraining_method = "Pact"\nmethod = "Uniform"\nbits = 4\noptions = { alpha = nan }\n')
+case("policy/inf_option.toml", "policy", ["`input`", "alpha"],
+     LSQ_W + '[input]\ntraining_method = "Pact"\nmethod = "Uniform"\nbits = 4\noptions = { alpha = inf }\n')
+case("policy/unknown_option.toml", "policy", ["`weights`", "colour"],
+     LSQ_W + "options = { colour = 3.0 }\n")
+case("policy/unknown_training_method.toml", "policy",
+     ["`weights.training_method`", "Lqs", "Lsq"], LSQ_W.replace('"Lsq"', '"Lqs"'))
+case("policy/unknown_platform.toml", "policy", ["`platform`", "NoSuchChip"],
+     'platform = "NoSuchChip"\n' + LSQ_W)
+case("policy/unsupported_combination.toml", "policy", ["`weights`", "Pact"],
+     LSQ_W.replace('"Lsq"', '"Pact"'))
+case("policy/missing_method.toml", "policy", ["`weights`", "method"],
+     '[weights]\ntraining_method = "Lsq"\nbits = 4\n')
+case("policy/bad_pattern.toml", "policy", ["`overrides[0].pattern`"],
+     LSQ_W + LSQ_I + '[[overrides]]\npattern = "[unclosed"\nweights = { bits = 8 }\n')
+case("policy/weights_on_pool.toml", "policy", ["`kinds.MaxPool2d.weights`"],
+     LSQ_W + LSQ_I + "[kinds.MaxPool2d]\nweights = { bits = 8 }\n")
+case("policy/huge_histogram.toml", "policy", ["`weights.observer`", "bins"],
+     LSQ_W + 'observer = { kind = "Percentile", bins = 1000000000000 }\n')
+case("policy/wrong_type.toml", "policy", ["`weights`"], 'weights = 7\n')
+case("policy/deep_nesting.toml", "policy", ["deep_nesting.toml"], "weights = " + "[" * 5000 + "]" * 5000 + "\n")
+case("policy/deep_tables.toml", "policy", ["deep_tables.toml"], "weights = " + "{a=" * 5000 + "1" + "}" * 5000 + "\n")
+case("policy/huge_string.toml", "policy", ["`platform`"], 'platform = "' + "x" * 20000 + '"\n')
+case("policy/duplicate_key.toml", "policy", ["duplicate_key.toml"], LSQ_W + "bits = 8\n")
+
+# ----- run files (quant::pipeline::RunConfig::from_file) --------------------------------------
+
+RUN = '[model]\nkind = "mlp"\n[quantization]\n' + LSQ_W.replace("[weights]", "[quantization.weights]") \
+    + LSQ_I.replace("[input]", "[quantization.input]")
+case("run/zero_batch.toml", "run", ["zero_batch.toml", "`float.batch_size`"], RUN + "[float]\nbatch_size = 0\n")
+case("run/huge_batch.toml", "run", ["huge_batch.toml", "number too large"], RUN + "[qat]\nbatch_size = 18446744073709551615\n")
+case("run/negative_epochs.toml", "run", ["`float.epochs`"], RUN + "[float]\nepochs = -3\n")
+case("run/no_seeds.toml", "run", ["`run.seeds`"], RUN + "[run]\nseeds = []\n")
+case("run/nan_lr.toml", "run", ["`qat.lr`", "NaN"], RUN + "[qat]\nlr = nan\n")
+case("run/missing_model.toml", "run", ["missing_model.toml", "model"], RUN.replace('[model]\nkind = "mlp"\n', ""))
+case("run/unknown_model.toml", "run", ["`model.kind`", "resnet"], RUN.replace('"mlp"', '"resnet"'))
+case("run/bad_policy.toml", "run", ["`quantization.weights`", "bits = 1"],
+     RUN.replace("bits = 4", "bits = 1", 1))
+case("run/truncated.toml", "run", ["truncated.toml"], RUN[: len(RUN) // 2])
+case("run/not_utf8.toml", "run", ["not_utf8.toml"], b"[model]\nkind = \"\xc3\x28\"\n")
+
+# ----- inferable quantizers (serde_json::from_slice::<quant_core::InferableQuantizer>) -------
+
+
+def inferable(method="Symmetric", bits=8, signed=True, scales=(0.5,), zps=(0,), axis=None, **extra):
+    q = {"method": method, "grid": {"bits": bits, "signed": signed, "narrow_range": False},
+         "rounding": "HalfEven", "qparams": {"scales": list(scales), "zero_points": list(zps), "axis": axis}}
+    q.update(extra)
+    return q
+
+
+def jcase(name, contains, value):
+    case("inferable/" + name, "inferable", contains, value if isinstance(value, (str, bytes)) else json.dumps(value))
+
+
+jcase("zero_scale.json", ["scales[0]", "not a valid scale"], inferable(scales=(0.0,)))
+jcase("negative_scale.json", ["scales[0]"], inferable(scales=(-0.5,)))
+jcase("subnormal_scale.json", ["scales[0]"], inferable(scales=(1e-40,)))
+jcase("infinite_scale.json", ["number out of range"], json.dumps(inferable()).replace("0.5", "1e999"))
+jcase("nan_scale.json", ["expected value"], json.dumps(inferable()).replace("0.5", "NaN"))
+jcase("null_scale.json", ["null"], json.dumps(inferable()).replace("0.5", "null"))
+jcase("negative_bits.json", ["-3"], inferable(bits=-3))
+jcase("bits_40.json", ["bits = 40"], inferable(bits=40))
+jcase("huge_bits.json", ["expected u32"], json.dumps(inferable()).replace('"bits": 8', '"bits": 1e30'))
+jcase("zero_point_off_grid.json", ["zero_points[0]", "[0, 255]"],
+      inferable(method="Uniform", signed=False, zps=(300,)))
+jcase("symmetric_zero_point.json", ["zero_points[0]", "must be 0"], inferable(zps=(3,)))
+jcase("power_of_two_not_power.json", ["power of two"], inferable(method="PowerOfTwo", scales=(0.3,)))
+jcase("lengths_mismatch.json", ["zero_points", "expected 2, got 1"], inferable(scales=(0.5, 0.25), zps=(0,), axis=0))
+jcase("per_tensor_two_scales.json", ["per-tensor"], inferable(scales=(0.5, 0.25), zps=(0, 0)))
+jcase("empty_scales.json", ["scales"], inferable(scales=(), zps=()))
+jcase("huge_axis.json", ["expected usize"], json.dumps(inferable(axis=0)).replace('"axis": 0', '"axis": 1e20'))
+jcase("unknown_field.json", ["unknown field", "colour"], inferable(colour="red"))
+jcase("unknown_method.json", ["Asymmetric"], inferable(method="Asymmetric"))
+jcase("unknown_rounding.json", ["HalfSideways"], inferable(rounding="HalfSideways"))
+jcase("wrong_type.json", ["invalid type"], inferable(scales="0.5"))
+jcase("truncated.json", ["EOF"], json.dumps(inferable())[:40])
+jcase("not_json.json", ["expected"], b"\x00\x01\x02garbage")
+jcase("deep_nesting.json", ["line 1"], "[" * 20000 + "]" * 20000)
+jcase("empty.json", ["EOF"], "")
+
+# ----- exports (quant_ops::export::ExportedModel::load, then IntegerModel::new) ---------------
+
+
+def quantizer(method, bits, signed, scales, zps, axis=None, training="Lsq"):
+    return {"inferable": {"method": method, "grid": {"bits": bits, "signed": signed, "narrow_range": False},
+                          "rounding": "HalfEven",
+                          "qparams": {"scales": scales, "zero_points": zps, "axis": axis}},
+            "origin": {"training_method": training, "quantizer": None, "bits": bits, "method": method}}
+
+
+def linear(name, i, o, in_q=None, w_q=None):
+    return {"op": "Weighted", "name": name,
+            "geometry": {"layer": "Linear", "in_features": i, "out_features": o},
+            "input": in_q or quantizer("Uniform", 8, False, [0.02], [10]),
+            "weights": w_q or quantizer("Symmetric", 8, True, [0.01] * o, [0] * o, axis=0),
+            "weight_tensor": name + ".weight", "bias_tensor": name + ".bias"}
+
+
+def meta(ops, input_shape=(4,), **over):
+    m = {"format": "quant-integer-model", "format_version": 1, "quant_version": "0.1.0",
+         "input_shape": list(input_shape), "info": {"model": "hostile"}, "ops": ops}
+    m.update(over)
+    return m
+
+
+def st_bytes(tensors, header_override=None):
+    """tensors: list of (name, dtype, shape, bytes). A safetensors file, offsets in order."""
+    header, data, off = {}, b"", 0
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(raw)]}
+        data += raw
+        off += len(raw)
+    text = header_override if header_override is not None else json.dumps(header)
+    text = text.encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def i8(vals):
+    return struct.pack("<%db" % len(vals), *vals)
+
+
+def i32(vals):
+    return struct.pack("<%di" % len(vals), *vals)
+
+
+W0 = [3, -7, 12, 0, 5, 1, -1, 9, -20, 4, 6, -2]  # [3, 4]
+B0 = [100, -50, 7]
+W1 = [10, -3, 5, -8, 2, 6]  # [2, 3]
+B1 = [-4, 9]
+VALID_OPS = [linear("0", 4, 3), {"op": "Relu"}, linear("2", 3, 2)]
+VALID_TENSORS = [("0.weight", "I8", [3, 4], i8(W0)), ("0.bias", "I32", [3], i32(B0)),
+                 ("2.weight", "I8", [2, 3], i8(W1)), ("2.bias", "I32", [2], i32(B1))]
+
+
+def export(name, contains, metadata=None, tensors=None, raw_meta=None, raw_tensors=None, skip=()):
+    d = os.path.join("export", name)
+    if "model.json" not in skip:
+        text = raw_meta if raw_meta is not None else json.dumps(metadata if metadata is not None else meta(VALID_OPS), indent=1)
+        full = os.path.join(ROOT, d, "model.json")
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(text.encode() if isinstance(text, str) else text)
+    if "model.safetensors" not in skip:
+        data = raw_tensors if raw_tensors is not None else st_bytes(tensors if tensors is not None else VALID_TENSORS)
+        full = os.path.join(ROOT, d, "model.safetensors")
+        os.makedirs(os.path.dirname(full), exist_ok=True)
+        with open(full, "wb") as f:
+            f.write(data)
+    CASES.append((d, "export", contains))
+
+
+VALID_ST = st_bytes(VALID_TENSORS)
+# The control: a valid export, which must load and run (tests/hostile.rs checks it does).
+export("valid", [])
+
+export("missing_metadata", ["model.json"], skip=("model.json",))
+export("missing_tensors", ["model.safetensors"], skip=("model.safetensors",))
+export("empty_tensors", ["model.safetensors", "too short"], raw_tensors=b"")
+export("truncated_tensors", ["model.safetensors"], raw_tensors=VALID_ST[:-5])
+export("truncated_header", ["model.safetensors", "header claims"], raw_tensors=VALID_ST[:20])
+export("header_length_huge", ["model.safetensors", "header claims"],
+       raw_tensors=struct.pack("<Q", 2**64 - 1) + VALID_ST[8:])
+export("header_not_json", ["model.safetensors", "invalid header"],
+       raw_tensors=struct.pack("<Q", 4) + b"{{{{")
+export("header_not_utf8", ["model.safetensors", "UTF-8"], raw_tensors=struct.pack("<Q", 4) + b"{\xff\xfe}")
+# A header claiming a 2^40-byte tensor in a small file.
+export("huge_tensor_claim", ["model.safetensors", "0.weight", "outside"],
+       raw_tensors=st_bytes([], header_override=json.dumps(
+           {"0.weight": {"dtype": "I8", "shape": [2**40], "data_offsets": [0, 2**40]}})))
+# An end offset near 2^64: safetensors 0.3 adds `end + 8 + n` unchecked, which overflows (a
+# panic in debug builds) after its per-tensor checks pass (the shape matches the byte count).
+_end = 2**64 - 1
+_hdr = '{"0.weight":{"dtype":"U8","shape":[%d],"data_offsets":[0,%d]}}' % (_end, _end)
+_n = len(_hdr)
+export("offset_wraparound", ["model.safetensors", "0.weight", "outside"],
+       raw_tensors=struct.pack("<Q", _n) + _hdr.encode())
+export("shape_overflow", ["model.safetensors", "0.weight"],
+       raw_tensors=st_bytes([], header_override=json.dumps(
+           {"0.weight": {"dtype": "I8", "shape": [2**32, 2**32, 16], "data_offsets": [0, 0]}})))
+export("negative_offset", ["model.safetensors", "invalid header"],
+       raw_tensors=st_bytes([], header_override='{"0.weight":{"dtype":"I8","shape":[1],"data_offsets":[-1,0]}}'))
+dup = VALID_TENSORS + [("0.weight", "I8", [3, 4], i8(W0))]
+_h = json.dumps({n: {"dtype": d, "shape": s, "data_offsets": [0, 0]} for n, d, s, _ in VALID_TENSORS})
+export("duplicated_tensor", ["model.safetensors", "0.weight", "twice"],
+       raw_tensors=st_bytes([], header_override=_h[:-1] + ', "0.weight": {"dtype": "I8", "shape": [3, 4], "data_offsets": [0, 12]}}'))
+export("overlapping_tensors", ["model.safetensors", "contiguous"],
+       raw_tensors=st_bytes([], header_override=json.dumps(
+           {"a": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]},
+            "b": {"dtype": "I8", "shape": [4], "data_offsets": [2, 6]}})) + b"\x00" * 6)
+export("missing_bias", ["model.safetensors", "`2.bias`", "missing"], tensors=VALID_TENSORS[:3])
+export("wrong_dtype", ["model.safetensors", "`0.weight`", "F32"],
+       tensors=[("0.weight", "F32", [3, 4], struct.pack("<12f", *W0))] + VALID_TENSORS[1:])
+export("wrong_shape", ["model.safetensors", "`0.weight`", "[4, 3]"],
+       tensors=[("0.weight", "I8", [4, 3], i8(W0))] + VALID_TENSORS[1:])
+export("bias_wrong_dtype", ["model.safetensors", "`0.bias`", "I32"],
+       tensors=[VALID_TENSORS[0], ("0.bias", "I8", [3], i8(B0))] + VALID_TENSORS[2:])
+export("codes_off_grid", ["model.safetensors", "0.weight", "code 100", "[-8, 7]"],
+       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 4, True, [0.1] * 3, [0] * 3, axis=0)),
+                      {"op": "Relu"}, linear("2", 3, 2)]),
+       tensors=[("0.weight", "I8", [3, 4], i8([100] + W0[1:]))] + VALID_TENSORS[1:])
+export("accumulator_overflow", ["model.safetensors", "op `0`", "overflow"],
+       tensors=[VALID_TENSORS[0], ("0.bias", "I32", [3], i32([2**31 - 1, 0, 0]))] + VALID_TENSORS[2:])
+export("tensor_shared", ["model.json", "op `2`", "already used"],
+       metadata=meta([linear("0", 4, 3), {"op": "Relu"},
+                      dict(linear("2", 3, 2), weight_tensor="0.weight")]))
+export("not_json", ["model.json", "invalid export metadata"], raw_meta=b"\x89PNG\r\n")
+export("metadata_truncated", ["model.json", "EOF"], raw_meta=json.dumps(meta(VALID_OPS))[:100])
+export("wrong_format", ["model.json", "onnx"], metadata=meta(VALID_OPS, format="onnx"))
+export("future_version", ["model.json", "format_version 99"], metadata=meta(VALID_OPS, format_version=99))
+export("unknown_field", ["model.json", "unknown field", "extra"], metadata=meta(VALID_OPS, extra=1))
+export("unknown_op", ["model.json", "Softmax"], metadata=meta(VALID_OPS + [{"op": "Softmax"}]))
+export("empty_input_shape", ["model.json", "input_shape"], metadata=meta(VALID_OPS, input_shape=()))
+export("input_shape_overflow", ["model.json", "input_shape"],
+       metadata=meta(VALID_OPS, input_shape=(2**40, 2**40)))
+export("input_shape_zero", ["model.json", "input_shape"], metadata=meta(VALID_OPS, input_shape=(0,)))
+export("negative_bits", ["model.json", "-1"],
+       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", -1, False, [0.02], [10]))] + VALID_OPS[1:]))
+export("bits_16", ["model.json", "op `0`", "16 bits"],
+       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 16, False, [0.02], [10]))] + VALID_OPS[1:]))
+export("zero_scale", ["model.json", "scales[0]"],
+       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 8, False, [0.0], [10]))] + VALID_OPS[1:]))
+export("huge_scale", ["model.json", "number out of range"],
+       raw_meta=json.dumps(meta(VALID_OPS)).replace("0.02", "1e999", 1))
+export("nan_scale", ["model.json", "invalid export metadata"],
+       raw_meta=json.dumps(meta(VALID_OPS)).replace("0.02", "NaN", 1))
+export("extreme_scales", ["layer `0`", "requantizing into `2`", "2^31"],
+       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [3e38] * 3, [0] * 3, axis=0)),
+                      {"op": "Relu"}, linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [1e-30], [10]))]))
+export("logit_scale_overflow", ["layer `2`", "overflows f32"],
+       metadata=meta([linear("0", 4, 3), {"op": "Relu"},
+                      linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [3e38], [10]),
+                             w_q=quantizer("Symmetric", 8, True, [3e38] * 2, [0] * 2, axis=0))]))
+export("per_channel_input", ["model.json", "op `0`", "per tensor"],
+       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 8, False, [0.02, 0.02, 0.02, 0.02],
+                                                      [10] * 4, axis=1))] + VALID_OPS[1:]))
+export("weights_wrong_axis", ["model.json", "op `0`", "axis 1"],
+       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [0.01] * 4, [0] * 4, axis=1))]
+                     + VALID_OPS[1:]))
+export("weights_wrong_channels", ["model.json", "op `0`", "5 channels"],
+       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [0.01] * 5, [0] * 5, axis=0))]
+                     + VALID_OPS[1:]))
+export("geometry_overflow", ["model.json", "op `0`", "weight shape"],
+       metadata=meta([linear("0", 2**62, 4)] + VALID_OPS[1:]))
+export("geometry_zero", ["model.json", "op `0`", "weight shape"],
+       metadata=meta([linear("0", 0, 3)] + VALID_OPS[1:]))
+export("geometry_negative", ["model.json", "invalid value"],
+       raw_meta=json.dumps(meta(VALID_OPS)).replace('"in_features": 4', '"in_features": -4', 1))
+export("layer_size_mismatch", ["op `2`" if False else "`2`", "receives 3 features"],
+       metadata=meta([linear("0", 4, 3), {"op": "Relu"}, linear("2", 5, 2)]),
+       tensors=VALID_TENSORS[:2] + [("2.weight", "I8", [2, 5], i8(W1 + [0, 0, 0, 0])), VALID_TENSORS[3]])
+export("input_size_mismatch", ["`0`", "receives 9 features"], metadata=meta(VALID_OPS, input_shape=(9,)))
+export("no_layers", ["(model)", "no layer with weights"], metadata=meta([{"op": "Relu"}]), tensors=[])
+export("pool_first", ["(model)", "first op"], metadata=meta([{"op": "Flatten", "features": 4}] + VALID_OPS))
+export("pool_zero_stride", ["model.json", "MaxPool2d", "stride 0"],
+       metadata=meta(VALID_OPS[:2] + [{"op": "MaxPool2d", "kernel": 2, "stride": 0, "padding": 0}] + VALID_OPS[2:]))
+export("pool_after_last", ["(model)", "after the last layer"],
+       metadata=meta(VALID_OPS + [{"op": "Flatten", "features": 2}]))
+export("flatten_huge", ["model.json", "Flatten"],
+       metadata=meta(VALID_OPS[:2] + [{"op": "Flatten", "features": 2**62}] + VALID_OPS[2:]))
+
+
+def conv(name, c, o, k, s=1, p=0):
+    return {"op": "Weighted", "name": name,
+            "geometry": {"layer": "Conv2d", "in_channels": c, "out_channels": o, "kernel": k, "stride": s, "padding": p},
+            "input": quantizer("Uniform", 8, False, [0.02], [10]),
+            "weights": quantizer("Symmetric", 8, True, [0.01] * o, [0] * o, axis=0),
+            "weight_tensor": name + ".weight", "bias_tensor": name + ".bias"}
+
+
+CONV_T = [("0.weight", "I8", [2, 1, 3, 3], i8(list(range(-9, 9)))), ("0.bias", "I32", [2], i32([1, -1]))]
+HEAD_T = [("3.weight", "I8", [2, 8], i8(list(range(-8, 8)))), ("3.bias", "I32", [2], i32([0, 0]))]
+# A valid CNN control: conv 1->2 3x3 on 4x4, ReLU, 2x2 pool stride 1 (2x2 -> 1x1... ) flatten, head.
+export("valid_cnn", [],
+       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "MaxPool2d", "kernel": 2, "stride": 2, "padding": 0},
+                      {"op": "Flatten", "features": 8}, linear("3", 8, 2)], input_shape=(1, 4, 4)),
+       tensors=CONV_T + HEAD_T)
+export("conv_zero_stride", ["model.json", "op `0`", "stride 0"],
+       metadata=meta([conv("0", 1, 2, 3, 0, 1), {"op": "Relu"}, {"op": "Flatten", "features": 32},
+                      linear("3", 8, 2)], input_shape=(1, 4, 4)),
+       tensors=CONV_T + HEAD_T)
+export("conv_kernel_larger_than_image", ["`0`", "smaller than its 3x3 kernel"],
+       metadata=meta([conv("0", 1, 2, 3), {"op": "Relu"}, {"op": "Flatten", "features": 8},
+                      linear("3", 8, 2)], input_shape=(1, 2, 2)),
+       tensors=CONV_T + HEAD_T)
+export("pool_huge_kernel", ["(max pool)", "multiply-adds"],
+       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"},
+                      {"op": "MaxPool2d", "kernel": 2**27, "stride": 1, "padding": 2**26},
+                      {"op": "Flatten", "features": 8}, linear("3", 8, 2)], input_shape=(1, 4, 4)),
+       tensors=CONV_T + HEAD_T)
+export("activation_explosion", ["`0`", "values"],
+       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "Flatten", "features": 2 * 8192 * 8192},
+                      linear("3", 8, 2)], input_shape=(1, 8192, 8192)),
+       tensors=CONV_T + HEAD_T)
+export("flatten_mismatch", ["(flatten)", "expects 9 features"],
+       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "MaxPool2d", "kernel": 2, "stride": 2, "padding": 0},
+                      {"op": "Flatten", "features": 9}, linear("3", 9, 2)], input_shape=(1, 4, 4)),
+       tensors=CONV_T + [("3.weight", "I8", [2, 9], i8(list(range(-9, 9)))), ("3.bias", "I32", [2], i32([0, 0]))])
+export("conv_on_flat_input", ["`0`", "receives 16 features"],
+       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "Flatten", "features": 32},
+                      linear("3", 8, 2)], input_shape=(16,)),
+       tensors=CONV_T + HEAD_T)
+
+# ----- float checkpoints (quant_ops::checkpoint::load_checkpoint into Linear<4, 3>) -----------
+
+W = struct.pack("<12f", *[0.1 * i for i in range(12)])
+B = struct.pack("<3f", 0.5, -0.5, 0.25)
+case("checkpoint/valid.safetensors", "checkpoint", [],
+     st_bytes([("bias", "F32", [3], B), ("weight", "F32", [3, 4], W)]))
+case("checkpoint/wrong_dtype.safetensors", "checkpoint", ["wrong_dtype.safetensors", "`weight`", "F32 [3, 4]"],
+     st_bytes([("bias", "F32", [3], B), ("weight", "U8", [3, 4], bytes(12))]))
+case("checkpoint/wrong_shape.safetensors", "checkpoint", ["`weight`", "[4, 3]"],
+     st_bytes([("bias", "F32", [3], B), ("weight", "F32", [4, 3], W)]))
+case("checkpoint/missing.safetensors", "checkpoint", ["`weight` is missing"], st_bytes([("bias", "F32", [3], B)]))
+case("checkpoint/offset_wraparound.safetensors", "checkpoint", ["offset_wraparound.safetensors", "outside"],
+     struct.pack("<Q", _n) + _hdr.encode())
+case("checkpoint/truncated.safetensors", "checkpoint", ["truncated.safetensors"],
+     st_bytes([("bias", "F32", [3], B), ("weight", "F32", [3, 4], W)])[:-7])
+case("checkpoint/empty.safetensors", "checkpoint", ["empty.safetensors", "too short"], b"")
+
+# ----- digits data files (quant::digits::load) ------------------------------------------------
+
+ROW = ",".join(["1"] * 64) + ",3\n"
+case("data/short_row.csv", "data", ["short_row.csv", "line 2", "fields"], ROW + "1,2,3\n")
+case("data/pixel_overflow.csv", "data", ["pixel_overflow.csv", "line 1", "pixel 0"], ROW.replace("1", "300", 1))
+case("data/negative_label.csv", "data", ["line 1", "label is `-1`"], ROW.replace(",3\n", ",-1\n"))
+case("data/not_utf8.csv", "data", ["not_utf8.csv"], b"\xff\xfe\x00" + ROW.encode())
+case("data/too_few_rows.csv", "data", ["too_few_rows.csv", "3 rows"], ROW * 3)
+case("data/not_gzip.csv.gz", "data", ["not_gzip.csv.gz"], ROW * 20)
+case("data/huge_number.csv", "data", ["line 1", "pixel 5"], ROW.replace("1,", "1,", 5).replace(
+    ",".join(["1"] * 6), ",".join(["1"] * 5) + ",99999999999999999999999", 1))
+
+# ----- manifest --------------------------------------------------------------------------------
+
+with open(os.path.join(ROOT, "expected.toml"), "w") as f:
+    f.write("# Generated by tools/gen_hostile_corpus.py: which loader reads each hostile input, and what\n"
+            "# its error message must contain. An empty list marks a valid control that must load.\n\n")
+    for path, loader, contains in CASES:
+        f.write('["%s"]\nloader = "%s"\ncontains = [%s]\n\n' % (
+            path, loader, ", ".join(json.dumps(c) for c in contains)))
+print("%d cases under %s" % (len(CASES), os.path.normpath(ROOT)))
