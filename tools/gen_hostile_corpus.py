@@ -271,10 +271,14 @@ export("nan_scale", ["model.json", "invalid export metadata"],
 export("extreme_scales", ["layer `0`", "requantizing into `2`", "2^31"],
        metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [3e38] * 3, [0] * 3, axis=0)),
                       {"op": "Relu"}, linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [1e-30], [10]))]))
-export("logit_scale_overflow", ["layer `2`", "overflows f32"],
+export("logit_scale_overflow", ["layer `2`", "overflow f32"],
        metadata=meta([linear("0", 4, 3), {"op": "Relu"},
                       linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [3e38], [10]),
                              w_q=quantizer("Symmetric", 8, True, [3e38] * 2, [0] * 2, axis=0))]))
+export("logit_overflow", ["layer `2`", "overflow f32"],
+       metadata=meta([linear("0", 4, 3), {"op": "Relu"},
+                      linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [1.0], [10]),
+                             w_q=quantizer("Symmetric", 8, True, [1e36] * 2, [0] * 2, axis=0))]))
 export("per_channel_input", ["model.json", "op `0`", "per tensor"],
        metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 8, False, [0.02, 0.02, 0.02, 0.02],
                                                       [10] * 4, axis=1))] + VALID_OPS[1:]))

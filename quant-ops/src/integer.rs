@@ -208,12 +208,23 @@ fn weighted_of(
             }
         }
         None => {
-            let scales: Vec<f32> = (0..out).map(|o| scale_of(o) as f32).collect();
-            if let Some(o) = scales.iter().position(|s| !s.is_finite()) {
-                return Err(unsupported(format!(
-                    "output channel {o}: the logit scale s_input · s_weight = {} overflows f32",
-                    scale_of(o)
-                )));
+            // Logits are `acc · scale`: finite for every accumulator the layer can produce.
+            let gi = l.input.inferable.grid();
+            let zi = i64::from(l.input.inferable.qparams().zero_points()[0]);
+            let x_max = (zi - i64::from(gi.quant_min())).max(i64::from(gi.quant_max()) - zi);
+            let mut scales = Vec::with_capacity(out);
+            for o in 0..out {
+                let row = l.weight.get(o * fan_in..(o + 1) * fan_in).unwrap_or(&[]);
+                let z = i64::from(w_zeros[if per_channel { o } else { 0 }]);
+                let w_abs: i64 = row.iter().map(|q| (i64::from(*q) - z).abs()).sum();
+                let bound = (w_abs * x_max + i64::from(l.bias[o]).abs()) as f64;
+                let s = scale_of(o);
+                if !((s as f32).is_finite() && bound * s <= f64::from(f32::MAX)) {
+                    return Err(unsupported(format!(
+                        "output channel {o}: logits up to {bound} · {s} (s_input · s_weight) overflow f32"
+                    )));
+                }
+                scales.push(s as f32);
             }
             Output::Dequantize { scales }
         }
@@ -416,12 +427,14 @@ impl IntegerModel {
             }
             macs = match cost.and_then(|c| macs.checked_add(c)) {
                 Some(m) if m <= MAX_SAMPLE_MACS => m,
-                _ => return Err(too_big(
-                    name,
-                    format!(
+                _ => {
+                    return Err(too_big(
+                        name,
+                        format!(
                         "one sample would take more than {MAX_SAMPLE_MACS} multiply-adds by here"
                     ),
-                )),
+                    ))
+                }
             };
             dims = next;
         }
