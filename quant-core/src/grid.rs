@@ -137,6 +137,17 @@ impl IntegerGrid {
         IntegerGrid { signed, ..self }
     }
 
+    /// The divisor that turns a power-of-two threshold into a power-of-two scale (see
+    /// [`power_of_two_scale`]): `2^(b-1)` signed and `2^b` unsigned, whatever the narrow range
+    /// (NVIDIA's `2^(b-1)-1` would make the scale `2^k / 127`, not a power of two).
+    pub const fn power_of_two_divisor(self) -> f32 {
+        if self.signed {
+            (1u32 << (self.bits - 1)) as f32
+        } else {
+            (1u32 << self.bits) as f32
+        }
+    }
+
     /// The divisor that turns a symmetric threshold `T` into a scale (see [`symmetric_scale`]).
     pub const fn threshold_divisor(self) -> f32 {
         if self.signed {
@@ -364,6 +375,27 @@ pub fn power_of_two_threshold(threshold: f32) -> Result<f32> {
     Ok(p)
 }
 
+/// The PowerOfTwo scale for threshold `T`: `T` rounded up to a power of two
+/// ([`power_of_two_threshold`]), divided by [`IntegerGrid::power_of_two_divisor`], so the scale
+/// is a power of two on every grid, narrow range included (which then drops the code
+/// `-2^(b-1)`: the largest magnitude is `(2^(b-1)-1)·s`). At least [`MIN_SCALE`].
+///
+/// # Errors
+/// A threshold that is NaN or infinite, or whose power of two overflows `f32`.
+pub fn power_of_two_scale(threshold: f32, grid: IntegerGrid) -> Result<f32> {
+    check_finite(threshold, "threshold")?;
+    let divisor = grid.power_of_two_divisor();
+    let t = power_of_two_threshold(threshold.abs().max(MIN_SCALE * divisor))?;
+    let s = t / divisor;
+    if !s.is_finite() {
+        return Err(QuantError::NonFinite {
+            what: "power-of-two threshold".into(),
+            value: f64::from(t),
+        });
+    }
+    Ok(s)
+}
+
 /// MCT's uniform (asymmetric) parameters for the range `[min, max]` on `grid`: the range is
 /// widened to contain 0, `s = (max - min) / (quant_max - quant_min)` (floored at
 /// [`MIN_SCALE`]), and the zero point `z = round_half_even(quant_min - min / s)` clamped to the
@@ -384,8 +416,9 @@ pub fn uniform_qparams(min: f32, max: f32, grid: IntegerGrid) -> Result<(f32, i3
 }
 
 /// Scale and zero point of `method` on `grid` for values in `[min, max]`:
-/// Symmetric uses the threshold `max(|min|, |max|)` ([`symmetric_scale`]); PowerOfTwo first
-/// rounds that threshold up ([`power_of_two_threshold`]); Uniform uses [`uniform_qparams`].
+/// Symmetric uses the threshold `max(|min|, |max|)` ([`symmetric_scale`]); PowerOfTwo rounds
+/// that threshold up to a power of two ([`power_of_two_scale`]); Uniform uses
+/// [`uniform_qparams`].
 pub fn qparams_from_range(
     method: QuantizationMethod,
     grid: IntegerGrid,
@@ -397,10 +430,7 @@ pub fn qparams_from_range(
     let threshold = min.abs().max(max.abs());
     match method {
         QuantizationMethod::Symmetric => Ok((symmetric_scale(threshold, grid)?, 0)),
-        QuantizationMethod::PowerOfTwo => {
-            let t = power_of_two_threshold(threshold.max(MIN_SCALE * grid.threshold_divisor()))?;
-            Ok((symmetric_scale(t, grid)?, 0))
-        }
+        QuantizationMethod::PowerOfTwo => Ok((power_of_two_scale(threshold, grid)?, 0)),
         QuantizationMethod::Uniform => uniform_qparams(min, max, grid),
     }
 }
@@ -468,6 +498,27 @@ mod tests {
             assert_eq!(power_of_two_threshold(t).unwrap(), p, "{t}");
         }
         assert!(power_of_two_threshold(f32::INFINITY).is_err());
+    }
+
+    #[test]
+    fn power_of_two_scales_stay_powers_of_two_with_narrow_range() {
+        for bits in 2..=16 {
+            for (signed, narrow) in [(true, false), (true, true), (false, false), (false, true)] {
+                let g = IntegerGrid::new(bits, signed, narrow).unwrap();
+                for t in [0.0, 1e-30, 0.3, 1.0, 5.0, 131072.0, 1e38] {
+                    let (s, z) = qparams_from_range(QuantizationMethod::PowerOfTwo, g, -t, t)
+                        .unwrap_or_else(|e| panic!("{g:?} {t}: {e}"));
+                    assert_eq!((s.to_bits() & 0x007f_ffff, z), (0, 0), "{g:?} {t}: {s}");
+                    // The rounded-up threshold covers T (up to the narrow range's last level).
+                    assert!(
+                        s * g.power_of_two_divisor() >= t.min(3e38),
+                        "{g:?} {t}: {s}"
+                    );
+                }
+            }
+        }
+        // Above 2^127 the power of two overflows f32.
+        assert!(power_of_two_scale(3e38, IntegerGrid::UINT8).is_err());
     }
 
     #[test]

@@ -40,8 +40,8 @@ pub mod vocab;
 pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerConfig};
 pub use error::{QuantError, Result};
 pub use grid::{
-    power_of_two_threshold, qparams_from_range, symmetric_scale, uniform_qparams, Granularity,
-    IntegerGrid, QParams, MIN_SCALE,
+    power_of_two_scale, power_of_two_threshold, qparams_from_range, symmetric_scale,
+    uniform_qparams, Granularity, IntegerGrid, QParams, MIN_SCALE,
 };
 pub use inferable::InferableQuantizer;
 pub use quantizer::{

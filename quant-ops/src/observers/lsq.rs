@@ -1,7 +1,7 @@
 //! LSQ's initial step size.
 
 use quant_core::{
-    power_of_two_threshold, symmetric_scale, uniform_qparams, ChannelLayout, IntegerGrid, QParams,
+    power_of_two_scale, symmetric_scale, uniform_qparams, ChannelLayout, IntegerGrid, QParams,
     QuantError, QuantizationMethod, Result, RoundingPolicy, MIN_SCALE,
 };
 
@@ -88,10 +88,10 @@ fn lsq_qparams(
     match method {
         QuantizationMethod::Symmetric => Ok((s0.max(MIN_SCALE), 0)),
         QuantizationMethod::PowerOfTwo => {
-            let divisor = grid.threshold_divisor();
+            let divisor = grid.power_of_two_divisor();
             // The threshold in f64 first: one rounding to f32, not two.
-            let t = ((s0_wide * f64::from(divisor)) as f32).max(MIN_SCALE * divisor);
-            Ok((symmetric_scale(power_of_two_threshold(t)?, grid)?, 0))
+            let t = (s0_wide * f64::from(divisor)) as f32;
+            Ok((power_of_two_scale(t, grid)?, 0))
         }
         QuantizationMethod::Uniform => {
             let (_, z) = uniform_qparams(min, max, grid)?;

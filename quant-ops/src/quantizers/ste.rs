@@ -2,9 +2,9 @@
 //! gradient `dy` inside the grid and 0 outside.
 
 use quant_core::{
-    power_of_two_threshold, symmetric_scale, ActivationQuantizer, ActivationQuantizerConfig,
-    IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams, QuantizationMethod, QuantizerConfig,
-    QuantizerInput, Result, TrainableQuantizer, WeightsQuantizer, WeightsQuantizerConfig,
+    power_of_two_scale, ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank,
+    ParamBankMut, ParamDecl, QParams, QuantizationMethod, QuantizerConfig, QuantizerInput, Result,
+    TrainableQuantizer, WeightsQuantizer, WeightsQuantizerConfig,
 };
 use quant_macros::mark_quantizer;
 
@@ -52,7 +52,7 @@ pub(crate) fn write_affine(
         QuantizationMethod::PowerOfTwo => qparams
             .scales()
             .iter()
-            .map(|s| symmetric_scale(power_of_two_threshold(s * grid.threshold_divisor())?, grid))
+            .map(|s| power_of_two_scale(s * grid.power_of_two_divisor(), grid))
             .collect::<Result<Vec<f32>>>()?,
         _ => qparams.scales().to_vec(),
     };
