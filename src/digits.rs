@@ -207,7 +207,7 @@ mod tests {
         std::fs::write(&bad, "1,2\n").unwrap();
         let e = load(&bad).unwrap_err().to_string();
         assert!(e.contains("line 1: 2 fields; expected 65"), "{e}");
-        std::fs::write(&bad, format!("{}", row("1").replacen("1,", "17,", 1))).unwrap();
+        std::fs::write(&bad, row("1").replacen("1,", "17,", 1)).unwrap();
         let e = load(&bad).unwrap_err().to_string();
         assert!(e.contains("pixel 0 is 17"), "{e}");
         std::fs::remove_dir_all(&dir).ok();

@@ -7,6 +7,8 @@
 //! With more threads: the runs are also compared across pool sizes (1, 2 and 3 threads); see
 //! `results_do_not_depend_on_the_number_of_threads`.
 
+#![allow(clippy::result_large_err)]
+
 use std::path::{Path, PathBuf};
 
 use quant::pipeline::{run, RunConfig, RunOptions, RunReport};

@@ -257,7 +257,7 @@ proptest! {
                 let banks = layout.channels;
                 let mut bank = vec![0.0; MAX_PARAMETERS * banks];
                 q.initialize(QuantizerInput::new(&x0, layout, grid).unwrap(), &mut ParamBankMut::new(&mut bank, banks).unwrap()).unwrap();
-                let mut check = |bank: &[f32], what: &str| -> Result<(), TestCaseError> {
+                let check = |bank: &[f32], what: &str| -> Result<(), TestCaseError> {
                     let view = ParamBank::new(bank, banks).unwrap();
                     let input = QuantizerInput::new(&x1, layout, grid).unwrap();
                     let mut y = vec![0.0; x1.len()];

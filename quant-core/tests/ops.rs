@@ -158,7 +158,7 @@ fn lsq_per_channel_on_axis_one_and_default_grad_factor() {
     .unwrap();
     let g = y.sum().backward();
     let ds = g.get(&scale).array();
-    let gfac = 1.0 / ((6.0 * 3.0) as f64).sqrt();
+    let gfac = 1.0 / (6.0f64 * 3.0).sqrt();
     for c in 0..3 {
         let s = [0.1f32, 0.2, 0.4][c];
         let mut expect = 0.0;
@@ -211,6 +211,7 @@ fn pact_gradients_match_finite_differences_of_the_clip() {
 }
 
 /// DSQ's soft surrogate, independently in f64, with the zero point and cell index frozen.
+#[allow(clippy::too_many_arguments)]
 fn dsq_soft(x: f64, alpha: f64, l: f64, u: f64, z: f64, cell: f64, qmin: f64, n: f64) -> f64 {
     let delta = (u.max(0.0) - l.min(0.0)) / n;
     let lo = qmin - z;

@@ -180,6 +180,8 @@ pub struct ExportedWeighted {
 }
 
 /// One op of an exported model, run in order.
+// A model holds a handful of ops; boxing the layers would only add an indirection to the API.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum ExportedOp {
     /// A Linear or Conv2d layer.
@@ -429,6 +431,7 @@ struct Metadata {
     ops: Vec<OpMeta>,
 }
 
+#[allow(clippy::large_enum_variant)]
 #[derive(Serialize, Deserialize)]
 #[serde(tag = "op", deny_unknown_fields)]
 enum OpMeta {

@@ -3,8 +3,50 @@
 //! The catalogue of `quant`: built-in trainable quantizers, observers, float convolution and
 //! pooling for stable Rust, quantized layers, model conversion, calibration, platforms, export
 //! and integer inference.
+//!
+//! ```
+//! use dfdx::prelude::*;
+//! use quant_ops::{convert::quantize_model, export::export_model, integer::IntegerModel};
+//! use quant_ops::{layers::QuantizedModuleExt, policy::Policy};
+//!
+//! // A float model, and a policy file: 8-bit LSQ weights and inputs in every layer.
+//! let dev = Cpu::seed_from_u64(0);
+//! let float = dev.build_module::<(Linear<4, 8>, ReLU, Linear<8, 3>), f32>();
+//! let policy = Policy::from_toml_str(
+//!     r#"
+//!     [weights]
+//!     training_method = "Lsq"
+//!     method = "Symmetric"
+//!     bits = 8
+//!     [input]
+//!     training_method = "Lsq"
+//!     method = "Uniform"
+//!     bits = 8
+//!     "#,
+//!     "policy.toml",
+//! )?;
+//!
+//! // Convert (every quantizer starts calibrating), observe a batch, freeze (PTQ).
+//! let mut model = quantize_model(&float, &policy)?;
+//! let x = dev.sample_normal::<Rank2<16, 4>>();
+//! model.try_forward_mut(x.clone())?;
+//! assert_eq!(model.finish_calibration()?, 4);
+//!
+//! // Export and run on integers: the logits match the fake-quantized model's.
+//! let fake_quantized = model.try_forward(x.clone())?.as_vec();
+//! let integer = IntegerModel::new(&export_model(&model, &[4], Default::default())?)?;
+//! let logits = integer.forward(&x.as_vec())?;
+//! let range = fake_quantized.iter().fold(0f32, |m, v| m.max(v.abs()));
+//! for (a, b) in logits.iter().zip(&fake_quantized) {
+//!     assert!((a - b).abs() <= quant_ops::integer::LOGIT_TOLERANCE * range);
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 #![warn(missing_docs)]
+// Errors carry the file, key path or layer and a message that says what is valid: they are
+// returned once per failed load or run, never on a hot path, so their size does not matter.
+#![allow(clippy::result_large_err)]
 
 extern crate self as quant_ops;
 

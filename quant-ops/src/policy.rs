@@ -126,7 +126,7 @@ impl QuantizerSettings {
             narrow_range: over.narrow_range.or(self.narrow_range),
             signed: over.signed.or(self.signed),
             rounding: over.rounding.or(self.rounding),
-            observer: over.observer.clone().or_else(|| self.observer.clone()),
+            observer: over.observer.or(self.observer),
             options,
         }
     }
@@ -179,7 +179,7 @@ impl QuantizerSettings {
         registry::build(&config)?;
         Ok(QuantizerSpec {
             config,
-            observer: self.observer.clone().unwrap_or(ObserverConfig::MinMax),
+            observer: self.observer.unwrap_or(ObserverConfig::MinMax),
         })
     }
 }

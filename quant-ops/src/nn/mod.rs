@@ -5,7 +5,7 @@
 //!
 //! - functional ops ([`conv2d`], [`max_pool2d`], [`avg_pool2d`], [`flatten`]) that take
 //!   kernel, stride and padding at run time, work with any tape, record a hand-written
-//!   backward pass, and return a [`QuantError`](quant_core::QuantError) that says what was
+//!   backward pass, and return a [`QuantError`] that says what was
 //!   wrong with a shape and what is valid;
 //! - dfdx modules ([`Conv2d`], [`MaxPool2d`], [`AvgPool2d`], [`Flatten`]) with the geometry in
 //!   const generics, which compose with dfdx's layers in tuples, train with dfdx optimizers and

@@ -1,8 +1,8 @@
 //! LSQ's initial step size.
 
 use quant_core::{
-    power_of_two_scale, symmetric_scale, uniform_qparams, ChannelLayout, IntegerGrid, QParams,
-    QuantError, QuantizationMethod, Result, RoundingPolicy, MIN_SCALE,
+    power_of_two_scale, uniform_qparams, ChannelLayout, IntegerGrid, QParams, QuantError,
+    QuantizationMethod, Result, RoundingPolicy, MIN_SCALE,
 };
 
 use super::config::ObserverConfig;
