@@ -1,0 +1,292 @@
+//! One check per error variant family: each error, raised through the public API the way user
+//! data raises it, says what is wrong and names the offending value, key, layer or file.
+//!
+//! Elsewhere: policy and run-file parse/validation errors with key paths
+//! (`quant-ops/tests/policy.rs`, `tests/hostile.rs`), export metadata and tensor errors and data
+//! files (`tests/hostile.rs`), observer errors (`quant-ops/tests/observers.rs`), the registry's
+//! `Ambiguous` (`tests/registry.rs`). `QuantError::Device` wraps dfdx's allocation failure and
+//! is not raised on purpose here.
+
+#![allow(clippy::result_large_err)]
+
+use std::path::PathBuf;
+
+use dfdx::prelude::*;
+
+use quant::pipeline::{eval_export, run, RunConfig, RunError, RunOptions};
+use quant::prelude::*;
+use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_affine};
+use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
+use quant_ops::checkpoint::{load_checkpoint, CheckpointError};
+use quant_ops::convert::{quantize_model, LayerKind, LayerQuantization};
+use quant_ops::export::{export_model, ExportError, ExportedModel};
+use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant_ops::observers::{HistogramBins, ObserverConfig};
+use quant_ops::policy::{Policy, PolicyError};
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quant-errors-{name}-{}", std::process::id()));
+    std::fs::remove_dir_all(&dir).ok();
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+fn has(message: &str, parts: &[&str]) {
+    for p in parts {
+        assert!(message.contains(p), "`{p}` missing from: {message}");
+    }
+}
+
+// ----- QuantError, raised directly by the numerics, the grid and the registry -------------------
+
+#[test]
+fn quant_errors_name_the_value_and_what_is_valid() {
+    let e = IntegerGrid::new(1, true, false).unwrap_err();
+    assert!(matches!(e, QuantError::InvalidBits { bits: 1 }));
+    has(&e.to_string(), &["bits = 1", "2..=16"]);
+
+    let e = fake_quantize_per_tensor_affine(&[1.0], 0.0, 0, -128, 127).unwrap_err();
+    assert!(matches!(e, QuantError::InvalidScale { .. }));
+    has(&e.to_string(), &["scale = 0", "finite"]);
+
+    let e = fake_quantize_per_tensor_affine(&[1.0], 0.5, 200, -128, 127).unwrap_err();
+    assert!(matches!(e, QuantError::InvalidZeroPoint { .. }));
+    has(&e.to_string(), &["zero_point = 200", "[-128, 127]"]);
+
+    let e = fake_quantize_per_tensor_affine(&[1.0], 0.5, 0, 5, 3).unwrap_err();
+    assert!(matches!(e, QuantError::InvalidRange { .. }));
+    has(&e.to_string(), &["[5, 3]", "quant_min must not exceed quant_max"]);
+
+    let mut short = [0.0; 1];
+    let e = fake_quantize_affine_into(
+        &[1.0, 2.0],
+        &mut short,
+        ChannelLayout::per_tensor(2),
+        &[0.5],
+        &[0],
+        -8,
+        7,
+        RoundingPolicy::HalfEven,
+    )
+    .unwrap_err();
+    assert!(matches!(e, QuantError::LengthMismatch { .. }));
+    has(&e.to_string(), &["length mismatch for y", "expected 2, got 1"]);
+
+    let e = ChannelLayout::new(&[2, 3], Some(5)).unwrap_err();
+    assert!(matches!(e, QuantError::InvalidAxis { .. }));
+    has(&e.to_string(), &["axis 5", "rank 2"]);
+
+    let e = symmetric_scale(f32::NAN, IntegerGrid::INT8).unwrap_err();
+    assert!(matches!(e, QuantError::NonFinite { .. }));
+    has(&e.to_string(), &["threshold = NaN", "not finite"]);
+
+    let e = HistogramBins::new(3).unwrap_err();
+    assert!(matches!(e, QuantError::InvalidValue { .. }));
+    has(&e.to_string(), &["bins = 3", "8..=65536"]);
+
+    let e = registry::find(
+        QuantizationTarget::Weights,
+        QuantizationMethod::PowerOfTwo,
+        TrainingMethod::Lsq,
+    )
+    .unwrap_err();
+    assert!(matches!(e, QuantError::NotFound { .. }));
+    has(
+        &e.to_string(),
+        &["method PowerOfTwo", "training method Lsq", "Lsq [Symmetric, Uniform]"],
+    );
+
+    let e = TrainingMethod::from_name("Lqs").unwrap_err();
+    assert!(matches!(e, QuantError::UnknownTrainingMethod { .. }));
+    has(&e.to_string(), &["`Lqs`", "Lsq", "Ste"]);
+
+    let mut config =
+        WeightsQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4);
+    config.options.insert("colour".into(), 1.0);
+    let e = registry::build(&config.into()).unwrap_err();
+    assert!(matches!(e.root(), QuantError::UnknownOption { .. }));
+    has(&e.to_string(), &["`colour`", "valid options: grad_factor"]);
+}
+
+// ----- QuantError::At: errors inside a model name the layer's quantizer ------------------------
+
+quant::training_methods!(pub trait ErrorTestMethods { Greedy });
+
+/// A quantizer that declares more learnable parameters than a runtime slot holds.
+#[mark_quantizer(target = Weights, method = [Symmetric], id = Greedy)]
+#[derive(Debug)]
+pub struct GreedyQuantizer(QuantizerConfig);
+
+impl WeightsQuantizer for GreedyQuantizer {
+    fn from_config(config: &WeightsQuantizerConfig) -> quant::Result<Self> {
+        Ok(GreedyQuantizer(config.clone().into()))
+    }
+}
+
+impl TrainableQuantizer for GreedyQuantizer {
+    fn config(&self) -> &QuantizerConfig {
+        &self.0
+    }
+    fn parameters(&self) -> Vec<ParamDecl> {
+        (0..=MAX_PARAMETERS)
+            .map(|_| ParamDecl {
+                name: "p",
+                trainable: true,
+            })
+            .collect()
+    }
+    fn set_qparams(&self, _: &QParams, _: IntegerGrid, _: &mut ParamBankMut<'_>) -> quant::Result<()> {
+        Ok(())
+    }
+    fn qparams(&self, _: &ParamBank<'_>, _: IntegerGrid, _: Option<usize>) -> quant::Result<QParams> {
+        QParams::per_tensor(1.0, 0)
+    }
+    fn forward(&self, x: QuantizerInput<'_>, _: &ParamBank<'_>, y: &mut [f32]) -> quant::Result<()> {
+        y.copy_from_slice(x.data);
+        Ok(())
+    }
+    fn backward(&self, _: QuantizerInput<'_>, _: &ParamBank<'_>, _: &[f32], _: &mut [f32], _: &mut ParamBankMut<'_>) {}
+}
+
+fn spec(config: impl Into<QuantizerConfig>) -> QuantizerSpec {
+    QuantizerSpec {
+        config: config.into(),
+        observer: ObserverConfig::MinMax,
+    }
+}
+
+type Mlp = (Linear<4, 6>, ReLU, Linear<6, 2>);
+
+#[test]
+fn errors_inside_a_model_name_the_layer_and_slot() {
+    let dev = Cpu::seed_from_u64(1);
+    let float = dev.build_module::<Mlp, f32>();
+    let lsq4 = WeightsQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4);
+    let act4 = ActivationQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Uniform, 4);
+
+    // ConfigMismatch: an activation config in the weights slot of layer 2.
+    let wrong_target = |name: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
+        Ok(LayerQuantization {
+            weights: Some(spec(if name == "2" {
+                QuantizerConfig::from(act4.clone())
+            } else {
+                lsq4.clone().into()
+            })),
+            input: Some(spec(act4.clone())),
+        })
+    };
+    let e = quantize_model(&float, &wrong_target).unwrap_err();
+    assert!(matches!(e, QuantError::At { .. }));
+    assert!(matches!(e.root(), QuantError::ConfigMismatch { .. }));
+    has(&e.to_string(), &["2.weight_quantizer", "quantizes Weights", "Activation"]);
+
+    // TooManyParameters: the user's quantizer does not fit a runtime slot.
+    let greedy = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
+        Ok(LayerQuantization {
+            weights: Some(spec(WeightsQuantizerConfig::new(
+                TrainingMethod::Greedy,
+                QuantizationMethod::Symmetric,
+                4,
+            ))),
+            input: None,
+        })
+    };
+    let e = quantize_model(&float, &greedy).unwrap_err();
+    assert!(matches!(e.root(), QuantError::TooManyParameters { .. }));
+    has(&e.to_string(), &["0.weight_quantizer", "GreedyQuantizer", "at most"]);
+
+    // NotInitialized: calibration finished before any batch was observed.
+    let lsq = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
+        Ok(LayerQuantization {
+            weights: Some(spec(lsq4.clone())),
+            input: Some(spec(act4.clone())),
+        })
+    };
+    let mut q = quantize_model(&float, &lsq).unwrap();
+    let e = q.finish_calibration().unwrap_err();
+    assert!(matches!(e.root(), QuantError::NotInitialized { .. }));
+    has(&e.to_string(), &["0.", "_quantizer", "run forward_mut on calibration batches"]);
+
+    // ExportError::Unsupported: a layer that was never calibrated has no integer form.
+    let e = export_model(&q, &[4], Default::default()).unwrap_err();
+    assert!(matches!(e, ExportError::Unsupported { .. }));
+    has(&e.to_string(), &["layer `0`", "not calibrated"]);
+}
+
+// ----- files: policy, checkpoint, export, run --------------------------------------------------
+
+#[test]
+fn file_errors_name_the_file() {
+    let dir = scratch("files");
+    let missing = dir.join("no-such-policy.toml");
+    let e = Policy::from_file(&missing).unwrap_err();
+    assert!(matches!(e, PolicyError::Read { .. }));
+    has(&e.to_string(), &["no-such-policy.toml"]);
+
+    let e = RunConfig::from_file(&dir.join("no-such-run.toml")).unwrap_err();
+    assert!(matches!(e, PolicyError::Read { .. }));
+    has(&e.to_string(), &["no-such-run.toml"]);
+
+    let dev = Cpu::default();
+    let mut model = dev.build_module::<Linear<4, 3>, f32>();
+    let e = load_checkpoint(&mut model, &dir.join("no-such.safetensors")).unwrap_err();
+    assert!(matches!(e, CheckpointError::Io { .. }));
+    has(&e.to_string(), &["no-such.safetensors"]);
+
+    let e = ExportedModel::load(&dir.join("no-such-export")).unwrap_err();
+    assert!(matches!(e, ExportError::Io { .. }));
+    has(&e.to_string(), &["no-such-export", "model.json"]);
+
+    // Saving where a regular file blocks the directory.
+    let blocker = dir.join("blocker");
+    std::fs::write(&blocker, b"not a directory").unwrap();
+    let exported = ExportedModel::load(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile/export/valid"),
+    )
+    .unwrap();
+    let e = exported.save(&blocker.join("export")).unwrap_err();
+    assert!(matches!(e, ExportError::Io { .. }));
+    has(&e.to_string(), &["blocker"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn run_errors_name_the_file() {
+    let dir = scratch("run");
+    let text = |data: &str| {
+        format!(
+            "[model]\nkind = \"mlp\"\n[data]\npath = \"{data}\"\n[run]\nseeds = [1]\n\
+             [float]\nepochs = 1\n[qat]\nepochs = 0\n\
+             [quantization.weights]\ntraining_method = \"Ste\"\nmethod = \"Symmetric\"\nbits = 8\n\
+             [quantization.input]\ntraining_method = \"Ste\"\nmethod = \"Uniform\"\nbits = 8\n"
+        )
+    };
+    let opts = |cache: Option<PathBuf>| RunOptions {
+        cache_dir: cache,
+        export_dir: None,
+        progress: false,
+        policy_name: "errors.toml".into(),
+    };
+
+    // RunError::Data: the data file named in the run file.
+    let missing = dir.join("no-such-digits.csv.gz");
+    let cfg = RunConfig::from_toml_str(&text(&missing.display().to_string()), "errors.toml").unwrap();
+    let e = run(&cfg, &opts(None)).unwrap_err();
+    assert!(matches!(e, RunError::Data(_)));
+    has(&e.to_string(), &["no-such-digits.csv.gz"]);
+
+    // RunError::File: the float-checkpoint cache cannot be written.
+    let blocker = dir.join("cache-blocker");
+    std::fs::write(&blocker, b"a file, not a directory").unwrap();
+    let bundled = quant::digits::bundled_path();
+    let cfg = RunConfig::from_toml_str(&text(&bundled.display().to_string()), "errors.toml").unwrap();
+    let e = run(&cfg, &opts(Some(blocker.join("cache")))).unwrap_err();
+    assert!(matches!(e, RunError::File { .. }));
+    has(&e.to_string(), &["cache-blocker"]);
+
+    // RunError::Export: evaluating an export directory that is not one.
+    let e = eval_export(&dir.join("no-such-export"), None).unwrap_err();
+    assert!(matches!(e, RunError::Export(_)));
+    has(&e.to_string(), &["no-such-export", "model.json"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
