@@ -1223,8 +1223,9 @@ fn lsq_slow(
 /// `round_half_even(clamp(zero_point, quant_min, quant_max))`.
 ///
 /// # Errors
-/// A NaN zero point.
+/// A NaN zero point, or `quant_min > quant_max`.
 pub fn round_zero_point(zero_point: f32, quant_min: i32, quant_max: i32) -> Result<i32> {
+    check_range(quant_min, quant_max)?;
     if zero_point.is_nan() {
         return Err(QuantError::NonFinite {
             what: "zero_point".into(),
@@ -1522,6 +1523,9 @@ pub fn dsq_forward_into(
 /// value is its limit `sign(φ)`. Outside, `Q` is the nearest end, `Δ·lo` or `Δ·(lo + N)`.
 /// `z` and `i` are held constant; `Δ = (max(u,0) - min(l,0)) / N` carries the gradients of
 /// the range ends.
+///
+/// Called after a successful [`dsq_forward_into`] with the same arguments, it cannot fail;
+/// buffers that do not match the layout (which that forward pass rejects) are left untouched.
 #[allow(clippy::too_many_arguments)]
 pub fn dsq_backward_into(
     x: &[f32],
@@ -1537,6 +1541,17 @@ pub fn dsq_backward_into(
     dupper: &mut [f32],
 ) {
     let channels = layout.channels;
+    // Buffers that disagree with the layout (the forward pass, which checks them, has failed
+    // already) are left alone: this function cannot report an error.
+    let per_channel = [alpha.len(), lower.len(), upper.len()];
+    let grads = [dalpha.len(), dlower.len(), dupper.len()];
+    if layout.numel() != x.len()
+        || dy.len() != x.len()
+        || dx.len() != x.len()
+        || per_channel.iter().chain(&grads).any(|n| *n < channels)
+    {
+        return;
+    }
     let n_levels = (grid.quant_max() - grid.quant_min()) as f32;
     let mut sums = vec![(0f64, 0f64); channels]; // (dΔ, dα) per channel
     let mut params = Vec::with_capacity(channels);

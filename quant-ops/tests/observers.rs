@@ -1111,4 +1111,56 @@ proptest! {
             );
         }
     }
+
+    #[test]
+    fn per_channel_constants_and_single_elements_give_finite_positive_scales(
+        outer in 1usize..3,
+        channels in 1usize..4,
+        inner in 1usize..3,
+        axis_first in any::<bool>(),
+        constants in prop::collection::vec(finite_value(), 4),
+        hist_bins in 8usize..32,
+    ) {
+        // Every channel constant (a single element when outer = inner = 1), on axis 0 or 1.
+        let (shape, axis) = if axis_first {
+            (vec![channels, outer * inner], 0)
+        } else {
+            (vec![outer, channels, inner], 1)
+        };
+        let layout = ChannelLayout::new(&shape, Some(axis)).unwrap();
+        let x: Vec<f32> = (0..layout.numel()).map(|i| constants[layout.channel_of(i)]).collect();
+        for config in all_configs(hist_bins) {
+            let mut o = config.build();
+            o.observe(&x, layout).unwrap();
+            for g in property_grids() {
+                for method in [Symmetric, PowerOfTwo, Uniform] {
+                    let what = format!("{config} {method} {g:?} {shape:?} axis {axis}");
+                    let q = o.qparams(method, g, HE);
+                    prop_assert!(q.is_ok(), "{}: {:?}", what, q);
+                    let q = q.unwrap();
+                    prop_assert_eq!(q.channels(), channels, "{}", what);
+                    assert_sane(&q, g, &what);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn hand_built_layouts_are_errors_not_panics(
+        outer in prop_oneof![0usize..4, Just(usize::MAX), Just(1usize << 40)],
+        channels in prop_oneof![0usize..4, Just(usize::MAX), Just(1usize << 40)],
+        inner in prop_oneof![0usize..4, Just(usize::MAX), Just(1usize << 40)],
+        axis in prop::option::of(0usize..3),
+        x in prop::collection::vec(finite_value(), 0..12),
+    ) {
+        let layout = ChannelLayout { outer, channels, inner, axis };
+        for config in all_configs(16) {
+            let mut o = config.build();
+            let r = o.observe(&x, layout);
+            if layout.numel() != x.len() || channels == 0 {
+                prop_assert!(r.is_err(), "{} accepted {:?} for {} values", config, layout, x.len());
+            }
+        }
+    }
 }
+
