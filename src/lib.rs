@@ -43,5 +43,5 @@ pub mod prelude {
         RoundingPolicy, TrainableQuantizer, TrainingMethod, WeightsQuantizer,
         WeightsQuantizerConfig,
     };
-    pub use quant_macros::mark_quantizer;
+    pub use quant_macros::{mark_quantizer, QuantizedLayer, QuantizedModel};
 }

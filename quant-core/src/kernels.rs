@@ -6,7 +6,24 @@
 //! the forward pass: `q = round_half_even(x * (1/scale)) + zero_point`,
 //! `y = (clamp(q, quant_min, quant_max) - zero_point) * scale`, in `f32`.
 //! The `_into` variants write into a caller's buffer, take a [`RoundingPolicy`] and a
-//! [`ChannelLayout`], and are what the dfdx ops use.
+//! [`ChannelLayout`], and are what the dfdx ops use. `quant-core/tests/pytorch_reference.rs`
+//! checks all of this against vectors that real PyTorch produced
+//! (`tools/gen_pytorch_fixtures.py`).
+//!
+//! # PyTorch's LSQ backward
+//! PyTorch's learnable (LSQ) backward rounds `x * (1/scale) + zero_point`, where its forward
+//! rounds `x * (1/scale)` and then adds `zero_point`. At an exact tie with an odd zero point the
+//! two disagree (`x/s = 0.5, z = 1`: the forward gives `q = 1`, the backward `q = 2`). We follow
+//! PyTorch in each, so [`fake_quantize_learnable_affine_backward_into`] matches its gradients
+//! exactly. Two things we do not copy:
+//! - PyTorch's *per-tensor* backward rounds a learnable zero point as `trunc(clamp(z + 0.5))`
+//!   where its forward and its per-channel backward use `round_half_even(clamp(z))`; they
+//!   differ for every negative zero point (`z = -5` becomes `-4` in the backward) and at
+//!   halves. We use the forward's rounding everywhere ([`round_zero_point`]), so forward and
+//!   backward see the same grid.
+//! - PyTorch's AVX2/AVX512 builds of the LSQ backward contract `z + x * (1/s)` into one fused
+//!   multiply-add, so one ulp from a tie their result depends on the CPU. We compute the
+//!   product and the sum separately, as its portable (`DEFAULT`) build does, on every CPU.
 //!
 //! # Non-finite inputs
 //! `±Inf` saturates to the nearest end of the grid. `NaN` propagates: the output is `NaN`,
@@ -18,8 +35,21 @@
 //! # Speed
 //! Rounding uses the `1.5 * 2^23` addition trick, exact round-half-even for `|v| <= 2^22`
 //! (the input is clamped to the grid first, which commutes with rounding because the bounds
-//! are integers), so every loop vectorises on baseline x86-64 (SSE2) without `roundps`.
-//! Tensors of at least [`PARALLEL_THRESHOLD`] elements are split across rayon's threads.
+//! are integers), so every loop vectorises on baseline x86-64 (SSE2) without `roundps`. On
+//! x86-64 CPUs with AVX2 (detected at run time) the same loops run compiled for AVX2: twice
+//! the lanes, same results bit for bit (no FMA contraction: Rust never fuses `a * b + c`).
+//! The LSQ backward with round half to even, the training hot spot, has a hand-written AVX2
+//! loop (LLVM would not keep the sums in registers), lane for lane the portable arithmetic.
+//! Gradient sums accumulate in `f32` lanes over blocks of at most 4 terms per lane and in
+//! `f64` across blocks, so they stay within about 1e-7 relative of an exact sum of the terms
+//! (relative to the sum of their absolute values, when terms of both signs cancel).
+//! Tensors of at least [`PARALLEL_THRESHOLD`] elements are split across rayon's threads into
+//! jobs whose boundaries depend only on the tensor's size, so results do not depend on the
+//! number of threads.
+//!
+//! Grids wider than `2^21` levels on either side of zero take exact scalar paths that follow
+//! PyTorch's own arithmetic there, which differs between its per-tensor kernel (`f32` codes
+//! and products) and its per-channel kernel (`int64` codes, a `double` product).
 
 use rayon::prelude::*;
 
@@ -30,6 +60,7 @@ use crate::vocab::RoundingPolicy;
 
 /// Element count from which kernels split work across rayon's thread pool.
 pub const PARALLEL_THRESHOLD: usize = 1 << 18;
+/// Least number of elements in one parallel job (128 KiB of `f32` per stream).
 const PARALLEL_CHUNK: usize = 1 << 15;
 /// Below this many elements per channel block, parameters are expanded per element so the
 /// inner loop stays long enough to vectorise.
@@ -37,23 +68,86 @@ const SHORT_BLOCK: usize = 64;
 /// `1.5 * 2^23`: adding and subtracting it rounds to the nearest integer, ties to even, for
 /// any `|v| <= 2^22`.
 const MAGIC: f32 = 12_582_912.0;
-/// Largest `|quant_min - zero_point|`, `|quant_max - zero_point|` the fast path handles.
+/// The bit pattern of [`MAGIC`]: for an integer-valued `|v| < 2^22`, the bits of `v + MAGIC`
+/// are `MAGIC_BITS + v`, an exact float-to-integer conversion that vectorises on SSE2.
+const MAGIC_BITS: i32 = 0x4B40_0000;
+/// Largest `|quant_min|`, `|quant_max|`, `|quant_min - zero_point|`, `|quant_max - zero_point|`
+/// the fast path handles.
 const FAST_LIMIT: i64 = 1 << 21;
+/// `f32` accumulator lanes of the gradient sums: one AVX2 register, two SSE2. (More lanes
+/// spill registers on AVX2.)
+const LANES: usize = 8;
+/// Elements per accumulation block: each `f32` lane sums 4 terms before it is added to an
+/// `f64` accumulator, which bounds the rounding error of a block sum to a few ulps.
+const BLOCK: usize = 4 * LANES;
 
 #[inline(always)]
 fn rne(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
+/// Defines `fn $name` that runs its body compiled for AVX2 when the CPU has it (checked at run
+/// time, once per call), and compiled for the baseline target otherwise. Everything the body
+/// calls must be `#[inline(always)]` (or generic and inlined) to benefit.
+macro_rules! multiversion {
+    (
+        $(#[$meta:meta])*
+        fn $name:ident<$($gen:ident: $bound:path),*>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block
+    ) => {
+        $(#[$meta])*
+        fn $name<$($gen: $bound),*>($($arg: $ty),*) $(-> $ret)? {
+            #[inline(always)]
+            fn imp<$($gen: $bound),*>($($arg: $ty),*) $(-> $ret)? $body
+
+            #[cfg(target_arch = "x86_64")]
+            {
+                // `unsafe fn`: safe functions with target features need Rust 1.86.
+                #[target_feature(enable = "avx2")]
+                unsafe fn avx2<$($gen: $bound),*>($($arg: $ty),*) $(-> $ret)? {
+                    imp::<$($gen),*>($($arg),*)
+                }
+                if !baseline_forced() && std::arch::is_x86_feature_detected!("avx2") {
+                    // SAFETY: the CPU supports AVX2, checked just above.
+                    return unsafe { avx2::<$($gen),*>($($arg),*) };
+                }
+            }
+            imp::<$($gen),*>($($arg),*)
+        }
+    };
+}
+
+/// Unit tests set this to run the baseline (SSE2) code on an AVX2 machine too.
+#[cfg(test)]
+static FORCE_BASELINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+#[inline(always)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+fn baseline_forced() -> bool {
+    #[cfg(test)]
+    {
+        FORCE_BASELINE.load(std::sync::atomic::Ordering::Relaxed)
+    }
+    #[cfg(not(test))]
+    {
+        false
+    }
+}
+
 /// Rounding to an integer, valid for `|v| <= 2^22` (and NaN, which it propagates).
 trait Round: Send + Sync {
+    /// Round half to even (PyTorch's rounding), which has a hand-written AVX2 LSQ backward.
+    const HALF_EVEN: bool = false;
     fn round(v: f32) -> f32;
 }
 
 macro_rules! rounding {
     ($name:ident, |$v:ident, $r:ident, $d:ident| $body:expr) => {
+        rounding!($name, false, |$v, $r, $d| $body);
+    };
+    ($name:ident, $half_even:literal, |$v:ident, $r:ident, $d:ident| $body:expr) => {
         struct $name;
         impl Round for $name {
+            const HALF_EVEN: bool = $half_even;
             #[inline(always)]
             fn round($v: f32) -> f32 {
                 let $r = rne($v);
@@ -65,7 +159,7 @@ macro_rules! rounding {
     };
 }
 
-rounding!(HalfEven, |v, r, d| {
+rounding!(HalfEven, true, |v, r, d| {
     let _ = (v, d);
     r
 });
@@ -116,6 +210,11 @@ struct Affine {
     lo: f32,
     hi: f32,
     zero_point: f32,
+    /// The zero point as given (PyTorch's `int64` arithmetic on the slow paths).
+    zero_point_i: i32,
+    /// The range as floats (the LSQ backward compares `round(x/s + z)` with them).
+    quant_min: f32,
+    quant_max: f32,
 }
 
 fn check_range(quant_min: i32, quant_max: i32) -> Result<()> {
@@ -147,10 +246,14 @@ fn affine(
     }
     Ok(Affine {
         scale,
+        // PyTorch: `float inv_scale = 1.0f / scale;` and a multiplication, never a division.
         inv: 1.0 / scale,
         lo: (quant_min as i64 - zero_point as i64) as f32,
         hi: (quant_max as i64 - zero_point as i64) as f32,
         zero_point: zero_point as f32,
+        zero_point_i: zero_point,
+        quant_min: quant_min as f32,
+        quant_max: quant_max as f32,
     })
 }
 
@@ -187,11 +290,14 @@ fn affines(
         .collect()
 }
 
-/// Whether every channel's bounds fit the exact fast rounding.
-fn fast_path(params: &[Affine]) -> bool {
-    params
-        .iter()
-        .all(|p| (p.lo as i64).abs() < FAST_LIMIT && (p.hi as i64).abs() < FAST_LIMIT)
+/// Whether the range and every channel's bounds fit the exact fast rounding.
+fn fast_path(params: &[Affine], quant_min: i32, quant_max: i32) -> bool {
+    let fits = |v: i64| v.abs() < FAST_LIMIT;
+    fits(quant_min as i64)
+        && fits(quant_max as i64)
+        && params
+            .iter()
+            .all(|p| fits(p.lo as i64) && fits(p.hi as i64))
 }
 
 fn check_len(what: &str, expected: usize, actual: usize) -> Result<()> {
@@ -207,7 +313,8 @@ fn check_len(what: &str, expected: usize, actual: usize) -> Result<()> {
 
 #[inline(always)]
 fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
-    // Comparisons, not f32::max/min: they vectorise to compare + select and let NaN through.
+    // Comparisons, not f32::max/min: they vectorise to compare + select (maxps/minps) and let
+    // NaN through.
     let v = if v < lo { lo } else { v };
     if v > hi {
         hi
@@ -217,16 +324,22 @@ fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Layout driver: runs a per-element kernel over [outer, channels, inner] with per-channel
-// constants, as long contiguous rows, in parallel for large tensors.
+// Walks: how per-channel constants map onto a tensor laid out as [outer, channels, inner].
 // ---------------------------------------------------------------------------------------------
 
-/// Per-element constants for one period (`channels * inner` elements) when blocks are short.
+/// Per-element constants for one period (`channels * inner` elements) when rows are short.
 struct Expanded {
+    inner: usize,
     scale: Vec<f32>,
     inv: Vec<f32>,
     lo: Vec<f32>,
     hi: Vec<f32>,
+    zero_point: Vec<f32>,
+    /// Global, the same for every channel.
+    quant_min: f32,
+    quant_max: f32,
+    /// The constants per channel.
+    params: Vec<Affine>,
 }
 
 impl Expanded {
@@ -238,32 +351,94 @@ impl Expanded {
                 .collect()
         };
         Expanded {
+            inner,
             scale: per(|p| p.scale),
             inv: per(|p| p.inv),
             lo: per(|p| p.lo),
             hi: per(|p| p.hi),
+            zero_point: per(|p| p.zero_point),
+            quant_min: params.first().map_or(0.0, |p| p.quant_min),
+            quant_max: params.first().map_or(0.0, |p| p.quant_max),
+            params: params.to_vec(),
         }
+    }
+
+    fn period(&self) -> usize {
+        self.scale.len()
     }
 }
 
-/// Splits `n` elements into jobs of whole `unit`s, each at least `PARALLEL_CHUNK` long.
-fn job_len(n: usize, unit: usize) -> usize {
-    let units = PARALLEL_CHUNK.div_ceil(unit.max(1)).max(1);
-    (units * unit.max(1)).min(n.max(1))
+/// The constants of consecutive rows from row `first` on: `params` over and over. (A `%` per
+/// row costs as much as a row of 64 elements.)
+#[inline(always)]
+fn rows_params(params: &[Affine], first: usize) -> impl Iterator<Item = &Affine> {
+    let skip = first % params.len().max(1);
+    params[skip..].iter().chain(params.iter().cycle())
+}
+
+/// How a kernel walks a tensor.
+enum Walk<'a> {
+    /// One set of constants for every element.
+    Tensor(Affine),
+    /// Rows of `inner` elements; row `b` uses `params[b % params.len()]`.
+    Rows { inner: usize, params: &'a [Affine] },
+    /// Short rows: whole periods of `channels * inner` elements with expanded constants.
+    Periods(Expanded),
+}
+
+impl<'a> Walk<'a> {
+    fn new(layout: ChannelLayout, params: &'a [Affine]) -> Walk<'a> {
+        match params {
+            [p] => Walk::Tensor(*p),
+            // Expanding costs a few floats per element of one period: worth it when periods
+            // repeat.
+            _ if layout.inner >= SHORT_BLOCK || layout.outer < 4 => Walk::Rows {
+                inner: layout.inner,
+                params,
+            },
+            _ => Walk::Periods(Expanded::new(params, layout.inner)),
+        }
+    }
+
+    /// Jobs are made of whole units.
+    fn unit(&self) -> usize {
+        match self {
+            Walk::Tensor(_) => 1,
+            Walk::Rows { inner, .. } => *inner,
+            Walk::Periods(e) => e.period(),
+        }
+        .max(1)
+    }
+
+    /// Length of one job: whole units, at least `PARALLEL_CHUNK` elements, all of `n` when `n`
+    /// is below the parallel threshold. Depends only on `n` and the layout, so sums come out
+    /// the same whatever the number of threads.
+    fn job_len(&self, n: usize) -> usize {
+        if n < PARALLEL_THRESHOLD {
+            return n.max(1);
+        }
+        let unit = self.unit();
+        // Periods: at least 16 per job, which bounds the per-channel partial sums LSQ keeps per
+        // job to one per 16 elements.
+        let least = if let Walk::Periods(_) = self { 16 } else { 1 };
+        (PARALLEL_CHUNK.div_ceil(unit).max(least) * unit)
+            .min(n)
+            .max(1)
+    }
 }
 
 // ----- forward -------------------------------------------------------------------------------
 
 #[inline(always)]
-fn fq_row<R: Round>(x: &[f32], y: &mut [f32], p: Affine) {
+fn fq_span<R: Round>(x: &[f32], y: &mut [f32], p: &Affine) {
     for (yi, xi) in y.iter_mut().zip(x) {
         *yi = R::round(clamp(*xi * p.inv, p.lo, p.hi)) * p.scale;
     }
 }
 
 #[inline(always)]
-fn fq_row_expanded<R: Round>(x: &[f32], y: &mut [f32], e: &Expanded) {
-    let n = x.len().min(y.len()).min(e.scale.len());
+fn fq_period<R: Round>(x: &[f32], y: &mut [f32], e: &Expanded) {
+    let n = x.len().min(y.len()).min(e.period());
     let (x, y) = (&x[..n], &mut y[..n]);
     let (s, inv, lo, hi) = (&e.scale[..n], &e.inv[..n], &e.lo[..n], &e.hi[..n]);
     for i in 0..n {
@@ -271,68 +446,128 @@ fn fq_row_expanded<R: Round>(x: &[f32], y: &mut [f32], e: &Expanded) {
     }
 }
 
-fn fq_slow(
-    x: &[f32],
-    y: &mut [f32],
-    layout: ChannelLayout,
-    params: &[Affine],
-    rounding: RoundingPolicy,
-) {
-    for (i, (yi, xi)) in y.iter_mut().zip(x).enumerate() {
-        let p = params[layout.channel_of(i)];
-        let v = *xi * p.inv;
-        *yi = if v.is_nan() {
-            f32::NAN
-        } else {
-            rounding.round(clamp(v, p.lo, p.hi)) * p.scale
-        };
+multiversion! {
+    /// Fake quantization of one job (whole rows or periods) starting at element `start`.
+    fn fq_job<R: Round>(start: usize, x: &[f32], y: &mut [f32], walk: &Walk<'_>) {
+        match walk {
+            Walk::Periods(e) => {
+                for (y, x) in y.chunks_mut(e.period()).zip(x.chunks(e.period())) {
+                    fq_period::<R>(x, y, e);
+                }
+            }
+            Walk::Rows { inner, params } => {
+                // Explicit loops, not closures: a closure would be compiled without AVX2.
+                let rows = y.chunks_mut(*inner).zip(x.chunks(*inner));
+                for (p, (y, x)) in rows_params(params, start / inner).zip(rows) {
+                    fq_span::<R>(x, y, p);
+                }
+            }
+            Walk::Tensor(p) => fq_span::<R>(x, y, p),
+        }
     }
 }
 
-fn fq_driver<R: Round>(x: &[f32], y: &mut [f32], layout: ChannelLayout, params: &[Affine]) {
-    let n = x.len();
-    if layout.channels == 1 {
-        let p = params[0];
-        if n >= PARALLEL_THRESHOLD {
-            y.par_chunks_mut(PARALLEL_CHUNK)
-                .zip(x.par_chunks(PARALLEL_CHUNK))
-                .for_each(|(y, x)| fq_row::<R>(x, y, p));
-        } else {
-            fq_row::<R>(x, y, p);
-        }
-    } else if layout.inner >= SHORT_BLOCK {
-        let inner = layout.inner;
-        let run = |(b, (y, x)): (usize, (&mut [f32], &[f32]))| {
-            fq_row::<R>(x, y, params[b % layout.channels])
-        };
-        if n >= PARALLEL_THRESHOLD {
-            y.par_chunks_mut(inner)
-                .zip(x.par_chunks(inner))
-                .enumerate()
-                .for_each(run);
-        } else {
-            y.chunks_mut(inner)
-                .zip(x.chunks(inner))
-                .enumerate()
-                .for_each(run);
-        }
+fn fq_driver<R: Round>(x: &[f32], y: &mut [f32], walk: &Walk<'_>) {
+    let job = walk.job_len(x.len());
+    if job >= x.len() {
+        fq_job::<R>(0, x, y, walk);
     } else {
-        let period = layout.channels * layout.inner;
-        let e = Expanded::new(params, layout.inner);
-        if n >= PARALLEL_THRESHOLD {
-            let job = job_len(n, period);
-            y.par_chunks_mut(job)
-                .zip(x.par_chunks(job))
-                .for_each(|(y, x)| {
-                    for (y, x) in y.chunks_mut(period).zip(x.chunks(period)) {
-                        fq_row_expanded::<R>(x, y, &e);
-                    }
-                });
-        } else {
-            for (y, x) in y.chunks_mut(period).zip(x.chunks(period)) {
-                fq_row_expanded::<R>(x, y, &e);
-            }
+        y.par_chunks_mut(job)
+            .zip(x.par_chunks(job))
+            .enumerate()
+            .for_each(|(j, (y, x))| fq_job::<R>(j * job, x, y, walk));
+    }
+}
+
+/// PyTorch's arithmetic, element by element, for grids too wide for the fast path (more than
+/// `2^21` levels on a side). Its per-tensor and per-channel CPU kernels differ there: per
+/// tensor, the code `q = float(z) + round(x * (1/s))` stays an `f32`, the mask compares it with
+/// `float(quant_min)`, `float(quant_max)` and the output is `f32(q' - z) * s`; per channel, `q`
+/// is cast to `int64` first, the mask compares integers and the output is `(q' - z) * s` in
+/// `double`, rounded to `f32` (`q'` is `q` clamped to the range). On grids of up to 2^24
+/// levels the two agree, and agree with the fast path.
+#[derive(Clone, Copy)]
+struct Torch {
+    per_tensor: bool,
+    quant_min: i32,
+    quant_max: i32,
+    rounding: RoundingPolicy,
+}
+
+impl Torch {
+    fn new(
+        layout: ChannelLayout,
+        quant_min: i32,
+        quant_max: i32,
+        rounding: RoundingPolicy,
+    ) -> Torch {
+        Torch {
+            per_tensor: layout.axis.is_none(),
+            quant_min,
+            quant_max,
+            rounding,
         }
+    }
+
+    /// The fake-quantized value and the straight-through mask (NaN: `(NaN, false)`).
+    fn forward(&self, x: f32, p: &Affine) -> (f32, bool) {
+        let v = x * p.inv;
+        if v.is_nan() {
+            return (f32::NAN, false);
+        }
+        let q = p.zero_point + self.rounding.round(v);
+        let (qmin, qmax, z) = (
+            self.quant_min as i64,
+            self.quant_max as i64,
+            p.zero_point_i as i64,
+        );
+        if self.per_tensor {
+            let clamped = (q as f64).clamp(qmin as f64, qmax as f64) as i64;
+            let y = (clamped - z) as f32 * p.scale;
+            (y, self.quant_min as f32 <= q && q <= self.quant_max as f32)
+        } else {
+            // Saturating where PyTorch's cast is undefined (beyond int64, or ±Inf).
+            let q = q as i64;
+            let y = ((q.clamp(qmin, qmax) - z) as f64 * p.scale as f64) as f32;
+            (y, qmin <= q && q <= qmax)
+        }
+    }
+
+    /// LSQ's backward for one element (PyTorch's `fake_quantize_learnable_*_grad_kernel_cpu`):
+    /// `(inside, ds, dz)` with `ds`, `dz` to be multiplied by `dy`, or `None` for NaN.
+    fn lsq(&self, x: f32, p: &Affine) -> Option<(bool, f32, f32)> {
+        let w = x * p.inv + p.zero_point;
+        if w.is_nan() {
+            return None;
+        }
+        let q = self.rounding.round(w) as i64;
+        let (qmin, qmax, z) = (
+            self.quant_min as i64,
+            self.quant_max as i64,
+            p.zero_point_i as i64,
+        );
+        // Per tensor the zero point is an int64, per channel a float.
+        let minus_z = |v: i64| {
+            if self.per_tensor {
+                (v - z) as f32
+            } else {
+                v as f32 - p.zero_point
+            }
+        };
+        Some(if q < qmin {
+            (false, minus_z(qmin), 1.0)
+        } else if q > qmax {
+            (false, minus_z(qmax), 1.0)
+        } else {
+            (true, (minus_z(q) * p.scale - x) * p.inv, 0.0)
+        })
+    }
+}
+
+/// The exact path for grids too wide for the fast rounding.
+fn fq_slow(x: &[f32], y: &mut [f32], layout: ChannelLayout, params: &[Affine], torch: Torch) {
+    for (i, (yi, xi)) in y.iter_mut().zip(x).enumerate() {
+        *yi = torch.forward(*xi, &params[layout.channel_of(i)]).0;
     }
 }
 
@@ -369,6 +604,9 @@ pub fn fake_quantize_per_tensor_affine(
 }
 
 /// [`fake_quantize_per_tensor_affine`] into `y`, with any rounding policy.
+///
+/// # Errors
+/// See [`fake_quantize_per_tensor_affine`]; also `y` shorter or longer than `x`.
 pub fn fake_quantize_per_tensor_affine_into(
     x: &[f32],
     y: &mut [f32],
@@ -446,10 +684,20 @@ pub fn fake_quantize_affine_into(
     check_len("x", layout.numel(), x.len())?;
     check_len("y", x.len(), y.len())?;
     let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    if fast_path(&params) {
-        with_rounding!(rounding, fq_driver(x, y, layout, &params));
+    if x.is_empty() {
+        return Ok(());
+    }
+    if fast_path(&params, quant_min, quant_max) {
+        let walk = Walk::new(layout, &params);
+        with_rounding!(rounding, fq_driver(x, y, &walk));
     } else {
-        fq_slow(x, y, layout, &params, rounding);
+        fq_slow(
+            x,
+            y,
+            layout,
+            &params,
+            Torch::new(layout, quant_min, quant_max, rounding),
+        );
     }
     Ok(())
 }
@@ -457,58 +705,62 @@ pub fn fake_quantize_affine_into(
 // ----- straight-through backward ------------------------------------------------------------
 
 #[inline(always)]
-fn ste_row<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: Affine) {
-    let (lo, hi) = (p.lo - 1.0, p.hi + 1.0);
+fn ste_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) {
     for ((g, xi), dyi) in dx.iter_mut().zip(x).zip(dy) {
-        let r = R::round(clamp(*xi * p.inv, lo, hi));
-        *g += if r >= p.lo && r <= p.hi { *dyi } else { 0.0 };
+        // Read before the select: a read inside it became a masked load (vmaskmovps), which
+        // made the whole loop several times slower on AMD.
+        let d = *dyi;
+        // Not clamped first: beyond 2^22 the fast rounding is off by a little, but such a
+        // value stays far outside the grid (which is what the mask asks), and ±Inf stays ±Inf.
+        let r = R::round(*xi * p.inv);
+        // `r` is on the grid iff clamping it changes nothing (NaN compares unequal: mask 0).
+        *g += if r == clamp(r, p.lo, p.hi) { d } else { 0.0 };
     }
 }
 
-fn ste_driver<R: Round>(
-    x: &[f32],
-    dy: &[f32],
-    dx: &mut [f32],
-    layout: ChannelLayout,
-    params: &[Affine],
-) {
-    let inner = if layout.channels == 1 {
-        PARALLEL_CHUNK
-    } else {
-        layout.inner
-    };
-    if layout.channels == 1 || inner >= SHORT_BLOCK {
-        let run = |(b, ((g, x), dy)): (usize, ((&mut [f32], &[f32]), &[f32]))| {
-            ste_row::<R>(
-                x,
-                dy,
-                g,
-                params[if layout.channels == 1 {
-                    0
-                } else {
-                    b % layout.channels
-                }],
-            )
-        };
-        if x.len() >= PARALLEL_THRESHOLD {
-            dx.par_chunks_mut(inner)
-                .zip(x.par_chunks(inner))
-                .zip(dy.par_chunks(inner))
-                .enumerate()
-                .for_each(run);
-        } else {
-            dx.chunks_mut(inner)
-                .zip(x.chunks(inner))
-                .zip(dy.chunks(inner))
-                .enumerate()
-                .for_each(run);
+#[inline(always)]
+fn ste_period<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], e: &Expanded) {
+    let n = x.len().min(dy.len()).min(dx.len()).min(e.period());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
+    let (inv, lo, hi) = (&e.inv[..n], &e.lo[..n], &e.hi[..n]);
+    for i in 0..n {
+        let d = dy[i];
+        let r = R::round(x[i] * inv[i]); // See `ste_span` for why no clamp.
+        dx[i] += if r == clamp(r, lo[i], hi[i]) { d } else { 0.0 };
+    }
+}
+
+multiversion! {
+    /// The straight-through gradient of one job starting at element `start`.
+    fn ste_job<R: Round>(start: usize, x: &[f32], dy: &[f32], dx: &mut [f32], walk: &Walk<'_>) {
+        match walk {
+            Walk::Periods(e) => {
+                let p = e.period();
+                for ((g, x), dy) in dx.chunks_mut(p).zip(x.chunks(p)).zip(dy.chunks(p)) {
+                    ste_period::<R>(x, dy, g, e);
+                }
+            }
+            Walk::Rows { inner, params } => {
+                let rows = dx.chunks_mut(*inner).zip(x.chunks(*inner)).zip(dy.chunks(*inner));
+                for (p, ((g, x), dy)) in rows_params(params, start / inner).zip(rows) {
+                    ste_span::<R>(x, dy, g, p);
+                }
+            }
+            Walk::Tensor(p) => ste_span::<R>(x, dy, dx, p),
         }
+    }
+}
+
+fn ste_driver<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], walk: &Walk<'_>) {
+    let job = walk.job_len(x.len());
+    if job >= x.len() {
+        ste_job::<R>(0, x, dy, dx, walk);
     } else {
-        for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
-            let p = params[layout.channel_of(i)];
-            let r = R::round(clamp(*xi * p.inv, p.lo - 1.0, p.hi + 1.0));
-            *g += if r >= p.lo && r <= p.hi { *dyi } else { 0.0 };
-        }
+        dx.par_chunks_mut(job)
+            .zip(x.par_chunks(job))
+            .zip(dy.par_chunks(job))
+            .enumerate()
+            .for_each(|(j, ((g, x), dy))| ste_job::<R>(j * job, x, dy, g, walk));
     }
 }
 
@@ -533,14 +785,17 @@ pub fn fake_quantize_affine_backward_into(
     check_len("dy", x.len(), dy.len())?;
     check_len("dx", x.len(), dx.len())?;
     let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    if fast_path(&params) {
-        with_rounding!(rounding, ste_driver(x, dy, dx, layout, &params));
+    if x.is_empty() {
+        return Ok(());
+    }
+    if fast_path(&params, quant_min, quant_max) {
+        let walk = Walk::new(layout, &params);
+        with_rounding!(rounding, ste_driver(x, dy, dx, &walk));
     } else {
+        let torch = Torch::new(layout, quant_min, quant_max, rounding);
         for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
-            let p = params[layout.channel_of(i)];
-            let v = *xi * p.inv;
-            let r = rounding.round(clamp(v, p.lo - 1.0, p.hi + 1.0));
-            *g += if r >= p.lo && r <= p.hi { *dyi } else { 0.0 };
+            let (_, inside) = torch.forward(*xi, &params[layout.channel_of(i)]);
+            *g += if inside { *dyi } else { 0.0 };
         }
     }
     Ok(())
@@ -555,108 +810,410 @@ struct LsqSums {
     dzero: f64,
 }
 
-impl std::ops::Add for LsqSums {
-    type Output = LsqSums;
-    fn add(self, o: LsqSums) -> LsqSums {
-        LsqSums {
-            dscale: self.dscale + o.dscale,
-            dzero: self.dzero + o.dzero,
+impl std::ops::AddAssign for LsqSums {
+    fn add_assign(&mut self, o: LsqSums) {
+        self.dscale += o.dscale;
+        self.dzero += o.dzero;
+    }
+}
+
+impl LsqSums {
+    fn is_nan(&self) -> bool {
+        self.dscale.is_nan() || self.dzero.is_nan()
+    }
+}
+
+/// One element of LSQ's backward: what it adds to `dx`, to the scale sum and to the
+/// zero-point sum (before `grad_factor`).
+struct LsqTerms {
+    dx: f32,
+    ds: f32,
+    dz: f32,
+}
+
+/// PyTorch's `fake_quantize_learnable_*_grad_kernel_cpu` for one element, with `R` rounding:
+/// `q = R(x * (1/s) + z)`; inside the grid `dx = dy`, `ds = dy * ((q - z) * s - x) * (1/s)`;
+/// outside `dx = 0`, `ds = dy * (clamp(q) - z)`, `dz = dy` (negated and scaled by the caller).
+/// A NaN `x` makes `ds` NaN here: the callers recompute such sums with
+/// [`lsq_sums_skipping_nan`], which leaves it out.
+#[inline(always)]
+fn lsq_terms<R: Round>(x: f32, dy: f32, p: &Affine) -> LsqTerms {
+    // PyTorch's backward adds z before rounding (its forward adds it after).
+    let w = x * p.inv + p.zero_point;
+    // No clamp before rounding, as in `ste_span`: only `inside` and `rc` depend on `r`, and
+    // both are exact wherever the fast rounding is not.
+    let r = R::round(w);
+    let rc = clamp(r, p.quant_min, p.quant_max);
+    let inside = r == rc;
+    let k = rc - p.zero_point;
+    let term = if inside { (k * p.scale - x) * p.inv } else { k };
+    LsqTerms {
+        dx: if inside { dy } else { 0.0 },
+        ds: dy * term,
+        dz: if inside { 0.0 } else { dy },
+    }
+}
+
+/// The gradient sums of a span, element by element in `f64`, leaving out NaN inputs.
+fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums {
+    let mut sums = LsqSums::default();
+    for (xi, dyi) in x.iter().zip(dy).filter(|(xi, _)| !xi.is_nan()) {
+        let t = lsq_terms::<R>(*xi, *dyi, p);
+        sums.dscale += t.ds as f64;
+        sums.dzero += t.dz as f64;
+    }
+    sums
+}
+
+/// Elements per chunk of the two-phase reductions: the per-element terms of one chunk live
+/// in a stack buffer (2 KiB per sum, in L1).
+const CHUNK: usize = 512;
+
+/// Sums `terms` (whose length is a multiple of [`BLOCK`]) into `wide`: `f32` lanes over 4 terms
+/// each, then `f64`. Kept apart from the element-wise loop that produced `terms`: both loops
+/// then vectorise cleanly, where one fused loop left LLVM half scalar.
+#[inline(always)]
+fn reduce_blocks(terms: &[f32], wide: &mut [f64; LANES]) {
+    for b in terms.chunks_exact(BLOCK) {
+        let mut lanes = [0f32; LANES];
+        for j in 0..BLOCK / LANES {
+            for l in 0..LANES {
+                lanes[l] += b[j * LANES + l];
+            }
+        }
+        for l in 0..LANES {
+            wide[l] += lanes[l] as f64;
         }
     }
 }
 
-/// One row of LSQ's backward: adds the input gradient into `dx` and returns the sums of
-/// `dy * ∂y/∂s` (before `grad_factor`) and of `dy` over out-of-range elements.
+/// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
 #[inline(always)]
-fn lsq_row<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: Affine) -> LsqSums {
-    const LANES: usize = 8;
-    let (lo1, hi1) = (p.lo - 1.0, p.hi + 1.0);
+fn lsq_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) -> LsqSums {
+    let n = x.len().min(dy.len()).min(dx.len());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
+    let mut ds_wide = [0f64; LANES];
+    let mut dz_wide = [0f64; LANES];
     let mut sums = LsqSums::default();
-    // Accumulate in f32 lanes over short blocks and in f64 across blocks: vectorises, and keeps
-    // the sum well within 1e-6 relative of an exact one.
-    for ((g, x), dy) in dx.chunks_mut(256).zip(x.chunks(256)).zip(dy.chunks(256)) {
-        let mut ds = [0f32; LANES];
-        let mut dz = [0f32; LANES];
-        let mut i = 0;
-        while i < x.len() {
-            let end = (i + LANES).min(x.len());
-            for l in 0..end - i {
-                let xi = x[i + l];
-                let dyi = dy[i + l];
-                let v = xi * p.inv;
-                let r = R::round(clamp(v, lo1, hi1));
-                let below = r < p.lo;
-                let above = r > p.hi;
-                let inside = r >= p.lo && r <= p.hi;
-                // Inside: (x_fq - x) / s with x_fq = r * s; outside: the end of the range.
-                let term = if inside {
-                    (r * p.scale - xi) * p.inv
-                } else if below {
-                    p.lo
-                } else if above {
-                    p.hi
-                } else {
-                    0.0
-                };
-                ds[l] += dyi * term;
-                dz[l] += if below || above { dyi } else { 0.0 };
-                g[i + l] += if inside { dyi } else { 0.0 };
-            }
-            i = end;
+    #[cfg(target_arch = "x86_64")]
+    if R::HALF_EVEN && !baseline_forced() && std::arch::is_x86_feature_detected!("avx2") {
+        let whole = n - n % BLOCK;
+        // SAFETY: the CPU supports AVX2, checked just above; the slices are `whole` long.
+        unsafe {
+            avx2::lsq_blocks_half_even(
+                &x[..whole],
+                &dy[..whole],
+                &mut dx[..whole],
+                p,
+                &mut ds_wide,
+                &mut dz_wide,
+            );
         }
-        sums.dscale += ds.iter().map(|v| *v as f64).sum::<f64>();
-        sums.dzero += dz.iter().map(|v| *v as f64).sum::<f64>();
+        // The tail, then the lanes, in the order the portable code below adds them: the two
+        // paths give the same bits.
+        for ((x, dy), g) in x[whole..].iter().zip(&dy[whole..]).zip(&mut dx[whole..]) {
+            let t = lsq_terms::<R>(*x, *dy, p);
+            *g += t.dx;
+            sums.dscale += t.ds as f64;
+            sums.dzero += t.dz as f64;
+        }
+        sums.dscale += ds_wide.iter().sum::<f64>();
+        sums.dzero += dz_wide.iter().sum::<f64>();
+        if sums.is_nan() {
+            sums = lsq_sums_skipping_nan::<R>(x, dy, p);
+        }
+        return sums;
+    }
+    let mut ts = [0f32; CHUNK];
+    let mut tz = [0f32; CHUNK];
+    for ((x, dy), g) in x
+        .chunks(CHUNK)
+        .zip(dy.chunks(CHUNK))
+        .zip(dx.chunks_mut(CHUNK))
+    {
+        let m = x.len().min(dy.len()).min(g.len()).min(CHUNK);
+        let (x, dy, g, ts, tz) = (&x[..m], &dy[..m], &mut g[..m], &mut ts[..m], &mut tz[..m]);
+        // Phase 1, element-wise: the input gradient, and each element's terms.
+        for i in 0..m {
+            let t = lsq_terms::<R>(x[i], dy[i], p);
+            g[i] += t.dx;
+            ts[i] = t.ds;
+            tz[i] = t.dz;
+        }
+        // Phase 2: whole blocks in f32 lanes then f64; a short tail straight into f64.
+        let whole = m - m % BLOCK;
+        reduce_blocks(&ts[..whole], &mut ds_wide);
+        reduce_blocks(&tz[..whole], &mut dz_wide);
+        for (s, z) in ts[whole..].iter().zip(&tz[whole..]) {
+            sums.dscale += *s as f64;
+            sums.dzero += *z as f64;
+        }
+    }
+    sums.dscale += ds_wide.iter().sum::<f64>();
+    sums.dzero += dz_wide.iter().sum::<f64>();
+    if sums.is_nan() {
+        // Rare: a NaN input or gradient. Recompute the sums with NaN inputs left out.
+        sums = lsq_sums_skipping_nan::<R>(x, dy, p);
     }
     sums
+}
+
+/// Hand-written AVX2 kernels, where LLVM's vectoriser needs help.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Affine, BLOCK, LANES, MAGIC};
+    use std::arch::x86_64::*;
+
+    /// [`super::lsq_terms`] with round half to even, over whole blocks of [`BLOCK`] elements,
+    /// 8 lanes at a time, in one pass (the portable code needs two): adds into `dx`, and each
+    /// block's sums, in `f32` lanes over its 4 vectors, into the `f64` lanes of `ds`, `dz`.
+    /// Lane for lane the same operations, in the same order, as the portable code.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `x`, `dy` and `dx` must have the same length, a multiple of
+    /// [`BLOCK`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn lsq_blocks_half_even(
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        p: &Affine,
+        ds: &mut [f64; LANES],
+        dz: &mut [f64; LANES],
+    ) {
+        let n = x.len().min(dy.len()).min(dx.len());
+        let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr());
+        let inv = _mm256_set1_ps(p.inv);
+        let zp = _mm256_set1_ps(p.zero_point);
+        let scale = _mm256_set1_ps(p.scale);
+        let (qmin, qmax) = (_mm256_set1_ps(p.quant_min), _mm256_set1_ps(p.quant_max));
+        let magic = _mm256_set1_ps(MAGIC);
+        let (mut ds_lo, mut ds_hi) = (
+            _mm256_loadu_pd(ds.as_ptr()),
+            _mm256_loadu_pd(ds.as_ptr().add(4)),
+        );
+        let (mut dz_lo, mut dz_hi) = (
+            _mm256_loadu_pd(dz.as_ptr()),
+            _mm256_loadu_pd(dz.as_ptr().add(4)),
+        );
+        let mut i = 0;
+        while i + BLOCK <= n {
+            let mut s_acc = _mm256_setzero_ps();
+            let mut z_acc = _mm256_setzero_ps();
+            for _ in 0..BLOCK / 8 {
+                // SAFETY (all pointer reads and writes): i + 8 <= n, the length of each slice.
+                let xv = _mm256_loadu_ps(xp.add(i));
+                let dyv = _mm256_loadu_ps(yp.add(i));
+                // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp`.
+                let w = _mm256_add_ps(_mm256_mul_ps(xv, inv), zp);
+                let r = _mm256_sub_ps(_mm256_add_ps(w, magic), magic);
+                let rc = _mm256_min_ps(qmax, _mm256_max_ps(qmin, r));
+                let inside = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, rc);
+                let k = _mm256_sub_ps(rc, zp);
+                let t_in = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(k, scale), xv), inv);
+                let term = _mm256_blendv_ps(k, t_in, inside);
+                s_acc = _mm256_add_ps(s_acc, _mm256_mul_ps(dyv, term));
+                z_acc = _mm256_add_ps(z_acc, _mm256_andnot_ps(inside, dyv));
+                let g = _mm256_add_ps(_mm256_loadu_ps(gp.add(i)), _mm256_and_ps(inside, dyv));
+                _mm256_storeu_ps(gp.add(i), g);
+                i += 8;
+            }
+            ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
+            ds_hi = _mm256_add_pd(ds_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s_acc)));
+            dz_lo = _mm256_add_pd(dz_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(z_acc)));
+            dz_hi = _mm256_add_pd(dz_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(z_acc)));
+        }
+        _mm256_storeu_pd(ds.as_mut_ptr(), ds_lo);
+        _mm256_storeu_pd(ds.as_mut_ptr().add(4), ds_hi);
+        _mm256_storeu_pd(dz.as_mut_ptr(), dz_lo);
+        _mm256_storeu_pd(dz.as_mut_ptr().add(4), dz_hi);
+    }
+}
+
+multiversion! {
+    /// LSQ's backward over one job starting at element `start`: adds into `dx` and returns the
+    /// job's partial sums for [`fold_lsq`]: one for the tensor, one per row, or one per channel
+    /// for periods. (Not one per channel for a job of rows: with many channels and many jobs,
+    /// that much memory, allocated and page-faulted on every call, cost more than the kernel.)
+    fn lsq_job<R: Round>(start: usize, x: &[f32], dy: &[f32], dx: &mut [f32], walk: &Walk<'_>) -> Vec<LsqSums> {
+        match walk {
+            Walk::Periods(e) => {
+                let mut sums = vec![LsqSums::default(); e.params.len()];
+                lsq_periods::<R>(x, dy, dx, e, &mut sums);
+                sums
+            }
+            Walk::Rows { inner, params } => {
+                let first = start / inner;
+                let mut sums = Vec::with_capacity(x.len().div_ceil(*inner));
+                let rows = dx.chunks_mut(*inner).zip(x.chunks(*inner)).zip(dy.chunks(*inner));
+                // A loop, not a closure: a closure would be compiled without AVX2.
+                for (p, ((g, x), dy)) in rows_params(params, first).zip(rows) {
+                    sums.push(lsq_span::<R>(x, dy, g, p));
+                }
+                sums
+            }
+            Walk::Tensor(p) => vec![lsq_span::<R>(x, dy, dx, p)],
+        }
+    }
+}
+
+/// Adds the partial sums of the job starting at element `start` into per-channel `sums`.
+fn fold_lsq(walk: &Walk<'_>, start: usize, part: &[LsqSums], sums: &mut [LsqSums]) {
+    match walk {
+        Walk::Rows { inner, .. } => {
+            let first = start / inner;
+            for (b, p) in part.iter().enumerate() {
+                let c = (first + b) % sums.len().max(1);
+                if let Some(s) = sums.get_mut(c) {
+                    *s += *p;
+                }
+            }
+        }
+        _ => {
+            for (s, p) in sums.iter_mut().zip(part) {
+                *s += *p;
+            }
+        }
+    }
+}
+
+/// LSQ's backward over whole periods of short rows: per-element `f32` accumulators over at
+/// most 4 periods, added element-wise into per-element `f64` accumulators (vectorises, unlike
+/// a sum per channel, whose dependency chain cost more than the kernel), which are summed per
+/// channel once at the end. The same error bound as the lanes of [`lsq_span`].
+#[inline(always)]
+fn lsq_periods<R: Round>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    e: &Expanded,
+    sums: &mut [LsqSums],
+) {
+    const FLUSH: usize = 4;
+    let period = e.period();
+    let inner = e.inner.max(1);
+    let mut acc_s = vec![0f32; period];
+    let mut acc_z = vec![0f32; period];
+    let mut wide_s = vec![0f64; period];
+    let mut wide_z = vec![0f64; period];
+    let flush = |acc: &mut [f32], wide: &mut [f64]| {
+        for (w, a) in wide.iter_mut().zip(acc.iter_mut()) {
+            *w += *a as f64;
+            *a = 0.0;
+        }
+    };
+    let periods = dx
+        .chunks_mut(period)
+        .zip(x.chunks(period))
+        .zip(dy.chunks(period));
+    for (k, ((g, x), dy)) in periods.enumerate() {
+        let n = x.len().min(dy.len()).min(g.len()).min(period);
+        let (x, dy, g) = (&x[..n], &dy[..n], &mut g[..n]);
+        let (s, inv, zp) = (&e.scale[..n], &e.inv[..n], &e.zero_point[..n]);
+        let (acc_sn, acc_zn) = (&mut acc_s[..n], &mut acc_z[..n]);
+        for i in 0..n {
+            let p = Affine {
+                scale: s[i],
+                inv: inv[i],
+                lo: 0.0,
+                hi: 0.0,
+                zero_point: zp[i],
+                zero_point_i: 0,
+                quant_min: e.quant_min,
+                quant_max: e.quant_max,
+            };
+            let t = lsq_terms::<R>(x[i], dy[i], &p);
+            g[i] += t.dx;
+            acc_sn[i] += t.ds;
+            acc_zn[i] += t.dz;
+        }
+        if k % FLUSH == FLUSH - 1 {
+            flush(&mut acc_s, &mut wide_s);
+            flush(&mut acc_z, &mut wide_z);
+        }
+    }
+    flush(&mut acc_s, &mut wide_s);
+    flush(&mut acc_z, &mut wide_z);
+    for (sum, (s, z)) in sums
+        .iter_mut()
+        .zip(wide_s.chunks(inner).zip(wide_z.chunks(inner)))
+    {
+        sum.dscale += s.iter().sum::<f64>();
+        sum.dzero += z.iter().sum::<f64>();
+    }
+    if sums.iter().any(LsqSums::is_nan) {
+        // Rare: a NaN input or gradient. Recompute the sums with NaN inputs left out.
+        sums.iter_mut().for_each(|s| *s = LsqSums::default());
+        let period = period.max(1);
+        for (i, (xi, dyi)) in x
+            .iter()
+            .zip(dy)
+            .enumerate()
+            .filter(|(_, (xi, _))| !xi.is_nan())
+        {
+            let k = i % period;
+            let p = Affine {
+                scale: e.scale[k],
+                inv: e.inv[k],
+                lo: 0.0,
+                hi: 0.0,
+                zero_point: e.zero_point[k],
+                zero_point_i: 0,
+                quant_min: e.quant_min,
+                quant_max: e.quant_max,
+            };
+            let t = lsq_terms::<R>(*xi, *dyi, &p);
+            if let Some(sum) = sums.get_mut(k / inner) {
+                sum.dscale += t.ds as f64;
+                sum.dzero += t.dz as f64;
+            }
+        }
+    }
 }
 
 fn lsq_driver<R: Round>(
     x: &[f32],
     dy: &[f32],
     dx: &mut [f32],
+    walk: &Walk<'_>,
+    channels: usize,
+) -> Vec<LsqSums> {
+    let mut sums = vec![LsqSums::default(); channels];
+    let job = walk.job_len(x.len());
+    if job >= x.len() {
+        fold_lsq(walk, 0, &lsq_job::<R>(0, x, dy, dx, walk), &mut sums);
+        return sums;
+    }
+    let partial: Vec<Vec<LsqSums>> = dx
+        .par_chunks_mut(job)
+        .zip(x.par_chunks(job))
+        .zip(dy.par_chunks(job))
+        .enumerate()
+        .map(|(j, ((g, x), dy))| lsq_job::<R>(j * job, x, dy, g, walk))
+        .collect();
+    // Folded in job order: the same result whatever the number of threads.
+    for (j, part) in partial.iter().enumerate() {
+        fold_lsq(walk, j * job, part, &mut sums);
+    }
+    sums
+}
+
+/// The exact path for grids too wide for the fast rounding.
+fn lsq_slow(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
     layout: ChannelLayout,
     params: &[Affine],
+    torch: Torch,
 ) -> Vec<LsqSums> {
-    let channels = layout.channels;
-    let mut sums = vec![LsqSums::default(); channels];
-    if channels == 1 || layout.inner >= SHORT_BLOCK {
-        let inner = if channels == 1 {
-            PARALLEL_CHUNK
-        } else {
-            layout.inner
-        };
-        let run = |(b, ((g, x), dy)): (usize, ((&mut [f32], &[f32]), &[f32]))| {
-            let c = if channels == 1 { 0 } else { b % channels };
-            (c, lsq_row::<R>(x, dy, g, params[c]))
-        };
-        let partial: Vec<(usize, LsqSums)> = if x.len() >= PARALLEL_THRESHOLD {
-            dx.par_chunks_mut(inner)
-                .zip(x.par_chunks(inner))
-                .zip(dy.par_chunks(inner))
-                .enumerate()
-                .map(run)
-                .collect()
-        } else {
-            dx.chunks_mut(inner)
-                .zip(x.chunks(inner))
-                .zip(dy.chunks(inner))
-                .enumerate()
-                .map(run)
-                .collect()
-        };
-        for (c, s) in partial {
-            sums[c] = sums[c] + s;
-        }
-    } else {
-        for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
-            let c = layout.channel_of(i);
-            let s = lsq_row::<R>(
-                std::slice::from_ref(xi),
-                std::slice::from_ref(dyi),
-                std::slice::from_mut(g),
-                params[c],
-            );
-            sums[c] = sums[c] + s;
+    let mut sums = vec![LsqSums::default(); layout.channels];
+    for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
+        let c = layout.channel_of(i);
+        if let Some((inside, ds, dz)) = torch.lsq(*xi, &params[c]) {
+            *g += if inside { *dyi } else { 0.0 };
+            sums[c].dscale += (*dyi * ds) as f64;
+            sums[c].dzero += (*dyi * dz) as f64;
         }
     }
     sums
@@ -682,11 +1239,13 @@ pub fn round_zero_point(zero_point: f32, quant_min: i32, quant_max: i32) -> Resu
 /// PyTorch's `_fake_quantize_learnable_per_tensor_affine_backward`, the LSQ gradient: returns
 /// `(dx, dscale, dzero_point)` for the forward `fake_quantize_per_tensor_affine(x, scale,
 /// round(zero_point), ...)`, with `grad_factor` (LSQ's `g = 1/sqrt(numel * quant_max)`)
-/// applied to the scale and zero-point gradients:
+/// applied to the scale and zero-point gradients. With `q = round(x * (1/scale) + z)` (the
+/// zero point added before rounding, as PyTorch's backward does) and `z` the zero point
+/// rounded as the forward rounds it (see the module docs for where PyTorch differs):
 ///
 /// ```text
-/// inside:     dx = dy,  dscale = dy * (x_fq - x) / scale * g,   dzero = 0
-/// below/above: dx = 0,  dscale = dy * (quant_min|quant_max - z) * g,  dzero = -dy * scale * g
+/// inside:      dx = dy,  dscale = dy * (x_fq - x) / scale * g,               dzero = 0
+/// below/above: dx = 0,   dscale = dy * (quant_min|quant_max - z) * g,   dzero = -dy * scale * g
 /// ```
 ///
 /// ```
@@ -731,7 +1290,8 @@ pub fn fake_quantize_learnable_per_tensor_affine_backward(
 }
 
 /// The LSQ gradient for any layout: adds into `dx`, and into `dscales`/`dzero_points` (one per
-/// channel). Zero points are learnable floats, rounded as [`round_zero_point`] says.
+/// channel). Zero points are learnable floats, rounded as [`round_zero_point`] says. Per
+/// channel this is PyTorch's `_fake_quantize_learnable_per_channel_affine_backward`.
 ///
 /// # Errors
 /// See [`fake_quantize_learnable_per_tensor_affine_backward`]; also buffers whose lengths do
@@ -769,30 +1329,21 @@ pub fn fake_quantize_learnable_affine_backward_into(
         .map(|z| round_zero_point(*z, quant_min, quant_max))
         .collect::<Result<Vec<i32>>>()?;
     let params = affines(scales, &zps, quant_min, quant_max, layout.channels)?;
-    let sums = if fast_path(&params) {
-        with_rounding!(rounding, lsq_driver(x, dy, dx, layout, &params))
+    if x.is_empty() {
+        return Ok(());
+    }
+    let sums = if fast_path(&params, quant_min, quant_max) {
+        let walk = Walk::new(layout, &params);
+        with_rounding!(rounding, lsq_driver(x, dy, dx, &walk, layout.channels))
     } else {
-        let mut sums = vec![LsqSums::default(); layout.channels];
-        for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
-            let c = layout.channel_of(i);
-            let p = params[c];
-            let v = *xi * p.inv;
-            let r = rounding.round(clamp(v, p.lo - 1.0, p.hi + 1.0));
-            let (inside, below, above) = (r >= p.lo && r <= p.hi, r < p.lo, r > p.hi);
-            let term = if inside {
-                (r * p.scale - xi) * p.inv
-            } else if below {
-                p.lo
-            } else if above {
-                p.hi
-            } else {
-                0.0
-            };
-            sums[c].dscale += (dyi * term) as f64;
-            sums[c].dzero += if below || above { *dyi as f64 } else { 0.0 };
-            *g += if inside { *dyi } else { 0.0 };
-        }
-        sums
+        lsq_slow(
+            x,
+            dy,
+            dx,
+            layout,
+            &params,
+            Torch::new(layout, quant_min, quant_max, rounding),
+        )
     };
     for (c, s) in sums.iter().enumerate() {
         dscales[c] += (s.dscale * grad_factor as f64) as f32;
@@ -848,7 +1399,50 @@ pub fn pact_forward_into(
     )
 }
 
-/// PACT backward: adds `dy·[0 ≤ x < α]` into `dx` and returns `dα = Σ dy·[x ≥ α]`.
+/// PACT's backward over a span: adds into `dx`, returns `Σ dy·[x ≥ α]`.
+#[inline(always)]
+fn pact_span(x: &[f32], dy: &[f32], dx: &mut [f32], alpha: f32) -> f64 {
+    #[inline(always)]
+    fn terms(x: f32, dy: f32, alpha: f32) -> (f32, f32) {
+        let inside = x >= 0.0 && x < alpha;
+        (
+            if inside { dy } else { 0.0 },
+            if x >= alpha { dy } else { 0.0 },
+        )
+    }
+    let n = x.len().min(dy.len()).min(dx.len());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
+    // As in LSQ: element-wise terms into a stack buffer, then f32 lanes and f64 blocks.
+    let mut wide = [0f64; LANES];
+    let mut dalpha = 0f64;
+    let mut ta = [0f32; CHUNK];
+    for ((x, dy), g) in x
+        .chunks(CHUNK)
+        .zip(dy.chunks(CHUNK))
+        .zip(dx.chunks_mut(CHUNK))
+    {
+        let m = x.len().min(dy.len()).min(g.len()).min(CHUNK);
+        let (x, dy, g, ta) = (&x[..m], &dy[..m], &mut g[..m], &mut ta[..m]);
+        for i in 0..m {
+            let (d, a) = terms(x[i], dy[i], alpha);
+            g[i] += d;
+            ta[i] = a;
+        }
+        let whole = m - m % BLOCK;
+        reduce_blocks(&ta[..whole], &mut wide);
+        dalpha += ta[whole..].iter().map(|a| *a as f64).sum::<f64>();
+    }
+    dalpha + wide.iter().sum::<f64>()
+}
+
+multiversion! {
+    fn pact_job<>(x: &[f32], dy: &[f32], dx: &mut [f32], alpha: f32) -> f64 {
+        pact_span(x, dy, dx, alpha)
+    }
+}
+
+/// PACT backward: adds `dy·[0 ≤ x < α]` into `dx` and returns `dα = Σ dy·[x ≥ α]`. Extra
+/// elements of the longer buffers, if the lengths differ, are left alone.
 pub fn pact_backward_into(
     x: &[f32],
     dy: &[f32],
@@ -857,13 +1451,18 @@ pub fn pact_backward_into(
     grid: crate::grid::IntegerGrid,
 ) -> f32 {
     let a = pact_alpha(alpha, grid);
-    let mut dalpha = 0f64;
-    for ((g, xi), dyi) in dx.iter_mut().zip(x).zip(dy) {
-        let inside = *xi >= 0.0 && *xi < a;
-        *g += if inside { *dyi } else { 0.0 };
-        dalpha += if *xi >= a { *dyi as f64 } else { 0.0 };
+    let n = x.len().min(dy.len()).min(dx.len());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
+    if n < PARALLEL_THRESHOLD {
+        return pact_job(x, dy, dx, a) as f32;
     }
-    dalpha as f32
+    let parts: Vec<f64> = dx
+        .par_chunks_mut(PARALLEL_CHUNK)
+        .zip(x.par_chunks(PARALLEL_CHUNK))
+        .zip(dy.par_chunks(PARALLEL_CHUNK))
+        .map(|((g, x), dy)| pact_job(x, dy, g, a))
+        .collect();
+    parts.iter().sum::<f64>() as f32
 }
 
 // ----- DSQ -----------------------------------------------------------------------------------
@@ -1023,10 +1622,19 @@ pub trait QuantInt: Copy + Default + Send + Sync + std::fmt::Debug + PartialEq +
     fn from_f32(v: f32) -> Self;
     /// Widens to i32.
     fn to_i32(self) -> i32;
+    /// Converts an integer already inside `[MIN, MAX]` (exact, unlike [`QuantInt::from_f32`]
+    /// above `2^24`).
+    fn from_i32(v: i32) -> Self {
+        Self::from_f32(v as f32)
+    }
+    /// `(self - zero_point)` as `f32`: the exact integer difference, rounded once.
+    fn minus_zero_point(self, zero_point: i32) -> f32 {
+        (self.to_i32() as i64 - zero_point as i64) as f32
+    }
 }
 
 macro_rules! quant_int {
-    ($t:ty) => {
+    ($t:ty, $narrow:literal) => {
         impl QuantInt for $t {
             const MIN: i32 = <$t>::MIN as i32;
             const MAX: i32 = <$t>::MAX as i32;
@@ -1039,61 +1647,85 @@ macro_rules! quant_int {
             fn to_i32(self) -> i32 {
                 self as i32
             }
+            #[inline(always)]
+            fn from_i32(v: i32) -> Self {
+                // In range by contract: the plain cast is exact (and vectorises as a pack).
+                v as $t
+            }
+            #[inline(always)]
+            fn minus_zero_point(self, zero_point: i32) -> f32 {
+                if $narrow {
+                    // At most 17 bits: exact in i32 and in f32, and vectorises (cvtdq2ps).
+                    (self as i32 - zero_point) as f32
+                } else {
+                    (self as i64 - zero_point as i64) as f32
+                }
+            }
         }
     };
 }
-quant_int!(i8);
-quant_int!(u8);
-quant_int!(i16);
-quant_int!(u16);
-quant_int!(i32);
+quant_int!(i8, true);
+quant_int!(u8, true);
+quant_int!(i16, true);
+quant_int!(u16, true);
+quant_int!(i32, false);
+
+/// An integer-valued `f32` with `|v| < 2^22` as `i32`, exactly: vectorises where `as i32` on
+/// a float (a saturating conversion) does not.
+#[inline(always)]
+fn small_int(v: f32) -> i32 {
+    (v + MAGIC).to_bits() as i32 - MAGIC_BITS
+}
 
 #[inline(always)]
-fn q_row<T: QuantInt, R: Round>(x: &[f32], q: &mut [T], p: Affine) {
+fn q_span<T: QuantInt, R: Round>(x: &[f32], q: &mut [T], p: &Affine) {
     for (qi, xi) in q.iter_mut().zip(x) {
-        *qi = T::from_f32(R::round(clamp(*xi * p.inv, p.lo, p.hi)) + p.zero_point);
+        *qi = T::from_i32(small_int(
+            R::round(clamp(*xi * p.inv, p.lo, p.hi)) + p.zero_point,
+        ));
     }
 }
 
-fn q_driver<R: Round>(
-    x: &[f32],
-    q: &mut [impl QuantInt],
-    layout: ChannelLayout,
-    params: &[Affine],
-) {
-    if layout.channels == 1 || layout.inner >= SHORT_BLOCK {
-        let inner = if layout.channels == 1 {
-            PARALLEL_CHUNK
-        } else {
-            layout.inner
-        };
-        let run = |(b, (q, x)): (usize, (&mut [_], &[f32]))| {
-            q_row::<_, R>(
-                x,
-                q,
-                params[if layout.channels == 1 {
-                    0
-                } else {
-                    b % layout.channels
-                }],
-            )
-        };
-        if x.len() >= PARALLEL_THRESHOLD {
-            q.par_chunks_mut(inner)
-                .zip(x.par_chunks(inner))
-                .enumerate()
-                .for_each(run);
-        } else {
-            q.chunks_mut(inner)
-                .zip(x.chunks(inner))
-                .enumerate()
-                .for_each(run);
+#[inline(always)]
+fn q_period<T: QuantInt, R: Round>(x: &[f32], q: &mut [T], e: &Expanded) {
+    let n = x.len().min(q.len()).min(e.period());
+    let (x, q) = (&x[..n], &mut q[..n]);
+    let (inv, lo, hi, zp) = (&e.inv[..n], &e.lo[..n], &e.hi[..n], &e.zero_point[..n]);
+    for i in 0..n {
+        q[i] = T::from_i32(small_int(
+            R::round(clamp(x[i] * inv[i], lo[i], hi[i])) + zp[i],
+        ));
+    }
+}
+
+multiversion! {
+    fn q_job<T: QuantInt, R: Round>(start: usize, x: &[f32], q: &mut [T], walk: &Walk<'_>) {
+        match walk {
+            Walk::Periods(e) => {
+                for (q, x) in q.chunks_mut(e.period()).zip(x.chunks(e.period())) {
+                    q_period::<T, R>(x, q, e);
+                }
+            }
+            Walk::Rows { inner, params } => {
+                let rows = q.chunks_mut(*inner).zip(x.chunks(*inner));
+                for (p, (q, x)) in rows_params(params, start / inner).zip(rows) {
+                    q_span::<T, R>(x, q, p);
+                }
+            }
+            Walk::Tensor(p) => q_span::<T, R>(x, q, p),
         }
+    }
+}
+
+fn q_driver<T: QuantInt, R: Round>(x: &[f32], q: &mut [T], walk: &Walk<'_>) {
+    let job = walk.job_len(x.len());
+    if job >= x.len() {
+        q_job::<T, R>(0, x, q, walk);
     } else {
-        for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
-            let p = params[layout.channel_of(i)];
-            *qi = QuantInt::from_f32(R::round(clamp(*xi * p.inv, p.lo, p.hi)) + p.zero_point);
-        }
+        q.par_chunks_mut(job)
+            .zip(x.par_chunks(job))
+            .enumerate()
+            .for_each(|(j, (q, x))| q_job::<T, R>(j * job, x, q, walk));
     }
 }
 
@@ -1129,23 +1761,74 @@ pub fn quantize_into<T: QuantInt>(
             },
         });
     }
-    if let Some(i) = x.iter().position(|v| v.is_nan()) {
+    // A branch-free scan first (vectorises; `position` alone does not), then the index.
+    let any_nan = x
+        .chunks(4096)
+        .any(|c| c.iter().fold(false, |acc, v| acc | v.is_nan()));
+    let first_nan = if any_nan {
+        x.iter().position(|v| v.is_nan())
+    } else {
+        None
+    };
+    if let Some(i) = first_nan {
         return Err(QuantError::NonFinite {
             what: format!("x[{i}] (NaN cannot be quantized to an integer)"),
             value: f64::NAN,
         });
     }
     let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    if fast_path(&params) {
-        with_rounding!(rounding, q_driver(x, q, layout, &params));
+    if x.is_empty() {
+        return Ok(());
+    }
+    if fast_path(&params, quant_min, quant_max) {
+        let walk = Walk::new(layout, &params);
+        match rounding {
+            RoundingPolicy::HalfEven => q_driver::<T, HalfEven>(x, q, &walk),
+            RoundingPolicy::HalfAwayFromZero => q_driver::<T, HalfAwayFromZero>(x, q, &walk),
+            RoundingPolicy::HalfUp => q_driver::<T, HalfUp>(x, q, &walk),
+            RoundingPolicy::HalfDown => q_driver::<T, HalfDown>(x, q, &walk),
+            RoundingPolicy::HalfTowardZero => q_driver::<T, HalfTowardZero>(x, q, &walk),
+            RoundingPolicy::Floor => q_driver::<T, Floor>(x, q, &walk),
+            RoundingPolicy::Ceil => q_driver::<T, Ceil>(x, q, &walk),
+        }
     } else {
         for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
-            let p = params[layout.channel_of(i)];
-            let r = rounding.round(clamp(*xi * p.inv, p.lo, p.hi));
-            *qi = T::from_f32(((r as f64) + p.zero_point as f64) as f32);
+            let p = &params[layout.channel_of(i)];
+            // PyTorch's quantize_val: `clamp(int64(z + round(x * (1/s))))`; NaN was rejected.
+            let code = (p.zero_point + rounding.round(*xi * p.inv)) as i64;
+            *qi = T::from_i32(code.clamp(quant_min as i64, quant_max as i64) as i32);
         }
     }
     Ok(())
+}
+
+#[inline(always)]
+fn dq_span<T: QuantInt>(q: &[T], y: &mut [f32], scale: f32, zero_point: i32) {
+    for (yi, qi) in y.iter_mut().zip(q) {
+        *yi = qi.minus_zero_point(zero_point) * scale;
+    }
+}
+
+multiversion! {
+    fn dq_job<T: QuantInt>(start: usize, q: &[T], y: &mut [f32], walk: &Walk<'_>) {
+        match walk {
+            Walk::Periods(e) => {
+                // Short rows: one row at a time (dequantization is not on the training path).
+                let inner = e.inner.max(1);
+                let rows = y.chunks_mut(inner).zip(q.chunks(inner));
+                for (p, (y, q)) in rows_params(&e.params, start / inner).zip(rows) {
+                    dq_span(q, y, p.scale, p.zero_point_i);
+                }
+            }
+            Walk::Rows { inner, params } => {
+                let rows = y.chunks_mut(*inner).zip(q.chunks(*inner));
+                for (p, (y, q)) in rows_params(params, start / inner).zip(rows) {
+                    dq_span(q, y, p.scale, p.zero_point_i);
+                }
+            }
+            Walk::Tensor(p) => dq_span(q, y, p.scale, p.zero_point_i),
+        }
+    }
 }
 
 /// Dequantizes integers: `y = (q - zero_point) * scale`, computed as PyTorch does (the integer
@@ -1168,13 +1851,18 @@ pub fn dequantize_into<T: QuantInt>(
     check_len("q", layout.numel(), q.len())?;
     check_len("y", q.len(), y.len())?;
     let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    for (i, (yi, qi)) in y.iter_mut().zip(q).enumerate() {
-        let p = params[if layout.channels == 1 {
-            0
-        } else {
-            layout.channel_of(i)
-        }];
-        *yi = ((qi.to_i32() as i64 - p.zero_point as i64) as f32) * p.scale;
+    if q.is_empty() {
+        return Ok(());
+    }
+    let walk = Walk::new(layout, &params);
+    let job = walk.job_len(q.len());
+    if job >= q.len() {
+        dq_job(0, q, y, &walk);
+    } else {
+        y.par_chunks_mut(job)
+            .zip(q.par_chunks(job))
+            .enumerate()
+            .for_each(|(j, (y, q))| dq_job(j * job, q, y, &walk));
     }
     Ok(())
 }
@@ -1395,5 +2083,427 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("x[7]"), "{err}");
+    }
+
+    // ----- every kernel against a scalar reference, on every walk and both SIMD levels -------
+
+    /// Deterministic inputs with exact ties for `scale` (and plenty of out-of-range values).
+    fn inputs(n: usize, scale: f32, seed: u64) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|i| {
+                s ^= s << 13;
+                s ^= s >> 7;
+                s ^= s << 17;
+                let k = ((s >> 40) % 400) as f32 - 200.0;
+                match i % 4 {
+                    // Exact ties k + 1/2 (scale is a power of two in the tests that need it).
+                    0 => (k + 0.5) * scale,
+                    1 => k * scale,
+                    _ => ((s >> 20) as u32 as f32 / u32::MAX as f32 - 0.5) * 300.0 * scale,
+                }
+            })
+            .collect()
+    }
+
+    /// The layouts the drivers treat differently: per tensor, long rows, short rows (periods),
+    /// short rows that do not repeat, each small and above the parallel threshold.
+    fn layouts() -> Vec<(Vec<usize>, Option<usize>)> {
+        vec![
+            (vec![1000], None),
+            (vec![3, 5, 7], Some(0)),
+            (vec![3, 5, 7], Some(1)),
+            (vec![3, 5, 7], Some(2)),
+            (vec![PARALLEL_THRESHOLD + 999], None),
+            (vec![70, 31, 130], Some(1)),
+            (vec![300, 17, 60], Some(1)),
+            (vec![2, 150_001, 1], Some(1)),
+        ]
+    }
+
+    fn params(channels: usize) -> (Vec<f32>, Vec<i32>) {
+        let scales = (0..channels)
+            .map(|c| [0.5, 0.25, 0.125, 0.0625][c % 4])
+            .collect();
+        let zps = (0..channels).map(|c| (c % 7) as i32 - 3).collect();
+        (scales, zps)
+    }
+
+    fn lsq_reference(
+        x: f32,
+        dy: f32,
+        s: f32,
+        z: i32,
+        qmin: i32,
+        qmax: i32,
+        policy: RoundingPolicy,
+    ) -> Option<(bool, f64, f64)> {
+        let w = x * (1.0 / s) + z as f32;
+        if w.is_nan() {
+            return None;
+        }
+        let q = policy.round(w) as i64;
+        let (lo, hi) = (qmin as i64, qmax as i64);
+        Some(if q < lo || q > hi {
+            let k = (q.clamp(lo, hi) - z as i64) as f32;
+            (false, (dy * k) as f64, dy as f64)
+        } else {
+            let fq = (q - z as i64) as f32 * s;
+            (true, (dy * ((fq - x) * (1.0 / s))) as f64, 0.0)
+        })
+    }
+
+    /// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code.
+    fn both_levels(mut f: impl FnMut(&str)) {
+        use std::sync::atomic::Ordering::Relaxed;
+        f("default");
+        FORCE_BASELINE.store(true, Relaxed);
+        f("baseline");
+        FORCE_BASELINE.store(false, Relaxed);
+    }
+
+    #[test]
+    fn every_kernel_matches_the_scalar_reference_on_every_layout() {
+        let (qmin, qmax) = (-128, 127);
+        both_levels(|level| {
+            for (shape, axis) in layouts() {
+                let layout = ChannelLayout::new(&shape, axis).unwrap();
+                let n = layout.numel();
+                let (scales, zps) = params(layout.channels);
+                let x = inputs(n, 0.5, 7);
+                let dy = inputs(n, 0.01, 11);
+                for policy in RoundingPolicy::ALL {
+                    let what = format!("{level} {shape:?} {axis:?} {policy:?}");
+                    let mut y = vec![0.0; n];
+                    fake_quantize_affine_into(
+                        &x, &mut y, layout, &scales, &zps, qmin, qmax, policy,
+                    )
+                    .unwrap();
+                    let mut dx = vec![0.0; n];
+                    fake_quantize_affine_backward_into(
+                        &x, &dy, &mut dx, layout, &scales, &zps, qmin, qmax, policy,
+                    )
+                    .unwrap();
+                    let mut q = vec![0i8; n];
+                    quantize_into(&x, &mut q, layout, &scales, &zps, qmin, qmax, policy).unwrap();
+                    let mut dq = vec![0.0; n];
+                    dequantize_into(&q, &mut dq, layout, &scales, &zps, qmin, qmax).unwrap();
+                    for i in (0..n).step_by(1 + n / 20_000) {
+                        let c = layout.channel_of(i);
+                        let e = reference(x[i], scales[c], zps[c], qmin, qmax, policy);
+                        assert_eq!(y[i].to_bits(), e.to_bits(), "{what}: y[{i}], x = {}", x[i]);
+                        assert_eq!(
+                            dq[i].to_bits(),
+                            e.to_bits(),
+                            "{what}: dequantize(quantize)[{i}]"
+                        );
+                        let code = policy.round(x[i] * (1.0 / scales[c])) as i64 + zps[c] as i64;
+                        let inside = (qmin as i64..=qmax as i64).contains(&code);
+                        assert_eq!(dx[i], if inside { dy[i] } else { 0.0 }, "{what}: dx[{i}]");
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn lsq_matches_the_scalar_reference_on_every_layout() {
+        let (qmin, qmax) = (-8, 7);
+        both_levels(|level| {
+            for (shape, axis) in layouts() {
+                let layout = ChannelLayout::new(&shape, axis).unwrap();
+                let n = layout.numel();
+                let (scales, zps) = params(layout.channels);
+                let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
+                let x = inputs(n, 0.5, 3);
+                let dy = inputs(n, 0.01, 5);
+                for policy in [
+                    RoundingPolicy::HalfEven,
+                    RoundingPolicy::HalfUp,
+                    RoundingPolicy::Floor,
+                ] {
+                    let what = format!("{level} {shape:?} {axis:?} {policy:?}");
+                    let channels = layout.channels;
+                    let mut dx = vec![0.0; n];
+                    let (mut ds, mut dz) = (vec![0.0; channels], vec![0.0; channels]);
+                    fake_quantize_learnable_affine_backward_into(
+                        &x, &dy, &mut dx, layout, &scales, &zf, qmin, qmax, 1.0, policy, &mut ds,
+                        &mut dz,
+                    )
+                    .unwrap();
+                    // (ds, dz, Σ|ds terms|, Σ|dz terms|)
+                    let mut exact = vec![(0f64, 0f64, 0f64, 0f64); channels];
+                    for i in 0..n {
+                        let c = layout.channel_of(i);
+                        let (inside, t, u) =
+                            lsq_reference(x[i], dy[i], scales[c], zps[c], qmin, qmax, policy)
+                                .unwrap();
+                        assert_eq!(dx[i], if inside { dy[i] } else { 0.0 }, "{what}: dx[{i}]");
+                        exact[c].0 += t;
+                        exact[c].1 += u;
+                        exact[c].2 += t.abs();
+                        exact[c].3 += u.abs();
+                    }
+                    // Within 1e-6 of the exact sum, relative to the sum or (when terms of both
+                    // signs cancel) to 1e-3 of the sum of their absolute values.
+                    let close = |got: f32, e: f64, l1: f64| {
+                        (got as f64 - e).abs() <= 1e-6 * e.abs().max(l1 * 1e-3)
+                    };
+                    for c in 0..channels {
+                        let (es, ez, l1s, l1z) = exact[c];
+                        let s = scales[c] as f64;
+                        assert!(close(ds[c], es, l1s), "{what}: ds[{c}] {} vs {es}", ds[c]);
+                        assert!(
+                            close(dz[c], -ez * s, l1z * s),
+                            "{what}: dz[{c}] {} vs {}",
+                            dz[c],
+                            -ez * s
+                        );
+                    }
+                }
+            }
+        });
+    }
+
+    #[test]
+    fn nan_inputs_add_nothing_to_lsq_sums_and_nan_gradients_propagate() {
+        for (shape, axis) in layouts() {
+            let layout = ChannelLayout::new(&shape, axis).unwrap();
+            let n = layout.numel();
+            let channels = layout.channels;
+            let (scales, zps) = params(channels);
+            let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
+            let x = inputs(n, 0.5, 9);
+            let dy = inputs(n, 0.01, 13);
+            let run = |x: &[f32], dy: &[f32]| {
+                let mut dx = vec![0.0; n];
+                let (mut ds, mut dz) = (vec![0.0; channels], vec![0.0; channels]);
+                fake_quantize_learnable_affine_backward_into(
+                    x,
+                    dy,
+                    &mut dx,
+                    layout,
+                    &scales,
+                    &zf,
+                    -128,
+                    127,
+                    1.0,
+                    RoundingPolicy::HalfEven,
+                    &mut ds,
+                    &mut dz,
+                )
+                .unwrap();
+                (dx, ds, dz)
+            };
+            // Element 0 dropped from the sums: its terms are recomputed without it.
+            let mut x_nan = x.clone();
+            x_nan[0] = f32::NAN;
+            let (dx_nan, ds_nan, dz_nan) = run(&x_nan, &dy);
+            let mut dy_zero = dy.clone();
+            dy_zero[0] = 0.0;
+            let (_, ds_ref, dz_ref) = run(&x, &dy_zero);
+            assert_eq!(dx_nan[0], 0.0, "{shape:?}");
+            for c in 0..channels {
+                assert!(
+                    ds_nan[c].is_finite() && dz_nan[c].is_finite(),
+                    "{shape:?} channel {c}"
+                );
+                assert!(
+                    (ds_nan[c] - ds_ref[c]).abs() <= 1e-5 * ds_ref[c].abs().max(1.0),
+                    "{shape:?} {c}"
+                );
+                assert!(
+                    (dz_nan[c] - dz_ref[c]).abs() <= 1e-5 * dz_ref[c].abs().max(1.0),
+                    "{shape:?} {c}"
+                );
+            }
+            let mut dy_nan = dy.clone();
+            dy_nan[0] = f32::NAN;
+            let (_, ds, _) = run(&x, &dy_nan);
+            assert!(ds[layout.channel_of(0)].is_nan(), "{shape:?}");
+        }
+    }
+
+    #[test]
+    fn results_do_not_depend_on_the_number_of_threads() {
+        let layout = ChannelLayout::new(&[300, 17, 60], Some(1)).unwrap();
+        let n = layout.numel();
+        let (scales, zps) = params(17);
+        let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
+        let (x, dy) = (inputs(n, 0.5, 21), inputs(n, 0.01, 23));
+        let run = || {
+            let mut dx = vec![0.0; n];
+            let (mut ds, mut dz) = (vec![0.0; 17], vec![0.0; 17]);
+            fake_quantize_learnable_affine_backward_into(
+                &x,
+                &dy,
+                &mut dx,
+                layout,
+                &scales,
+                &zf,
+                -128,
+                127,
+                0.01,
+                RoundingPolicy::HalfEven,
+                &mut ds,
+                &mut dz,
+            )
+            .unwrap();
+            let t = ChannelLayout::per_tensor(n);
+            let (mut dst, mut dzt) = ([0.0], [0.0]);
+            fake_quantize_learnable_affine_backward_into(
+                &x,
+                &dy,
+                &mut dx,
+                t,
+                &[0.5],
+                &[1.0],
+                -128,
+                127,
+                0.01,
+                RoundingPolicy::HalfEven,
+                &mut dst,
+                &mut dzt,
+            )
+            .unwrap();
+            let grid = crate::grid::IntegerGrid::new(8, false, false).unwrap();
+            let da = pact_backward_into(&x, &dy, &mut dx, 20.0, grid);
+            (dx, ds, dz, dst, dzt, da)
+        };
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .unwrap()
+            .install(run);
+        let three = rayon::ThreadPoolBuilder::new()
+            .num_threads(3)
+            .build()
+            .unwrap()
+            .install(run);
+        assert_eq!(format!("{one:?}"), format!("{three:?}"));
+    }
+
+    #[test]
+    fn pact_backward_matches_the_scalar_reference() {
+        let grid = crate::grid::IntegerGrid::new(8, false, false).unwrap();
+        both_levels(|level| {
+            for n in [37, PARALLEL_THRESHOLD + 77] {
+                let x = inputs(n, 0.05, 31);
+                let dy = inputs(n, 0.01, 37);
+                let mut dx = vec![0.5; n];
+                let da = pact_backward_into(&x, &dy, &mut dx, 3.0, grid);
+                let mut exact = 0f64;
+                for i in 0..n {
+                    let inside = x[i] >= 0.0 && x[i] < 3.0;
+                    assert_eq!(
+                        dx[i],
+                        0.5 + if inside { dy[i] } else { 0.0 },
+                        "{level} {n} dx[{i}]"
+                    );
+                    exact += if x[i] >= 3.0 { dy[i] as f64 } else { 0.0 };
+                }
+                assert!(
+                    (da as f64 - exact).abs() <= 1e-6 * exact.abs().max(1e-3),
+                    "{level} {n}: {da} vs {exact}"
+                );
+            }
+        });
+    }
+
+    #[test]
+    fn wide_grids_keep_integer_codes_exact() {
+        // Codes beyond 2^24 follow PyTorch's quantize_val: `int64(float(z) + round(x/s))`, the
+        // addition in f32 (so 2^24 + 3 rounds to 2^24 + 4), then clamped to the range.
+        let x = [16_777_217.0f32, -16_777_219.0, 1e12, -1e12, 0.5, 1.5];
+        let layout = ChannelLayout::per_tensor(x.len());
+        let mut q = [0i32; 6];
+        quantize_into(
+            &x,
+            &mut q,
+            layout,
+            &[1.0],
+            &[3],
+            i32::MIN,
+            i32::MAX,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        assert_eq!(q, [16_777_220, -16_777_216, i32::MAX, i32::MIN, 3, 5]);
+        let mut y = [0.0; 6];
+        dequantize_into(&q, &mut y, layout, &[1.0], &[3], i32::MIN, i32::MAX).unwrap();
+        assert_eq!(y[0], 16_777_216.0); // (2^24 + 1) as f32
+                                        // PyTorch's per-tensor mask compares f32 codes with f32(quant_max): 2^31 is inside.
+        let mut dx = [0.0; 1];
+        let top = [2_147_483_648.0f32];
+        let l1 = ChannelLayout::per_tensor(1);
+        fake_quantize_affine_backward_into(
+            &top,
+            &[1.0],
+            &mut dx,
+            l1,
+            &[1.0],
+            &[0],
+            i32::MIN,
+            i32::MAX,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        assert_eq!(dx, [1.0]);
+        // Per channel, the code is an int64: 2^31 is outside.
+        let lc = ChannelLayout::new(&[1], Some(0)).unwrap();
+        let mut dx = [0.0; 1];
+        fake_quantize_affine_backward_into(
+            &top,
+            &[1.0],
+            &mut dx,
+            lc,
+            &[1.0],
+            &[0],
+            i32::MIN,
+            i32::MAX,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        assert_eq!(dx, [0.0]);
+    }
+
+    #[test]
+    fn empty_tensors_are_fine() {
+        let l = ChannelLayout::new(&[0, 4], Some(1)).unwrap();
+        let (s, z) = params(4);
+        fake_quantize_affine_into(&[], &mut [], l, &s, &z, -128, 127, RoundingPolicy::HalfEven)
+            .unwrap();
+        fake_quantize_affine_backward_into(
+            &[],
+            &[],
+            &mut [],
+            l,
+            &s,
+            &z,
+            -128,
+            127,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        let (mut ds, mut dz) = (vec![0.0; 4], vec![0.0; 4]);
+        let zf = [0.0; 4];
+        fake_quantize_learnable_affine_backward_into(
+            &[],
+            &[],
+            &mut [],
+            l,
+            &s,
+            &zf,
+            -128,
+            127,
+            1.0,
+            RoundingPolicy::HalfEven,
+            &mut ds,
+            &mut dz,
+        )
+        .unwrap();
+        assert_eq!(ds, vec![0.0; 4]);
+        quantize_into::<i8>(&[], &mut [], l, &s, &z, -128, 127, RoundingPolicy::HalfEven).unwrap();
+        dequantize_into::<i8>(&[], &mut [], l, &s, &z, -128, 127).unwrap();
     }
 }

@@ -65,7 +65,7 @@ impl ParamInput {
             None
         };
         ParamInput {
-            data: t.as_vec(),
+            data: read_contiguous(t),
             accumulate,
         }
     }
@@ -74,6 +74,18 @@ impl ParamInput {
     pub fn data(&self) -> &[f32] {
         &self.data
     }
+}
+
+/// The values of a contiguous tensor (after `try_contiguous`, or a module parameter), in
+/// order, with one `memcpy`: dfdx's `as_vec` walks a strided index per element, which costs more
+/// than the quantization itself.
+pub fn read_contiguous<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Vec<f32> {
+    let len = t.shape().num_elements();
+    let mut buf = vec![0.0f32; len];
+    if len > 0 {
+        t.copy_into(&mut buf);
+    }
+    buf
 }
 
 /// The forward half of a custom op: reads the input, the parameters, writes the output.
@@ -95,7 +107,7 @@ pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
 ) -> Result<Tensor<S, f32, Cpu, T>> {
     let x = x.try_contiguous()?;
     let (x, mut tape) = x.split_tape();
-    let x_data = x.as_vec();
+    let x_data = read_contiguous(&x);
     let mut y = vec![0.0f32; x_data.len()];
     {
         let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();

@@ -50,3 +50,29 @@ impl Errors {
         quote!(#(#errs)*)
     }
 }
+
+/// The path to quant-ops as the calling crate sees it: `::quant_ops` (or its renamed name) when
+/// it is a direct dependency or the crate itself, else `::quant::quant_ops` through the facade,
+/// else `::quant_ops` (the compiler then says it is missing; `crate = path` overrides).
+pub fn ops_path() -> Path {
+    let ident = |name: &str| syn::Ident::new(&name.replace('-', "_"), Span::call_site());
+    if let Ok(found) = crate_name("quant-ops") {
+        return match found {
+            FoundCrate::Itself => syn::parse_quote!(::quant_ops),
+            FoundCrate::Name(name) => {
+                let name = ident(&name);
+                syn::parse_quote!(::#name)
+            }
+        };
+    }
+    if let Ok(found) = crate_name("quant") {
+        return match found {
+            FoundCrate::Itself => syn::parse_quote!(::quant_ops),
+            FoundCrate::Name(name) => {
+                let name = ident(&name);
+                syn::parse_quote!(::#name::quant_ops)
+            }
+        };
+    }
+    syn::parse_quote!(::quant_ops)
+}

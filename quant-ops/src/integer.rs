@@ -111,6 +111,18 @@ pub fn fixed_point_multiplier(multiplier: f64) -> Result<(i64, u32), QuantError>
     Ok((m, shift as u32))
 }
 
+/// `round(n / 2^shift)`, ties to even, in exact integer arithmetic (`shift` ≥ 1).
+#[inline(always)]
+fn round_shift_half_even(n: i64, shift: u32) -> i64 {
+    if shift == 0 {
+        return n;
+    }
+    let q = n >> shift;
+    let rem = n - (q << shift);
+    let half = 1i64 << (shift - 1);
+    q + (rem > half || (rem == half && q & 1 == 1)) as i64
+}
+
 /// `round(n / 2^shift)` with `policy`, in exact integer arithmetic.
 #[inline]
 pub fn rounding_shift(n: i64, shift: u32, policy: RoundingPolicy) -> i64 {
@@ -520,6 +532,10 @@ fn patch(
 
 /// One layer with weights on a batch: returns the next layer's centered codes (when
 /// requantizing) or the logits (when dequantizing).
+///
+/// The layer is one integer matrix product `acc[r][o] = Σ_i x[r][i] · w[o][i] + bias[o]` over
+/// rows `r` (samples for Linear, samples × output positions for Conv2d, whose rows are im2col
+/// patches), followed by requantization per output channel.
 fn run_weighted(
     l: &IntWeighted,
     act: &[i16],
@@ -527,14 +543,50 @@ fn run_weighted(
     next_dims: Dims,
     n: usize,
 ) -> (Vec<i16>, Vec<f32>) {
-    let in_per = dims.numel();
     let out_per = next_dims.numel();
     let out_c = l.kind.out_channels();
     let positions = out_per / out_c.max(1);
-    let dequantize = matches!(l.output, Output::Dequantize { .. });
-    let mut next = vec![0i16; if dequantize { 0 } else { n * out_per }];
-    let mut logits = vec![0f32; if dequantize { n * out_per } else { 0 }];
-    let emit = |o: usize, acc: i32, code: &mut i16, logit: &mut f32| match &l.output {
+    // Rows of the product: the activations themselves for Linear, im2col patches for Conv2d.
+    let patches;
+    let rows: &[i16] = match (l.kind, dims, next_dims) {
+        (
+            WeightedKind::Conv2d {
+                kernel,
+                stride,
+                padding,
+                ..
+            },
+            Dims::Maps(c, h, w),
+            Dims::Maps(_, _, ow),
+        ) => {
+            let in_per = c * h * w;
+            let mut m = vec![0i16; n * positions * l.fan_in];
+            m.par_chunks_mut(positions * l.fan_in)
+                .enumerate()
+                .for_each(|(b, sample_rows)| {
+                    let xs = &act[b * in_per..(b + 1) * in_per];
+                    for (pos, row) in sample_rows.chunks_mut(l.fan_in).enumerate() {
+                        patch(
+                            xs,
+                            (c, h, w),
+                            kernel,
+                            stride,
+                            padding,
+                            pos / ow,
+                            pos % ow,
+                            row,
+                        );
+                    }
+                });
+            patches = m;
+            &patches
+        }
+        _ => act,
+    };
+    let acc = gemm_i16(rows, &l.weight, &l.bias, l.fan_in, out_c);
+    // acc is [n·positions, out]; the next layer wants NCHW: [n][out][positions].
+    let at = |b: usize, o: usize, pos: usize| acc[(b * positions + pos) * out_c + o];
+    match &l.output {
         Output::Requantize {
             multipliers,
             zero_point,
@@ -542,76 +594,206 @@ fn run_weighted(
             quant_max,
             rounding,
         } => {
-            let (m, shift) = multipliers[o];
-            let q = rounding_shift(acc as i64 * m, shift, *rounding) + *zero_point as i64;
             let lo = if l.relu {
                 (*quant_min).max(*zero_point)
             } else {
                 *quant_min
-            };
-            *code = (q.clamp(lo as i64, *quant_max as i64) - *zero_point as i64) as i16;
+            } as i64
+                - *zero_point as i64;
+            let hi = *quant_max as i64 - *zero_point as i64;
+            let mut next = vec![0i16; n * out_per];
+            // acc is [n·positions, out]; the next layer wants NCHW: [n][out][positions].
+            for b in 0..n {
+                for pos in 0..positions {
+                    let row =
+                        &acc[(b * positions + pos) * out_c..(b * positions + pos + 1) * out_c];
+                    let base = b * out_per + pos;
+                    match rounding {
+                        // The common case gets its own loop without a per-element dispatch.
+                        RoundingPolicy::HalfEven => {
+                            for (o, a) in row.iter().enumerate() {
+                                let (m, shift) = multipliers[o];
+                                let q = round_shift_half_even(*a as i64 * m, shift);
+                                next[base + o * positions] = q.clamp(lo, hi) as i16;
+                            }
+                        }
+                        policy => {
+                            for (o, a) in row.iter().enumerate() {
+                                let (m, shift) = multipliers[o];
+                                let q = rounding_shift(*a as i64 * m, shift, *policy);
+                                next[base + o * positions] = q.clamp(lo, hi) as i16;
+                            }
+                        }
+                    }
+                }
+            }
+            (next, Vec::new())
         }
         Output::Dequantize { scales } => {
-            let v = acc as f32 * scales[o];
-            *logit = if l.relu { v.max(0.0) } else { v };
-        }
-    };
-    let sample_run = |b: usize, codes: &mut [i16], outs: &mut [f32]| {
-        let xs = &act[b * in_per..(b + 1) * in_per];
-        let mut scratch = vec![0i16; l.fan_in];
-        let mut dummy_code = 0i16;
-        let mut dummy_logit = 0f32;
-        for pos in 0..positions {
-            let input: &[i16] = match (l.kind, dims) {
-                (
-                    WeightedKind::Conv2d {
-                        kernel,
-                        stride,
-                        padding,
-                        ..
-                    },
-                    Dims::Maps(c, h, w),
-                ) => {
-                    let ow = match next_dims {
-                        Dims::Maps(_, _, ow) => ow,
-                        Dims::Flat(_) => 1,
-                    };
-                    patch(
-                        xs,
-                        (c, h, w),
-                        kernel,
-                        stride,
-                        padding,
-                        pos / ow,
-                        pos % ow,
-                        &mut scratch,
-                    );
-                    &scratch
+            let mut logits = vec![0f32; n * out_per];
+            for (b, sample) in logits.chunks_mut(out_per).enumerate() {
+                for (o, plane) in sample.chunks_mut(positions).enumerate() {
+                    for (pos, v) in plane.iter_mut().enumerate() {
+                        let y = at(b, o, pos) as f32 * scales[o];
+                        *v = if l.relu { y.max(0.0) } else { y };
+                    }
                 }
-                _ => xs,
-            };
-            for o in 0..out_c {
-                let wrow = &l.weight[o * l.fan_in..(o + 1) * l.fan_in];
-                let acc = dot(wrow, input) + l.bias[o];
-                // NCHW: channel-major within a sample.
-                let idx = o * positions + pos;
-                let code = codes.get_mut(idx).unwrap_or(&mut dummy_code);
-                let logit = outs.get_mut(idx).unwrap_or(&mut dummy_logit);
-                emit(o, acc, code, logit);
+            }
+            (Vec::new(), logits)
+        }
+    }
+}
+
+/// `acc[r][o] = Σ_i x[r][i] · w[o][i] + bias[o]` in i32, for `x: [rows, k]`, `w: [outs, k]`,
+/// split across rayon's threads by blocks of rows.
+fn gemm_i16(x: &[i16], w: &[i16], bias: &[i32], k: usize, outs: usize) -> Vec<i32> {
+    const ROW_BLOCK: usize = 16;
+    let rows = x.len() / k.max(1);
+    let mut acc = vec![0i32; rows * outs];
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = std::arch::is_x86_feature_detected!("avx2");
+    acc.par_chunks_mut(ROW_BLOCK * outs)
+        .zip(x.par_chunks(ROW_BLOCK * k))
+        .for_each(|(acc, x)| {
+            // Two input rows at a time share each load of four weight rows.
+            for (xs, accs) in x.chunks(2 * k).zip(acc.chunks_mut(2 * outs)) {
+                let (x0, x1) = xs.split_at(k.min(xs.len()));
+                let x1 = if x1.is_empty() { x0 } else { x1 };
+                let mut o = 0;
+                while o + 4 <= outs {
+                    let ws = [
+                        &w[o * k..(o + 1) * k],
+                        &w[(o + 1) * k..(o + 2) * k],
+                        &w[(o + 2) * k..(o + 3) * k],
+                        &w[(o + 3) * k..(o + 4) * k],
+                    ];
+                    #[cfg(target_arch = "x86_64")]
+                    let (s0, s1) = if avx2 {
+                        // SAFETY: AVX2 is available on this CPU (checked above).
+                        unsafe { simd::dot2x4_avx2(x0, x1, ws) }
+                    } else {
+                        (simd::dot4_sse2(x0, ws), simd::dot4_sse2(x1, ws))
+                    };
+                    #[cfg(not(target_arch = "x86_64"))]
+                    let (s0, s1) = (ws.map(|wr| dot(wr, x0)), ws.map(|wr| dot(wr, x1)));
+                    for j in 0..4 {
+                        accs[o + j] = s0[j] + bias[o + j];
+                        if accs.len() > outs {
+                            accs[outs + o + j] = s1[j] + bias[o + j];
+                        }
+                    }
+                    o += 4;
+                }
+                while o < outs {
+                    let wr = &w[o * k..(o + 1) * k];
+                    accs[o] = dot(wr, x0) + bias[o];
+                    if accs.len() > outs {
+                        accs[outs + o] = dot(wr, x1) + bias[o];
+                    }
+                    o += 1;
+                }
+            }
+        });
+    acc
+}
+
+/// Four 16-bit dot products sharing one input row, with the x86 multiply-add of 16-bit pairs
+/// (`pmaddwd`): SSE2 is part of x86-64, AVX2 doubles the width where the CPU has it.
+#[cfg(target_arch = "x86_64")]
+mod simd {
+    use std::arch::x86_64::*;
+
+    /// Horizontal sum of four i32 lanes.
+    #[inline(always)]
+    fn hsum128(v: __m128i) -> i32 {
+        // SAFETY: SSE2 is part of x86-64.
+        unsafe {
+            let hi = _mm_unpackhi_epi64(v, v);
+            let s = _mm_add_epi32(v, hi);
+            let hi = _mm_shuffle_epi32(s, 0b01);
+            _mm_cvtsi128_si32(_mm_add_epi32(s, hi))
+        }
+    }
+
+    /// `[Σ x·w0, Σ x·w1, Σ x·w2, Σ x·w3]` (all slices of one length).
+    pub(super) fn dot4_sse2(x: &[i16], w: [&[i16]; 4]) -> [i32; 4] {
+        let k = x.len();
+        let mut sums = [0i32; 4];
+        let full = k / 8 * 8;
+        // SAFETY: SSE2 is part of x86-64; every load reads 8 lanes below `full <= len`.
+        unsafe {
+            let mut acc = [_mm_setzero_si128(); 4];
+            let mut i = 0;
+            while i < full {
+                let xv = _mm_loadu_si128(x.as_ptr().add(i) as *const __m128i);
+                for j in 0..4 {
+                    let wv = _mm_loadu_si128(w[j].as_ptr().add(i) as *const __m128i);
+                    acc[j] = _mm_add_epi32(acc[j], _mm_madd_epi16(wv, xv));
+                }
+                i += 8;
+            }
+            for j in 0..4 {
+                sums[j] = hsum128(acc[j]);
             }
         }
-    };
-    if dequantize {
-        logits
-            .par_chunks_mut(out_per)
-            .enumerate()
-            .for_each(|(b, outs)| sample_run(b, &mut [], outs));
-    } else {
-        next.par_chunks_mut(out_per)
-            .enumerate()
-            .for_each(|(b, codes)| sample_run(b, codes, &mut []));
+        for i in full..k {
+            for j in 0..4 {
+                sums[j] += w[j][i] as i32 * x[i] as i32;
+            }
+        }
+        sums
     }
-    (next, logits)
+
+    /// [`dot4_avx2`] for two input rows sharing the weight loads.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn dot2x4_avx2(
+        x0: &[i16],
+        x1: &[i16],
+        w: [&[i16]; 4],
+    ) -> ([i32; 4], [i32; 4]) {
+        let k = x0.len();
+        let full = k / 16 * 16;
+        let mut a0 = [_mm256_setzero_si256(); 4];
+        let mut a1 = [_mm256_setzero_si256(); 4];
+        let mut i = 0;
+        while i < full {
+            // SAFETY: every load reads 16 lanes below `full <= len` of slices of length `k`.
+            let (xv0, xv1) = unsafe {
+                (
+                    _mm256_loadu_si256(x0.as_ptr().add(i) as *const __m256i),
+                    _mm256_loadu_si256(x1.as_ptr().add(i) as *const __m256i),
+                )
+            };
+            for j in 0..4 {
+                let wv = unsafe { _mm256_loadu_si256(w[j].as_ptr().add(i) as *const __m256i) };
+                a0[j] = _mm256_add_epi32(a0[j], _mm256_madd_epi16(wv, xv0));
+                a1[j] = _mm256_add_epi32(a1[j], _mm256_madd_epi16(wv, xv1));
+            }
+            i += 16;
+        }
+        let mut s0 = [0i32; 4];
+        let mut s1 = [0i32; 4];
+        for j in 0..4 {
+            s0[j] = hsum128(_mm_add_epi32(
+                _mm256_castsi256_si128(a0[j]),
+                _mm256_extracti128_si256(a0[j], 1),
+            ));
+            s1[j] = hsum128(_mm_add_epi32(
+                _mm256_castsi256_si128(a1[j]),
+                _mm256_extracti128_si256(a1[j], 1),
+            ));
+        }
+        for i in full..k {
+            for j in 0..4 {
+                s0[j] += w[j][i] as i32 * x0[i] as i32;
+                s1[j] += w[j][i] as i32 * x1[i] as i32;
+            }
+        }
+        (s0, s1)
+    }
 }
 
 /// Max pooling on centered codes; padding never wins.

@@ -13,15 +13,19 @@
 //! `disable()` / `enable_calib()`), calibrate, report and export.
 
 mod conv;
+#[doc(hidden)]
+pub mod derive;
 mod float;
 mod input;
 mod linear;
+mod param;
 mod quantizer;
 
 pub use conv::QConv2d;
 pub use float::Float;
 pub use input::QuantInput;
 pub use linear::QLinear;
+pub use param::{quantize_param, quantize_param_mut, LayerInput};
 pub use quantizer::{
     QuantizerControl, QuantizerDescription, QuantizerMode, QuantizerSpec, TensorQuantizer,
 };
@@ -109,7 +113,7 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
         return Ok(bias.retaped::<T>());
     };
     let s_in = qi.scales()[0];
-    let codes = quantize_bias(&bias.as_vec(), s_in, qw.scales());
+    let codes = quantize_bias(&quant_core::ops::read_contiguous(bias), s_in, qw.scales());
     let values: Vec<f32> = codes
         .iter()
         .enumerate()

@@ -9,9 +9,10 @@ use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use quant_core::{
-    ops, registry, ChannelLayout, InferableQuantizer, IntegerGrid, ParamBank, ParamBankMut,
-    QParams, QuantError, QuantizationMethod, QuantizationTarget, QuantizerConfig,
-    QuantizerMetadata, Result, TrainableQuantizer, TrainingMethod, MAX_PARAMETERS,
+    ops::{self, read_contiguous},
+    registry, ChannelLayout, InferableQuantizer, IntegerGrid, ParamBank, ParamBankMut, QParams,
+    QuantError, QuantizationMethod, QuantizationTarget, QuantizerConfig, QuantizerMetadata, Result,
+    TrainableQuantizer, TrainingMethod, MAX_PARAMETERS,
 };
 
 use crate::observers::{Observer, ObserverConfig};
@@ -421,8 +422,8 @@ impl<const C: usize> TensorQuantizer<C> {
         })?;
         let mut bank = merged_bank(
             &setup.quantizer,
-            &self.learned.as_vec(),
-            &self.fixed.as_vec(),
+            &read_contiguous(&self.learned),
+            &read_contiguous(&self.fixed),
             C,
         );
         setup
@@ -567,8 +568,8 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
         }
         let bank = merged_bank(
             &setup.quantizer,
-            &self.learned.as_vec(),
-            &self.fixed.as_vec(),
+            &read_contiguous(&self.learned),
+            &read_contiguous(&self.fixed),
             C,
         );
         setup
@@ -587,8 +588,8 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
         }
         let bank = merged_bank(
             &setup.quantizer,
-            &self.learned.as_vec(),
-            &self.fixed.as_vec(),
+            &read_contiguous(&self.learned),
+            &read_contiguous(&self.fixed),
             C,
         );
         setup

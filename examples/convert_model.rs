@@ -1,0 +1,188 @@
+//! QuanTransformer's model transformer story, in Rust: a float CNN converted layer by layer by a
+//! per-type policy with per-name special layers.
+//!
+//! The float CNN is built from quant-ops' stable convolution, pooling and flattening
+//! (`quant_ops::nn::builders`) and dfdx's Linear/ReLU, and trained briefly on the bundled
+//! digits. `quantize_model` then walks it: every layer is asked of the policy by its dotted name
+//! and kind (QuanTransformer's `quan_policy` by type, `special_layers` by name); `Conv2d` becomes
+//! `QConv2d`, `Linear` becomes `QLinear`, pooling and flattening become `QuantInput<_>` (input
+//! quantizer only), activations stay float. The program prints each decision as the policy
+//! makes it, calibrates on a batch, prints the per-layer report (quantizers, scale ranges, SQNR
+//! against the float model) and the float and fake-quantized accuracies.
+//!
+//! Run: `cargo run --release --example convert_model`
+
+use dfdx::optim::{Adam, AdamConfig};
+use dfdx::prelude::*;
+
+use quant::digits::{self, Split, CLASSES};
+use quant::prelude::*;
+use quant::quant_ops::convert::{quantize_model, LayerKind, LayerQuantization};
+use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant::quant_ops::nn::builders as qnn;
+use quant::quant_ops::observers::ObserverConfig;
+use quant::quant_ops::report::{layer_report, layer_table};
+
+/// The float CNN, as builders (dfdx's tuples hold at most six modules, so it nests):
+/// `0.*` the first conv block, `1.*` the second, `2.*` the classifier.
+type CnnBuilder = (
+    (qnn::Conv2d<1, 8, 3, 1, 1>, ReLU, qnn::MaxPool2d<2>),
+    (qnn::Conv2d<8, 16, 3, 1, 1>, ReLU, qnn::MaxPool2d<2>),
+    (qnn::Flatten<64>, Linear<64, 32>, ReLU, Linear<32, CLASSES>),
+);
+
+type Images = Tensor<(usize, Const<1>, Const<8>, Const<8>), f32, Cpu>;
+
+fn spec(config: impl Into<QuantizerConfig>) -> QuantizerSpec {
+    QuantizerSpec {
+        config: config.into(),
+        observer: ObserverConfig::MinMax,
+    }
+}
+
+/// The policy: by kind, LSQ 4-bit weights per channel and 8-bit inputs for convolutions and
+/// linear layers, 8-bit inputs (straight-through) for max pooling, flattening left float; by
+/// name, the first convolution and the last linear layer on 8-bit weights (the layers most
+/// sensitive to quantization, as QuanTransformer's `special_layers` example keeps them).
+fn policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantization> {
+    let special = ["0.0", "2.3"];
+    let weight_bits = if special.contains(&name) { 8 } else { 4 };
+    let weights = WeightsQuantizerConfig::new(
+        TrainingMethod::Lsq,
+        QuantizationMethod::Symmetric,
+        weight_bits,
+    );
+    let input = |id| ActivationQuantizerConfig::new(id, QuantizationMethod::Symmetric, 8);
+    Ok(match kind {
+        LayerKind::Conv2d | LayerKind::Linear => LayerQuantization {
+            weights: Some(spec(weights)),
+            input: Some(spec(input(TrainingMethod::Lsq))),
+        },
+        LayerKind::MaxPool2d | LayerKind::AvgPool2d => LayerQuantization {
+            weights: None,
+            input: Some(spec(input(TrainingMethod::Ste))),
+        },
+        _ => LayerQuantization::default(),
+    })
+}
+
+/// `policy`, printing each decision as the conversion asks for it.
+fn printing_policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantization> {
+    let decision = policy(name, kind)?;
+    let show = |s: &Option<QuantizerSpec>| match s {
+        None => "float".to_string(),
+        Some(s) => format!(
+            "{} {} {}-bit{}",
+            s.config.training_method().name(),
+            s.config.method(),
+            s.config.bits(),
+            if s.config.per_channel() {
+                " per channel"
+            } else {
+                ""
+            }
+        ),
+    };
+    let weights = if kind.has_weights() {
+        show(&decision.weights)
+    } else {
+        "-".to_string()
+    };
+    println!(
+        "  {name:<5} {:<10} weights: {weights:<32} input: {}",
+        kind.to_string(),
+        show(&decision.input)
+    );
+    Ok(decision)
+}
+
+fn images(dev: &Cpu, split: &Split, indices: &[usize]) -> Result<Images, CpuError> {
+    let (pixels, _) = split.gather(indices);
+    dev.try_tensor_from_vec(pixels, (indices.len(), Const, Const, Const))
+}
+
+fn one_hot(
+    dev: &Cpu,
+    labels: &[usize],
+) -> Result<Tensor<(usize, Const<CLASSES>), f32, Cpu>, CpuError> {
+    let mut v = vec![0.0; labels.len() * CLASSES];
+    for (i, l) in labels.iter().enumerate() {
+        v[i * CLASSES + l] = 1.0;
+    }
+    dev.try_tensor_from_vec(v, (labels.len(), Const))
+}
+
+fn accuracy(logits: &[f32], labels: &[usize]) -> f32 {
+    let hits = logits
+        .chunks(CLASSES)
+        .zip(labels)
+        .filter(|(row, l)| {
+            let best = row
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (i, v)| if *v > b.1 { (i, *v) } else { b },
+                );
+            best.0 == **l
+        })
+        .count();
+    hits as f32 / labels.len().max(1) as f32
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let data = digits::load(&digits::bundled_path())?;
+    let dev = Cpu::seed_from_u64(0);
+    let mut cnn = dev.build_module::<CnnBuilder, f32>();
+
+    // A short float training, so the report compares against a model that works.
+    let mut opt = Adam::new(
+        &cnn,
+        AdamConfig {
+            lr: 3e-3,
+            ..Default::default()
+        },
+    );
+    let batch = 64;
+    for epoch in 0..4 {
+        let mut total = 0.0;
+        let mut batches = 0;
+        for start in (0..data.train.len()).step_by(batch) {
+            let idx: Vec<usize> = (start..(start + batch).min(data.train.len())).collect();
+            let x = images(&dev, &data.train, &idx)?;
+            let y = one_hot(&dev, &data.train.gather(&idx).1)?;
+            let grads = cnn.alloc_grads();
+            let loss = cross_entropy_with_logits_loss(cnn.try_forward_mut(x.traced(grads))?, y);
+            total += loss.array();
+            batches += 1;
+            opt.update(&mut cnn, &loss.backward())?;
+        }
+        println!("float epoch {epoch}: loss {:.4}", total / batches as f32);
+    }
+    let test_idx: Vec<usize> = (0..data.test.len()).collect();
+    let test_x = images(&dev, &data.test, &test_idx)?;
+    let float_acc = accuracy(
+        &cnn.try_forward(test_x.clone())?.as_vec(),
+        &data.test.labels,
+    );
+    println!("float test accuracy: {:.1}%\n", 100.0 * float_acc);
+
+    println!("converting layer by layer:");
+    let mut q = quantize_model(&cnn, &printing_policy)?;
+
+    let calib_idx: Vec<usize> = (0..256).collect();
+    let calib = images(&dev, &data.train, &calib_idx)?;
+    q.try_forward_mut(calib.clone())?;
+    let n = q.finish_calibration()?;
+    println!("\ncalibrated {n} quantizers on 256 training images:");
+    let report = layer_report(&cnn, &mut q, calib)?;
+    print!("{}", layer_table(&report));
+
+    let quant_acc = accuracy(&q.try_forward(test_x)?.as_vec(), &data.test.labels);
+    println!(
+        "\nfake-quantized test accuracy (PTQ, no training): {:.1}% (float {:.1}%)",
+        100.0 * quant_acc,
+        100.0 * float_acc
+    );
+    Ok(())
+}

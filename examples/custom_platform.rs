@@ -1,0 +1,98 @@
+//! PPQ's "customize your quantization platform" story, in a downstream crate: define a backend
+//! preset without editing quant, register it, name it in a policy, and calibrate the digits
+//! MLP for it (PTQ), comparing with a built-in platform.
+//!
+//! Run: `cargo run --release --example custom_platform`
+
+use std::collections::BTreeMap;
+
+use dfdx::prelude::*;
+use quant::digits;
+use quant::pipeline::nets::{Mlp, MlpBuilder};
+use quant::pipeline::train::{accuracy, calibrate, logits, predictions};
+use quant::{QuantizationMethod, RoundingPolicy, TrainingMethod};
+use quant_ops::convert::quantize_model;
+use quant_ops::layers::QuantizedModuleExt;
+use quant_ops::observers::ObserverConfig;
+use quant_ops::platform::{find_platform, platform_names, Platform};
+use quant_ops::policy::{Policy, QuantizerSettings};
+use quant_ops::report::{layer_report, layer_table};
+
+/// A DSP that multiplies int8 by int8 with symmetric, per-tensor scales everywhere and rounds
+/// ties away from zero (like NCNN), and whose activations are unsigned after ReLU.
+fn my_dsp_int8() -> Platform {
+    let settings = |per_channel: bool, observer: ObserverConfig| QuantizerSettings {
+        training_method: Some(TrainingMethod::Ste),
+        method: Some(QuantizationMethod::Symmetric),
+        bits: Some(8),
+        per_channel: Some(per_channel),
+        narrow_range: Some(false),
+        signed: None,
+        rounding: Some(RoundingPolicy::HalfAwayFromZero),
+        observer: Some(observer),
+        options: BTreeMap::new(),
+    };
+    Platform {
+        name: "MyDspInt8".into(),
+        description: "a DSP: symmetric per-tensor int8 everywhere, ties away from zero".into(),
+        weights: settings(false, ObserverConfig::MinMax),
+        input: settings(
+            false,
+            ObserverConfig::from_kind("Percentile").unwrap_or_default(),
+        ),
+    }
+}
+
+// The registration: from now on a policy file can say `platform = "MyDspInt8"`.
+quant_ops::register_platform!(MY_DSP_INT8 = "MyDspInt8", my_dsp_int8);
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("Registered platforms: {}", platform_names().join(", "));
+    println!("{}\n", find_platform("MyDspInt8")?);
+
+    let data = digits::load(&digits::bundled_path())?;
+    let dev = Cpu::seed_from_u64(0);
+    let mut float: Mlp = dev.build_module::<MlpBuilder, f32>();
+    let phase = quant::pipeline::train::Phase {
+        epochs: 30,
+        batch_size: 64,
+        lr: 1e-3,
+        schedule: quant::pipeline::config::Schedule::Cosine,
+        shift: 0,
+        optimizer: quant::pipeline::config::Optimizer::Adam,
+    };
+    quant::pipeline::train::train::<Mlp, (usize, Const<64>)>(
+        &dev,
+        &mut float,
+        &data.train,
+        &phase,
+        0,
+        None,
+        &indicatif::ProgressBar::hidden(),
+    )?;
+    let fp32 = accuracy(
+        &predictions(&logits::<Mlp, (usize, Const<64>)>(
+            &dev, &float, &data.test, 256,
+        )?),
+        &data.test.labels,
+    );
+    println!("float MLP: {:.2}% on the test split\n", 100.0 * fp32);
+
+    for platform in ["MyDspInt8", "TensorRtInt8"] {
+        let policy = Policy::from_toml_str(&format!("platform = \"{platform}\""), "inline policy")?;
+        let mut q = quantize_model(&float, &policy)?;
+        calibrate::<_, (usize, Const<64>)>(&dev, &mut q, &data.train, 8, 64, 0)?;
+        q.finish_calibration()?;
+        let acc = accuracy(
+            &predictions(&logits::<_, (usize, Const<64>)>(&dev, &q, &data.test, 256)?),
+            &data.test.labels,
+        );
+        println!("PTQ for {platform}: {:.2}%", 100.0 * acc);
+        let (pixels, _) = data.train.gather(&(0..128).collect::<Vec<_>>());
+        let x = quant::pipeline::train::input::<(usize, Const<64>)>(&dev, pixels, 128)?;
+        let mut reference = q.clone();
+        reference.set_mode("*", quant_ops::layers::QuantizerMode::Disabled)?;
+        println!("{}", layer_table(&layer_report(&reference, &mut q, x)?));
+    }
+    Ok(())
+}

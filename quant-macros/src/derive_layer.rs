@@ -1,0 +1,481 @@
+//! `#[derive(QuantizedLayer)]`: a quantized wrapper (`Q` + name) for a user's own layer, whose
+//! weights pass through quantizers inside the user's own forward pass (see
+//! `quant_ops::layers::quantize_param`), plus the dfdx boilerplate and the conversion of the
+//! float layer.
+
+use proc_macro2::TokenStream;
+use quote::{format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{DeriveInput, Ident};
+
+use crate::crate_path::Errors;
+use crate::derive_common::{
+    concrete_collection, doc, float_collection, rebuilt, with_type_param, Derive, FieldInfo, Paths,
+    StructInfo, Visit,
+};
+
+/// Expands `#[derive(QuantizedLayer)]`.
+pub fn expand(input: DeriveInput) -> TokenStream {
+    let mut errors = Errors::default();
+    let info = StructInfo::parse(Derive::Layer, &input, &mut errors);
+    if let Some(info) = &info {
+        check(info, &mut errors);
+    }
+    match info {
+        Some(info) if errors.is_empty() => generate(&info),
+        _ => errors.to_compile_errors(),
+    }
+}
+
+/// The quantizer field of weights field `f`.
+fn quantizer_name(f: &FieldInfo) -> String {
+    format!("{}_quantizer", f.name)
+}
+
+fn check(info: &StructInfo, errors: &mut Errors) {
+    let mut weights = 0;
+    for f in &info.fields {
+        if !f.options.weights {
+            continue;
+        }
+        weights += 1;
+        if !f.is_tensor {
+            errors.push(syn::Error::new_spanned(
+                &f.ty,
+                format!(
+                    "`weights` marks a tensor field, written `Tensor<Shape, f32, Cpu>` (or \
+                     `Tensor<Shape, E, D>`); `{}` is not one. Other fields stay float inside the \
+                     layer; to quantize a sub-layer, make it a field of a \
+                     #[derive(QuantizedModel)] struct",
+                    f.name
+                ),
+            ));
+        }
+        let quantizer = quantizer_name(f);
+        if info.options.input && quantizer == "input_quantizer" {
+            errors.push(syn::Error::new_spanned(
+                &f.ident,
+                "the quantizer of a weights field named `input` would be `input_quantizer`, the \
+                 name of the input quantizer; rename the field",
+            ));
+        }
+        if let Some(other) = info.fields.iter().find(|o| o.name == quantizer) {
+            errors.push(syn::Error::new_spanned(
+                &other.ident,
+                format!(
+                    "this field's name is the name of the quantizer of `{}`; rename one of them",
+                    f.name
+                ),
+            ));
+        }
+    }
+    if info.options.input {
+        if let Some(other) = info.fields.iter().find(|o| o.name == "input_quantizer") {
+            errors.push(syn::Error::new_spanned(
+                &other.ident,
+                "this field's name is the name of the input quantizer; rename it",
+            ));
+        }
+    }
+    // An attribute error (a misspelt `weights` or `input`) usually explains this one: report it
+    // only on its own.
+    if weights == 0 && !info.options.input && errors.is_empty() {
+        errors.push(syn::Error::new_spanned(
+            &info.ident,
+            "nothing to quantize: mark tensor fields `#[quantized(weights)]`, or quantize the \
+             layer's input with `#[quantized(input)]` on the struct",
+        ));
+    }
+}
+
+fn generate(info: &StructInfo) -> TokenStream {
+    let ops = info.ops_path();
+    let paths = Paths::new(&ops);
+    let Paths {
+        sup,
+        dfdx,
+        cpu,
+        result,
+    } = &paths;
+    let ident = &info.ident;
+    let wrapper = info
+        .options
+        .name
+        .clone()
+        .unwrap_or_else(|| format_ident!("Q{}", ident));
+    let vis = &info.vis;
+    let generics = info.concrete_generics();
+    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let wrapper_ty = quote!(#wrapper #ty_generics);
+    let layer_ty = info.concrete_self(&paths);
+    let input = info.options.input;
+
+    let weights: Vec<&FieldInfo> = info.fields.iter().filter(|f| f.options.weights).collect();
+    let has_weights = !weights.is_empty();
+    let wf: Vec<&Ident> = weights.iter().map(|f| &f.ident).collect();
+    let qf: Vec<Ident> = weights
+        .iter()
+        .map(|f| Ident::new(&quantizer_name(f), f.ident.span()))
+        .collect();
+    let qnames: Vec<String> = weights.iter().map(|f| quantizer_name(f)).collect();
+    let channels: Vec<TokenStream> = weights
+        .iter()
+        .map(|f| match &f.options.channels {
+            Some(c) => quote_spanned!(c.span()=> { #c }),
+            None => quote!(1),
+        })
+        .collect();
+    let quantizer_types: Vec<TokenStream> = channels
+        .iter()
+        .map(|c| quote!(#sup::TensorQuantizer<#c>))
+        .collect();
+
+    // ----- the wrapper struct -----
+    let wrapper_doc = doc(&format!(
+        "[`{ident}`] with quantized weights{}, generated by `#[derive(QuantizedLayer)]`. \
+         Converting a `{ident}` under a policy (`Quantize`, as `LayerKind::Custom`) gives one; \
+         `{wrapper}::new` wraps one with unconfigured (pass-through) quantizers.",
+        if input { " and input" } else { "" }
+    ));
+    let quantizer_docs: Vec<TokenStream> = weights
+        .iter()
+        .zip(&channels)
+        .map(|(f, c)| {
+            let layout = if f.options.channels.is_some() {
+                format!("per channel along axis 0 ({} channels)", quote!(#c))
+            } else {
+                "per tensor".to_string()
+            };
+            doc(&format!("Quantizer of `{}`, {layout}.", f.name))
+        })
+        .collect();
+    let input_field = input.then(|| {
+        quote! {
+            /// Quantizer of the layer's input (per tensor).
+            pub input_quantizer: #sup::TensorQuantizer<1>,
+        }
+    });
+    let input_new = input.then(|| quote!(input_quantizer: #sup::TensorQuantizer::new(dev),));
+    let wrapper_struct = quote! {
+        #wrapper_doc
+        #[derive(::core::clone::Clone, ::core::fmt::Debug)]
+        #vis struct #wrapper #generics #where_clause {
+            /// The wrapped layer, holding the float weights.
+            pub layer: #layer_ty,
+            #(#quantizer_docs pub #qf: #quantizer_types,)*
+            #input_field
+        }
+
+        // The user may never call it (conversion builds the wrapper).
+        #[allow(dead_code)]
+        impl #impl_generics #wrapper_ty #where_clause {
+            /// Wraps `layer` with unconfigured quantizers: until a policy configures them, the
+            /// wrapper computes exactly what `layer` does.
+            pub fn new(layer: #layer_ty, dev: &#cpu) -> Self {
+                #wrapper {
+                    layer,
+                    #(#qf: #sup::TensorQuantizer::new(dev),)*
+                    #input_new
+                }
+            }
+        }
+    };
+
+    // ----- TensorCollection: the layer's fields under their own names, then the quantizers -----
+    let layer_visits: Vec<Visit> = info
+        .fields
+        .iter()
+        .map(|f| {
+            let fi = &f.ident;
+            Visit {
+                name: f.name.clone(),
+                place: quote!(#fi),
+                tensor: f.is_tensor,
+            }
+        })
+        .collect();
+    let mut wrapper_visits: Vec<Visit> = info
+        .fields
+        .iter()
+        .map(|f| {
+            let fi = &f.ident;
+            Visit {
+                name: f.name.clone(),
+                place: quote!(layer.#fi),
+                tensor: f.is_tensor,
+            }
+        })
+        .collect();
+    for q in &qf {
+        wrapper_visits.push(Visit {
+            name: q.to_string(),
+            place: quote!(#q),
+            tensor: false,
+        });
+    }
+    if input {
+        wrapper_visits.push(Visit {
+            name: "input_quantizer".into(),
+            place: quote!(input_quantizer),
+            tensor: false,
+        });
+    }
+    let n = info.fields.len();
+    let layer_inits = info.fields.iter().enumerate().map(|(k, f)| {
+        let fi = &f.ident;
+        let r = rebuilt(&paths, k, &f.concrete);
+        quote!(#fi: #r)
+    });
+    let quantizer_inits = qf
+        .iter()
+        .zip(&quantizer_types)
+        .enumerate()
+        .map(|(k, (q, t))| {
+            let r = rebuilt(&paths, n + k, t);
+            quote!(#q: #r)
+        });
+    let input_init = input.then(|| {
+        let r = rebuilt(&paths, n + qf.len(), &quote!(#sup::TensorQuantizer<1>));
+        quote!(input_quantizer: #r,)
+    });
+    let wrapper_collection = concrete_collection(
+        &paths,
+        &wrapper_ty,
+        &generics,
+        &wrapper_visits,
+        quote!(Self {
+            layer: #ident { #(#layer_inits,)* },
+            #(#quantizer_inits,)*
+            #input_init
+        }),
+    );
+    let float_collection = float_collection(info, &paths, &layer_visits);
+
+    // ----- names -----
+    let visit_input = input.then(
+        || quote!(f(&#sup::join_name(prefix, "input_quantizer"), &mut self.input_quantizer)?;),
+    );
+    let quantized_module = quote! {
+        impl #impl_generics #sup::QuantizedModule for #wrapper_ty #where_clause {
+            fn visit_quantizers(
+                &mut self,
+                prefix: &str,
+                f: &mut dyn FnMut(&str, &mut dyn #sup::QuantizerControl) -> #result<()>,
+            ) -> #result<()> {
+                #visit_input
+                #(f(&#sup::join_name(prefix, #qnames), &mut self.#qf)?;)*
+                ::core::result::Result::Ok(())
+            }
+        }
+    };
+
+    // ----- forward -----
+    let x = format_ident!("__X");
+    let mut forward_generics = with_type_param(&generics, &x);
+    forward_generics.params[0] = syn::parse_quote!(__X: #sup::LayerInput);
+    let module_impls: TokenStream = [false, true]
+        .into_iter()
+        .map(|mutable| {
+            let m = if mutable {
+                quote!(#dfdx::nn::ModuleMut)
+            } else {
+                quote!(#dfdx::nn::Module)
+            };
+            let mut g = forward_generics.clone();
+            {
+                let w = g.make_where_clause();
+                w.predicates.push(syn::parse_quote!(#layer_ty: #m<__X>));
+                w.predicates.push(syn::parse_quote!(
+                    <#layer_ty as #m<__X>>::Error: ::core::convert::Into<#sup::QuantError>
+                ));
+            }
+            let (ig, _, wc) = g.split_for_impl();
+            let body = forward_body(&paths, mutable, input, &wf, &qf);
+            let (method, receiver) = if mutable {
+                (quote!(try_forward_mut), quote!(&mut self))
+            } else {
+                (quote!(try_forward), quote!(&self))
+            };
+            quote! {
+                impl #ig #m<__X> for #wrapper_ty #wc {
+                    type Output = <#layer_ty as #m<__X>>::Output;
+                    type Error = #sup::QuantError;
+
+                    fn #method(#receiver, x: __X) -> ::core::result::Result<Self::Output, #sup::QuantError> {
+                        #body
+                    }
+                }
+            }
+        })
+        .collect();
+
+    // ----- conversion, tracing -----
+    let device = match wf.first() {
+        Some(w) => quote!(::core::clone::Clone::clone(self.#w.device())),
+        None => quote!(<#cpu as ::core::default::Default>::default()),
+    };
+    let configure_input = input.then(|| {
+        quote! {
+            #sup::configure_slot(
+                &mut q.input_quantizer,
+                name,
+                "input_quantizer",
+                #sup::QuantizationTarget::Activation,
+                decision.input.as_ref(),
+            )?;
+        }
+    });
+    // A slot without a channel axis quantizes per tensor whatever the policy's `per_channel`.
+    let weight_specs: Vec<TokenStream> = weights
+        .iter()
+        .map(|f| match f.options.channels {
+            Some(_) => quote!(decision.weights.as_ref()),
+            None => quote!(#sup::per_tensor(decision.weights.as_ref()).as_ref()),
+        })
+        .collect();
+    let quantize = quote! {
+        impl #impl_generics #sup::Quantize for #layer_ty #where_clause {
+            type Quantized = #wrapper_ty;
+
+            fn quantize(
+                &self,
+                name: &str,
+                policy: &dyn #sup::LayerPolicy,
+            ) -> #result<Self::Quantized> {
+                let decision = #sup::LayerPolicy::layer(policy, name, #sup::LayerKind::Custom)?;
+                let dev: #cpu = #device;
+                let mut q = #wrapper::new(::core::clone::Clone::clone(self), &dev);
+                #(
+                    #sup::configure_slot(
+                        &mut q.#qf,
+                        name,
+                        #qnames,
+                        #sup::QuantizationTarget::Weights,
+                        #weight_specs,
+                    )?;
+                )*
+                #configure_input
+                ::core::result::Result::Ok(q)
+            }
+        }
+    };
+    let (float_impl_generics, float_ty_generics, float_where) = info.generics.split_for_impl();
+    let trace_leaves = quote! {
+        impl #impl_generics #sup::TraceLeaf for #wrapper_ty #where_clause {
+            const TAP: bool = #has_weights;
+        }
+        impl #float_impl_generics #sup::TraceLeaf for #ident #float_ty_generics #float_where {
+            const TAP: bool = #has_weights;
+        }
+    };
+
+    // ----- `channels = N` must be the weight's first dimension -----
+    let channel_checks: Vec<TokenStream> = weights
+        .iter()
+        .zip(&channels)
+        .filter(|(f, _)| f.options.channels.is_some())
+        .map(|(f, c)| {
+            let ty = &f.concrete;
+            let span = f
+                .options
+                .channels
+                .as_ref()
+                .map_or(f.ty.span(), |c| c.span());
+            quote_spanned!(span=> #sup::assert_channels::<#c, #ty>();)
+        })
+        .collect();
+    let channel_check = (!channel_checks.is_empty()).then(|| {
+        quote! {
+            const _: () = {
+                #[allow(dead_code)]
+                fn __assert_channels #impl_generics () #where_clause {
+                    #(#channel_checks)*
+                }
+            };
+        }
+    });
+
+    quote! {
+        #wrapper_struct
+        #wrapper_collection
+        #float_collection
+        #quantized_module
+        #module_impls
+        #quantize
+        #trace_leaves
+        #channel_check
+    }
+}
+
+/// The body of the wrapper's `try_forward` (or `try_forward_mut`): quantize the input, quantize
+/// each weight onto the input's tape, run the user's forward with the quantized weights.
+fn forward_body(
+    paths: &Paths,
+    mutable: bool,
+    input: bool,
+    weights: &[&Ident],
+    quantizers: &[Ident],
+) -> TokenStream {
+    let Paths { sup, dfdx, .. } = paths;
+    let quantize_input = match (input, mutable) {
+        (false, _) => TokenStream::new(),
+        (true, false) => {
+            quote!(let x = #sup::LayerInput::quantize_input(x, &self.input_quantizer)?;)
+        }
+        (true, true) => {
+            quote!(let x = #sup::LayerInput::quantize_input_mut(x, &mut self.input_quantizer)?;)
+        }
+    };
+    if weights.is_empty() {
+        let call = if mutable {
+            quote!(#dfdx::nn::ModuleMut::try_forward_mut(&mut self.layer, x))
+        } else {
+            quote!(#dfdx::nn::Module::try_forward(&self.layer, x))
+        };
+        return quote! {
+            #quantize_input
+            #call.map_err(::core::convert::Into::into)
+        };
+    }
+    let locals: Vec<Ident> = (0..weights.len())
+        .map(|k| format_ident!("__quantizer{}", k))
+        .collect();
+    let quantized: Vec<Ident> = (0..weights.len())
+        .map(|k| format_ident!("__weight{}", k))
+        .collect();
+    // The quantizers are borrowed into locals before the closure so the borrows stay disjoint
+    // from `self.layer` in every edition.
+    let (borrow, quantize_param) = if mutable {
+        (quote!(&mut), quote!(#sup::quantize_param_mut))
+    } else {
+        (quote!(&), quote!(#sup::quantize_param))
+    };
+    let prepare = quote! {
+        #quantize_input
+        let __layer = &self.layer;
+        #(let #locals = #borrow self.#quantizers;)*
+        let (x, (#(#quantized,)*)) = #sup::LayerInput::try_with_tape(x, |__tape| {
+            ::core::result::Result::Ok((
+                #(#quantize_param(__tape, &__layer.#weights, #locals)?,)*
+            ))
+        })?;
+    };
+    if mutable {
+        // forward_mut may update the layer's state (running statistics, ...), so it runs on the
+        // layer itself, with the quantized weights lent in and the float ones put back after.
+        quote! {
+            #prepare
+            #(let #quantized = ::core::mem::replace(&mut self.layer.#weights, #quantized);)*
+            let __y = #dfdx::nn::ModuleMut::try_forward_mut(&mut self.layer, x);
+            #(self.layer.#weights = #quantized;)*
+            __y.map_err(::core::convert::Into::into)
+        }
+    } else {
+        quote! {
+            #prepare
+            let mut __layer = ::core::clone::Clone::clone(__layer);
+            #(__layer.#weights = #quantized;)*
+            #dfdx::nn::Module::try_forward(&__layer, x).map_err(::core::convert::Into::into)
+        }
+    }
+}

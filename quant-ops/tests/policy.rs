@@ -1,0 +1,224 @@
+//! Policy files: the example policies under configs/policies, the merge order, and files
+//! with deliberate mistakes, each producing an error that names its key path.
+
+use std::path::Path;
+
+use dfdx::prelude::*;
+use quant_core::{QuantizationMethod, QuantizationTarget, QuantizerConfig, TrainingMethod};
+use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::layers::QuantizedModuleExt;
+use quant_ops::policy::{Policy, PolicyError};
+
+fn policies_dir() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/policies")
+}
+
+fn load(name: &str) -> Policy {
+    Policy::from_file(&policies_dir().join(name)).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+fn bits(config: &QuantizerConfig) -> u32 {
+    config.bits()
+}
+
+#[test]
+fn every_example_policy_loads() {
+    let mut n = 0;
+    for entry in std::fs::read_dir(policies_dir()).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            Policy::from_file(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+            n += 1;
+        }
+    }
+    assert!(n >= 3);
+}
+
+#[test]
+fn settings_merge_platform_defaults_kinds_and_overrides_in_order() {
+    let p = load("academic_w4a4_lsq.toml");
+    let first = p.resolve("0", LayerKind::Linear).unwrap();
+    let w = first.weights.unwrap();
+    assert_eq!(
+        (bits(&w.config), w.config.training_method()),
+        (8, TrainingMethod::Lsq)
+    );
+    assert_eq!(w.observer.to_string(), "MinMax");
+    // The platform's Symmetric weights method survives the merge.
+    assert_eq!(w.config.method(), QuantizationMethod::Symmetric);
+    let second = p.resolve("2", LayerKind::Linear).unwrap();
+    let (w, i) = (second.weights.unwrap(), second.input.unwrap());
+    assert_eq!(
+        (bits(&w.config), w.observer.to_string()),
+        (4, "Mse".to_string())
+    );
+    assert!(w.config.per_channel());
+    assert_eq!(
+        (i.config.target(), bits(&i.config)),
+        (QuantizationTarget::Activation, 4)
+    );
+    assert_eq!(i.config.method(), QuantizationMethod::Uniform);
+    assert_eq!(i.observer.to_string(), "LsqInit");
+    // Layers without weights get no quantizer unless their kind or an override asks.
+    let pool = p.resolve("1", LayerKind::MaxPool2d).unwrap();
+    assert!(pool.weights.is_none() && pool.input.is_none());
+    assert!(p.check_unmatched().unwrap().is_empty());
+
+    let m = load("mixed_precision.toml");
+    let conv = m.resolve("0.0", LayerKind::Conv2d).unwrap();
+    assert_eq!(
+        conv.input.unwrap().config.training_method(),
+        TrainingMethod::Pact
+    );
+    let head = m.resolve("2.1", LayerKind::Linear).unwrap();
+    assert!(head.input.is_none(), "`*.1` leaves the head's input float");
+    assert_eq!(
+        head.weights.unwrap().config.training_method(),
+        TrainingMethod::Ste
+    );
+    let flatten = m.resolve("2.0", LayerKind::Flatten).unwrap();
+    assert_eq!(bits(&flatten.input.unwrap().config), 8);
+}
+
+/// Loads `text` and returns the error message, which must name `key`.
+fn error(text: &str, key: &str) -> String {
+    let err = Policy::from_toml_str(text, "bad.toml").expect_err(text);
+    let msg = err.to_string();
+    let named = match &err {
+        PolicyError::Parse { key: k, .. } | PolicyError::Invalid { key: k, .. } => k == key,
+        _ => false,
+    };
+    assert!(named, "expected key `{key}` in: {msg}");
+    assert!(msg.starts_with(&format!("bad.toml: `{key}`")), "{msg}");
+    msg
+}
+
+const OK: &str = "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n[input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\n";
+
+#[test]
+fn deliberate_mistakes_name_their_key() {
+    assert!(Policy::from_toml_str(OK, "ok.toml").is_ok());
+
+    let m = error(&format!("platfrom = \"Academic\"\n{OK}"), "platfrom");
+    assert!(m.contains("unknown field `platfrom`"), "{m}");
+    let m = error(
+        &OK.replace("bits = 4\n[input]", "bitz = 4\n[input]"),
+        "weights.bitz",
+    );
+    assert!(
+        m.contains("unknown field `bitz`") && m.contains("bits"),
+        "{m}"
+    );
+    let m = error(
+        &OK.replacen("\"Lsq\"", "\"Lqs\"", 1),
+        "weights.training_method",
+    );
+    assert!(
+        m.contains("unknown training method `Lqs`") && m.contains("Lsq, Pact, Ste"),
+        "{m}"
+    );
+    let m = error(&format!("platform = \"TensorRT\"\n{OK}"), "platform");
+    assert!(
+        m.contains("Academic, GenericInt4, OpenVinoInt8, TensorRtInt8"),
+        "{m}"
+    );
+    let m = error(&OK.replacen("bits = 4", "bits = 1", 1), "weights");
+    assert!(
+        m.contains("bits = 1 is out of range: quantizers support 2..=16 bits"),
+        "{m}"
+    );
+    let m = error(&OK.replacen("\"Lsq\"", "\"Pact\"", 1), "weights");
+    assert!(
+        m.contains(
+            "no quantizer registered for target Weights, method Symmetric, training method Pact"
+        ),
+        "{m}"
+    );
+    assert!(m.contains("Lsq [Symmetric, Uniform]"), "{m}");
+    let m = error(&format!("{OK}observer = \"Histogram\"\n"), "input.observer");
+    assert!(
+        m.contains("MinMax, MovingAverageMinMax, Percentile, Mse, Entropy, LsqInit"),
+        "{m}"
+    );
+    let m = error(
+        &format!("{OK}[[overrides]]\npattern = \"[\"\ninput = \"float\"\n"),
+        "overrides[0].pattern",
+    );
+    assert!(m.contains("glob"), "{m}");
+    let m = error(
+        &format!("{OK}[kinds.MaxPool2d]\nweights = {{ bits = 8 }}\n"),
+        "kinds.MaxPool2d.weights",
+    );
+    assert!(m.contains("MaxPool2d layers have no weights"), "{m}");
+    let m = error(
+        &OK.replacen("bits = 4", "bits = \"four\"", 1),
+        "weights.bits",
+    );
+    assert!(m.contains("invalid type"), "{m}");
+    let m = error(
+        &format!("{OK}[[overrides]]\npattern = \"0\"\ninput = \"none\"\n"),
+        "overrides[0].input",
+    );
+    assert!(m.contains("\"float\" or a table"), "{m}");
+    let m = error(&OK.replacen("bits = 4\n", "", 1), "weights");
+    assert!(m.contains("bits = (missing)"), "{m}");
+    let m = error(&format!("{OK}[[overrides]]\npattern = \"2\"\nweights = {{ method = \"Uniform\", training_method = \"Pact\" }}\n"), "overrides[0].weights");
+    assert!(m.contains("no quantizer registered"), "{m}");
+    let m = error("[weights\nbits = 4", ".");
+    assert!(m.contains("at byte"), "{m}");
+}
+
+#[test]
+fn patterns_that_match_no_layer_fail_conversion_unless_warned() {
+    type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+    let dev = Cpu::default();
+    let model = dev.build_module::<Mlp, f32>();
+    let strict = Policy::from_toml_str(
+        &format!("{OK}[[overrides]]\npattern = \"fc1\"\nweights = {{ bits = 8 }}\n"),
+        "s.toml",
+    )
+    .unwrap();
+    let mut q = quantize_model(&model, &strict).unwrap();
+    let err = strict.check_unmatched().unwrap_err().to_string();
+    assert!(err.contains("fc1") && err.contains("0, 2"), "{err}");
+    assert_eq!(q.quantizers().unwrap().len(), 4);
+
+    let lenient = Policy::from_toml_str(
+        &format!("unmatched_patterns = \"warn\"\n{OK}[[overrides]]\npattern = \"fc1\"\nweights = {{ bits = 8 }}\n"),
+        "w.toml",
+    )
+    .unwrap();
+    quantize_model(&model, &lenient).unwrap();
+    assert_eq!(lenient.check_unmatched().unwrap(), vec!["fc1".to_string()]);
+}
+
+#[test]
+fn a_layer_left_float_converts_to_exactly_the_float_layer() {
+    type Mlp = (Linear<4, 8>, ReLU, Linear<8, 2>);
+    let dev = Cpu::seed_from_u64(5);
+    let model = dev.build_module::<Mlp, f32>();
+    let p = Policy::from_toml_str(
+        &format!("{OK}[[overrides]]\npattern = \"2\"\nweights = \"float\"\ninput = \"float\"\n"),
+        "f.toml",
+    )
+    .unwrap();
+    let mut q = quantize_model(&model, &p).unwrap();
+    let names: Vec<String> = q
+        .quantizers()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["0.input_quantizer", "0.weight_quantizer"]);
+    let x: Tensor<Rank2<3, 4>, f32, Cpu> = dev.sample_normal();
+    q.try_forward_mut(x.clone()).unwrap();
+    q.finish_calibration().unwrap();
+    // Layer 2 stays float: feeding it layer 0's quantized output equals the float layer's result.
+    let h =
+        q.1.try_forward(q.0.try_forward(x.clone()).unwrap())
+            .unwrap();
+    assert_eq!(
+        q.2.try_forward(h.clone()).unwrap().array(),
+        model.2.forward(h).array()
+    );
+}
