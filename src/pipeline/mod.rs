@@ -201,6 +201,7 @@ where
     let mut results = Vec::new();
     let mut first_layers: Vec<LayerReport> = Vec::new();
     let mut exported_dir = None;
+    let mut no_integer: Option<String> = None;
     for (i, &seed) in cfg.run.seeds.iter().enumerate() {
         let dev = Cpu::seed_from_u64(seed);
         let eval_batch = 256;
@@ -342,11 +343,24 @@ where
         info.insert("model".into(), cfg.model.kind.to_string());
         info.insert("policy".into(), opts.policy_name.clone());
         info.insert("seed".into(), seed.to_string());
-        let exported = export_model(&qat, N::INPUT_SHAPE, info)?;
-        let integer = IntegerModel::new(&exported)?;
-        let int_predictions = integer.predict(&data.test.images)?;
-        let integer_accuracy = accuracy(&int_predictions, &data.test.labels);
-        let integer_agreement = accuracy(&int_predictions, &qat_predictions);
+        // A policy that leaves a layer float has no integer form: the run still reports the
+        // rest, and says why there is no integer model.
+        let integer = match export_model(&qat, N::INPUT_SHAPE, info) {
+            Ok(exported) => {
+                let model = IntegerModel::new(&exported)?;
+                let predicted = model.predict(&data.test.images)?;
+                Some((exported, predicted))
+            }
+            Err(ExportError::Unsupported { layer, reason }) => {
+                no_integer = Some(format!("layer `{layer}` {reason}"));
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let integer_accuracy = integer
+            .as_ref()
+            .map(|(_, p)| accuracy(p, &data.test.labels));
+        let integer_agreement = integer.as_ref().map(|(_, p)| accuracy(p, &qat_predictions));
 
         if i == 0 {
             let n = data.train.len().min(256);
@@ -358,11 +372,11 @@ where
             let mut reference = qat.clone();
             reference.set_mode("*", QuantizerMode::Disabled)?;
             first_layers = layer_report(&reference, &mut qat, x)?;
-            if let Some(dir) = &opts.export_dir {
+            if let (Some(dir), Some((exported, int_predictions))) = (&opts.export_dir, &integer) {
                 exported.save(dir)?;
                 // Prove the files load and reproduce the in-memory model.
                 let reloaded = IntegerModel::new(&ExportedModel::load(dir)?)?;
-                if reloaded.predict(&data.test.images)? != int_predictions {
+                if reloaded.predict(&data.test.images)? != *int_predictions {
                     return Err(RunError::File {
                         path: dir.clone(),
                         message: "the saved export does not reproduce the in-memory integer model"
@@ -390,6 +404,7 @@ where
         results,
         first_layers,
         exported_dir,
+        no_integer,
     ))
 }
 
