@@ -30,6 +30,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         schedule: Schedule::Cosine,
         shift: 0,
         optimizer: Optimizer::Adam,
+        weight_decay: 0.0,
+        label_smoothing: 0.0,
     };
     train::<Mlp, X>(
         &dev,
