@@ -112,7 +112,7 @@ impl RunReport {
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "  seed      fp32       PTQ       QAT   integer   int=QAT"
+            "  seed      fp32       PTQ       QAT   integer   int=QAT   QAT(train)"
         );
         for r in &self.runs {
             let _ = writeln!(
