@@ -60,6 +60,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         schedule: quant::pipeline::config::Schedule::Cosine,
         shift: 0,
         optimizer: quant::pipeline::config::Optimizer::Adam,
+        weight_decay: 0.0,
+        label_smoothing: 0.0,
     };
     quant::pipeline::train::train::<Mlp, (usize, Const<64>)>(
         &dev,

@@ -28,7 +28,7 @@ enum Command {
     /// Train the float model (or load it from the cache), calibrate (PTQ), train with
     /// quantization (QAT), export the integer model and run it on integers.
     Run {
-        /// The run file (model, schedules, quantization policy), e.g. configs/mlp_w4a4_lsq.toml.
+        /// The run file (model, schedules, quantization policy), e.g. configs/mlp_w2a2.toml.
         config: PathBuf,
         /// Also write the report as JSON to this file.
         #[arg(long)]

@@ -138,25 +138,42 @@ pub trait Quantize {
     fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized>;
 }
 
+/// Configures a weighted layer's two slots as `policy` decides for `name`.
+fn configure_weighted<WQ: FakeQuantizer, AQ: FakeQuantizer>(
+    weights: &mut WQ,
+    input: &mut AQ,
+    name: &str,
+    kind: LayerKind,
+    policy: &dyn LayerPolicy,
+) -> Result<()> {
+    let decision = policy.layer(name, kind)?;
+    configure_slot(
+        weights,
+        name,
+        "weight_quantizer",
+        QuantizationTarget::Weights,
+        decision.weights.as_ref(),
+    )?;
+    configure_slot(
+        input,
+        name,
+        "input_quantizer",
+        QuantizationTarget::Activation,
+        decision.input.as_ref(),
+    )
+}
+
 impl<const I: usize, const O: usize> Quantize for Linear<I, O, f32, Cpu> {
     type Quantized = QLinear<I, O>;
 
     fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-        let decision = policy.layer(name, LayerKind::Linear)?;
         let mut q = QLinear::from_linear(self);
-        configure_slot(
+        configure_weighted(
             &mut q.weight_quantizer,
-            name,
-            "weight_quantizer",
-            QuantizationTarget::Weights,
-            decision.weights.as_ref(),
-        )?;
-        configure_slot(
             &mut q.input_quantizer,
             name,
-            "input_quantizer",
-            QuantizationTarget::Activation,
-            decision.input.as_ref(),
+            LayerKind::Linear,
+            policy,
         )?;
         Ok(q)
     }
@@ -168,21 +185,13 @@ impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, cons
     type Quantized = QConv2d<C_IN, C_OUT, K, S, P>;
 
     fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-        let decision = policy.layer(name, LayerKind::Conv2d)?;
         let mut q = QConv2d::from_conv(self);
-        configure_slot(
+        configure_weighted(
             &mut q.weight_quantizer,
-            name,
-            "weight_quantizer",
-            QuantizationTarget::Weights,
-            decision.weights.as_ref(),
-        )?;
-        configure_slot(
             &mut q.input_quantizer,
             name,
-            "input_quantizer",
-            QuantizationTarget::Activation,
-            decision.input.as_ref(),
+            LayerKind::Conv2d,
+            policy,
         )?;
         Ok(q)
     }

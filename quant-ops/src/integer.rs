@@ -151,6 +151,20 @@ fn round_shift_half_even(n: i64, shift: u32) -> i64 {
     q + (rem > half || (rem == half && q & 1 == 1)) as i64
 }
 
+/// One row of accumulators requantized with ties to even and clamped to `[lo, hi]`.
+fn requantize_half_even(
+    row: &[i32],
+    ms: &[i64],
+    shifts: &[u32],
+    lo: i64,
+    hi: i64,
+    out: &mut [i16],
+) {
+    for (((code, a), m), shift) in out.iter_mut().zip(row).zip(ms).zip(shifts) {
+        *code = round_shift_half_even(*a as i64 * m, *shift).clamp(lo, hi) as i16;
+    }
+}
+
 /// `round(n / 2^shift)` with `policy`, in exact integer arithmetic.
 #[inline]
 pub fn rounding_shift(n: i64, shift: u32, policy: RoundingPolicy) -> i64 {
@@ -713,26 +727,35 @@ fn run_weighted(
             let hi = *quant_max as i64 - *zero_point as i64;
             let mut next = vec![0i16; n * out_per];
             // acc is [n·positions, out]; the next layer wants NCHW: [n][out][positions].
+            let (ms, shifts): (Vec<i64>, Vec<u32>) = multipliers.iter().copied().unzip();
+            let mut row_codes = vec![0i16; out_c];
             for b in 0..n {
                 for pos in 0..positions {
                     let row =
                         &acc[(b * positions + pos) * out_c..(b * positions + pos + 1) * out_c];
-                    let base = b * out_per + pos;
+                    let codes: &mut [i16] = if positions == 1 {
+                        &mut next[b * out_per..(b + 1) * out_per]
+                    } else {
+                        &mut row_codes
+                    };
                     match rounding {
                         // The common case gets its own loop without a per-element dispatch.
                         RoundingPolicy::HalfEven => {
-                            for (o, a) in row.iter().enumerate() {
-                                let (m, shift) = multipliers[o];
-                                let q = round_shift_half_even(*a as i64 * m, shift);
-                                next[base + o * positions] = q.clamp(lo, hi) as i16;
-                            }
+                            requantize_half_even(row, &ms, &shifts, lo, hi, codes)
                         }
                         policy => {
-                            for (o, a) in row.iter().enumerate() {
-                                let (m, shift) = multipliers[o];
-                                let q = rounding_shift(*a as i64 * m, shift, *policy);
-                                next[base + o * positions] = q.clamp(lo, hi) as i16;
+                            for (((code, a), m), shift) in
+                                codes.iter_mut().zip(row).zip(&ms).zip(&shifts)
+                            {
+                                *code = rounding_shift(*a as i64 * m, *shift, *policy).clamp(lo, hi)
+                                    as i16;
                             }
+                        }
+                    }
+                    if positions > 1 {
+                        // NCHW: channel-major within a sample.
+                        for (o, code) in row_codes.iter().enumerate() {
+                            next[b * out_per + o * positions + pos] = *code;
                         }
                     }
                 }

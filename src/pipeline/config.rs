@@ -4,12 +4,19 @@
 //! [model]
 //! kind = "mlp"                  # "mlp" (64-256-256-10) or "cnn" (conv + BatchNorm, folded)
 //!
+//! [data]
+//! # path = "my_digits.csv.gz"   # default: the bundled file
+//! # holdout = { folds = 5, fold = 0 }  # recipe development: train without fold 0 of 5 of the
+//! #                             # training split and report on it instead of the test split
+//!
 //! [run]
 //! seeds = [1, 2, 3]             # accuracies are reported per seed and as their mean
 //!
 //! [float]                       # float training (cached per model, seed and schedule)
 //! epochs = 60
 //! lr = 1e-3
+//! label_smoothing = 0.1         # targets (1 - 0.1)·onehot + 0.1/10; default 0
+//! weight_decay = 0.0            # decoupled (AdamW-style) decay of layer weights; default 0
 //!
 //! [calibration]                 # PTQ
 //! batches = 8
@@ -19,6 +26,8 @@
 //! lr = 1e-3
 //! init = "first_batch"          # or "ptq": start from the PTQ-calibrated parameters
 //! distillation = { weight = 0.5, temperature = 4.0 }
+//! label_smoothing = 0.1         # as in [float]
+//! weight_decay = 0.0            # as in [float]; never applied to quantizer parameters
 //!
 //! [quantization]                # a policy: see quant_ops::policy
 //! platform = "Academic"
@@ -66,6 +75,21 @@ pub struct ModelSection {
 pub struct DataSection {
     /// A digits file (gzip CSV); default: the bundled one.
     pub path: Option<PathBuf>,
+    /// Development mode for choosing a recipe without the test split: hold out one fold of
+    /// the training split, train on the others, and report every figure on the held-out fold
+    /// instead of the test split (which is then not read at all).
+    pub holdout: Option<Holdout>,
+}
+
+/// `holdout = { folds = 5, fold = 0 }`: training row `i` (0-based, within the training split)
+/// is held out when `i % folds == fold`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Holdout {
+    /// Number of folds, 2..=20.
+    pub folds: usize,
+    /// The held-out fold, `0..folds`.
+    pub fold: usize,
 }
 
 fn default_seeds() -> Vec<u64> {
@@ -143,6 +167,13 @@ pub struct FloatSection {
     /// The optimiser.
     #[serde(default)]
     pub optimizer: Optimizer,
+    /// Decoupled weight decay (AdamW-style `w -= lr·wd·w` after each step) on the layers'
+    /// weights, not on biases or quantizer parameters; 0 = none.
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Label smoothing `ε`: the targets are `(1 − ε)·onehot + ε/10`; 0 = none.
+    #[serde(default)]
+    pub label_smoothing: f64,
 }
 
 impl Default for FloatSection {
@@ -154,6 +185,8 @@ impl Default for FloatSection {
             schedule: Schedule::default(),
             shift: 0,
             optimizer: Optimizer::Adam,
+            weight_decay: 0.0,
+            label_smoothing: 0.0,
         }
     }
 }
@@ -236,6 +269,12 @@ pub struct QatSection {
     /// The optimiser.
     #[serde(default)]
     pub optimizer: Optimizer,
+    /// Decoupled weight decay on the layers' weights (not biases, not quantizer parameters).
+    #[serde(default)]
+    pub weight_decay: f64,
+    /// Label smoothing `ε` of the labels' cross-entropy.
+    #[serde(default)]
+    pub label_smoothing: f64,
 }
 
 impl Default for QatSection {
@@ -249,6 +288,8 @@ impl Default for QatSection {
             distillation: None,
             shift: 0,
             optimizer: Optimizer::Adam,
+            weight_decay: 0.0,
+            label_smoothing: 0.0,
         }
     }
 }
@@ -338,6 +379,38 @@ impl RunConfig {
                 ));
             }
         }
+        for (key, v) in [
+            ("float.weight_decay", cfg.float.weight_decay),
+            ("qat.weight_decay", cfg.qat.weight_decay),
+        ] {
+            if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+                return Err(invalid(key, "a weight decay in [0, 1)", v.to_string()));
+            }
+        }
+        for (key, v) in [
+            ("float.label_smoothing", cfg.float.label_smoothing),
+            ("qat.label_smoothing", cfg.qat.label_smoothing),
+        ] {
+            if !(v.is_finite() && (0.0..1.0).contains(&v)) {
+                return Err(invalid(key, "a label smoothing in [0, 1)", v.to_string()));
+            }
+        }
+        if let Some(h) = cfg.data.holdout {
+            if !(2..=20).contains(&h.folds) {
+                return Err(invalid(
+                    "data.holdout.folds",
+                    "a number of folds in 2..=20",
+                    h.folds.to_string(),
+                ));
+            }
+            if h.fold >= h.folds {
+                return Err(invalid(
+                    "data.holdout.fold",
+                    &format!("a fold in 0..{}", h.folds),
+                    h.fold.to_string(),
+                ));
+            }
+        }
         if let Some(d) = cfg.qat.distillation {
             if !(0.0..=1.0).contains(&d.weight) {
                 return Err(invalid(
@@ -368,5 +441,85 @@ impl RunConfig {
             source,
         })?;
         RunConfig::from_toml_str(&text, &path.display().to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: &str = r#"
+[model]
+kind = "mlp"
+
+[quantization.weights]
+training_method = "Lsq"
+method = "Symmetric"
+bits = 4
+
+[quantization.input]
+training_method = "Lsq"
+method = "Uniform"
+bits = 4
+"#;
+
+    fn with(extra: &str) -> Result<RunConfig, PolicyError> {
+        // Tables in `extra` go before the policy, so that they are not read as part of it.
+        RunConfig::from_toml_str(&format!("{extra}\n{BASE}"), "test.toml")
+    }
+
+    #[test]
+    fn recipe_options_default_to_off() {
+        let cfg = with("").unwrap();
+        assert_eq!(cfg.float.label_smoothing, 0.0);
+        assert_eq!(cfg.float.weight_decay, 0.0);
+        assert_eq!(cfg.qat.label_smoothing, 0.0);
+        assert_eq!(cfg.qat.weight_decay, 0.0);
+        assert_eq!(cfg.data.holdout, None);
+    }
+
+    #[test]
+    fn recipe_options_parse() {
+        let cfg = with(
+            "[data]\nholdout = { folds = 5, fold = 4 }\n\
+             [float]\nlabel_smoothing = 0.1\nweight_decay = 0.01\n\
+             [qat]\nlabel_smoothing = 0.2\nweight_decay = 0.001\n",
+        )
+        .unwrap();
+        assert_eq!(cfg.data.holdout, Some(Holdout { folds: 5, fold: 4 }));
+        assert_eq!(cfg.float.label_smoothing, 0.1);
+        assert_eq!(cfg.float.weight_decay, 0.01);
+        assert_eq!(cfg.qat.label_smoothing, 0.2);
+        assert_eq!(cfg.qat.weight_decay, 0.001);
+    }
+
+    #[test]
+    fn bad_recipe_options_name_their_key() {
+        for (extra, key) in [
+            ("[float]\nlabel_smoothing = 1.0", "float.label_smoothing"),
+            ("[qat]\nlabel_smoothing = -0.1", "qat.label_smoothing"),
+            ("[float]\nweight_decay = -1.0", "float.weight_decay"),
+            ("[qat]\nweight_decay = nan", "qat.weight_decay"),
+            (
+                "[data]\nholdout = { folds = 1, fold = 0 }",
+                "data.holdout.folds",
+            ),
+            (
+                "[data]\nholdout = { folds = 5, fold = 5 }",
+                "data.holdout.fold",
+            ),
+        ] {
+            let e = with(extra).unwrap_err();
+            assert!(
+                matches!(&e, PolicyError::Invalid { key: k, .. } if k == key),
+                "{extra}: {e}"
+            );
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        // Unknown and mistyped keys are parse errors naming the key path.
+        let e = with("[data]\nholdout = { folds = 5, fold = 0, seed = 1 }").unwrap_err();
+        assert!(e.to_string().contains("data.holdout"), "{e}");
+        let e = with("[qat]\nlabel_smoothing = \"a lot\"").unwrap_err();
+        assert!(e.to_string().contains("qat.label_smoothing"), "{e}");
     }
 }

@@ -92,7 +92,16 @@ fn bar(multi: &MultiProgress, len: u64, label: String, show: bool) -> ProgressBa
 /// exports are renamed into place).
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
     let data_path = cfg.data.path.clone().unwrap_or_else(digits::bundled_path);
-    let data = digits::load(&data_path)?;
+    let mut data = digits::load(&data_path)?;
+    if let Some(h) = cfg.data.holdout {
+        // Recipe development: the held-out fold of the training split stands in for the test
+        // split, which is dropped unread.
+        let (kept, held) = train::holdout(&data.train, h.folds, h.fold);
+        data = Digits {
+            train: kept,
+            test: held,
+        };
+    }
     match cfg.model.kind {
         ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data),
         ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data),
@@ -129,13 +138,45 @@ fn recipe(cfg: &RunConfig) -> String {
             d.weight, d.temperature
         ));
     }
+    for (phase, wd, ls) in [
+        ("float", cfg.float.weight_decay, cfg.float.label_smoothing),
+        ("QAT", q.weight_decay, q.label_smoothing),
+    ] {
+        if wd > 0.0 {
+            s.push_str(&format!("; {phase} weight decay {wd}"));
+        }
+        if ls > 0.0 {
+            s.push_str(&format!("; {phase} label smoothing {ls}"));
+        }
+    }
+    if let Some(h) = cfg.data.holdout {
+        s.push_str(&format!(
+            "; HOLD-OUT MODE: trained without fold {} of {} of the training split, figures on that fold (not the test split)",
+            h.fold, h.folds
+        ));
+    }
     s
 }
 
 fn cache_path(dir: &Path, cfg: &RunConfig, seed: u64) -> PathBuf {
     let f = &cfg.float;
+    // Everything that changes the float model is in the name; options at their defaults add
+    // nothing, so older checkpoints keep their names.
+    let mut extra = String::new();
+    if f.optimizer != config::Optimizer::Adam {
+        extra.push_str(&format!("-{:?}", f.optimizer));
+    }
+    if f.weight_decay > 0.0 {
+        extra.push_str(&format!("-wd{}", f.weight_decay));
+    }
+    if f.label_smoothing > 0.0 {
+        extra.push_str(&format!("-ls{}", f.label_smoothing));
+    }
+    if let Some(h) = cfg.data.holdout {
+        extra.push_str(&format!("-holdout{}of{}", h.fold, h.folds));
+    }
     dir.join(format!(
-        "{}-seed{seed}-e{}-b{}-lr{}-{:?}-shift{}.safetensors",
+        "{}-seed{seed}-e{}-b{}-lr{}-{:?}-shift{}{extra}.safetensors",
         cfg.model.kind, f.epochs, f.batch_size, f.lr, f.schedule, f.shift
     ))
 }
@@ -160,6 +201,7 @@ where
     let mut results = Vec::new();
     let mut first_layers: Vec<LayerReport> = Vec::new();
     let mut exported_dir = None;
+    let mut no_integer: Option<String> = None;
     for (i, &seed) in cfg.run.seeds.iter().enumerate() {
         let dev = Cpu::seed_from_u64(seed);
         let eval_batch = 256;
@@ -184,6 +226,8 @@ where
                 schedule: cfg.float.schedule,
                 shift: cfg.float.shift,
                 optimizer: cfg.float.optimizer,
+                weight_decay: cfg.float.weight_decay,
+                label_smoothing: cfg.float.label_smoothing,
             };
             let b = bar(
                 &multi,
@@ -258,6 +302,8 @@ where
                 schedule: cfg.qat.schedule,
                 shift: cfg.qat.shift,
                 optimizer: cfg.qat.optimizer,
+                weight_decay: cfg.qat.weight_decay,
+                label_smoothing: cfg.qat.label_smoothing,
             };
             let b = bar(
                 &multi,
@@ -297,11 +343,24 @@ where
         info.insert("model".into(), cfg.model.kind.to_string());
         info.insert("policy".into(), opts.policy_name.clone());
         info.insert("seed".into(), seed.to_string());
-        let exported = export_model(&qat, N::INPUT_SHAPE, info)?;
-        let integer = IntegerModel::new(&exported)?;
-        let int_predictions = integer.predict(&data.test.images)?;
-        let integer_accuracy = accuracy(&int_predictions, &data.test.labels);
-        let integer_agreement = accuracy(&int_predictions, &qat_predictions);
+        // A policy that leaves a layer float has no integer form: the run still reports the
+        // rest, and says why there is no integer model.
+        let integer = match export_model(&qat, N::INPUT_SHAPE, info) {
+            Ok(exported) => {
+                let model = IntegerModel::new(&exported)?;
+                let predicted = model.predict(&data.test.images)?;
+                Some((exported, predicted))
+            }
+            Err(ExportError::Unsupported { layer, reason }) => {
+                no_integer = Some(format!("layer `{layer}` {reason}"));
+                None
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let integer_accuracy = integer
+            .as_ref()
+            .map(|(_, p)| accuracy(p, &data.test.labels));
+        let integer_agreement = integer.as_ref().map(|(_, p)| accuracy(p, &qat_predictions));
 
         if i == 0 {
             let n = data.train.len().min(256);
@@ -313,11 +372,11 @@ where
             let mut reference = qat.clone();
             reference.set_mode("*", QuantizerMode::Disabled)?;
             first_layers = layer_report(&reference, &mut qat, x)?;
-            if let Some(dir) = &opts.export_dir {
+            if let (Some(dir), Some((exported, int_predictions))) = (&opts.export_dir, &integer) {
                 exported.save(dir)?;
                 // Prove the files load and reproduce the in-memory model.
                 let reloaded = IntegerModel::new(&ExportedModel::load(dir)?)?;
-                if reloaded.predict(&data.test.images)? != int_predictions {
+                if reloaded.predict(&data.test.images)? != *int_predictions {
                     return Err(RunError::File {
                         path: dir.clone(),
                         message: "the saved export does not reproduce the in-memory integer model"
@@ -345,6 +404,7 @@ where
         results,
         first_layers,
         exported_dir,
+        no_integer,
     ))
 }
 
@@ -394,4 +454,36 @@ pub fn load_float<N: Net>(dev: &Cpu, path: &Path) -> Result<N::Float, RunError> 
     m.load_safetensors(path)
         .map_err(|e| file_error(path, format!("{e:?}")))?;
     Ok(m)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn float_cache_key_covers_the_float_recipe_and_the_holdout() {
+        let text = "[model]\nkind = \"mlp\"\n[quantization.weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n[quantization.input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\n";
+        let base = RunConfig::from_toml_str(text, "t").unwrap();
+        let dir = Path::new("cache");
+        // Defaults keep the names older checkpoints were saved under.
+        assert_eq!(
+            cache_path(dir, &base, 3),
+            dir.join("mlp-seed3-e60-b64-lr0.001-Cosine-shift0.safetensors")
+        );
+        let mut names = vec![cache_path(dir, &base, 3)];
+        let mut cfg = base.clone();
+        cfg.float.label_smoothing = 0.1;
+        names.push(cache_path(dir, &cfg, 3));
+        cfg.float.weight_decay = 0.01;
+        names.push(cache_path(dir, &cfg, 3));
+        cfg.float.optimizer = config::Optimizer::Sgd;
+        names.push(cache_path(dir, &cfg, 3));
+        // A model trained without a fold must never be reused where that fold is trained on.
+        cfg.data.holdout = Some(config::Holdout { folds: 5, fold: 1 });
+        names.push(cache_path(dir, &cfg, 3));
+        cfg.data.holdout = Some(config::Holdout { folds: 5, fold: 2 });
+        names.push(cache_path(dir, &cfg, 3));
+        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
+        assert_eq!(distinct.len(), names.len(), "{names:?}");
+    }
 }

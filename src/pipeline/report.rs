@@ -18,11 +18,12 @@ pub struct SeedResult {
     pub ptq_accuracy: f64,
     /// Accuracy after QAT (fake-quantized model).
     pub qat_accuracy: f64,
-    /// Accuracy of the exported model run on integers.
-    pub integer_accuracy: f64,
+    /// Accuracy of the exported model run on integers (`None` when the policy leaves a layer
+    /// float, so there is no integer model).
+    pub integer_accuracy: Option<f64>,
     /// Fraction of test samples where the integer model predicts what the fake-quantized
     /// model predicts.
-    pub integer_agreement: f64,
+    pub integer_agreement: Option<f64>,
     /// Accuracy of the QAT model on the training split (to see over- or under-fitting).
     pub qat_train_accuracy: f64,
     /// Whether the float model came from the checkpoint cache.
@@ -46,10 +47,12 @@ pub struct RunReport {
     pub ptq_accuracy: f64,
     /// Mean over seeds.
     pub qat_accuracy: f64,
-    /// Mean over seeds.
-    pub integer_accuracy: f64,
-    /// Mean over seeds.
-    pub integer_agreement: f64,
+    /// Mean over seeds (`None` without an integer model).
+    pub integer_accuracy: Option<f64>,
+    /// Mean over seeds (`None` without an integer model).
+    pub integer_agreement: Option<f64>,
+    /// Why there is no integer model, when there is none.
+    pub no_integer_model: Option<String>,
     /// The training recipe, in words.
     pub recipe: String,
     /// Per seed.
@@ -65,6 +68,11 @@ fn mean(xs: impl Iterator<Item = f64>) -> f64 {
     v.iter().sum::<f64>() / v.len().max(1) as f64
 }
 
+fn mean_some(xs: impl Iterator<Item = Option<f64>>) -> Option<f64> {
+    let v: Option<Vec<f64>> = xs.collect();
+    v.map(|v| mean(v.into_iter()))
+}
+
 impl RunReport {
     /// Aggregates per-seed results.
     pub fn new(
@@ -74,6 +82,7 @@ impl RunReport {
         runs: Vec<SeedResult>,
         layers: Vec<LayerReport>,
         export_dir: Option<String>,
+        no_integer_model: Option<String>,
     ) -> RunReport {
         RunReport {
             model,
@@ -83,8 +92,9 @@ impl RunReport {
             fp32_accuracy: mean(runs.iter().map(|r| r.fp32_accuracy)),
             ptq_accuracy: mean(runs.iter().map(|r| r.ptq_accuracy)),
             qat_accuracy: mean(runs.iter().map(|r| r.qat_accuracy)),
-            integer_accuracy: mean(runs.iter().map(|r| r.integer_accuracy)),
-            integer_agreement: mean(runs.iter().map(|r| r.integer_agreement)),
+            integer_accuracy: mean_some(runs.iter().map(|r| r.integer_accuracy)),
+            integer_agreement: mean_some(runs.iter().map(|r| r.integer_agreement)),
+            no_integer_model,
             recipe,
             runs,
             layers,
@@ -96,12 +106,13 @@ impl RunReport {
     pub fn table(&self) -> String {
         let mut s = String::new();
         let pct = |v: f64| format!("{:6.2}%", 100.0 * v);
+        let opt = |v: Option<f64>| v.map_or_else(|| "      -".to_string(), pct);
         let _ = writeln!(s, "model {}   policy {}", self.model, self.policy);
         let _ = writeln!(s, "recipe: {}", self.recipe);
         let _ = writeln!(s);
         let _ = writeln!(
             s,
-            "  seed      fp32       PTQ       QAT   integer   int=QAT"
+            "  seed      fp32       PTQ       QAT   integer   int=QAT   QAT(train)"
         );
         for r in &self.runs {
             let _ = writeln!(
@@ -111,8 +122,8 @@ impl RunReport {
                 pct(r.fp32_accuracy),
                 pct(r.ptq_accuracy),
                 pct(r.qat_accuracy),
-                pct(r.integer_accuracy),
-                pct(r.integer_agreement),
+                opt(r.integer_accuracy),
+                opt(r.integer_agreement),
                 pct(r.qat_train_accuracy)
             );
         }
@@ -123,12 +134,15 @@ impl RunReport {
                 pct(self.fp32_accuracy),
                 pct(self.ptq_accuracy),
                 pct(self.qat_accuracy),
-                pct(self.integer_accuracy),
-                pct(self.integer_agreement)
+                opt(self.integer_accuracy),
+                opt(self.integer_agreement)
             );
         }
         let _ = writeln!(s);
         s.push_str(&quant_ops::report::layer_table(&self.layers));
+        if let Some(why) = &self.no_integer_model {
+            let _ = writeln!(s, "\nno integer model: {why}");
+        }
         if let Some(dir) = &self.export_dir {
             let _ = writeln!(s, "\nexported integer model (seed {}): {dir}", self.seed);
         }

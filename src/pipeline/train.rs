@@ -1,7 +1,11 @@
 //! Training, evaluation and calibration loops, generic over the model (float or quantized).
 
+use dfdx::nn::tensor_collection::{
+    RecursiveWalker, TensorOptions, TensorVisitor, ViewTensorMut, ViewTensorName,
+};
 use dfdx::optim::{Adam, AdamConfig, Momentum, Optimizer as _, Sgd, SgdConfig};
 use dfdx::prelude::*;
+use dfdx::tensor::CpuError;
 use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
@@ -52,6 +56,10 @@ pub struct Phase {
     pub shift: usize,
     /// The optimiser.
     pub optimizer: Optimizer,
+    /// Decoupled weight decay on the layers' weights (see [`decay_weights`]); 0 = none.
+    pub weight_decay: f64,
+    /// Label smoothing of the labels' cross-entropy (see [`targets`]); 0 = none.
+    pub label_smoothing: f64,
 }
 
 /// Adam, or SGD with momentum 0.9 (LSQ's recipe, where the gradient scale `g` balances the
@@ -140,6 +148,81 @@ fn lr_at(phase: &Phase, epoch: usize) -> f64 {
     }
 }
 
+/// Whether a tensor of a model, by its dotted name, is a layer's weight (`0.weight`,
+/// `1.0.weight`): not a bias, a BatchNorm parameter or statistic, or a quantizer's parameter.
+pub fn is_layer_weight(name: &str) -> bool {
+    name.rsplit('.').next() == Some("weight") && !name.contains("quantizer")
+}
+
+/// Multiplies every layer weight of a model (see [`is_layer_weight`]) by `factor`.
+struct ScaleWeights {
+    factor: f32,
+}
+
+impl TensorVisitor<f32, Cpu> for ScaleWeights {
+    type Viewer = (ViewTensorName, ViewTensorMut);
+    type Err = CpuError;
+    type E2 = f32;
+    type D2 = Cpu;
+
+    fn visit<S: Shape>(
+        &mut self,
+        _opts: TensorOptions<S, f32, Cpu>,
+        (name, t): (String, &mut Tensor<S, f32, Cpu>),
+    ) -> std::result::Result<Option<Tensor<S, f32, Cpu>>, CpuError> {
+        if is_layer_weight(&name) {
+            let scaled: Vec<f32> = t.as_vec().iter().map(|w| w * self.factor).collect();
+            t.copy_from(&scaled);
+        }
+        Ok(None)
+    }
+}
+
+/// Decoupled weight decay (Loshchilov & Hutter's AdamW): `w ← (1 − lr·wd)·w` on the layers'
+/// weights only, so biases and the quantizers' step sizes and zero points are not pulled to 0.
+pub fn decay_weights<M: TensorCollection<f32, Cpu>>(
+    model: &mut M,
+    lr: f64,
+    weight_decay: f64,
+) -> Result<()> {
+    if weight_decay == 0.0 {
+        return Ok(());
+    }
+    let mut visitor = ScaleWeights {
+        factor: (1.0 - lr * weight_decay) as f32,
+    };
+    M::iter_tensors(&mut RecursiveWalker {
+        m: (String::new(), model),
+        f: &mut visitor,
+    })?;
+    Ok(())
+}
+
+/// Training targets for `labels`: one-hot rows, smoothed to `(1 − ε)·onehot + ε/CLASSES`
+/// when `label_smoothing = ε > 0` (Szegedy et al.).
+pub fn targets(labels: &[usize], label_smoothing: f64) -> Vec<f32> {
+    let eps = label_smoothing as f32;
+    let off = eps / CLASSES as f32;
+    let mut out = vec![off; labels.len() * CLASSES];
+    for (i, l) in labels.iter().enumerate() {
+        out[i * CLASSES + l] = 1.0 - eps + off;
+    }
+    out
+}
+
+/// Splits the training split into (kept, held out): row `i` is held out when
+/// `i % folds == fold`. Deterministic, independent of the seed, and, since the digits file
+/// cycles through the classes, close to stratified.
+pub fn holdout(train: &Split, folds: usize, fold: usize) -> (Split, Split) {
+    let (held, kept): (Vec<usize>, Vec<usize>) =
+        (0..train.len()).partition(|i| i % folds.max(1) == fold);
+    let split = |idx: &[usize]| {
+        let (images, labels) = train.gather(idx);
+        Split { images, labels }
+    };
+    (split(&kept), split(&held))
+}
+
 /// Builds an input tensor of `n` samples from flat pixels.
 pub fn input<S: InputShape>(dev: &Cpu, pixels: Vec<f32>, n: usize) -> Result<Tensor<S, f32, Cpu>> {
     Ok(dev.try_tensor_from_vec(pixels, S::batch(n))?)
@@ -185,7 +268,8 @@ where
     let mut epoch_losses = Vec::with_capacity(phase.epochs);
     let mut grads = model.try_alloc_grads()?;
     for epoch in 0..phase.epochs {
-        opt.set_lr(lr_at(phase, epoch));
+        let lr = lr_at(phase, epoch);
+        opt.set_lr(lr);
         order.shuffle(&mut rng);
         let mut total = 0.0f64;
         let mut batches = 0usize;
@@ -198,11 +282,10 @@ where
                 None => None,
             };
             let x: Tensor<S, f32, Cpu> = input(dev, pixels, n)?;
-            let mut onehot = vec![0f32; n * CLASSES];
-            for (i, l) in labels.iter().enumerate() {
-                onehot[i * CLASSES + l] = 1.0;
-            }
-            let y = dev.try_tensor_from_vec(onehot, (n, Const::<CLASSES>))?;
+            let y = dev.try_tensor_from_vec(
+                targets(&labels, phase.label_smoothing),
+                (n, Const::<CLASSES>),
+            )?;
             let logits = model.try_forward_mut(x.traced(grads)).map_err(Into::into)?;
             let loss = match (&teacher, teacher_logits) {
                 (Some((_, d)), Some(picked)) => {
@@ -220,6 +303,7 @@ where
             batches += 1;
             grads = loss.backward();
             opt.update(model, &grads)?;
+            decay_weights(model, lr, phase.weight_decay)?;
             model.try_zero_grads(&mut grads)?;
         }
         epoch_losses.push((total / batches.max(1) as f64) as f32);
@@ -279,4 +363,91 @@ where
         model.try_forward_mut(x).map_err(Into::into)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn label_smoothing_targets() {
+        let plain = targets(&[3, 0], 0.0);
+        assert_eq!(plain.len(), 2 * CLASSES);
+        assert_eq!(plain[3], 1.0);
+        assert_eq!(plain[CLASSES], 1.0);
+        assert_eq!(plain.iter().sum::<f32>(), 2.0);
+        let smooth = targets(&[3, 0], 0.1);
+        for row in smooth.chunks(CLASSES) {
+            assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        }
+        assert!((smooth[3] - 0.91).abs() < 1e-6);
+        assert!((smooth[0] - 0.01).abs() < 1e-6);
+        assert!((smooth[CLASSES] - 0.91).abs() < 1e-6);
+    }
+
+    #[test]
+    fn holdout_partitions_the_training_split() {
+        let n = 23;
+        let split = Split {
+            images: (0..n * 64).map(|i| (i / 64) as f32).collect(),
+            labels: (0..n).map(|i| i % CLASSES).collect(),
+        };
+        let mut seen = vec![0; n];
+        for fold in 0..5 {
+            let (kept, held) = holdout(&split, 5, fold);
+            assert_eq!(kept.len() + held.len(), n);
+            for i in 0..held.len() {
+                // The held-out rows are fold, fold + 5, ...; each image travels with its label.
+                let row = held.image(i)[0] as usize;
+                assert_eq!(row % 5, fold);
+                assert_eq!(held.labels[i], row % CLASSES);
+                seen[row] += 1;
+            }
+            for i in 0..kept.len() {
+                assert_ne!(kept.image(i)[0] as usize % 5, fold);
+            }
+            // Deterministic.
+            assert_eq!(holdout(&split, 5, fold), (kept, held));
+        }
+        // Every row is held out by exactly one fold.
+        assert!(seen.iter().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn weight_decay_touches_layer_weights_only() {
+        assert!(is_layer_weight("0.weight"));
+        assert!(is_layer_weight("1.0.weight"));
+        assert!(!is_layer_weight("0.bias"));
+        assert!(!is_layer_weight("0.weight_quantizer.learned"));
+        assert!(!is_layer_weight("0.input_quantizer.learned"));
+        assert!(!is_layer_weight("0.1.scale"));
+
+        let dev = Cpu::seed_from_u64(0);
+        let mut m = dev.build_module::<dfdx::nn::builders::Linear<3, 2>, f32>();
+        let (w, b) = (m.weight.as_vec(), m.bias.as_vec());
+        decay_weights(&mut m, 0.5, 0.0).unwrap();
+        assert_eq!(m.weight.as_vec(), w);
+        decay_weights(&mut m, 0.5, 0.1).unwrap();
+        for (after, before) in m.weight.as_vec().iter().zip(&w) {
+            assert!((after - before * 0.95).abs() < 1e-7);
+        }
+        assert_eq!(m.bias.as_vec(), b);
+
+        // In a quantized model the quantizers' parameters are left alone.
+        let mut q = quant_ops::layers::QLinear::from_linear(&m);
+        q.weight_quantizer.learned = dev.ones();
+        q.input_quantizer.learned = dev.ones();
+        let w = q.weight.as_vec();
+        decay_weights(&mut q, 1.0, 0.5).unwrap();
+        for (after, before) in q.weight.as_vec().iter().zip(&w) {
+            assert!((after - before * 0.5).abs() < 1e-7);
+        }
+        assert!(q
+            .weight_quantizer
+            .learned
+            .as_vec()
+            .iter()
+            .all(|v| *v == 1.0));
+        assert!(q.input_quantizer.learned.as_vec().iter().all(|v| *v == 1.0));
+    }
 }

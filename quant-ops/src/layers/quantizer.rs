@@ -560,43 +560,11 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
     }
 
     fn qparams(&self) -> Result<Option<QParams>> {
-        let (Some(setup), Some(grid)) = (&self.setup, self.grid()?) else {
-            return Ok(None);
-        };
-        if self.initialized == 0 {
-            return Ok(None);
-        }
-        let bank = merged_bank(
-            &setup.quantizer,
-            &read_contiguous(&self.learned),
-            &read_contiguous(&self.fixed),
-            C,
-        );
-        setup
-            .quantizer
-            .qparams(&ParamBank::new(&bank, C)?, grid, self.axis())
-            .map(Some)
-            .map_err(|e| e.at(self.label()))
+        self.with_bank(|q, bank, grid, axis| q.qparams(bank, grid, axis))
     }
 
     fn inferable(&self) -> Result<Option<InferableQuantizer>> {
-        let (Some(setup), Some(grid)) = (&self.setup, self.grid()?) else {
-            return Ok(None);
-        };
-        if self.initialized == 0 {
-            return Ok(None);
-        }
-        let bank = merged_bank(
-            &setup.quantizer,
-            &read_contiguous(&self.learned),
-            &read_contiguous(&self.fixed),
-            C,
-        );
-        setup
-            .quantizer
-            .to_inferable(&ParamBank::new(&bank, C)?, grid, self.axis())
-            .map(Some)
-            .map_err(|e| e.at(self.label()))
+        self.with_bank(|q, bank, grid, axis| q.to_inferable(bank, grid, axis))
     }
 
     fn is_initialized(&self) -> bool {
@@ -605,6 +573,34 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
 }
 
 impl<const C: usize> TensorQuantizer<C> {
+    /// Runs `f` on the configured quantizer with its merged parameter slots, grid and axis;
+    /// `None` when unconfigured or not initialised.
+    fn with_bank<R>(
+        &self,
+        f: impl FnOnce(&dyn TrainableQuantizer, &ParamBank<'_>, IntegerGrid, Option<usize>) -> Result<R>,
+    ) -> Result<Option<R>> {
+        let (Some(setup), Some(grid)) = (&self.setup, self.grid()?) else {
+            return Ok(None);
+        };
+        if self.initialized == 0 {
+            return Ok(None);
+        }
+        let bank = merged_bank(
+            &setup.quantizer,
+            &read_contiguous(&self.learned),
+            &read_contiguous(&self.fixed),
+            C,
+        );
+        f(
+            setup.quantizer.as_ref(),
+            &ParamBank::new(&bank, C)?,
+            grid,
+            self.axis(),
+        )
+        .map(Some)
+        .map_err(|e| e.at(self.label()))
+    }
+
     /// The target the configured quantizer quantizes.
     pub fn target(&self) -> Option<QuantizationTarget> {
         self.setup.as_ref().map(|s| s.metadata.target)

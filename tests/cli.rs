@@ -1,0 +1,227 @@
+//! The `quant` command line: every subcommand, the JSON report, the export round trip, and
+//! bad input (clear error naming the file, non-zero exit, nothing half-written).
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn quant(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_quant"))
+        .args(args)
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("run quant")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quant-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A short run: a few float and QAT epochs, one seed.
+fn tiny_config(dir: &Path, model: &str, extra: &str) -> PathBuf {
+    let path = dir.join(format!("tiny_{model}.toml"));
+    std::fs::write(
+        &path,
+        format!(
+            r#"[model]
+kind = "{model}"
+[run]
+seeds = [3]
+[float]
+epochs = 3
+[calibration]
+batches = 2
+[qat]
+epochs = 1
+lr = 1e-4
+{extra}
+[quantization.weights]
+training_method = "Lsq"
+method = "Symmetric"
+bits = 8
+[quantization.input]
+training_method = "Lsq"
+method = "Uniform"
+bits = 8
+"#
+        ),
+    )
+    .unwrap();
+    path
+}
+
+#[test]
+fn list_shows_every_built_in_quantizer_with_where_it_is_defined() {
+    let o = quant(&["list"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    for line in [
+        "Weights     Lsq        Symmetric, Uniform               quant_ops::quantizers::lsq::LsqWeightsQuantizer",
+        "Activation  Pact       Uniform                          quant_ops::quantizers::pact::PactActivationQuantizer",
+    ] {
+        assert!(out.contains(line), "missing `{line}` in:\n{out}");
+    }
+}
+
+#[test]
+fn run_writes_the_report_and_an_export_that_eval_reproduces() {
+    let dir = scratch("run");
+    let cfg = tiny_config(&dir, "mlp", "");
+    let (report, export) = (dir.join("r.json"), dir.join("export"));
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--out",
+        export.to_str().unwrap(),
+        "--no-cache",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let table = stdout(&o);
+    assert!(
+        table.contains("seed      fp32       PTQ       QAT"),
+        "{table}"
+    );
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    for key in [
+        "fp32_accuracy",
+        "ptq_accuracy",
+        "qat_accuracy",
+        "integer_accuracy",
+        "integer_agreement",
+    ] {
+        let v = json[key]
+            .as_f64()
+            .unwrap_or_else(|| panic!("{key} missing: {json}"));
+        assert!((0.0..=1.0).contains(&v), "{key} = {v}");
+    }
+    assert_eq!(json["model"], "mlp");
+    assert_eq!(json["seed"], 3);
+    assert!(json["policy"].as_str().unwrap().ends_with("tiny_mlp.toml"));
+    assert_eq!(json["layers"].as_array().unwrap().len(), 3);
+    assert!(
+        json["fp32_accuracy"].as_f64().unwrap() > 0.8,
+        "3 float epochs already learn the digits"
+    );
+    assert!(json["integer_agreement"].as_f64().unwrap() >= 0.997);
+
+    let o = quant(&["eval", export.to_str().unwrap()]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let expected = format!("{:.2}%", 100.0 * json["integer_accuracy"].as_f64().unwrap());
+    assert!(
+        stdout(&o).contains(&expected),
+        "{} vs {expected}",
+        stdout(&o)
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn the_cnn_runs_end_to_end_with_batchnorm_folded() {
+    let dir = scratch("cnn");
+    let cfg = tiny_config(&dir, "cnn", "");
+    let export = dir.join("export");
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--out",
+        export.to_str().unwrap(),
+        "--no-cache",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let meta = std::fs::read_to_string(export.join("model.json")).unwrap();
+    assert!(
+        meta.contains("\"Conv2d\"") && meta.contains("\"MaxPool2d\""),
+        "{meta}"
+    );
+    assert!(
+        !meta.contains("BatchNorm"),
+        "the exported model has no BatchNorm left"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn bad_input_is_a_clear_error_and_writes_nothing() {
+    let dir = scratch("bad");
+    let export = dir.join("export");
+    let out = export.to_str().unwrap();
+
+    let o = quant(&["run", "no/such/file.toml", "--out", out]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no/such/file.toml"), "{}", stderr(&o));
+
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[model]\nkind = \"mlp\"\n[quantization.weights]\nbitz = 3\n",
+    )
+    .unwrap();
+    let o = quant(&["run", bad.to_str().unwrap(), "--out", out]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        e.contains("bad.toml") && e.contains("quantization.weights.bitz"),
+        "{e}"
+    );
+
+    let cfg = tiny_config(&dir, "mlp", "");
+    let missing_data = dir.join("missing_data.toml");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[run]", "[data]\npath = \"no/such/digits.csv.gz\"\n[run]");
+    std::fs::write(&missing_data, text).unwrap();
+    let o = quant(&[
+        "run",
+        missing_data.to_str().unwrap(),
+        "--out",
+        out,
+        "--quiet",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("no/such/digits.csv.gz"),
+        "{}",
+        stderr(&o)
+    );
+
+    // An output path under a regular file cannot be created.
+    let blocker = dir.join("file");
+    std::fs::write(&blocker, "x").unwrap();
+    let report = blocker.join("r.json");
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--out",
+        out,
+        "--quiet",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("r.json"), "{}", stderr(&o));
+    assert!(!export.exists(), "nothing is exported when the run fails");
+
+    // A corrupted export names its file.
+    std::fs::create_dir_all(&export).unwrap();
+    std::fs::write(export.join("model.json"), "{\"format\": 1}").unwrap();
+    let o = quant(&["eval", out]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("model.json"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
