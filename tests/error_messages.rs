@@ -55,7 +55,10 @@ fn quant_errors_name_the_value_and_what_is_valid() {
 
     let e = fake_quantize_per_tensor_affine(&[1.0], 0.5, 0, 5, 3).unwrap_err();
     assert!(matches!(e, QuantError::InvalidRange { .. }));
-    has(&e.to_string(), &["[5, 3]", "quant_min must not exceed quant_max"]);
+    has(
+        &e.to_string(),
+        &["[5, 3]", "quant_min must not exceed quant_max"],
+    );
 
     let mut short = [0.0; 1];
     let e = fake_quantize_affine_into(
@@ -70,7 +73,10 @@ fn quant_errors_name_the_value_and_what_is_valid() {
     )
     .unwrap_err();
     assert!(matches!(e, QuantError::LengthMismatch { .. }));
-    has(&e.to_string(), &["length mismatch for y", "expected 2, got 1"]);
+    has(
+        &e.to_string(),
+        &["length mismatch for y", "expected 2, got 1"],
+    );
 
     let e = ChannelLayout::new(&[2, 3], Some(5)).unwrap_err();
     assert!(matches!(e, QuantError::InvalidAxis { .. }));
@@ -93,7 +99,11 @@ fn quant_errors_name_the_value_and_what_is_valid() {
     assert!(matches!(e, QuantError::NotFound { .. }));
     has(
         &e.to_string(),
-        &["method PowerOfTwo", "training method Lsq", "Lsq [Symmetric, Uniform]"],
+        &[
+            "method PowerOfTwo",
+            "training method Lsq",
+            "Lsq [Symmetric, Uniform]",
+        ],
     );
 
     let e = TrainingMethod::from_name("Lqs").unwrap_err();
@@ -135,17 +145,40 @@ impl TrainableQuantizer for GreedyQuantizer {
             })
             .collect()
     }
-    fn set_qparams(&self, _: &QParams, _: IntegerGrid, _: &mut ParamBankMut<'_>) -> quant::Result<()> {
+    fn set_qparams(
+        &self,
+        _: &QParams,
+        _: IntegerGrid,
+        _: &mut ParamBankMut<'_>,
+    ) -> quant::Result<()> {
         Ok(())
     }
-    fn qparams(&self, _: &ParamBank<'_>, _: IntegerGrid, _: Option<usize>) -> quant::Result<QParams> {
+    fn qparams(
+        &self,
+        _: &ParamBank<'_>,
+        _: IntegerGrid,
+        _: Option<usize>,
+    ) -> quant::Result<QParams> {
         QParams::per_tensor(1.0, 0)
     }
-    fn forward(&self, x: QuantizerInput<'_>, _: &ParamBank<'_>, y: &mut [f32]) -> quant::Result<()> {
+    fn forward(
+        &self,
+        x: QuantizerInput<'_>,
+        _: &ParamBank<'_>,
+        y: &mut [f32],
+    ) -> quant::Result<()> {
         y.copy_from_slice(x.data);
         Ok(())
     }
-    fn backward(&self, _: QuantizerInput<'_>, _: &ParamBank<'_>, _: &[f32], _: &mut [f32], _: &mut ParamBankMut<'_>) {}
+    fn backward(
+        &self,
+        _: QuantizerInput<'_>,
+        _: &ParamBank<'_>,
+        _: &[f32],
+        _: &mut [f32],
+        _: &mut ParamBankMut<'_>,
+    ) {
+    }
 }
 
 fn spec(config: impl Into<QuantizerConfig>) -> QuantizerSpec {
@@ -178,7 +211,10 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
     let e = quantize_model(&float, &wrong_target).unwrap_err();
     assert!(matches!(e, QuantError::At { .. }));
     assert!(matches!(e.root(), QuantError::ConfigMismatch { .. }));
-    has(&e.to_string(), &["2.weight_quantizer", "quantizes Weights", "Activation"]);
+    has(
+        &e.to_string(),
+        &["2.weight_quantizer", "quantizes Weights", "Activation"],
+    );
 
     // TooManyParameters: the user's quantizer does not fit a runtime slot.
     let greedy = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
@@ -193,7 +229,10 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
     };
     let e = quantize_model(&float, &greedy).unwrap_err();
     assert!(matches!(e.root(), QuantError::TooManyParameters { .. }));
-    has(&e.to_string(), &["0.weight_quantizer", "GreedyQuantizer", "at most"]);
+    has(
+        &e.to_string(),
+        &["0.weight_quantizer", "GreedyQuantizer", "at most"],
+    );
 
     // NotInitialized: calibration finished before any batch was observed.
     let lsq = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
@@ -205,7 +244,10 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
     let mut q = quantize_model(&float, &lsq).unwrap();
     let e = q.finish_calibration().unwrap_err();
     assert!(matches!(e.root(), QuantError::NotInitialized { .. }));
-    has(&e.to_string(), &["0.", "_quantizer", "run forward_mut on calibration batches"]);
+    has(
+        &e.to_string(),
+        &["0.", "_quantizer", "run forward_mut on calibration batches"],
+    );
 
     // ExportError::Unsupported: a layer that was never calibrated has no integer form.
     let e = export_model(&q, &[4], Default::default()).unwrap_err();
@@ -270,7 +312,8 @@ fn run_errors_name_the_file() {
 
     // RunError::Data: the data file named in the run file.
     let missing = dir.join("no-such-digits.csv.gz");
-    let cfg = RunConfig::from_toml_str(&text(&missing.display().to_string()), "errors.toml").unwrap();
+    let cfg =
+        RunConfig::from_toml_str(&text(&missing.display().to_string()), "errors.toml").unwrap();
     let e = run(&cfg, &opts(None)).unwrap_err();
     assert!(matches!(e, RunError::Data(_)));
     has(&e.to_string(), &["no-such-digits.csv.gz"]);
@@ -279,7 +322,8 @@ fn run_errors_name_the_file() {
     let blocker = dir.join("cache-blocker");
     std::fs::write(&blocker, b"a file, not a directory").unwrap();
     let bundled = quant::digits::bundled_path();
-    let cfg = RunConfig::from_toml_str(&text(&bundled.display().to_string()), "errors.toml").unwrap();
+    let cfg =
+        RunConfig::from_toml_str(&text(&bundled.display().to_string()), "errors.toml").unwrap();
     let e = run(&cfg, &opts(Some(blocker.join("cache")))).unwrap_err();
     assert!(matches!(e, RunError::File { .. }));
     has(&e.to_string(), &["cache-blocker"]);

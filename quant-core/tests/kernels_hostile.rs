@@ -25,17 +25,21 @@ fn dim() -> impl Strategy<Value = usize> {
 fn layout() -> impl Strategy<Value = ChannelLayout> {
     prop_oneof![
         (0usize..12).prop_map(ChannelLayout::per_tensor),
-        (dim(), dim(), dim(), prop::option::of(0usize..4)).prop_map(|(outer, channels, inner, axis)| {
-            ChannelLayout {
-                outer,
-                channels,
-                inner,
-                axis,
+        (dim(), dim(), dim(), prop::option::of(0usize..4)).prop_map(
+            |(outer, channels, inner, axis)| {
+                ChannelLayout {
+                    outer,
+                    channels,
+                    inner,
+                    axis,
+                }
             }
-        }),
-        (prop::collection::vec(1usize..4, 1..4), any::<prop::sample::Index>()).prop_map(
-            |(shape, a)| ChannelLayout::new(&shape, Some(a.index(shape.len()))).unwrap()
         ),
+        (
+            prop::collection::vec(1usize..4, 1..4),
+            any::<prop::sample::Index>()
+        )
+            .prop_map(|(shape, a)| ChannelLayout::new(&shape, Some(a.index(shape.len()))).unwrap()),
     ]
 }
 
@@ -62,7 +66,8 @@ fn int() -> impl Strategy<Value = i32> {
 }
 
 fn grid() -> impl Strategy<Value = IntegerGrid> {
-    (2u32..=16, any::<bool>(), any::<bool>()).prop_map(|(b, s, n)| IntegerGrid::new(b, s, n).unwrap())
+    (2u32..=16, any::<bool>(), any::<bool>())
+        .prop_map(|(b, s, n)| IntegerGrid::new(b, s, n).unwrap())
 }
 
 proptest! {

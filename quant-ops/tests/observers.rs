@@ -823,6 +823,25 @@ fn layout_errors_name_the_problem() {
 }
 
 #[test]
+fn an_empty_batch_cannot_claim_a_huge_channel_count() {
+    // Shape [0, 2^40]: no values, but per-channel statistics would be sized by the channels.
+    let layout = ChannelLayout::new(&[0, 1 << 40], Some(1)).unwrap();
+    assert_eq!(layout.numel(), 0);
+    for config in all_configs(16) {
+        let err = config.build().observe(&[], layout).unwrap_err().to_string();
+        assert!(
+            err.contains("layout.channels = 1099511627776"),
+            "{config}: {err}"
+        );
+    }
+    // A modest empty batch is still fine.
+    let layout = ChannelLayout::new(&[0, 16], Some(1)).unwrap();
+    for config in all_configs(16) {
+        config.build().observe(&[], layout).unwrap();
+    }
+}
+
+#[test]
 fn boxed_observers_clone_reset_and_report_their_config() {
     for config in all_configs(64) {
         let mut o = observed(config.build(), &[&[1.0, -2.0, f32::NAN]]);
@@ -1157,10 +1176,9 @@ proptest! {
         for config in all_configs(16) {
             let mut o = config.build();
             let r = o.observe(&x, layout);
-            if layout.numel() != x.len() || channels == 0 {
+            if layout.numel() != x.len() || channels == 0 || channels > x.len().max(1 << 20) {
                 prop_assert!(r.is_err(), "{} accepted {:?} for {} values", config, layout, x.len());
             }
         }
     }
 }
-

@@ -124,6 +124,9 @@ impl Clone for Box<dyn Observer> {
     }
 }
 
+/// Most channels an empty batch may claim (a non-empty one has at most one per value).
+const MAX_EMPTY_BATCH_CHANNELS: usize = 1 << 20;
+
 /// The layout an observer committed to with its first batch.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub(crate) struct LayoutGuard {
@@ -148,6 +151,18 @@ impl LayoutGuard {
                 ),
                 expected: layout.numel(),
                 actual: x.len(),
+            });
+        }
+        // Statistics are kept per channel: a layout claiming more channels than values (possible
+        // only for an empty batch, whose shape has a zero elsewhere) must not size them.
+        if layout.channels > x.len().max(MAX_EMPTY_BATCH_CHANNELS) {
+            return Err(QuantError::InvalidValue {
+                what: "layout.channels".into(),
+                value: layout.channels.to_string(),
+                expected: format!(
+                    "at most one channel per observed value ({}), or {MAX_EMPTY_BATCH_CHANNELS} for an empty batch",
+                    x.len()
+                ),
             });
         }
         if let Some((channels, axis)) = self.seen {
