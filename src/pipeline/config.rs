@@ -329,16 +329,7 @@ impl RunConfig {
         let de = toml::Deserializer::new(text);
         let cfg: RunConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
-            let inner = e.into_inner();
-            let message = match inner.span() {
-                Some(span) => format!("{} (at byte {})", inner.message(), span.start),
-                None => inner.message().to_string(),
-            };
-            PolicyError::Parse {
-                origin: origin.to_string(),
-                key,
-                message,
-            }
+            quant_ops::policy::toml_parse_error(origin, text, key, &e.into_inner())
         })?;
         let invalid = |key: &str, expected: &str, value: String| PolicyError::Invalid {
             origin: origin.to_string(),

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use dfdx::nn::{LoadFromSafetensors, SaveToSafetensors};
+use dfdx::nn::SaveToSafetensors;
 use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
@@ -211,9 +211,9 @@ where
         let cached = opts.cache_dir.as_ref().map(|d| cache_path(d, cfg, seed));
         let float_from_cache = match &cached {
             Some(path) if path.exists() => {
-                float.load_safetensors(path).map_err(|e| {
-                    file_error(path, format!("cannot load float checkpoint: {e:?}"))
-                })?;
+                // A checked load: a corrupted cache file is a typed error, not a panic in dfdx.
+                quant_ops::checkpoint::load_checkpoint(&mut float, path)
+                    .map_err(|e| file_error(path, format!("cannot load float checkpoint: {e}")))?;
                 true
             }
             _ => false,
@@ -451,8 +451,7 @@ pub fn eval_export(dir: &Path, data_path: Option<&Path>) -> Result<(f64, usize),
 #[doc(hidden)]
 pub fn load_float<N: Net>(dev: &Cpu, path: &Path) -> Result<N::Float, RunError> {
     let mut m = N::build(dev);
-    m.load_safetensors(path)
-        .map_err(|e| file_error(path, format!("{e:?}")))?;
+    quant_ops::checkpoint::load_checkpoint(&mut m, path).map_err(|e| file_error(path, e))?;
     Ok(m)
 }
 
