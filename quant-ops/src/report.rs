@@ -100,111 +100,25 @@ leaves!(false => ReLU, Tanh, Sigmoid, Float<M> where [M], QuantInput<M> where [M
 leaves!(false => MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize], AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize], Flatten<N> where [const N: usize]);
 leaves!(false => BatchNorm1D<C, f32, Cpu> where [const C: usize], BatchNorm2D<C, f32, Cpu> where [const C: usize]);
 
-/// `Trace` for tuples: each element's output feeds the next, names are the indices.
-mod tuples {
-    use super::*;
-
-    impl<X, A: Trace<X>> Trace<X> for (A,) {
-        type Output = A::Output;
-        fn trace(
-            &self,
-            x: X,
-            name: &str,
-            taps: &mut Vec<(String, Vec<f32>)>,
-        ) -> Result<Self::Output> {
-            self.0.trace(x, &join_name(name, "0"), taps)
+/// `Trace` for tuples: each element's output feeds the next, names are the indices. Each
+/// element is listed with the type it receives.
+macro_rules! tuple_trace {
+    ($([$t:ident $i:tt $input:ty])+ ; $last:ident) => {
+        impl<X, $($t: Trace<$input>),+> Trace<X> for ($($t,)+) {
+            type Output = $last::Output;
+            fn trace(&self, x: X, name: &str, taps: &mut Vec<(String, Vec<f32>)>) -> Result<Self::Output> {
+                $(let x = self.$i.trace(x, &join_name(name, stringify!($i)), taps)?;)+
+                Ok(x)
+            }
         }
-    }
-    impl<X, A: Trace<X>, B: Trace<A::Output>> Trace<X> for (A, B) {
-        type Output = B::Output;
-        fn trace(
-            &self,
-            x: X,
-            name: &str,
-            taps: &mut Vec<(String, Vec<f32>)>,
-        ) -> Result<Self::Output> {
-            let x = self.0.trace(x, &join_name(name, "0"), taps)?;
-            self.1.trace(x, &join_name(name, "1"), taps)
-        }
-    }
-    impl<X, A: Trace<X>, B: Trace<A::Output>, C: Trace<B::Output>> Trace<X> for (A, B, C) {
-        type Output = C::Output;
-        fn trace(
-            &self,
-            x: X,
-            name: &str,
-            taps: &mut Vec<(String, Vec<f32>)>,
-        ) -> Result<Self::Output> {
-            let x = self.0.trace(x, &join_name(name, "0"), taps)?;
-            let x = self.1.trace(x, &join_name(name, "1"), taps)?;
-            self.2.trace(x, &join_name(name, "2"), taps)
-        }
-    }
-    impl<X, A: Trace<X>, B: Trace<A::Output>, C: Trace<B::Output>, D: Trace<C::Output>> Trace<X>
-        for (A, B, C, D)
-    {
-        type Output = D::Output;
-        fn trace(
-            &self,
-            x: X,
-            name: &str,
-            taps: &mut Vec<(String, Vec<f32>)>,
-        ) -> Result<Self::Output> {
-            let x = self.0.trace(x, &join_name(name, "0"), taps)?;
-            let x = self.1.trace(x, &join_name(name, "1"), taps)?;
-            let x = self.2.trace(x, &join_name(name, "2"), taps)?;
-            self.3.trace(x, &join_name(name, "3"), taps)
-        }
-    }
-    impl<
-            X,
-            A: Trace<X>,
-            B: Trace<A::Output>,
-            C: Trace<B::Output>,
-            D: Trace<C::Output>,
-            E: Trace<D::Output>,
-        > Trace<X> for (A, B, C, D, E)
-    {
-        type Output = E::Output;
-        fn trace(
-            &self,
-            x: X,
-            name: &str,
-            taps: &mut Vec<(String, Vec<f32>)>,
-        ) -> Result<Self::Output> {
-            let x = self.0.trace(x, &join_name(name, "0"), taps)?;
-            let x = self.1.trace(x, &join_name(name, "1"), taps)?;
-            let x = self.2.trace(x, &join_name(name, "2"), taps)?;
-            let x = self.3.trace(x, &join_name(name, "3"), taps)?;
-            self.4.trace(x, &join_name(name, "4"), taps)
-        }
-    }
-    impl<
-            X,
-            A: Trace<X>,
-            B: Trace<A::Output>,
-            C: Trace<B::Output>,
-            D: Trace<C::Output>,
-            E: Trace<D::Output>,
-            F: Trace<E::Output>,
-        > Trace<X> for (A, B, C, D, E, F)
-    {
-        type Output = F::Output;
-        fn trace(
-            &self,
-            x: X,
-            name: &str,
-            taps: &mut Vec<(String, Vec<f32>)>,
-        ) -> Result<Self::Output> {
-            let x = self.0.trace(x, &join_name(name, "0"), taps)?;
-            let x = self.1.trace(x, &join_name(name, "1"), taps)?;
-            let x = self.2.trace(x, &join_name(name, "2"), taps)?;
-            let x = self.3.trace(x, &join_name(name, "3"), taps)?;
-            let x = self.4.trace(x, &join_name(name, "4"), taps)?;
-            self.5.trace(x, &join_name(name, "5"), taps)
-        }
-    }
+    };
 }
+tuple_trace!([A 0 X]; A);
+tuple_trace!([A 0 X] [B 1 A::Output]; B);
+tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output]; C);
+tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output] [D 3 C::Output]; D);
+tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output] [D 3 C::Output] [E 4 D::Output]; E);
+tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output] [D 3 C::Output] [E 4 D::Output] [F 5 E::Output]; F);
 
 /// SQNR in dB of `quantized` against `reference`: `10·log10(Σ r² / Σ (r - q)²)`; infinite when
 /// they are equal.
