@@ -139,16 +139,14 @@ pub fn fixed_point_multiplier(multiplier: f64) -> Result<(i64, u32), QuantError>
     Ok((m, shift as u32))
 }
 
-/// `round(n / 2^shift)`, ties to even, in exact integer arithmetic (`shift` ≥ 1).
+/// `round(n / 2^shift)`, ties to even, in exact integer arithmetic, branch-free:
+/// `floor((n + 2^(shift-1) - 1 + bit0(n >> shift)) / 2^shift)`.
 #[inline(always)]
 fn round_shift_half_even(n: i64, shift: u32) -> i64 {
     if shift == 0 {
         return n;
     }
-    let q = n >> shift;
-    let rem = n - (q << shift);
-    let half = 1i64 << (shift - 1);
-    q + (rem > half || (rem == half && q & 1 == 1)) as i64
+    (n + (1i64 << (shift - 1)) - 1 + ((n >> shift) & 1)) >> shift
 }
 
 /// One row of accumulators requantized with ties to even and clamped to `[lo, hi]`.
@@ -161,7 +159,7 @@ fn requantize_half_even(
     out: &mut [i16],
 ) {
     for (((code, a), m), shift) in out.iter_mut().zip(row).zip(ms).zip(shifts) {
-        *code = round_shift_half_even(*a as i64 * m, *shift).clamp(lo, hi) as i16;
+        *code = round_shift_half_even(*a as i64 * m, *shift).max(lo).min(hi) as i16;
     }
 }
 
@@ -1013,6 +1011,20 @@ mod tests {
         assert!(fixed_point_multiplier(0.0).is_err());
         assert!(fixed_point_multiplier(f64::NAN).is_err());
         assert!(fixed_point_multiplier(1e12).is_err());
+    }
+
+    #[test]
+    fn branch_free_half_even_matches_the_reference() {
+        for shift in 1..12u32 {
+            for n in -5000i64..5000 {
+                assert_eq!(
+                    round_shift_half_even(n, shift),
+                    rounding_shift(n, shift, RoundingPolicy::HalfEven),
+                    "{n} >> {shift}"
+                );
+            }
+        }
+        assert_eq!(round_shift_half_even(-7, 0), -7);
     }
 
     #[test]
