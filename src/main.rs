@@ -84,9 +84,7 @@ fn write_report(path: &Path, json: &str) -> Result<(), RunError> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(file_error)?;
     }
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    std::fs::write(&tmp, json).map_err(file_error)?;
-    std::fs::rename(&tmp, path).map_err(file_error)
+    Ok(quant::export::write_atomic(path, json.as_bytes())?)
 }
 
 fn run(cli: Cli) -> Result<(), RunError> {

@@ -160,19 +160,6 @@ impl IntegerGrid {
     }
 }
 
-/// How quantization parameters are shared across a tensor.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
-pub enum Granularity {
-    /// One scale and zero point for the whole tensor.
-    #[default]
-    PerTensor,
-    /// One scale and zero point per index along `axis`.
-    PerChannel {
-        /// The channel axis (0 for a Linear's or a convolution's output channels).
-        axis: usize,
-    },
-}
-
 /// Scales and zero points, per tensor (one each) or per channel.
 ///
 /// Invariants (checked by [`QParams::new`] and on deserialisation): at least one scale; as

@@ -41,7 +41,7 @@ pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerCon
 pub use error::{QuantError, Result};
 pub use grid::{
     power_of_two_scale, power_of_two_threshold, qparams_from_range, symmetric_scale,
-    uniform_qparams, Granularity, IntegerGrid, QParams, MIN_SCALE,
+    uniform_qparams, IntegerGrid, QParams, MIN_SCALE,
 };
 pub use inferable::InferableQuantizer;
 pub use quantizer::{

@@ -16,7 +16,7 @@ use dfdx::nn::modules::ReLU;
 use safetensors::tensor::{Dtype as StDtype, TensorView};
 use serde::{Deserialize, Serialize};
 
-use quant_core::{InferableQuantizer, QuantError, QuantizationMethod, TrainingMethod};
+use quant_core::{InferableQuantizer, QuantError, QuantizationMethod};
 
 use crate::layers::{
     quantize_bias, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizerControl,
@@ -960,10 +960,4 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
         let _ = std::fs::remove_file(&tmp);
         io(path)(e)
     })
-}
-
-/// `TrainingMethod` names in exports are kept as text; this parses one back when the id is
-/// known to this program.
-pub fn training_method_of(origin: &QuantizerOrigin) -> Option<TrainingMethod> {
-    TrainingMethod::from_name(&origin.training_method).ok()
 }
