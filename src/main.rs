@@ -10,7 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use quant::pipeline::{self, RunConfig, RunError, RunOptions};
+use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
+use quant::fs::{check_export_dir, check_output_file, resolve, StagedFile};
 
 #[derive(Parser)]
 #[command(
@@ -27,6 +28,12 @@ struct Cli {
 enum Command {
     /// Train the float model (or load it from the cache), calibrate (PTQ), train with
     /// quantization (QAT), export the integer model and run it on integers.
+    ///
+    /// Outputs are checked before the run starts and put in place only when it has succeeded:
+    /// a failed run leaves an existing report and export as they were. --out creates a new
+    /// directory, or replaces an empty one or a previous quant export (model.json,
+    /// model.safetensors, model.onnx and nothing else); any other directory or file is left
+    /// alone with an error.
     Run {
         /// The run file (model, schedules, quantization policy), e.g. configs/mlp_w2a2.toml.
         config: PathBuf,
@@ -45,7 +52,7 @@ enum Command {
         /// Run only this seed instead of the file's seeds.
         #[arg(long)]
         seed: Option<u64>,
-        /// No progress bars.
+        /// No progress bars: only one line per finished seed (on stderr), then the report.
         #[arg(long)]
         quiet: bool,
     },
@@ -76,15 +83,59 @@ fn main() -> ExitCode {
     }
 }
 
-fn write_report(path: &Path, json: &str) -> Result<(), RunError> {
-    let file_error = |e: std::io::Error| RunError::File {
-        path: path.to_path_buf(),
-        message: e.to_string(),
+/// Checks every output of a run before it starts: the export directory and the report can be
+/// written without destroying anything, and the report is neither the export directory, inside
+/// it, nor one of the run's inputs.
+fn check_outputs(export_dir: &Path, report: Option<&Path>, inputs: &[&Path]) -> Result<(), RunError> {
+    check_export_dir(export_dir)?;
+    let Some(report) = report else {
+        return Ok(());
     };
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent).map_err(file_error)?;
+    let refused = |reason: String| OutputError::Refused {
+        path: report.to_path_buf(),
+        reason,
+    };
+    let (report_at, export_at) = (resolve(report), resolve(export_dir));
+    if report_at == export_at {
+        return Err(refused(format!(
+            "is also the export directory (--out {}): give the report a path of its own",
+            export_dir.display()
+        ))
+        .into());
     }
-    Ok(quant::export::write_atomic(path, json.as_bytes())?)
+    if report_at.starts_with(&export_at) {
+        return Err(refused(format!(
+            "lies inside the export directory {}, which holds only the export: put the report elsewhere",
+            export_dir.display()
+        ))
+        .into());
+    }
+    if let Some(input) = inputs.iter().find(|i| resolve(i) == report_at) {
+        return Err(refused(format!(
+            "is an input of this run ({}); quant never writes over its inputs",
+            input.display()
+        ))
+        .into());
+    }
+    check_output_file(report)?;
+    Ok(())
+}
+
+fn seed_line(d: SeedDone<'_>) {
+    let r = d.result;
+    let integer = r
+        .integer_accuracy
+        .map_or_else(|| "-".to_string(), |a| format!("{:.2}%", 100.0 * a));
+    eprintln!(
+        "seed {} done ({} of {}, {:.1} s): fp32 {:.2}%, PTQ {:.2}%, QAT {:.2}%, integer {integer}",
+        r.seed,
+        d.done,
+        d.total,
+        d.elapsed.as_secs_f64(),
+        100.0 * r.fp32_accuracy,
+        100.0 * r.ptq_accuracy,
+        100.0 * r.qat_accuracy,
+    );
 }
 
 fn run(cli: Cli) -> Result<(), RunError> {
@@ -105,26 +156,39 @@ fn run(cli: Cli) -> Result<(), RunError> {
             let stem = config
                 .file_stem()
                 .map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
-            // Fail before hours of training if the report cannot be written.
-            if let Some(path) = &report {
-                write_report(path, "{}")?;
-            }
+            let export_dir = out.unwrap_or_else(|| Path::new("runs").join(&stem).join("export"));
+            let mut inputs = vec![config.as_path()];
+            inputs.extend(cfg.data.path.as_deref());
+            // Fail before hours of training if an output cannot be written; write nothing yet.
+            check_outputs(&export_dir, report.as_deref(), &inputs)?;
             let opts = RunOptions {
                 cache_dir: (!no_cache).then_some(cache_dir),
-                export_dir: Some(
-                    out.unwrap_or_else(|| Path::new("runs").join(&stem).join("export")),
-                ),
+                export_dir: Some(export_dir),
                 progress: !quiet,
                 policy_name: config.display().to_string(),
             };
-            let result = pipeline::run(&cfg, &opts)?;
-            print!("{}", result.table());
+            let staged = pipeline::run_staged(&cfg, &opts, &mut seed_line)?;
+            // Both outputs are written beside their targets first, then put in place.
+            let staged_report = match &report {
+                Some(path) => {
+                    let json = serde_json::to_string_pretty(&staged.report).map_err(|e| {
+                        RunError::File {
+                            path: path.clone(),
+                            message: e.to_string(),
+                        }
+                    })?;
+                    Some(StagedFile::new(path, json.as_bytes())?)
+                }
+                None => None,
+            };
+            if let Some(export) = staged.export {
+                export.commit()?;
+            }
+            if let Some(staged_report) = staged_report {
+                staged_report.commit()?;
+            }
+            print!("{}", staged.report.table());
             if let Some(path) = &report {
-                let json = serde_json::to_string_pretty(&result).map_err(|e| RunError::File {
-                    path: path.clone(),
-                    message: e.to_string(),
-                })?;
-                write_report(path, &json)?;
                 println!("report written to {}", path.display());
             }
             Ok(())

@@ -72,7 +72,7 @@ case("policy/duplicate_key.toml", "policy", ["duplicate_key.toml"], LSQ_W + "bit
 RUN = '[model]\nkind = "mlp"\n[quantization]\n' + LSQ_W.replace("[weights]", "[quantization.weights]") \
     + LSQ_I.replace("[input]", "[quantization.input]")
 case("run/zero_batch.toml", "run", ["zero_batch.toml", "`float.batch_size`"], RUN + "[float]\nbatch_size = 0\n")
-case("run/huge_batch.toml", "run", ["huge_batch.toml", "number too large"], RUN + "[qat]\nbatch_size = 18446744073709551615\n")
+case("run/huge_batch.toml", "run", ["huge_batch.toml", "`qat.batch_size`", "number too large"], RUN + "[qat]\nbatch_size = 18446744073709551615\n")
 case("run/negative_epochs.toml", "run", ["`float.epochs`"], RUN + "[float]\nepochs = -3\n")
 case("run/no_seeds.toml", "run", ["`run.seeds`"], RUN + "[run]\nseeds = []\n")
 case("run/nan_lr.toml", "run", ["`qat.lr`", "NaN"], RUN + "[qat]\nlr = nan\n")

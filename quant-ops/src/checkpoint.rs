@@ -67,8 +67,15 @@ pub enum CheckpointError {
     },
 }
 
-/// Largest header `safetensors` 0.3 accepts (its `MAX_HEADER_SIZE`).
-const MAX_HEADER: usize = 100_000_000;
+/// Largest safetensors header read (its JSON text). `safetensors` 0.3 itself accepts 100 MB,
+/// which parses into more than a gigabyte of entries; a header of 16 MiB describes
+/// [`MAX_TENSORS`] tensors with room to spare.
+pub const MAX_HEADER_BYTES: usize = 16 << 20;
+
+/// Most tensors one safetensors file may describe: a model with more parameter tensors than
+/// this is not one quant exports or trains. Checked while the header is parsed, so a header
+/// of a million empty tensors stops at this count.
+pub const MAX_TENSORS: usize = 65_536;
 
 /// The validated header of a safetensors file: every tensor's entry, by name.
 #[derive(Debug, Clone)]
@@ -111,6 +118,11 @@ impl<'de> serde::Deserialize<'de> for Entries {
                 let mut seen = std::collections::BTreeSet::new();
                 let mut out = Vec::new();
                 while let Some(name) = map.next_key::<String>()? {
+                    if out.len() == MAX_TENSORS {
+                        return Err(serde::de::Error::custom(format!(
+                            "more than {MAX_TENSORS} tensors (the most a file may hold)"
+                        )));
+                    }
                     if !seen.insert(name.clone()) {
                         return Err(serde::de::Error::custom(format!(
                             "tensor `{name}` appears twice"
@@ -132,8 +144,8 @@ impl<'de> serde::Deserialize<'de> for Entries {
     }
 }
 
-/// Validates the header of a safetensors file completely: its length against the file's,
-/// UTF-8 JSON, no duplicated names, every tensor's byte range inside the file and equal to its
+/// Validates the header of a safetensors file completely: its length against the file's and
+/// [`MAX_HEADER_BYTES`], UTF-8 JSON, at most [`MAX_TENSORS`] entries, no duplicated names, every tensor's byte range inside the file and equal to its
 /// shape's element count times its dtype's size (with overflow checks), ranges contiguous and
 /// covering the data section exactly. After this, `safetensors::SafeTensors::deserialize`
 /// accepts the bytes and every tensor slices within them.
@@ -152,10 +164,10 @@ pub fn check_safetensors(bytes: &[u8]) -> Result<SafetensorsHeader, String> {
     let claimed = u64::from_le_bytes(le);
     let available = bytes.len() - 8;
     let n = match usize::try_from(claimed) {
-        Ok(n) if n <= available && n <= MAX_HEADER => n,
+        Ok(n) if n <= available && n <= MAX_HEADER_BYTES => n,
         _ => {
             return Err(format!(
-                "the header claims {claimed} bytes; the file holds {available} after the length (and headers are at most {MAX_HEADER} bytes)"
+                "the header claims {claimed} bytes; the file holds {available} after the length (and headers are at most {MAX_HEADER_BYTES} bytes)"
             ))
         }
     };
@@ -292,20 +304,67 @@ impl TensorVisitor<f32, Cpu> for Expect<'_> {
     }
 }
 
+/// Counts the bytes a checkpoint of a model takes: 4 per f32 element, 8 per scalar.
+struct Size {
+    bytes: u64,
+}
+
+impl TensorVisitor<f32, Cpu> for Size {
+    type Viewer = ViewTensorRef;
+    type Err = std::convert::Infallible;
+    type E2 = f32;
+    type D2 = Cpu;
+
+    fn visit<S: Shape>(
+        &mut self,
+        _: TensorOptions<S, f32, Cpu>,
+        t: &Tensor<S, f32, Cpu>,
+    ) -> Result<Option<Tensor<S, f32, Cpu>>, Self::Err> {
+        self.bytes = self
+            .bytes
+            .saturating_add((t.shape().num_elements() as u64).saturating_mul(4));
+        Ok(None)
+    }
+
+    fn visit_scalar<N: num_traits::NumCast>(
+        &mut self,
+        _: ScalarOptions<N>,
+        _: &N,
+    ) -> Result<Option<N>, Self::Err> {
+        self.bytes = self.bytes.saturating_add(8);
+        Ok(None)
+    }
+}
+
+/// The largest checkpoint file of `model` [`load_checkpoint`] reads: the 8-byte length, a
+/// header of at most [`MAX_HEADER_BYTES`], and the model's own tensors and scalars.
+pub fn checkpoint_size_limit<M: TensorCollection<f32, Cpu>>(model: &M) -> u64 {
+    let mut size = Size { bytes: 0 };
+    let Ok(_) = M::iter_tensors(&mut RecursiveWalker {
+        m: model,
+        f: &mut size,
+    });
+    size.bytes.saturating_add(8 + MAX_HEADER_BYTES as u64)
+}
+
 /// Loads a safetensors checkpoint into `model` after checking the file ([`check_safetensors`])
 /// and that it holds every tensor the model has, as F32 of the model's shape (and every scalar
-/// present as an f64 the field can hold). Nothing is loaded when a check fails.
+/// present as an f64 the field can hold). Nothing is loaded when a check fails. Only a regular
+/// file is read, and only when it is no larger than such a checkpoint can be
+/// ([`checkpoint_size_limit`]).
 ///
 /// # Errors
-/// [`CheckpointError::Io`] when the file cannot be read, [`CheckpointError::Invalid`] naming the
-/// first problems found otherwise.
+/// [`CheckpointError::Io`] when the file cannot be read, is not a regular file or is too
+/// large, [`CheckpointError::Invalid`] naming the first problems found otherwise.
 pub fn load_checkpoint<M: TensorCollection<f32, Cpu>>(
     model: &mut M,
     path: &Path,
 ) -> Result<(), CheckpointError> {
-    let bytes = std::fs::read(path).map_err(|source| CheckpointError::Io {
-        path: path.to_path_buf(),
-        source,
+    let bytes = crate::fs::read_limited(path, checkpoint_size_limit(&*model)).map_err(|source| {
+        CheckpointError::Io {
+            path: path.to_path_buf(),
+            source,
+        }
     })?;
     let invalid = |message: String| CheckpointError::Invalid {
         path: path.to_path_buf(),

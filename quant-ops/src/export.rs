@@ -29,6 +29,11 @@ pub const FORMAT_VERSION: u32 = 1;
 pub const METADATA_FILE: &str = "model.json";
 /// The tensor file in an export directory.
 pub const TENSORS_FILE: &str = "model.safetensors";
+/// Largest `model.json` a loader reads (larger files are refused before reading).
+pub const MAX_METADATA_BYTES: u64 = 16 << 20;
+/// Largest `model.safetensors` a loader reads (larger files are refused before reading): 64 Mi
+/// one-byte weight codes, which the loader widens to 256 MiB of `i32`.
+pub const MAX_TENSOR_FILE_BYTES: u64 = 64 << 20;
 /// Largest integer width the integer runtime supports for weights and activations.
 pub const MAX_EXPORT_BITS: u32 = 8;
 
@@ -481,7 +486,8 @@ impl ExportedModel {
     /// previous export untouched and no partial one.
     ///
     /// # Errors
-    /// The parent directory cannot be created or written.
+    /// `dir` is not absent, empty or a previous export ([`crate::fs::check_export_dir`]: a
+    /// user's directory or file is never replaced), or it cannot be created or written.
     pub fn save(&self, dir: &Path) -> Result<(), ExportError> {
         let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut ops = Vec::new();
@@ -555,10 +561,14 @@ impl ExportedModel {
             path: dir.join(METADATA_FILE),
             message: e.to_string(),
         })?;
-        replace_dir(
+        crate::fs::replace_dir(
             dir,
             &[(TENSORS_FILE, &tensor_bytes), (METADATA_FILE, &json)],
         )
+        .map_err(|e| ExportError::Io {
+            path: e.path().to_path_buf(),
+            source: e.into_io_error(),
+        })
     }
 
     /// Loads an export directory, validating everything (see the module docs).
@@ -570,7 +580,8 @@ impl ExportedModel {
     pub fn load(dir: &Path) -> Result<ExportedModel, ExportError> {
         let meta_path = dir.join(METADATA_FILE);
         let tensors_path = dir.join(TENSORS_FILE);
-        let meta_bytes = std::fs::read(&meta_path).map_err(io(&meta_path))?;
+        let meta_bytes =
+            crate::fs::read_limited(&meta_path, MAX_METADATA_BYTES).map_err(io(&meta_path))?;
         let meta: Metadata =
             serde_json::from_slice(&meta_bytes).map_err(|e| ExportError::Metadata {
                 path: meta_path.clone(),
@@ -593,7 +604,8 @@ impl ExportedModel {
             )));
         }
         check_input_shape(&meta.input_shape).map_err(bad_meta)?;
-        let tensor_bytes = std::fs::read(&tensors_path).map_err(io(&tensors_path))?;
+        let tensor_bytes = crate::fs::read_limited(&tensors_path, MAX_TENSOR_FILE_BYTES)
+            .map_err(io(&tensors_path))?;
         let bad_tensor = |message: String| ExportError::Tensors {
             path: tensors_path.clone(),
             message,
@@ -905,59 +917,4 @@ fn check_export_quantizer(
             "{role} is per channel on axis {axis}; only the output channels (axis 0) are supported"
         )),
     }
-}
-
-/// Makes `dir` hold exactly `files`: writes them into a temporary sibling directory, then swaps
-/// it in place of `dir` (removing what `dir` held before only once the new one is complete).
-pub fn replace_dir(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), ExportError> {
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "export".into());
-    let parent = match dir.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    std::fs::create_dir_all(&parent).map_err(io(&parent))?;
-    let tmp = parent.join(format!(".{name}.tmp-{}", std::process::id()));
-    let old = parent.join(format!(".{name}.old-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
-    let result = (|| {
-        std::fs::create_dir(&tmp).map_err(io(&tmp))?;
-        for (file, bytes) in files {
-            let p = tmp.join(file);
-            std::fs::write(&p, bytes).map_err(io(&p))?;
-        }
-        if dir.exists() {
-            std::fs::rename(dir, &old).map_err(io(dir))?;
-        }
-        std::fs::rename(&tmp, dir).map_err(io(dir))
-    })();
-    match result {
-        Ok(()) => {
-            let _ = std::fs::remove_dir_all(&old);
-            Ok(())
-        }
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&tmp);
-            if old.exists() && !dir.exists() {
-                let _ = std::fs::rename(&old, dir);
-            }
-            Err(e)
-        }
-    }
-}
-
-/// Writes `bytes` to `path` through a temporary file in the same directory and a rename.
-pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ExportError> {
-    let tmp = path.with_extension(format!(
-        "{}.tmp-{}",
-        path.extension().and_then(|e| e.to_str()).unwrap_or(""),
-        std::process::id()
-    ));
-    std::fs::write(&tmp, bytes).map_err(io(&tmp))?;
-    std::fs::rename(&tmp, path).map_err(|e| {
-        let _ = std::fs::remove_file(&tmp);
-        io(path)(e)
-    })
 }

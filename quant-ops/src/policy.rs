@@ -51,6 +51,26 @@ use crate::layers::{glob, QuantizerSpec};
 use crate::observers::ObserverConfig;
 use crate::platform::find_platform;
 
+/// Largest policy or run file read, in bytes (larger files are refused before reading): a
+/// policy of a thousand overrides takes a few hundred kilobytes.
+pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
+
+/// Longest platform name accepted, in bytes.
+pub const MAX_NAME_BYTES: usize = 256;
+
+/// The text of a policy or run file: a regular file (not a FIFO or device, which could block
+/// or never end) of at most [`MAX_CONFIG_FILE_BYTES`], UTF-8, a leading byte-order mark
+/// dropped.
+///
+/// # Errors
+/// [`PolicyError::Read`] saying which of these failed.
+pub fn read_config_file(path: &Path) -> std::result::Result<String, PolicyError> {
+    crate::fs::read_text_limited(path, MAX_CONFIG_FILE_BYTES).map_err(|source| PolicyError::Read {
+        path: path.display().to_string(),
+        source,
+    })
+}
+
 /// Errors of policy files: where (file, key path) and what.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -322,21 +342,26 @@ impl Policy {
         Ok(policy)
     }
 
-    /// Reads and validates a policy file.
+    /// Reads and validates a policy file (a regular file of at most [`MAX_CONFIG_FILE_BYTES`];
+    /// see [`read_config_file`]).
     ///
     /// # Errors
     /// See [`Policy::from_toml_str`]; also [`PolicyError::Read`].
     pub fn from_file(path: &Path) -> std::result::Result<Policy, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = read_config_file(path)?;
         Policy::from_toml_str(&text, &path.display().to_string())
     }
 
     /// The platform's defaults, or empty settings.
     fn base(&self) -> Result<(QuantizerSettings, QuantizerSettings)> {
         match &self.platform {
+            Some(name) if name.len() > MAX_NAME_BYTES => Err(QuantError::InvalidValue {
+                what: "platform".into(),
+                value: crate::fs::shorten(name).into_owned(),
+                expected: format!(
+                    "the name of a registered platform (at most {MAX_NAME_BYTES} bytes)"
+                ),
+            }),
             Some(name) => {
                 let p = find_platform(name)?;
                 Ok((p.weights, p.input))
@@ -537,10 +562,11 @@ pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Err
             }
         }
     }
+    // A key or value can be as long as the file: messages quote at most a readable part.
     PolicyError::Parse {
         origin: origin.to_string(),
-        key,
-        message,
+        key: crate::fs::shorten(&key).into_owned(),
+        message: crate::fs::shorten_quoted(&message).into_owned(),
     }
 }
 

@@ -41,6 +41,17 @@ use serde::{Deserialize, Serialize};
 
 use quant_ops::policy::{Policy, PolicyError};
 
+/// Most epochs of one training phase (`float.epochs`, `qat.epochs`); the recipes use 30 to 60.
+pub const MAX_EPOCHS: usize = 10_000;
+/// Most seeds of one run file (`run.seeds`).
+pub const MAX_SEEDS: usize = 1_000;
+/// Most epochs one run may train in all, over every seed: `seeds × (float.epochs +
+/// qat.epochs)`. About a day and a half of the digits MLP on two cores; the committed configs
+/// train 270.
+pub const MAX_TOTAL_EPOCHS: usize = 100_000;
+/// Longest `data.path`, in bytes (the longest path Linux opens).
+pub const MAX_PATH_BYTES: usize = 4096;
+
 /// Which network to train.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -100,7 +111,7 @@ fn default_seeds() -> Vec<u64> {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunSection {
-    /// Seeds to run; every figure is reported per seed and as the mean.
+    /// Seeds to run (1 to [`MAX_SEEDS`]); every figure is reported per seed and as the mean.
     #[serde(default = "default_seeds")]
     pub seeds: Vec<u64>,
 }
@@ -149,7 +160,7 @@ fn default_lr() -> f64 {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FloatSection {
-    /// Epochs over the training split.
+    /// Epochs over the training split, at most [`MAX_EPOCHS`].
     #[serde(default = "default_float_epochs")]
     pub epochs: usize,
     /// Batch size.
@@ -246,7 +257,7 @@ fn default_qat_epochs() -> usize {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QatSection {
-    /// Epochs; 0 skips QAT (the QAT figures then equal PTQ's).
+    /// Epochs, at most [`MAX_EPOCHS`]; 0 skips QAT (the QAT figures then equal PTQ's).
     #[serde(default = "default_qat_epochs")]
     pub epochs: usize,
     /// Batch size.
@@ -343,6 +354,45 @@ impl RunConfig {
         if cfg.run.seeds.is_empty() {
             return Err(invalid("run.seeds", "at least one seed", "[]".into()));
         }
+        if cfg.run.seeds.len() > MAX_SEEDS {
+            return Err(invalid(
+                "run.seeds",
+                &format!("at most {MAX_SEEDS} seeds"),
+                format!("a list of {} seeds", cfg.run.seeds.len()),
+            ));
+        }
+        for (key, v) in [("float.epochs", cfg.float.epochs), ("qat.epochs", cfg.qat.epochs)] {
+            if v > MAX_EPOCHS {
+                return Err(invalid(
+                    key,
+                    &format!("at most {MAX_EPOCHS} epochs"),
+                    v.to_string(),
+                ));
+            }
+        }
+        let total = cfg.run.seeds.len() * (cfg.float.epochs + cfg.qat.epochs);
+        if total > MAX_TOTAL_EPOCHS {
+            return Err(invalid(
+                "run.seeds",
+                &format!(
+                    "at most {MAX_TOTAL_EPOCHS} epochs in all: {} seeds × ({} float + {} QAT epochs) = {total}",
+                    cfg.run.seeds.len(),
+                    cfg.float.epochs,
+                    cfg.qat.epochs
+                ),
+                format!("a list of {} seeds", cfg.run.seeds.len()),
+            ));
+        }
+        if let Some(p) = &cfg.data.path {
+            let len = p.as_os_str().len();
+            if len == 0 || len > MAX_PATH_BYTES {
+                return Err(invalid(
+                    "data.path",
+                    &format!("a file path of 1..={MAX_PATH_BYTES} bytes"),
+                    quant_ops::fs::shorten(&p.display().to_string()).into_owned(),
+                ));
+            }
+        }
         for (key, v) in [
             ("float.batch_size", cfg.float.batch_size),
             ("calibration.batch_size", cfg.calibration.batch_size),
@@ -422,15 +472,14 @@ impl RunConfig {
         Ok(cfg)
     }
 
-    /// Reads and validates a run file.
+    /// Reads and validates a run file: a regular file of at most
+    /// [`MAX_CONFIG_FILE_BYTES`](quant_ops::policy::MAX_CONFIG_FILE_BYTES), UTF-8 (see
+    /// [`read_config_file`](quant_ops::policy::read_config_file)).
     ///
     /// # Errors
     /// See [`RunConfig::from_toml_str`]; also [`PolicyError::Read`].
     pub fn from_file(path: &Path) -> Result<RunConfig, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|source| PolicyError::Read {
-            path: path.display().to_string(),
-            source,
-        })?;
+        let text = quant_ops::policy::read_config_file(path)?;
         RunConfig::from_toml_str(&text, &path.display().to_string())
     }
 }

@@ -11,7 +11,7 @@ pub mod train;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use dfdx::nn::SaveToSafetensors;
 use dfdx::prelude::*;
@@ -20,12 +20,14 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use quant_core::QuantError;
 use quant_ops::convert::quantize_model;
 use quant_ops::export::{export_model, ExportError, ExportedModel};
+use quant_ops::fs::{check_output_file, StagedDir, StagedFile};
+pub use quant_ops::fs::OutputError;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
 use quant_ops::policy::PolicyError;
 use quant_ops::report::{layer_report, LayerReport, Trace};
 
-use crate::digits::{self, DataError, Digits};
+use crate::digits::{self, DataError, Digits, Split};
 pub use config::{ModelKind, QatInit, RunConfig};
 use nets::{MlpNet, Net};
 pub use report::{RunReport, SeedResult};
@@ -47,6 +49,10 @@ pub enum RunError {
     /// Export or loading of the integer model.
     #[error(transparent)]
     Export(#[from] ExportError),
+    /// The export directory or the report cannot be written there (checked before the run
+    /// starts), or writing it failed.
+    #[error(transparent)]
+    Output(#[from] OutputError),
     /// Reading or writing the float checkpoint cache or the report.
     #[error("{path}: {message}")]
     File {
@@ -85,26 +91,101 @@ fn bar(multi: &MultiProgress, len: u64, label: String, show: bool) -> ProgressBa
     b
 }
 
-/// Runs the whole pipeline for every seed of `cfg`.
+/// A seed has finished: what [`run_staged`] tells its caller after each seed.
+#[derive(Debug, Clone, Copy)]
+pub struct SeedDone<'a> {
+    /// The seed's figures.
+    pub result: &'a SeedResult,
+    /// How many seeds have finished, this one included.
+    pub done: usize,
+    /// How many seeds the run has.
+    pub total: usize,
+    /// Time since the run started.
+    pub elapsed: Duration,
+}
+
+/// A finished run whose integer model is written but not yet in place.
+#[derive(Debug)]
+pub struct StagedRun {
+    /// The report (its `export_dir` names where the export goes).
+    pub report: RunReport,
+    /// The first seed's export, staged beside its directory: [`StagedDir::commit`] puts it in
+    /// place; dropping it leaves the directory as it was. `None` without an integer model or
+    /// without [`RunOptions::export_dir`].
+    pub export: Option<StagedDir>,
+}
+
+/// Runs the whole pipeline for every seed of `cfg`, and puts the export in place only once
+/// every seed has succeeded.
 ///
 /// # Errors
-/// Data, quantization, export and file errors; nothing is written half-way (checkpoints and
-/// exports are renamed into place).
+/// See [`run_staged`]; also the export cannot be put in place. A failed run leaves an
+/// existing export directory as it was.
 pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
-    let data_path = cfg.data.path.clone().unwrap_or_else(digits::bundled_path);
-    let mut data = digits::load(&data_path)?;
+    let staged = run_staged(cfg, opts, &mut |_| {})?;
+    if let Some(export) = staged.export {
+        export.commit()?;
+    }
+    Ok(staged.report)
+}
+
+/// Runs the whole pipeline for every seed of `cfg`, calling `on_seed` after each, and returns
+/// the report with the export staged (see [`StagedRun`]), for callers that put several
+/// outputs in place together.
+///
+/// The export directory is checked before anything else
+/// ([`check_export_dir`](quant_ops::fs::check_export_dir): absent, empty or a previous
+/// export), so a run that could not write its result fails at once.
+///
+/// # Errors
+/// Output, data, quantization, export and file errors; an empty training or test split (a
+/// hold-out fold of a small file).
+pub fn run_staged(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    on_seed: &mut dyn FnMut(SeedDone<'_>),
+) -> Result<StagedRun, RunError> {
+    let export = opts.export_dir.as_deref().map(StagedDir::new).transpose()?;
+    let (mut data, origin) = match &cfg.data.path {
+        Some(path) => (digits::load(path)?, path.clone()),
+        None => (digits::bundled()?, PathBuf::from(digits::BUNDLED_NAME)),
+    };
     if let Some(h) = cfg.data.holdout {
         // Recipe development: the held-out fold of the training split stands in for the test
         // split, which is dropped unread.
+        let rows = data.train.len();
         let (kept, held) = train::holdout(&data.train, h.folds, h.fold);
+        if held.is_empty() || kept.is_empty() {
+            return Err(DataError::EmptySplit {
+                path: origin,
+                message: format!(
+                    "data.holdout = {{ folds = {}, fold = {} }} leaves {} rows to train on and {} to evaluate on, of the {rows} rows of the training split; both need at least one: use a fold below {} or a larger data file",
+                    h.folds,
+                    h.fold,
+                    kept.len(),
+                    held.len(),
+                    h.folds.min(rows)
+                ),
+            }
+            .into());
+        }
         data = Digits {
             train: kept,
             test: held,
         };
     }
+    for (split, name) in [(&data.train, "training"), (&data.test, "test")] {
+        if split.is_empty() {
+            return Err(DataError::EmptySplit {
+                path: origin,
+                message: format!("the {name} split has no rows; a run needs at least one"),
+            }
+            .into());
+        }
+    }
     match cfg.model.kind {
-        ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data),
-        ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data),
+        ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data, export, on_seed),
+        ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data, export, on_seed),
     }
 }
 
@@ -158,26 +239,57 @@ fn recipe(cfg: &RunConfig) -> String {
     s
 }
 
-fn cache_path(dir: &Path, cfg: &RunConfig, seed: u64) -> PathBuf {
-    let f = &cfg.float;
-    // Everything that changes the float model is in the name; options at their defaults add
-    // nothing, so older checkpoints keep their names.
-    let mut extra = String::new();
-    if f.optimizer != config::Optimizer::Adam {
-        extra.push_str(&format!("-{:?}", f.optimizer));
-    }
-    if f.weight_decay > 0.0 {
-        extra.push_str(&format!("-wd{}", f.weight_decay));
-    }
-    if f.label_smoothing > 0.0 {
-        extra.push_str(&format!("-ls{}", f.label_smoothing));
-    }
-    if let Some(h) = cfg.data.holdout {
-        extra.push_str(&format!("-holdout{}of{}", h.fold, h.folds));
-    }
+/// Version of the float-checkpoint cache key: bump it when a change of the code changes the
+/// float model that the same recipe, data and seed train.
+pub const CACHE_KEY_VERSION: u32 = 2;
+
+fn sha256_hex(bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// SHA-256 of a split's rows: what the float model is trained on.
+fn split_digest(split: &Split) -> String {
+    let mut bytes = Vec::with_capacity(8 + split.images.len() * 4 + split.len());
+    bytes.extend_from_slice(&(split.len() as u64).to_le_bytes());
+    bytes.extend(split.images.iter().flat_map(|v| v.to_le_bytes()));
+    bytes.extend(split.labels.iter().map(|l| *l as u8));
+    sha256_hex(&bytes)
+}
+
+/// The float checkpoint of `seed`, keyed by everything that determines it: the training
+/// data (a SHA-256 of its rows), the model kind, the whole `[float]` recipe, the hold-out, the
+/// seed, the key's version and quant's version. A run that changes any of them trains anew.
+fn cache_path(dir: &Path, cfg: &RunConfig, seed: u64, train_digest: &str) -> PathBuf {
+    let code = (CACHE_KEY_VERSION, env!("CARGO_PKG_VERSION"));
+    versioned_cache_path(dir, cfg, seed, train_digest, code)
+}
+
+/// [`cache_path`] for the code version `(key version, quant version)`.
+fn versioned_cache_path(
+    dir: &Path,
+    cfg: &RunConfig,
+    seed: u64,
+    train_digest: &str,
+    (key_version, quant_version): (u32, &str),
+) -> PathBuf {
+    let ingredients = serde_json::json!({
+        "key_version": key_version,
+        "quant_version": quant_version,
+        "model": cfg.model.kind,
+        "float": cfg.float,
+        "holdout": cfg.data.holdout,
+        "seed": seed,
+        "train_data_sha256": train_digest,
+    });
+    let key = sha256_hex(ingredients.to_string().as_bytes());
     dir.join(format!(
-        "{}-seed{seed}-e{}-b{}-lr{}-{:?}-shift{}{extra}.safetensors",
-        cfg.model.kind, f.epochs, f.batch_size, f.lr, f.schedule, f.shift
+        "{}-seed{seed}-{}.safetensors",
+        cfg.model.kind,
+        &key[..16]
     ))
 }
 
@@ -188,7 +300,27 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> RunError {
     }
 }
 
-fn run_net<N: Net>(cfg: &RunConfig, opts: &RunOptions, data: &Digits) -> Result<RunReport, RunError>
+fn output_error(e: OutputError) -> RunError {
+    match e {
+        OutputError::Refused { path, reason } => RunError::File {
+            path,
+            message: reason,
+        },
+        OutputError::Io { path, source } => RunError::File {
+            path,
+            message: source.to_string(),
+        },
+        other => RunError::Output(other),
+    }
+}
+
+fn run_net<N: Net>(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    data: &Digits,
+    mut export: Option<StagedDir>,
+    on_seed: &mut dyn FnMut(SeedDone<'_>),
+) -> Result<StagedRun, RunError>
 where
     N::Deploy: Trace<Tensor<N::Input, f32, Cpu>>,
     N::Quantized: Trace<Tensor<N::Input, f32, Cpu>>,
@@ -198,9 +330,18 @@ where
     } else {
         ProgressDrawTarget::hidden()
     });
+    let started = Instant::now();
+    let train_digest = split_digest(&data.train);
+    // Cache files are checked before any training, like the other outputs.
+    if let Some(dir) = &opts.cache_dir {
+        for &seed in &cfg.run.seeds {
+            check_output_file(&cache_path(dir, cfg, seed, &train_digest)).map_err(output_error)?;
+        }
+    }
     let mut results = Vec::new();
     let mut first_layers: Vec<LayerReport> = Vec::new();
     let mut exported_dir = None;
+    let mut staged_export = None;
     let mut no_integer: Option<String> = None;
     for (i, &seed) in cfg.run.seeds.iter().enumerate() {
         let dev = Cpu::seed_from_u64(seed);
@@ -208,7 +349,10 @@ where
 
         // 1. Float model: from the cache, or trained.
         let mut float = N::build(&dev);
-        let cached = opts.cache_dir.as_ref().map(|d| cache_path(d, cfg, seed));
+        let cached = opts
+            .cache_dir
+            .as_ref()
+            .map(|d| cache_path(d, cfg, seed, &train_digest));
         let float_from_cache = match &cached {
             Some(path) if path.exists() => {
                 // A checked load: a corrupted cache file is a typed error, not a panic in dfdx.
@@ -372,18 +516,21 @@ where
             let mut reference = qat.clone();
             reference.set_mode("*", QuantizerMode::Disabled)?;
             first_layers = layer_report(&reference, &mut qat, x)?;
-            if let (Some(dir), Some((exported, int_predictions))) = (&opts.export_dir, &integer) {
-                exported.save(dir)?;
+            if let (Some(staged), Some((exported, int_predictions))) = (export.take(), &integer)
+            {
+                // Written beside the target; put in place only when every seed has succeeded.
+                exported.save(staged.path())?;
                 // Prove the files load and reproduce the in-memory model.
-                let reloaded = IntegerModel::new(&ExportedModel::load(dir)?)?;
+                let reloaded = IntegerModel::new(&ExportedModel::load(staged.path())?)?;
                 if reloaded.predict(&data.test.images)? != *int_predictions {
                     return Err(RunError::File {
-                        path: dir.clone(),
+                        path: staged.target().to_path_buf(),
                         message: "the saved export does not reproduce the in-memory integer model"
                             .into(),
                     });
                 }
-                exported_dir = Some(dir.display().to_string());
+                exported_dir = Some(staged.target().display().to_string());
+                staged_export = Some(staged);
             }
         }
         results.push(SeedResult {
@@ -396,27 +543,39 @@ where
             qat_train_accuracy,
             float_from_cache,
         });
+        if let Some(r) = results.last() {
+            on_seed(SeedDone {
+                result: r,
+                done: i + 1,
+                total: cfg.run.seeds.len(),
+                elapsed: started.elapsed(),
+            });
+        }
     }
-    Ok(RunReport::new(
-        cfg.model.kind.to_string(),
-        opts.policy_name.clone(),
-        recipe(cfg),
-        results,
-        first_layers,
-        exported_dir,
-        no_integer,
-    ))
+    Ok(StagedRun {
+        report: RunReport::new(
+            cfg.model.kind.to_string(),
+            opts.policy_name.clone(),
+            recipe(cfg),
+            results,
+            first_layers,
+            exported_dir,
+            no_integer,
+        ),
+        export: staged_export,
+    })
 }
 
+/// Writes a float checkpoint through a temporary file and a rename (a concurrent run reading
+/// the cache sees the old file or the new one, never half of one).
 fn save_checkpoint<M: SaveToSafetensors<f32, Cpu>>(model: &M, path: &Path) -> Result<(), RunError> {
-    if let Some(parent) = path.parent() {
-        std::fs::create_dir_all(parent).map_err(|e| file_error(parent, e))?;
-    }
-    let tmp = path.with_extension(format!("tmp-{}", std::process::id()));
-    model
-        .save_safetensors(&tmp)
-        .map_err(|e| file_error(&tmp, format!("{e:?}")))?;
-    std::fs::rename(&tmp, path).map_err(|e| file_error(path, e))
+    StagedFile::with(path, |tmp| {
+        model
+            .save_safetensors(tmp)
+            .map_err(|e| std::io::Error::other(format!("{e:?}")))
+    })
+    .and_then(StagedFile::commit)
+    .map_err(output_error)
 }
 
 /// Evaluates an exported integer model on the test split of `data_path` (default: the bundled
@@ -425,11 +584,10 @@ fn save_checkpoint<M: SaveToSafetensors<f32, Cpu>>(model: &M, path: &Path) -> Re
 /// # Errors
 /// The export cannot be loaded or is inconsistent; the data file cannot be read.
 pub fn eval_export(dir: &Path, data_path: Option<&Path>) -> Result<(f64, usize), RunError> {
-    let data = digits::load(
-        &data_path
-            .map(Path::to_path_buf)
-            .unwrap_or_else(digits::bundled_path),
-    )?;
+    let data = match data_path {
+        Some(path) => digits::load(path)?,
+        None => digits::bundled()?,
+    };
     let model = IntegerModel::new(&ExportedModel::load(dir)?)?;
     if model.input_features() != digits::PIXELS || model.output_features() != digits::CLASSES {
         return Err(RunError::Export(ExportError::Unsupported {
@@ -459,30 +617,80 @@ pub fn load_float<N: Net>(dev: &Cpu, path: &Path) -> Result<N::Float, RunError> 
 mod tests {
     use super::*;
 
+    const BASE: &str = "[model]\nkind = \"mlp\"\n[quantization.weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n[quantization.input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\n";
+
     #[test]
-    fn float_cache_key_covers_the_float_recipe_and_the_holdout() {
-        let text = "[model]\nkind = \"mlp\"\n[quantization.weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n[quantization.input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\n";
-        let base = RunConfig::from_toml_str(text, "t").unwrap();
+    fn float_cache_key_covers_every_ingredient() {
+        let base = RunConfig::from_toml_str(BASE, "t").unwrap();
         let dir = Path::new("cache");
-        // Defaults keep the names older checkpoints were saved under.
-        assert_eq!(
-            cache_path(dir, &base, 3),
-            dir.join("mlp-seed3-e60-b64-lr0.001-Cosine-shift0.safetensors")
-        );
-        let mut names = vec![cache_path(dir, &base, 3)];
+        let data = Split {
+            images: vec![0.5; 3 * digits::PIXELS],
+            labels: vec![1, 2, 3],
+        };
+        let digest = split_digest(&data);
+        let key = |cfg: &RunConfig, seed: u64, digest: &str| cache_path(dir, cfg, seed, digest);
+        let reference = key(&base, 3, &digest);
+        // Stable: the same ingredients give the same file, named after the model and seed.
+        assert_eq!(reference, key(&base.clone(), 3, &split_digest(&data.clone())));
+        let name = reference.file_name().unwrap().to_string_lossy().into_owned();
+        assert!(name.starts_with("mlp-seed3-") && name.ends_with(".safetensors"), "{name}");
+
+        // Each ingredient, changed alone, gives another file.
+        let mut variants: Vec<(&str, PathBuf)> = Vec::new();
+        let mut shifted = data.clone();
+        shifted.labels = vec![2, 3, 4];
+        variants.push(("labels", key(&base, 3, &split_digest(&shifted))));
+        let mut pixel = data.clone();
+        pixel.images[100] = 0.25;
+        variants.push(("one pixel", key(&base, 3, &split_digest(&pixel))));
+        let fewer = Split {
+            images: data.images[..2 * digits::PIXELS].to_vec(),
+            labels: data.labels[..2].to_vec(),
+        };
+        variants.push(("rows", key(&base, 3, &split_digest(&fewer))));
+        variants.push(("seed", key(&base, 4, &digest)));
+        let edits: Vec<(&str, fn(&mut RunConfig))> = vec![
+            ("model kind", |c| c.model.kind = ModelKind::Cnn),
+            ("epochs", |c| c.float.epochs += 1),
+            ("batch size", |c| c.float.batch_size += 1),
+            ("lr", |c| c.float.lr *= 2.0),
+            ("schedule", |c| c.float.schedule = config::Schedule::Constant),
+            ("shift", |c| c.float.shift = 1),
+            ("optimizer", |c| c.float.optimizer = config::Optimizer::Sgd),
+            ("weight decay", |c| c.float.weight_decay = 0.01),
+            ("label smoothing", |c| c.float.label_smoothing = 0.1),
+            ("holdout fold", |c| {
+                c.data.holdout = Some(config::Holdout { folds: 5, fold: 1 })
+            }),
+            ("holdout folds", |c| {
+                c.data.holdout = Some(config::Holdout { folds: 4, fold: 1 })
+            }),
+        ];
+        for (what, edit) in edits {
+            let mut cfg = base.clone();
+            edit(&mut cfg);
+            variants.push((what, key(&cfg, 3, &digest)));
+        }
+        let mut seen = std::collections::BTreeMap::new();
+        seen.insert(reference, "reference");
+        for (what, path) in variants {
+            if let Some(other) = seen.insert(path.clone(), what) {
+                panic!("`{what}` and `{other}` share the cache file {}", path.display());
+            }
+        }
+
+        // The code's version.
+        let code = (CACHE_KEY_VERSION, env!("CARGO_PKG_VERSION"));
+        let versioned =
+            |code: (u32, &str)| versioned_cache_path(dir, &base, 3, &digest, code);
+        assert_eq!(versioned(code), key(&base, 3, &digest));
+        assert_ne!(versioned((CACHE_KEY_VERSION + 1, code.1)), versioned(code));
+        assert_ne!(versioned((CACHE_KEY_VERSION, "0.0.0-other")), versioned(code));
+
+        // The QAT recipe and the policy do not change the float model: same file.
         let mut cfg = base.clone();
-        cfg.float.label_smoothing = 0.1;
-        names.push(cache_path(dir, &cfg, 3));
-        cfg.float.weight_decay = 0.01;
-        names.push(cache_path(dir, &cfg, 3));
-        cfg.float.optimizer = config::Optimizer::Sgd;
-        names.push(cache_path(dir, &cfg, 3));
-        // A model trained without a fold must never be reused where that fold is trained on.
-        cfg.data.holdout = Some(config::Holdout { folds: 5, fold: 1 });
-        names.push(cache_path(dir, &cfg, 3));
-        cfg.data.holdout = Some(config::Holdout { folds: 5, fold: 2 });
-        names.push(cache_path(dir, &cfg, 3));
-        let distinct: std::collections::BTreeSet<_> = names.iter().collect();
-        assert_eq!(distinct.len(), names.len(), "{names:?}");
+        cfg.qat.epochs += 7;
+        cfg.calibration.batches += 1;
+        assert_eq!(key(&cfg, 3, &digest), key(&base, 3, &digest));
     }
 }

@@ -243,7 +243,8 @@ fn soft_targets(logits: &[f32], temperature: f32) -> Vec<f32> {
     out
 }
 
-/// Trains `model` with Adam on `data` for a phase; returns the mean loss of each epoch.
+/// Trains `model` with Adam on `data` (at least one row) for a phase; returns the mean loss of
+/// each epoch.
 /// With a `teacher` (the float model, run on the same augmented batch) and a distillation
 /// config, the loss mixes the labels' cross-entropy with the cross-entropy against the
 /// teacher's softened predictions (Hinton et al.'s distillation, `T²`-scaled).
@@ -262,10 +263,18 @@ where
     M: TensorCollection<f32, Cpu> + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<Taped>>,
     <M as ModuleMut<Tensor<S, f32, Cpu, Taped>>>::Error: Into<QuantError>,
 {
+    if data.is_empty() {
+        return Err(QuantError::InvalidValue {
+            what: "training split".into(),
+            value: "0 rows".into(),
+            expected: "at least one row to train on".into(),
+        });
+    }
     let mut rng = StdRng::seed_from_u64(seed);
     let mut opt = Opt::new(model, phase.optimizer, phase.lr);
     let mut order: Vec<usize> = (0..data.len()).collect();
-    let mut epoch_losses = Vec::with_capacity(phase.epochs);
+    // The run file's limit bounds the epochs; a caller's count does not size an allocation.
+    let mut epoch_losses = Vec::with_capacity(phase.epochs.min(super::config::MAX_EPOCHS));
     let mut grads = model.try_alloc_grads()?;
     for epoch in 0..phase.epochs {
         let lr = lr_at(phase, epoch);
@@ -334,7 +343,8 @@ pub fn predictions(logits: &[f32]) -> Vec<usize> {
     argmax_rows(logits, CLASSES)
 }
 
-/// Fraction of `predicted` equal to `labels`.
+/// Fraction of `predicted` equal to `labels` (0 for no labels: the pipeline refuses empty
+/// splits before it gets here).
 pub fn accuracy(predicted: &[usize], labels: &[usize]) -> f64 {
     let hits = predicted.iter().zip(labels).filter(|(p, l)| p == l).count();
     hits as f64 / labels.len().max(1) as f64

@@ -75,12 +75,43 @@ impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
     }
 }
 
-/// Int32 bias codes at scale `s_input · s_weight[o]` (zero point 0, round half to even,
-/// saturating), as integer deployment holds the bias.
+/// Int32 bias codes at scale `s_input · s_weight[o]` (zero point 0, round half to even), as
+/// integer deployment holds the bias. A bias int32 cannot hold at that scale is an error, not
+/// a silently clamped value.
 ///
 /// # Errors
-/// [`QuantError::LengthMismatch`] unless there is one weight scale, or one per bias element.
+/// [`QuantError::LengthMismatch`] unless there is one weight scale, or one per bias element;
+/// [`QuantError::InvalidValue`] naming the output channel, the bias and the scales when a bias
+/// does not fit int32 (typically a tiny input scale, calibrated on constant inputs).
 pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Result<Vec<i32>> {
+    check_bias_scales(bias.len(), weight_scales)?;
+    bias.iter()
+        .enumerate()
+        .map(|(o, b)| {
+            let s = bias_scale(input_scale, weight_scales, o);
+            let q = (*b as f64 / s).round_ties_even();
+            if q >= i32::MIN as f64 && q <= i32::MAX as f64 {
+                return Ok(q as i32);
+            }
+            Err(QuantError::InvalidValue {
+                what: format!("bias of output channel {o}"),
+                value: b.to_string(),
+                expected: format!(
+                    "a bias that int32 holds at the bias scale s_input * s_weight = {input_scale:e} * {:e} = {s:e}; it needs {q:e} steps, beyond the int32 range, and would be clamped. An input scale this small comes from calibration inputs that are (nearly) constant, such as all-zero pixels",
+                    weight_scales[if weight_scales.len() == 1 { 0 } else { o }]
+                ),
+            })
+        })
+        .collect()
+}
+
+/// [`quantize_bias`] saturating at the int32 range, for training: a step size that is tiny for
+/// a while must not stop QAT (export reports the overflow if it remains).
+fn quantize_bias_saturating(
+    bias: &[f32],
+    input_scale: f32,
+    weight_scales: &[f32],
+) -> Result<Vec<i32>> {
     check_bias_scales(bias.len(), weight_scales)?;
     Ok(bias
         .iter()
@@ -131,7 +162,8 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
         return Ok(bias.retaped::<T>());
     };
     let s_in = qi.scales()[0];
-    let codes = quantize_bias(&quant_core::ops::read_contiguous(bias), s_in, qw.scales())?;
+    let codes =
+        quantize_bias_saturating(&quant_core::ops::read_contiguous(bias), s_in, qw.scales())?;
     let values: Vec<f32> = codes
         .iter()
         .enumerate()
@@ -241,15 +273,31 @@ pub trait QuantizedModuleExt: QuantizedModule {
 
 impl<M: QuantizedModule + ?Sized> QuantizedModuleExt for M {}
 
-/// A glob over dotted quantizer names.
+/// Longest glob pattern [`glob`] accepts, in bytes. Dotted layer names are far shorter, and
+/// globset panics compiling some patterns of hundreds of kilobytes (`*?` repeated, huge
+/// `{a,b,...}` alternations), so longer patterns never reach it.
+pub const MAX_PATTERN_BYTES: usize = 512;
+
+/// A glob over dotted quantizer names, at most [`MAX_PATTERN_BYTES`] long.
+///
+/// # Errors
+/// [`QuantError::InvalidValue`] (the pattern cut to a readable length) when the pattern is too
+/// long or not a valid glob.
 pub fn glob(pattern: &str) -> Result<globset::GlobMatcher> {
+    let invalid = |why: String| QuantError::InvalidValue {
+        what: "name pattern".into(),
+        value: crate::fs::shorten(pattern).into_owned(),
+        expected: format!(
+            "a glob over dotted layer names such as `fc1.*` or `*input_quantizer` ({why})"
+        ),
+    };
+    if pattern.len() > MAX_PATTERN_BYTES {
+        return Err(invalid(format!(
+            "at most {MAX_PATTERN_BYTES} bytes; this one has {}",
+            pattern.len()
+        )));
+    }
     globset::Glob::new(pattern)
         .map(|g| g.compile_matcher())
-        .map_err(|e| QuantError::InvalidValue {
-            what: "name pattern".into(),
-            value: pattern.to_string(),
-            expected: format!(
-                "a glob over dotted layer names such as `fc1.*` or `*input_quantizer` ({e})"
-            ),
-        })
+        .map_err(|e| invalid(e.to_string()))
 }
