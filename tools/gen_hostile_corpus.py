@@ -7,6 +7,7 @@ layer it names). tests/hostile.rs feeds each to its loader and checks the error.
 editing: `python3 tools/gen_hostile_corpus.py` (standard library only).
 """
 
+import gzip
 import json
 import os
 import shutil
@@ -64,8 +65,18 @@ case("policy/huge_histogram.toml", "policy", ["`weights.observer`", "bins"],
 case("policy/wrong_type.toml", "policy", ["`weights`"], 'weights = 7\n')
 case("policy/deep_nesting.toml", "policy", ["deep_nesting.toml"], "weights = " + "[" * 5000 + "]" * 5000 + "\n")
 case("policy/deep_tables.toml", "policy", ["deep_tables.toml"], "weights = " + "{a=" * 5000 + "1" + "}" * 5000 + "\n")
-case("policy/huge_string.toml", "policy", ["`platform`"], 'platform = "' + "x" * 20000 + '"\n')
+case("policy/huge_string.toml", "policy", ["`platform`", "\u2026 (20000 bytes)"], 'platform = "' + "x" * 20000 + '"\n')
 case("policy/duplicate_key.toml", "policy", ["duplicate_key.toml"], LSQ_W + "bits = 8\n")
+# Issue 10: glob patterns are length-limited before globset sees them (it panics on some huge
+# ones; the 200 KB and 1 MB cases are generated at test time by tests/safety.rs); long values
+# and keys are quoted cut; a UTF-8 byte-order mark is accepted, a UTF-16 one named.
+case("policy/pattern_too_long.toml", "policy",
+     ["`overrides[0].pattern`", "at most 512 bytes", "\u2026 (600 bytes)"],
+     LSQ_W + LSQ_I + '[[overrides]]\npattern = "' + "*?" * 300 + '"\nweights = { bits = 8 }\n')
+case("policy/long_key.toml", "policy", ["long_key.toml", "unknown field", "\u2026 (5000 bytes)"],
+     LSQ_W + "k" * 5000 + " = 1\n")
+case("policy/bom.toml", "policy", [], b"\xef\xbb\xbf" + (LSQ_W + LSQ_I).encode())
+case("policy/utf16.toml", "policy", ["utf16.toml", "UTF-16"], b"\xff\xfe" + (LSQ_W + LSQ_I).encode("utf-16-le"))
 
 # ----- run files (quant::pipeline::RunConfig::from_file) --------------------------------------
 
@@ -82,6 +93,19 @@ case("run/bad_policy.toml", "run", ["`quantization.weights`", "bits = 1"],
      RUN.replace("bits = 4", "bits = 1", 1))
 case("run/truncated.toml", "run", ["truncated.toml"], RUN[: len(RUN) // 2])
 case("run/not_utf8.toml", "run", ["not_utf8.toml"], b"[model]\nkind = \"\xc3\x28\"\n")
+# Issue 10: every count has a documented limit, checked before anything is allocated.
+case("run/huge_epochs.toml", "run", ["huge_epochs.toml", "`float.epochs`", "at most 10000 epochs"],
+     RUN + "[float]\nepochs = 1000000000000\n")
+case("run/huge_qat_epochs.toml", "run", ["`qat.epochs`", "at most 10000 epochs"],
+     RUN + "[qat]\nepochs = 1000000000000\n")
+case("run/many_epochs.toml", "run", ["`float.epochs`", "100000000"], RUN + "[float]\nepochs = 100000000\n")
+case("run/too_many_seeds.toml", "run", ["`run.seeds`", "at most 1000 seeds", "1001 seeds"],
+     RUN + "[run]\nseeds = [" + ", ".join(str(i) for i in range(1001)) + "]\n")
+case("run/too_much_work.toml", "run", ["`run.seeds`", "100000 epochs in all", "20 seeds"],
+     RUN + "[run]\nseeds = [" + ", ".join(str(i) for i in range(20)) + "]\n[float]\nepochs = 6000\n")
+case("run/long_data_path.toml", "run", ["`data.path`", "\u2026 (5000 bytes)"],
+     RUN + '[data]\npath = "' + "d" * 5000 + '"\n')
+case("run/bom.toml", "run", [], b"\xef\xbb\xbf" + RUN.encode())
 
 # ----- inferable quantizers (serde_json::from_slice::<quant_core::InferableQuantizer>) -------
 
@@ -365,6 +389,10 @@ case("checkpoint/offset_wraparound.safetensors", "checkpoint", ["offset_wraparou
 case("checkpoint/truncated.safetensors", "checkpoint", ["truncated.safetensors"],
      st_bytes([("bias", "F32", [3], B), ("weight", "F32", [3, 4], W)])[:-7])
 case("checkpoint/empty.safetensors", "checkpoint", ["empty.safetensors", "too short"], b"")
+# Issue 10: a header claiming 79 MB (past the 16 MiB limit) is refused before it is parsed; the
+# real 79 MB header of 1.2 million empty tensors is generated at test time (tests/safety.rs).
+case("checkpoint/header_79mb_claim.safetensors", "checkpoint", ["header claims 79000000 bytes", "16777216"],
+     struct.pack("<Q", 79_000_000) + b"{" + b" " * 100)
 
 # ----- digits data files (quant::digits::load) ------------------------------------------------
 
@@ -377,6 +405,16 @@ case("data/too_few_rows.csv", "data", ["too_few_rows.csv", "3 rows"], ROW * 3)
 case("data/not_gzip.csv.gz", "data", ["not_gzip.csv.gz"], ROW * 20)
 case("data/huge_number.csv", "data", ["line 1", "pixel 5"], ROW.replace("1,", "1,", 5).replace(
     ",".join(["1"] * 6), ",".join(["1"] * 5) + ",99999999999999999999999", 1))
+# Issue 10: a UTF-8 byte-order mark is accepted (controls); a UTF-16 one is named; lines and
+# quoted values are bounded; CRLF line ends and multi-member gzip files load.
+case("data/bom.csv", "data", [], b"\xef\xbb\xbf" + (ROW * 10).encode())
+case("data/crlf.csv", "data", [], (ROW * 10).replace("\n", "\r\n"))
+case("data/utf16_bom.csv", "data", ["utf16_bom.csv", "line 1", "UTF-16"], b"\xff\xfe" + (ROW * 10).encode("utf-16-le"))
+case("data/long_line.csv", "data", ["long_line.csv", "line 2", "longer than 4096 bytes"], ROW + "1" * 5000 + "\n")
+case("data/long_value.csv", "data", ["line 1", "pixel 3", "\u2026 (3000 bytes)"],
+     ROW.replace("1,1,1,1,", "1,1,1," + "x" * 3000 + ",", 1))
+case("data/gzip_members.csv.gz", "data", [],
+     gzip.compress((ROW * 6).encode(), mtime=0) + gzip.compress((ROW * 6).encode(), mtime=0))
 
 # ----- manifest --------------------------------------------------------------------------------
 

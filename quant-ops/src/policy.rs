@@ -76,7 +76,7 @@ pub fn read_config_file(path: &Path) -> std::result::Result<String, PolicyError>
 #[non_exhaustive]
 pub enum PolicyError {
     /// The file could not be read.
-    #[error("cannot read policy file {path}: {source}")]
+    #[error("cannot read {path}: {source}")]
     Read {
         /// The file.
         path: String,
