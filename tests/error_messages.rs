@@ -4,7 +4,8 @@
 //! Elsewhere: policy and run-file parse/validation errors with key paths
 //! (`quant-ops/tests/policy.rs`, `tests/hostile.rs`), export metadata and tensor errors and data
 //! files (`tests/hostile.rs`), observer errors (`quant-ops/tests/observers.rs`), the registry's
-//! `Ambiguous` (`tests/registry.rs`). `QuantError::Device` wraps dfdx's allocation failure and
+//! `Ambiguous` (`tests/registry.rs`), the data file's size limits (`DataError::TooLarge`) and
+//! empty splits (`DataError::EmptySplit`) in `tests/safety.rs`. `QuantError::Device` wraps dfdx's allocation failure and
 //! is not raised on purpose here.
 
 #![allow(clippy::result_large_err)]
@@ -13,7 +14,7 @@ use std::path::PathBuf;
 
 use dfdx::prelude::*;
 
-use quant::pipeline::{eval_export, run, RunConfig, RunError, RunOptions};
+use quant::pipeline::{eval_export, run, OutputError, RunConfig, RunError, RunOptions};
 use quant::prelude::*;
 use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_affine};
 use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
@@ -288,7 +289,18 @@ fn file_errors_name_the_file() {
     .unwrap();
     let e = exported.save(&blocker.join("export")).unwrap_err();
     assert!(matches!(e, ExportError::Io { .. }));
-    has(&e.to_string(), &["blocker"]);
+    has(&e.to_string(), &["blocker", "is a regular file, not a directory"]);
+
+    // OutputError: a directory of the user's is never replaced; a path the system refuses is
+    // an I/O error naming it.
+    let users = dir.join("users");
+    std::fs::create_dir(&users).unwrap();
+    std::fs::write(users.join("notes.txt"), b"mine").unwrap();
+    let e = exported.save(&users).unwrap_err();
+    has(&e.to_string(), &["users", "notes.txt", "did not write"]);
+    let e = quant_ops::fs::check_export_dir(std::path::Path::new("bad\0name")).unwrap_err();
+    assert!(matches!(e, quant_ops::fs::OutputError::Io { .. }), "{e}");
+    has(&e.to_string(), &["bad\0name"]);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -327,6 +339,21 @@ fn run_errors_name_the_file() {
     let e = run(&cfg, &opts(Some(blocker.join("cache")))).unwrap_err();
     assert!(matches!(e, RunError::File { .. }));
     has(&e.to_string(), &["cache-blocker"]);
+
+    // RunError::Output: the export directory is a user's file; refused before any work.
+    let user_file = dir.join("notes.txt");
+    std::fs::write(&user_file, b"mine").unwrap();
+    let e = run(
+        &cfg,
+        &RunOptions {
+            export_dir: Some(user_file.clone()),
+            ..opts(None)
+        },
+    )
+    .unwrap_err();
+    assert!(matches!(e, RunError::Output(OutputError::Refused { .. })), "{e}");
+    has(&e.to_string(), &["notes.txt", "is a regular file, not a directory"]);
+    assert_eq!(std::fs::read(&user_file).unwrap(), b"mine");
 
     // RunError::Export: evaluating an export directory that is not one.
     let e = eval_export(&dir.join("no-such-export"), None).unwrap_err();

@@ -8,6 +8,8 @@
 //! the clean exit code 1 they require. Time is bounded too: a run that blocks (on a FIFO, say)
 //! is killed after [`TIME_LIMIT`] and fails its test.
 
+#![allow(clippy::result_large_err)]
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -695,6 +697,22 @@ fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
     std::fs::create_dir(&fifo_export).unwrap();
     mkfifo(&fifo_export.join("model.json"));
     check(&["eval", "fifo_export"], &["model.json", "FIFO"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+fn case_11_a_data_file_of_more_rows_than_the_limit_stops_at_the_limit() {
+    let dir = scratch("rows");
+    let row = format!("{}0\n", "0,".repeat(64));
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    for _ in 0..=quant::digits::MAX_ROWS {
+        gz.write_all(row.as_bytes()).unwrap();
+    }
+    let path = dir.join("rows.csv.gz");
+    std::fs::write(&path, gz.finish().unwrap()).unwrap();
+    let e = quant::digits::load(&path).unwrap_err();
+    assert!(matches!(e, DataError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("more than 250000 rows"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
 

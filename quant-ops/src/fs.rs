@@ -837,7 +837,13 @@ impl StagedDir {
     /// # Errors
     /// The staged directory holds something else than an export's files, the target became
     /// something quant must not replace, or a rename fails (the target is then as it was).
-    pub fn commit(mut self) -> Result<(), OutputError> {
+    pub fn commit(self) -> Result<(), OutputError> {
+        self.commit_with(true)
+    }
+
+    /// [`StagedDir::commit`]; `atomic` chooses `renameat2` where the system has it, or the two
+    /// renames of other systems (tested on every system).
+    fn commit_with(mut self, atomic: bool) -> Result<(), OutputError> {
         match std::fs::read_dir(&self.tmp) {
             Ok(mut entries) => {
                 let foreign = entries.any(|e| {
@@ -863,7 +869,7 @@ impl StagedDir {
         let state = check_export_dir(&self.target)?;
         let parent = parent_of(&self.target);
         std::fs::create_dir_all(&parent).map_err(io_at(&parent))?;
-        swap_into_place(&self.tmp, &self.target, state)?;
+        swap_into_place(&self.tmp, &self.target, state, atomic)?;
         self.committed = true;
         Ok(())
     }
@@ -899,7 +905,15 @@ fn rename_with(_from: &Path, _to: &Path, _exchange: bool) -> Option<io::Result<(
     None
 }
 
-fn swap_into_place(tmp: &Path, target: &Path, state: ExportTarget) -> Result<(), OutputError> {
+fn swap_into_place(
+    tmp: &Path,
+    target: &Path,
+    state: ExportTarget,
+    atomic: bool,
+) -> Result<(), OutputError> {
+    let rename_with = |from: &Path, to: &Path, exchange: bool| {
+        atomic.then(|| rename_with(from, to, exchange)).flatten()
+    };
     let state = match state {
         ExportTarget::Absent => match rename_with(tmp, target, false) {
             Some(Ok(())) => return Ok(()),
@@ -1085,6 +1099,24 @@ mod tests {
         assert!(!old.exists() && !tmp.exists() && !report_tmp.exists());
         assert!(live.exists(), "a running process's files are left alone");
         assert_eq!(std::fs::read(lookalike.join("notes.txt")).unwrap(), b"mine");
+        std::fs::remove_dir_all(&dir).ok();
+    }
+
+    #[test]
+    fn the_two_rename_swap_of_other_systems_works_too() {
+        let dir = scratch("fallback");
+        let out = dir.join("exp");
+        for content in [b"1", b"2"] {
+            let staged = StagedDir::new(&out).unwrap();
+            staged.write(&[("model.json", META), ("model.safetensors", content)]).unwrap();
+            staged.commit_with(false).unwrap();
+            assert_eq!(std::fs::read(out.join("model.safetensors")).unwrap(), content);
+        }
+        let names: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["exp"]);
         std::fs::remove_dir_all(&dir).ok();
     }
 

@@ -649,7 +649,8 @@ mod tests {
         };
         variants.push(("rows", key(&base, 3, &split_digest(&fewer))));
         variants.push(("seed", key(&base, 4, &digest)));
-        let edits: Vec<(&str, fn(&mut RunConfig))> = vec![
+        type Edit = (&'static str, fn(&mut RunConfig));
+        let edits: Vec<Edit> = vec![
             ("model kind", |c| c.model.kind = ModelKind::Cnn),
             ("epochs", |c| c.float.epochs += 1),
             ("batch size", |c| c.float.batch_size += 1),
