@@ -68,14 +68,25 @@ enum Command {
     },
 }
 
+/// Longest error line printed, in characters: loaders cut the values they quote, and this
+/// bounds whatever a message still holds.
+const MAX_MESSAGE_CHARS: usize = 4000;
+
+fn bounded(message: String) -> String {
+    match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        None => message,
+        Some((cut, _)) => format!("{}… ({} bytes)", &message[..cut], message.len()),
+    }
+}
+
 fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", bounded(e.to_string()));
             let mut source = std::error::Error::source(&e);
             while let Some(s) = source {
-                eprintln!("  caused by: {s}");
+                eprintln!("  caused by: {}", bounded(s.to_string()));
                 source = s.source();
             }
             ExitCode::FAILURE

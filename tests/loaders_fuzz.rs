@@ -2,8 +2,9 @@
 //! arbitrary bytes and strings, and structured mutations of valid files (values replaced by
 //! hostile ones, keys dropped, files truncated, bytes flipped, header lengths rewritten), to
 //! every loader of user files: the policy file, the run file, the inferable-quantizer JSON, the
-//! safetensors header check and the exported model (then prepared for and run by the integer
-//! runtime). None may panic; every failure is an error value whose message names its origin.
+//! safetensors header check, the exported model (then prepared for and run by the integer
+//! runtime) and the digits data file (plain and gzip). None may panic; every failure is an
+//! error value whose message names its origin.
 
 use std::path::{Path, PathBuf};
 
@@ -384,6 +385,32 @@ fn mutate_bytes(mut b: Vec<u8>, how: u8, at: Index, value: u64, len: Index) -> V
     b
 }
 
+// ----- data files ------------------------------------------------------------------------------
+
+/// Loads `bytes` as the data file `name` (gzip when it ends in `.gz`): it loads, with pixels in
+/// `[0, 1]` and labels below 10, or fails with an error naming the file.
+fn data_file(dir: &Path, name: &str, bytes: &[u8]) {
+    let path = dir.join(name);
+    std::fs::write(&path, bytes).unwrap();
+    match quant::digits::load(&path) {
+        Ok(d) => {
+            for split in [&d.train, &d.test] {
+                assert_eq!(split.images.len(), split.len() * quant::digits::PIXELS);
+                assert!(split.images.iter().all(|v| (0.0..=1.0).contains(v)));
+                assert!(split.labels.iter().all(|l| *l < quant::digits::CLASSES));
+            }
+        }
+        Err(e) => assert!(e.to_string().contains(name), "{e}"),
+    }
+}
+
+fn gzip(bytes: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
 /// A safetensors header written by hand: any dtype name, shape and offsets.
 fn header_entry() -> impl Strategy<Value = (String, String, Vec<u64>, (u64, u64))> {
     (
@@ -513,6 +540,34 @@ proptest! {
         let (meta, tensors) = corpus_export(if cnn { "valid_cnn" } else { "valid" });
         let tensors = mutate_bytes(tensors, how, at, value, len);
         export_files(&scratch.0, serde_json::to_string(&meta).unwrap().as_bytes(), &tensors);
+    }
+
+    #[test]
+    fn mutated_data_files(
+        how in 0u8..4,
+        at in any::<Index>(),
+        value in any::<u64>(),
+        len in any::<Index>(),
+        compressed in any::<bool>(),
+    ) {
+        let valid = std::fs::read(root().join("tests/hostile/data/crlf.csv")).unwrap();
+        let scratch = Scratch::new("data");
+        let bytes = mutate_bytes(valid, how, at, value, len);
+        if compressed {
+            // Mutate the gzip stream too, half the time.
+            let gz = gzip(&bytes);
+            let gz = if value % 2 == 0 { mutate_bytes(gz, how, at, value / 2, len) } else { gz };
+            data_file(&scratch.0, "mutated.csv.gz", &gz);
+        } else {
+            data_file(&scratch.0, "mutated.csv", &bytes);
+        }
+    }
+
+    #[test]
+    fn arbitrary_bytes_as_data_files(bytes in prop::collection::vec(any::<u8>(), 0..300)) {
+        let scratch = Scratch::new("data-bytes");
+        data_file(&scratch.0, "bytes.csv", &bytes);
+        data_file(&scratch.0, "bytes.csv.gz", &bytes);
     }
 
     #[test]

@@ -743,6 +743,30 @@ fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
     assert!(!e.contains("2147483648"), "no clamped value is shown as if it were the bias: {e}");
 }
 
+#[test]
+fn case_12_no_error_repeats_a_huge_value_in_full() {
+    // The export's metadata is another engineer's loader; whatever a message quotes, the
+    // command line prints a bounded line.
+    let dir = scratch("long-values");
+    let exp = dir.join("exp");
+    previous_export(&exp);
+    let meta = std::fs::read_to_string(exp.join("model.json")).unwrap();
+    let name = "n".repeat(5_000_000);
+    std::fs::write(
+        exp.join("model.json"),
+        meta.replacen(
+            "\"weight_tensor\": \"0.weight\"",
+            &format!("\"weight_tensor\": \"{name}\""),
+            1,
+        ),
+    )
+    .unwrap();
+    let e = failed_cleanly(&quant_in(&dir, &["eval", "exp"]));
+    assert!(e.len() < 10_000, "{} bytes of error", e.len());
+    assert!(e.contains("model.safetensors") && e.contains("nnnn"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 // ----- issue 14, item 6: the data is compiled in --------------------------------------------------
 
 #[test]

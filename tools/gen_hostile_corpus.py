@@ -75,6 +75,8 @@ case("policy/pattern_too_long.toml", "policy",
      LSQ_W + LSQ_I + '[[overrides]]\npattern = "' + "*?" * 300 + '"\nweights = { bits = 8 }\n')
 case("policy/long_key.toml", "policy", ["long_key.toml", "unknown field", "\u2026 (5000 bytes)"],
      LSQ_W + "k" * 5000 + " = 1\n")
+case("policy/long_option.toml", "policy", ["`weights`", "option names of at most 256 bytes", "\u2026 (3000 bytes)"],
+     LSQ_W + 'options = { ' + "o" * 3000 + ' = 1.0 }\n')
 case("policy/bom.toml", "policy", [], b"\xef\xbb\xbf" + (LSQ_W + LSQ_I).encode())
 case("policy/utf16.toml", "policy", ["utf16.toml", "UTF-16"], b"\xff\xfe" + (LSQ_W + LSQ_I).encode("utf-16-le"))
 

@@ -55,7 +55,7 @@ use crate::platform::find_platform;
 /// policy of a thousand overrides takes a few hundred kilobytes.
 pub const MAX_CONFIG_FILE_BYTES: u64 = 1 << 20;
 
-/// Longest platform name accepted, in bytes.
+/// Longest platform or option name accepted, in bytes.
 pub const MAX_NAME_BYTES: usize = 256;
 
 /// The text of a policy or run file: a regular file (not a FIFO or device, which could block
@@ -167,6 +167,13 @@ impl QuantizerSettings {
             ),
         }
         };
+        if let Some(name) = self.options.keys().find(|k| k.len() > MAX_NAME_BYTES) {
+            return Err(QuantError::InvalidValue {
+                what: "options".into(),
+                value: crate::fs::shorten(name).into_owned(),
+                expected: format!("option names of at most {MAX_NAME_BYTES} bytes"),
+            });
+        }
         let training_method = self
             .training_method
             .ok_or_else(|| missing("training_method"))?;
