@@ -10,8 +10,8 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 use quant::fs::{check_export_dir, check_output_file, resolve, StagedFile};
+use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
 #[derive(Parser)]
 #[command(
@@ -97,7 +97,11 @@ fn main() -> ExitCode {
 /// Checks every output of a run before it starts: the export directory and the report can be
 /// written without destroying anything, and the report is neither the export directory, inside
 /// it, nor one of the run's inputs.
-fn check_outputs(export_dir: &Path, report: Option<&Path>, inputs: &[&Path]) -> Result<(), RunError> {
+fn check_outputs(
+    export_dir: &Path,
+    report: Option<&Path>,
+    inputs: &[&Path],
+) -> Result<(), RunError> {
     check_export_dir(export_dir)?;
     let Some(report) = report else {
         return Ok(());

@@ -289,7 +289,10 @@ fn file_errors_name_the_file() {
     .unwrap();
     let e = exported.save(&blocker.join("export")).unwrap_err();
     assert!(matches!(e, ExportError::Io { .. }));
-    has(&e.to_string(), &["blocker", "is a regular file, not a directory"]);
+    has(
+        &e.to_string(),
+        &["blocker", "is a regular file, not a directory"],
+    );
 
     // OutputError: a directory of the user's is never replaced; a path the system refuses is
     // an I/O error naming it.
@@ -351,8 +354,14 @@ fn run_errors_name_the_file() {
         },
     )
     .unwrap_err();
-    assert!(matches!(e, RunError::Output(OutputError::Refused { .. })), "{e}");
-    has(&e.to_string(), &["notes.txt", "is a regular file, not a directory"]);
+    assert!(
+        matches!(e, RunError::Output(OutputError::Refused { .. })),
+        "{e}"
+    );
+    has(
+        &e.to_string(),
+        &["notes.txt", "is a regular file, not a directory"],
+    );
     assert_eq!(std::fs::read(&user_file).unwrap(), b"mine");
 
     // RunError::Export: evaluating an export directory that is not one.

@@ -58,7 +58,9 @@ fn finish(child: std::process::Child, what: &str) -> Output {
 fn quant_in(dir: &Path, args: &[&str]) -> Output {
     let child = Command::new("sh")
         .arg("-c")
-        .arg(format!("ulimit -v {ADDRESS_SPACE_KIB} && exec \"$0\" \"$@\""))
+        .arg(format!(
+            "ulimit -v {ADDRESS_SPACE_KIB} && exec \"$0\" \"$@\""
+        ))
         .arg(env!("CARGO_BIN_EXE_quant"))
         .args(args)
         .current_dir(dir)
@@ -78,9 +80,17 @@ fn stderr(o: &Output) -> String {
 /// and returns the message.
 fn failed_cleanly(o: &Output) -> String {
     let e = stderr(o);
-    assert_eq!(o.status.code(), Some(1), "expected a clean error, got {:?}: {e}", o.status);
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "expected a clean error, got {:?}: {e}",
+        o.status
+    );
     assert!(e.starts_with("error: "), "{e}");
-    assert!(!e.contains("panicked") && !e.contains("memory allocation"), "{e}");
+    assert!(
+        !e.contains("panicked") && !e.contains("memory allocation"),
+        "{e}"
+    );
     e
 }
 
@@ -140,7 +150,11 @@ fn names(dir: &Path) -> Vec<String> {
 fn previous_export(dir: &Path) {
     std::fs::create_dir_all(dir).unwrap();
     for f in ["model.json", "model.safetensors"] {
-        std::fs::copy(root().join("tests/hostile/export/valid").join(f), dir.join(f)).unwrap();
+        std::fs::copy(
+            root().join("tests/hostile/export/valid").join(f),
+            dir.join(f),
+        )
+        .unwrap();
     }
 }
 
@@ -185,11 +199,20 @@ fn case_1_out_never_replaces_a_users_directory_or_file() {
     let before = snapshot(&dir);
     let cfg = cfg.to_str().unwrap();
 
-    let e = failed_cleanly(&quant_in(&dir, &["run", cfg, "--out", "d", "--no-cache", "--quiet"]));
+    let e = failed_cleanly(&quant_in(
+        &dir,
+        &["run", cfg, "--out", "d", "--no-cache", "--quiet"],
+    ));
     assert!(e.contains("d: holds files quant did not write"), "{e}");
     assert!(e.contains("notes.txt") && e.contains("sub/"), "{e}");
-    let e = failed_cleanly(&quant_in(&dir, &["run", cfg, "--out", "file.txt", "--quiet"]));
-    assert!(e.contains("file.txt: is a regular file, not a directory"), "{e}");
+    let e = failed_cleanly(&quant_in(
+        &dir,
+        &["run", cfg, "--out", "file.txt", "--quiet"],
+    ));
+    assert!(
+        e.contains("file.txt: is a regular file, not a directory"),
+        "{e}"
+    );
     // Refused before any work: nothing changed, nothing was added (no hidden `.file.txt.*`).
     assert_eq!(snapshot(&dir), before);
     std::fs::remove_dir_all(&dir).ok();
@@ -203,22 +226,48 @@ fn case_1_out_replaces_a_previous_export_and_quiet_reports_each_seed() {
     std::fs::create_dir(dir.join("empty")).unwrap();
     let o = quant_in(
         &dir,
-        &["run", cfg.to_str().unwrap(), "--out", "exp", "--no-cache", "--quiet"],
+        &[
+            "run",
+            cfg.to_str().unwrap(),
+            "--out",
+            "exp",
+            "--no-cache",
+            "--quiet",
+        ],
     );
     succeeded(&o);
     let meta = std::fs::read_to_string(dir.join("exp/model.json")).unwrap();
-    assert!(meta.contains("tiny.toml"), "the new export replaced the old one: {meta}");
+    assert!(
+        meta.contains("tiny.toml"),
+        "the new export replaced the old one: {meta}"
+    );
     // Under --quiet, one line per finished seed says how far the run is.
     let e = stderr(&o);
-    assert!(e.contains("seed 3 done (1 of 2, ") && e.contains("seed 4 done (2 of 2, "), "{e}");
+    assert!(
+        e.contains("seed 3 done (1 of 2, ") && e.contains("seed 4 done (2 of 2, "),
+        "{e}"
+    );
     // An empty directory is used.
     let o = quant_in(
         &dir,
-        &["run", cfg.to_str().unwrap(), "--out", "empty", "--no-cache", "--quiet", "--seed", "5"],
+        &[
+            "run",
+            cfg.to_str().unwrap(),
+            "--out",
+            "empty",
+            "--no-cache",
+            "--quiet",
+            "--seed",
+            "5",
+        ],
     );
     succeeded(&o);
     ExportedModel::load(&dir.join("empty")).unwrap();
-    assert_eq!(names(&dir), ["empty", "exp", "tiny.toml"], "nothing left beside them");
+    assert_eq!(
+        names(&dir),
+        ["empty", "exp", "tiny.toml"],
+        "nothing left beside them"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -263,7 +312,10 @@ fn case_5_devices_and_fifos_are_never_replaced() {
         targets.push(("null", "character device"));
     }
     for (target, kind) in targets {
-        let e = failed_cleanly(&quant_in(&dir, &["run", cfg, "--report", target, "--quiet"]));
+        let e = failed_cleanly(&quant_in(
+            &dir,
+            &["run", cfg, "--report", target, "--quiet"],
+        ));
         assert!(e.contains(kind) && e.contains("not a regular file"), "{e}");
         let e = failed_cleanly(&quant_in(&dir, &["run", cfg, "--out", target, "--quiet"]));
         assert!(e.contains(kind) && e.contains("not a directory"), "{e}");
@@ -291,11 +343,17 @@ fn case_12_an_output_under_a_regular_file_names_the_file() {
     let cfg = tiny_config(&dir, "tiny.toml", "");
     let cfg = cfg.to_str().unwrap();
     std::fs::write(dir.join("blocker"), "x").unwrap();
-    for args in [["--out", "blocker/exp"], ["--report", "blocker/deeper/r.json"]] {
+    for args in [
+        ["--out", "blocker/exp"],
+        ["--report", "blocker/deeper/r.json"],
+    ] {
         let mut all = vec!["run", cfg, "--quiet"];
         all.extend_from_slice(&args);
         let e = failed_cleanly(&quant_in(&dir, &all));
-        assert!(e.contains("cannot be created: blocker is a regular file, not a directory"), "{e}");
+        assert!(
+            e.contains("cannot be created: blocker is a regular file, not a directory"),
+            "{e}"
+        );
         assert!(!e.contains("os error"), "{e}");
     }
     std::fs::remove_dir_all(&dir).ok();
@@ -317,10 +375,24 @@ fn case_2_a_failed_run_leaves_the_report_and_export_as_they_were() {
     );
     let before = snapshot(&dir);
     for (cfg, cause) in [(early, "missing.csv.gz"), (late, "no_such_layer")] {
-        let args = ["run", cfg.to_str().unwrap(), "--out", "exp", "--report", "good.json"];
-        let e = failed_cleanly(&quant_in(&dir, &[&args[..], &["--no-cache", "--quiet"]].concat()));
+        let args = [
+            "run",
+            cfg.to_str().unwrap(),
+            "--out",
+            "exp",
+            "--report",
+            "good.json",
+        ];
+        let e = failed_cleanly(&quant_in(
+            &dir,
+            &[&args[..], &["--no-cache", "--quiet"]].concat(),
+        ));
         assert!(e.contains(cause), "{e}");
-        assert_eq!(snapshot(&dir), before, "{cause}: the report and export are as they were");
+        assert_eq!(
+            snapshot(&dir),
+            before,
+            "{cause}: the report and export are as they were"
+        );
     }
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -339,7 +411,16 @@ fn case_4_leftovers_of_a_killed_run_are_restored_or_removed() {
     std::fs::write(dir.join(format!(".r.json.quant-tmp-{pid}-2")), "{").unwrap();
     let o = quant_in(
         &dir,
-        &["run", cfg.to_str().unwrap(), "--out", "exp", "--report", "r.json", "--no-cache", "--quiet"],
+        &[
+            "run",
+            cfg.to_str().unwrap(),
+            "--out",
+            "exp",
+            "--report",
+            "r.json",
+            "--no-cache",
+            "--quiet",
+        ],
     );
     succeeded(&o);
     ExportedModel::load(&dir.join("exp")).unwrap();
@@ -352,7 +433,16 @@ fn case_4_a_run_killed_at_any_moment_keeps_a_loadable_export() {
     let dir = scratch("kill");
     let cfg = tiny_config(&dir, "tiny.toml", "");
     previous_export(&dir.join("exp"));
-    let args = ["run", cfg.to_str().unwrap(), "--out", "exp", "--report", "r.json", "--no-cache", "--quiet"];
+    let args = [
+        "run",
+        cfg.to_str().unwrap(),
+        "--out",
+        "exp",
+        "--report",
+        "r.json",
+        "--no-cache",
+        "--quiet",
+    ];
     for delay_ms in [30, 120, 250, 400, 600, 900] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_quant"))
             .args(args)
@@ -368,8 +458,10 @@ fn case_4_a_run_killed_at_any_moment_keeps_a_loadable_export() {
         ExportedModel::load(&dir.join("exp"))
             .unwrap_or_else(|e| panic!("killed after {delay_ms} ms: {e}"));
         if dir.join("r.json").exists() {
-            serde_json::from_slice::<serde_json::Value>(&std::fs::read(dir.join("r.json")).unwrap())
-                .unwrap_or_else(|e| panic!("killed after {delay_ms} ms: the report is partial: {e}"));
+            serde_json::from_slice::<serde_json::Value>(
+                &std::fs::read(dir.join("r.json")).unwrap(),
+            )
+            .unwrap_or_else(|e| panic!("killed after {delay_ms} ms: the report is partial: {e}"));
         }
     }
     // The next run cleans whatever the killed ones left.
@@ -411,7 +503,9 @@ fn concurrent_runs_on_the_same_outputs_both_succeed() {
     assert_eq!(names(&dir), ["cache", "exp", "r.json", "tiny.toml"]);
     let cached = names(&dir.join("cache"));
     assert!(
-        cached.len() == 1 && cached[0].starts_with("mlp-seed") && cached[0].ends_with(".safetensors"),
+        cached.len() == 1
+            && cached[0].starts_with("mlp-seed")
+            && cached[0].ends_with(".safetensors"),
         "{cached:?}"
     );
     std::fs::remove_dir_all(&dir).ok();
@@ -491,7 +585,10 @@ fn case_7_an_empty_hold_out_fold_is_an_error_not_zero_percent() {
         ten_rows.display().to_string()
     );
     let e = library_run(&cache_config(&extra, ""), None).unwrap_err();
-    assert!(matches!(e, RunError::Data(DataError::EmptySplit { .. })), "{e}");
+    assert!(
+        matches!(e, RunError::Data(DataError::EmptySplit { .. })),
+        "{e}"
+    );
     let m = e.to_string();
     for part in ["bom.csv", "fold = 19", "0 to evaluate on", "of the 8 rows"] {
         assert!(m.contains(part), "`{part}` missing from: {m}");
@@ -504,18 +601,35 @@ fn case_7_an_empty_hold_out_fold_is_an_error_not_zero_percent() {
 fn case_8_huge_glob_patterns_are_typed_errors_not_panics() {
     let alternation = format!(
         "{{{}}}",
-        (0..200_000).map(|i| format!("a{i}")).collect::<Vec<_>>().join(",")
+        (0..200_000)
+            .map(|i| format!("a{i}"))
+            .collect::<Vec<_>>()
+            .join(",")
     );
     for pattern in ["*?".repeat(100_000), "a".repeat(1_000_000), alternation] {
         let e = quant_ops::layers::glob(&pattern).unwrap_err().to_string();
-        assert!(e.contains("at most 512 bytes") && e.contains(&format!("({} bytes)", pattern.len())), "{}", &e[..300.min(e.len())]);
-        assert!(e.len() < 1000, "the message quotes the pattern cut: {} bytes", e.len());
+        assert!(
+            e.contains("at most 512 bytes") && e.contains(&format!("({} bytes)", pattern.len())),
+            "{}",
+            &e[..300.min(e.len())]
+        );
+        assert!(
+            e.len() < 1000,
+            "the message quotes the pattern cut: {} bytes",
+            e.len()
+        );
         let text = format!(
             "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n\
              [[overrides]]\npattern = \"{pattern}\"\nweights = {{ bits = 8 }}\n"
         );
-        let e = quant_ops::policy::Policy::from_toml_str(&text, "p.toml").unwrap_err().to_string();
-        assert!(e.contains("`overrides[0].pattern`") && e.len() < 1000, "{}", &e[..300.min(e.len())]);
+        let e = quant_ops::policy::Policy::from_toml_str(&text, "p.toml")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("`overrides[0].pattern`") && e.len() < 1000,
+            "{}",
+            &e[..300.min(e.len())]
+        );
     }
     // Patterns at the limit reach globset, which compiles them or says why: never a panic.
     for pattern in [
@@ -537,10 +651,16 @@ fn case_8_huge_glob_patterns_are_typed_errors_not_panics() {
     let cfg = tiny_config(
         &dir,
         "pattern.toml",
-        &format!("[[quantization.overrides]]\npattern = \"{}\"\nweights = {{ bits = 8 }}", "*?".repeat(100_000)),
+        &format!(
+            "[[quantization.overrides]]\npattern = \"{}\"\nweights = {{ bits = 8 }}",
+            "*?".repeat(100_000)
+        ),
     );
     let e = failed_cleanly(&quant_in(&dir, &["run", cfg.to_str().unwrap()]));
-    assert!(e.contains("`quantization.overrides[0].pattern`") && e.len() < 2000, "{e}");
+    assert!(
+        e.contains("`quantization.overrides[0].pattern`") && e.len() < 2000,
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -558,13 +678,23 @@ fn case_9_huge_counts_are_refused_before_any_allocation() {
         let text = text.replacen(&format!("{table}\n"), &format!("{extra}\n#"), 1);
         std::fs::write(dir.join("counts.toml"), text).unwrap();
         let e = failed_cleanly(&quant_in(&dir, &["run", "counts.toml", "--quiet"]));
-        assert!(e.contains(&format!("`{key}`")) && e.contains("at most 10000 epochs"), "{e}");
+        assert!(
+            e.contains(&format!("`{key}`")) && e.contains("at most 10000 epochs"),
+            "{e}"
+        );
     }
     // A million seeds: the file alone is past the run file's limit.
     let seeds: Vec<String> = (0..1_000_000).map(|i| i.to_string()).collect();
-    tiny_config(&dir, "seeds.toml", &format!("[run]\nseeds = [{}]", seeds.join(",")));
+    tiny_config(
+        &dir,
+        "seeds.toml",
+        &format!("[run]\nseeds = [{}]", seeds.join(",")),
+    );
     let e = failed_cleanly(&quant_in(&dir, &["run", "seeds.toml", "--quiet"]));
-    assert!(e.contains("seeds.toml") && e.contains("over the limit of 1048576 bytes (1 MiB)"), "{e}");
+    assert!(
+        e.contains("seeds.toml") && e.contains("over the limit of 1048576 bytes (1 MiB)"),
+        "{e}"
+    );
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -599,7 +729,10 @@ fn case_10_a_header_of_a_million_empty_tensors_is_refused_cheaply() {
     previous_export(&exp);
     std::fs::write(exp.join("model.safetensors"), &huge).unwrap();
     let e = failed_cleanly(&quant_in(&dir, &["eval", "exp"]));
-    assert!(e.contains("model.safetensors") && e.contains("over the limit of 67108864 bytes"), "{e}");
+    assert!(
+        e.contains("model.safetensors") && e.contains("over the limit of 67108864 bytes"),
+        "{e}"
+    );
 
     let checkpoint = dir.join("huge.safetensors");
     std::fs::write(&checkpoint, &huge).unwrap();
@@ -619,7 +752,11 @@ fn case_10_a_header_of_a_million_empty_tensors_is_refused_cheaply() {
 fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
     let dir = scratch("inputs");
     let data_config = |name: &str, data: &Path| {
-        tiny_config(&dir, name, &format!("[data]\npath = {:?}", data.display().to_string()))
+        tiny_config(
+            &dir,
+            name,
+            &format!("[data]\npath = {:?}", data.display().to_string()),
+        )
     };
     let check = |args: &[&str], parts: &[&str]| {
         let e = failed_cleanly(&quant_in(&dir, args));
@@ -631,7 +768,10 @@ fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
     for device in ["/dev/zero", "/dev/urandom"] {
         check(&["run", device], &[device, "character device"]);
         let cfg = data_config("device.toml", Path::new(device));
-        check(&["run", cfg.to_str().unwrap(), "--no-cache"], &[device, "character device"]);
+        check(
+            &["run", cfg.to_str().unwrap(), "--no-cache"],
+            &[device, "character device"],
+        );
     }
     // Export files that are links to devices.
     let linked = dir.join("linked");
@@ -645,7 +785,10 @@ fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
         linked.join("model.json"),
     )
     .unwrap();
-    check(&["eval", "linked"], &["model.safetensors", "character device"]);
+    check(
+        &["eval", "linked"],
+        &["model.safetensors", "character device"],
+    );
 
     // Gzip files of a few megabytes that inflate to 3 GB: gzip members of 1 MB each,
     // concatenated. One holds a single endless line, the other valid-looking rows.
@@ -680,7 +823,10 @@ fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
 
     // A 2 GB sparse CSV.
     let sparse = dir.join("sparse.csv");
-    std::fs::File::create(&sparse).unwrap().set_len(2 << 30).unwrap();
+    std::fs::File::create(&sparse)
+        .unwrap()
+        .set_len(2 << 30)
+        .unwrap();
     let cfg = data_config("sparse.toml", &sparse);
     check(
         &["run", cfg.to_str().unwrap(), "--no-cache"],
@@ -692,7 +838,10 @@ fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
     mkfifo(&fifo);
     check(&["run", "fifo"], &["fifo", "FIFO"]);
     let cfg = data_config("fifo.toml", &fifo);
-    check(&["run", cfg.to_str().unwrap(), "--no-cache"], &["fifo", "FIFO"]);
+    check(
+        &["run", cfg.to_str().unwrap(), "--no-cache"],
+        &["fifo", "FIFO"],
+    );
     let fifo_export = dir.join("fifo_export");
     std::fs::create_dir(&fifo_export).unwrap();
     mkfifo(&fifo_export.join("model.json"));
@@ -736,11 +885,16 @@ fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
     // All-zero inputs: the first layer's input scale falls to its floor.
     q.try_forward_mut(dev.zeros::<Rank2<8, 4>>()).unwrap();
     q.finish_calibration().unwrap();
-    let e = export_model(&q, &[4], Default::default()).unwrap_err().to_string();
+    let e = export_model(&q, &[4], Default::default())
+        .unwrap_err()
+        .to_string();
     for part in ["layer `0`", "bias of output channel 0", "int32", "constant"] {
         assert!(e.contains(part), "`{part}` missing from: {e}");
     }
-    assert!(!e.contains("2147483648"), "no clamped value is shown as if it were the bias: {e}");
+    assert!(
+        !e.contains("2147483648"),
+        "no clamped value is shown as if it were the bias: {e}"
+    );
 }
 
 #[test]

@@ -360,12 +360,13 @@ pub fn load_checkpoint<M: TensorCollection<f32, Cpu>>(
     model: &mut M,
     path: &Path,
 ) -> Result<(), CheckpointError> {
-    let bytes = crate::fs::read_limited(path, checkpoint_size_limit(&*model)).map_err(|source| {
-        CheckpointError::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
+    let bytes =
+        crate::fs::read_limited(path, checkpoint_size_limit(&*model)).map_err(|source| {
+            CheckpointError::Io {
+                path: path.to_path_buf(),
+                source,
+            }
+        })?;
     let invalid = |message: String| CheckpointError::Invalid {
         path: path.to_path_buf(),
         message,

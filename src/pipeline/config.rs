@@ -361,7 +361,10 @@ impl RunConfig {
                 format!("a list of {} seeds", cfg.run.seeds.len()),
             ));
         }
-        for (key, v) in [("float.epochs", cfg.float.epochs), ("qat.epochs", cfg.qat.epochs)] {
+        for (key, v) in [
+            ("float.epochs", cfg.float.epochs),
+            ("qat.epochs", cfg.qat.epochs),
+        ] {
             if v > MAX_EPOCHS {
                 return Err(invalid(
                     key,

@@ -20,8 +20,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use quant_core::QuantError;
 use quant_ops::convert::quantize_model;
 use quant_ops::export::{export_model, ExportError, ExportedModel};
-use quant_ops::fs::{check_output_file, StagedDir, StagedFile};
 pub use quant_ops::fs::OutputError;
+use quant_ops::fs::{check_output_file, StagedDir, StagedFile};
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
 use quant_ops::policy::PolicyError;
@@ -516,8 +516,7 @@ where
             let mut reference = qat.clone();
             reference.set_mode("*", QuantizerMode::Disabled)?;
             first_layers = layer_report(&reference, &mut qat, x)?;
-            if let (Some(staged), Some((exported, int_predictions))) = (export.take(), &integer)
-            {
+            if let (Some(staged), Some((exported, int_predictions))) = (export.take(), &integer) {
                 // Written beside the target; put in place only when every seed has succeeded.
                 exported.save(staged.path())?;
                 // Prove the files load and reproduce the in-memory model.
@@ -631,9 +630,19 @@ mod tests {
         let key = |cfg: &RunConfig, seed: u64, digest: &str| cache_path(dir, cfg, seed, digest);
         let reference = key(&base, 3, &digest);
         // Stable: the same ingredients give the same file, named after the model and seed.
-        assert_eq!(reference, key(&base.clone(), 3, &split_digest(&data.clone())));
-        let name = reference.file_name().unwrap().to_string_lossy().into_owned();
-        assert!(name.starts_with("mlp-seed3-") && name.ends_with(".safetensors"), "{name}");
+        assert_eq!(
+            reference,
+            key(&base.clone(), 3, &split_digest(&data.clone()))
+        );
+        let name = reference
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        assert!(
+            name.starts_with("mlp-seed3-") && name.ends_with(".safetensors"),
+            "{name}"
+        );
 
         // Each ingredient, changed alone, gives another file.
         let mut variants: Vec<(&str, PathBuf)> = Vec::new();
@@ -655,7 +664,9 @@ mod tests {
             ("epochs", |c| c.float.epochs += 1),
             ("batch size", |c| c.float.batch_size += 1),
             ("lr", |c| c.float.lr *= 2.0),
-            ("schedule", |c| c.float.schedule = config::Schedule::Constant),
+            ("schedule", |c| {
+                c.float.schedule = config::Schedule::Constant
+            }),
             ("shift", |c| c.float.shift = 1),
             ("optimizer", |c| c.float.optimizer = config::Optimizer::Sgd),
             ("weight decay", |c| c.float.weight_decay = 0.01),
@@ -676,17 +687,22 @@ mod tests {
         seen.insert(reference, "reference");
         for (what, path) in variants {
             if let Some(other) = seen.insert(path.clone(), what) {
-                panic!("`{what}` and `{other}` share the cache file {}", path.display());
+                panic!(
+                    "`{what}` and `{other}` share the cache file {}",
+                    path.display()
+                );
             }
         }
 
         // The code's version.
         let code = (CACHE_KEY_VERSION, env!("CARGO_PKG_VERSION"));
-        let versioned =
-            |code: (u32, &str)| versioned_cache_path(dir, &base, 3, &digest, code);
+        let versioned = |code: (u32, &str)| versioned_cache_path(dir, &base, 3, &digest, code);
         assert_eq!(versioned(code), key(&base, 3, &digest));
         assert_ne!(versioned((CACHE_KEY_VERSION + 1, code.1)), versioned(code));
-        assert_ne!(versioned((CACHE_KEY_VERSION, "0.0.0-other")), versioned(code));
+        assert_ne!(
+            versioned((CACHE_KEY_VERSION, "0.0.0-other")),
+            versioned(code)
+        );
 
         // The QAT recipe and the policy do not change the float model: same file.
         let mut cfg = base.clone();
