@@ -90,12 +90,12 @@ fn remove_quant_dir(dir: &Path) -> io::Result<bool> {
     Ok(true)
 }
 
-/// Cleans what killed processes left beside `target`: their temporary files and directories
-/// are removed (directories only when they hold nothing but export files), and a previous
-/// export that a kill left renamed aside is put back when `target` is missing.
+/// Cleans what killed processes left in `target`'s directory: their temporary files and
+/// directories are removed (directories only when they hold nothing but export files), and a
+/// previous export that a kill left renamed aside (`.NAME.quant-old-PID-N`) is put back as
+/// `NAME` when nothing has taken its place.
 fn clean_leftovers(target: &Path) {
     let parent = parent_of(target);
-    let Ok(name) = name_of(target) else { return };
     let Ok(entries) = std::fs::read_dir(&parent) else {
         return;
     };
@@ -114,13 +114,16 @@ fn clean_leftovers(target: &Path) {
         if file_type.is_file() {
             let _ = std::fs::remove_file(&path);
         } else if file_type.is_dir() {
-            let target_missing = matches!(std::fs::symlink_metadata(target), Err(e) if e.kind() == ErrorKind::NotFound);
+            let home = parent.join(&leftover.base);
+            let home_missing = matches!(
+                std::fs::symlink_metadata(&home),
+                Err(e) if e.kind() == ErrorKind::NotFound
+            );
             if leftover.old
-                && leftover.base == name
-                && target_missing
+                && home_missing
                 && matches!(classify_dir(&path), Ok(ExportTarget::PreviousExport))
             {
-                let _ = std::fs::rename(&path, target);
+                let _ = std::fs::rename(&path, &home);
             } else {
                 let _ = remove_quant_dir(&path);
             }
@@ -509,6 +512,10 @@ mod tests {
         std::fs::write(tmp.join("model.safetensors"), b"partial").unwrap();
         let report_tmp = dir.join(format!(".r.json.quant-tmp-{pid}-2"));
         std::fs::write(&report_tmp, b"{").unwrap();
+        // Another export's previous version, set aside by a kill: put back, whatever is written.
+        let other_old = dir.join(format!(".other.quant-old-{pid}-4"));
+        std::fs::create_dir(&other_old).unwrap();
+        std::fs::write(other_old.join("model.json"), META).unwrap();
         // A running process's temporary directory, and a look-alike holding a user's file.
         let live = dir.join(format!(".exp.quant-tmp-{}-99", std::process::id()));
         std::fs::create_dir(&live).unwrap();
@@ -532,6 +539,8 @@ mod tests {
         write_atomic(&dir.join("r.json"), b"{}").unwrap();
         assert!(!old.exists() && !tmp.exists() && !report_tmp.exists());
         assert!(live.exists(), "a running process's files are left alone");
+        assert_eq!(std::fs::read(dir.join("other/model.json")).unwrap(), META);
+        assert!(!other_old.exists());
         assert_eq!(std::fs::read(lookalike.join("notes.txt")).unwrap(), b"mine");
         std::fs::remove_dir_all(&dir).ok();
     }
