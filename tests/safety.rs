@@ -8,6 +8,8 @@
 //! the clean exit code 1 they require. Time is bounded too: a run that blocks (on a FIFO, say)
 //! is killed after [`TIME_LIMIT`] and fails its test.
 
+// The tests drive the binary through `sh` (`ulimit -v`), `mkfifo` and `kill`.
+#![cfg(unix)]
 #![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
@@ -292,7 +294,6 @@ fn case_3_out_and_report_must_be_distinct_and_not_inputs() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-#[cfg(unix)]
 #[test]
 fn case_5_devices_and_fifos_are_never_replaced() {
     let dir = scratch("devices");
@@ -747,7 +748,6 @@ fn case_10_a_header_of_a_million_empty_tensors_is_refused_cheaply() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
-#[cfg(unix)]
 #[test]
 fn case_11_endless_huge_and_blocking_inputs_fail_fast_within_1_gib() {
     let dir = scratch("inputs");
