@@ -84,7 +84,7 @@ fn write_report(path: &Path, json: &str) -> Result<(), RunError> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(file_error)?;
     }
-    Ok(quant::export::write_atomic(path, json.as_bytes())?)
+    Ok(quant::fs::write_atomic(path, json.as_bytes())?)
 }
 
 fn run(cli: Cli) -> Result<(), RunError> {

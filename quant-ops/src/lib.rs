@@ -53,6 +53,8 @@ extern crate self as quant_ops;
 pub mod checkpoint;
 pub mod convert;
 pub mod export;
+pub mod fs;
+pub mod graph;
 pub mod integer;
 pub mod layers;
 pub mod nn;

@@ -19,11 +19,11 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use quant_core::QuantError;
 use quant_ops::convert::quantize_model;
-use quant_ops::export::{export_model, ExportError, ExportedModel};
+use quant_ops::export::{self, export_model, ExportError, QuantFormat};
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
 use quant_ops::policy::PolicyError;
-use quant_ops::report::{layer_report, LayerReport, Trace};
+use quant_ops::report::{layer_report, LayerReport};
 
 use crate::digits::{self, DataError, Digits};
 pub use config::{ModelKind, QatInit, RunConfig};
@@ -188,11 +188,7 @@ fn file_error(path: &Path, e: impl std::fmt::Display) -> RunError {
     }
 }
 
-fn run_net<N: Net>(cfg: &RunConfig, opts: &RunOptions, data: &Digits) -> Result<RunReport, RunError>
-where
-    N::Deploy: Trace<Tensor<N::Input, f32, Cpu>>,
-    N::Quantized: Trace<Tensor<N::Input, f32, Cpu>>,
-{
+fn run_net<N: Net>(cfg: &RunConfig, opts: &RunOptions, data: &Digits) -> Result<RunReport, RunError> {
     let multi = MultiProgress::with_draw_target(if opts.progress {
         ProgressDrawTarget::stderr()
     } else {
@@ -345,14 +341,14 @@ where
         info.insert("seed".into(), seed.to_string());
         // A policy that leaves a layer float has no integer form: the run still reports the
         // rest, and says why there is no integer model.
-        let integer = match export_model(&qat, N::INPUT_SHAPE, info) {
-            Ok(exported) => {
-                let model = IntegerModel::new(&exported)?;
+        let graph = export_model(&qat, N::INPUT_SHAPE, info)?;
+        let integer = match IntegerModel::new(&graph) {
+            Ok(model) => {
                 let predicted = model.predict(&data.test.images)?;
-                Some((exported, predicted))
+                Some((graph, predicted))
             }
             Err(ExportError::Unsupported { layer, reason }) => {
-                no_integer = Some(format!("layer `{layer}` {reason}"));
+                no_integer = Some(format!("layer `{layer}`: {reason}"));
                 None
             }
             Err(e) => return Err(e.into()),
@@ -366,16 +362,13 @@ where
             let n = data.train.len().min(256);
             let idx: Vec<usize> = (0..n).collect();
             let (pixels, _) = data.train.gather(&idx);
-            let x = input::<N::Input>(&dev, pixels, n)?;
-            // The reference is the same model with every quantizer disabled: after QAT its
-            // weights differ from the float model's, and the report measures quantization alone.
-            let mut reference = qat.clone();
-            reference.set_mode("*", QuantizerMode::Disabled)?;
-            first_layers = layer_report(&reference, &mut qat, x)?;
-            if let (Some(dir), Some((exported, int_predictions))) = (&opts.export_dir, &integer) {
-                exported.save(dir)?;
+            // Against the same model with every quantizer disabled: after QAT its weights differ
+            // from the float model's, and the report measures quantization alone.
+            first_layers = layer_report(&qat, N::INPUT_SHAPE, &pixels)?;
+            if let (Some(dir), Some((graph, int_predictions))) = (&opts.export_dir, &integer) {
+                export::save(graph, dir, &[&QuantFormat])?;
                 // Prove the files load and reproduce the in-memory model.
-                let reloaded = IntegerModel::new(&ExportedModel::load(dir)?)?;
+                let reloaded = IntegerModel::new(&export::load(dir)?)?;
                 if reloaded.predict(&data.test.images)? != *int_predictions {
                     return Err(RunError::File {
                         path: dir.clone(),
@@ -430,7 +423,7 @@ pub fn eval_export(dir: &Path, data_path: Option<&Path>) -> Result<(f64, usize),
             .map(Path::to_path_buf)
             .unwrap_or_else(digits::bundled_path),
     )?;
-    let model = IntegerModel::new(&ExportedModel::load(dir)?)?;
+    let model = IntegerModel::new(&export::load(dir)?)?;
     if model.input_features() != digits::PIXELS || model.output_features() != digits::CLASSES {
         return Err(RunError::Export(ExportError::Unsupported {
             layer: "(model)".into(),
