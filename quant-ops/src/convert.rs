@@ -49,9 +49,6 @@ pub enum LayerKind {
     AvgPool2d,
     /// Flattening: slot `input`.
     Flatten,
-    /// A quantizer placed on its own in a model (`TensorQuantizer<1>` as a module, Brevitas'
-    /// `QuantIdentity`): slot `input`.
-    Identity,
     /// A user's own layer wrapped by `#[derive(QuantizedLayer)]`: one weights slot per
     /// quantized field (named like the field), and `input` when it quantizes its input.
     Custom,
@@ -59,13 +56,12 @@ pub enum LayerKind {
 
 impl LayerKind {
     /// Every kind.
-    pub const ALL: [LayerKind; 7] = [
+    pub const ALL: [LayerKind; 6] = [
         LayerKind::Linear,
         LayerKind::Conv2d,
         LayerKind::MaxPool2d,
         LayerKind::AvgPool2d,
         LayerKind::Flatten,
-        LayerKind::Identity,
         LayerKind::Custom,
     ];
 
@@ -73,10 +69,7 @@ impl LayerKind {
     pub fn slots(self) -> &'static [Slot] {
         match self {
             LayerKind::Linear | LayerKind::Conv2d => &[Slot::WEIGHTS, Slot::INPUT],
-            LayerKind::MaxPool2d
-            | LayerKind::AvgPool2d
-            | LayerKind::Flatten
-            | LayerKind::Identity => &[Slot::INPUT],
+            LayerKind::MaxPool2d | LayerKind::AvgPool2d | LayerKind::Flatten => &[Slot::INPUT],
             LayerKind::Custom => &[],
         }
     }

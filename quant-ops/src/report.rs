@@ -69,7 +69,8 @@ pub fn sqnr_db(reference: &[f32], quantized: &[f32]) -> f64 {
 /// The per-layer report of `quantized` on the batch `x` (whole samples of `input_shape`): each
 /// layer's configured quantizers, and for each layer with weights the SQNR of its output
 /// against the same model with every quantizer disabled, so that it measures quantization
-/// alone. Both models run through their graphs ([`crate::graph::evaluate`]).
+/// alone. Both models run through their graphs ([`crate::graph::evaluate`]); a model holding a
+/// layer with no graph form (a user's own layer) gets its quantizers reported without SQNRs.
 ///
 /// # Errors
 /// A model part with no graph form, a quantizer still calibrating, parameters that cannot be
@@ -82,9 +83,14 @@ pub fn layer_report<Q: QuantizedModule + Clone>(
     let mut reference = quantized.clone();
     reference.set_mode("*", QuantizerMode::Disabled)?;
     let with_weights = |_: usize, op: &Op| op.has_weights();
+    // A model holding a layer with no graph form (a user's own layer) still gets its
+    // quantizers reported, without SQNRs.
     let taps = |m: &Q| -> std::result::Result<Vec<(String, Vec<f32>)>, ExportError> {
-        let graph = export_model(m, input_shape, BTreeMap::new())?;
-        Ok(evaluate(&graph, x, &with_weights)?.kept)
+        match export_model(m, input_shape, BTreeMap::new()) {
+            Ok(graph) => Ok(evaluate(&graph, x, &with_weights)?.kept),
+            Err(ExportError::Unsupported { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
     };
     let float_by_name: BTreeMap<String, Vec<f32>> = taps(&reference)?.into_iter().collect();
     let mut layers: Vec<LayerReport> = taps(quantized)?

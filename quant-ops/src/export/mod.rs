@@ -34,7 +34,7 @@ pub enum ExportError {
     Quant(#[from] QuantError),
     /// A model part that has no graph form (at export), or that a backend cannot run or write
     /// (the integer runtime, a format).
-    #[error("layer `{layer}` cannot run on integers: {reason}")]
+    #[error("layer `{layer}`: {reason}")]
     Unsupported {
         /// The layer's (or node's) dotted name.
         layer: String,

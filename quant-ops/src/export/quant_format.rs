@@ -219,15 +219,14 @@ impl QuantFormat {
         let meta: Metadata =
             serde_json::from_slice(&meta_bytes).map_err(|e| bad_meta(e.to_string()))?;
         let mut graph = meta.graph;
-        // The graph's structure first (with empty parameters, only the shapes are checked
-        // below): it sizes what is read from the tensors.
-        if graph.nodes.len() > crate::graph::MAX_NODES {
-            return Err(bad_meta(format!(
-                "{} nodes; at most {} are supported",
-                graph.nodes.len(),
-                crate::graph::MAX_NODES
-            )));
-        }
+        // The graph's structure and geometry first: they size what is read from the tensors.
+        let in_meta = |e: ExportError| match e {
+            ExportError::Invalid { node, reason } => {
+                bad_meta(format!("node `{}`: {reason}", crate::graph::short(&node)))
+            }
+            other => other,
+        };
+        graph.check_structure().map_err(in_meta)?;
         let tensor_bytes = crate::fs::read_capped(&tensors_path, MAX_TENSOR_BYTES)?;
         let bad_tensor = |message: String| ExportError::Tensors {
             path: tensors_path.clone(),
@@ -244,12 +243,7 @@ impl QuantFormat {
                     .map_err(&bad_tensor)?;
             }
         }
-        graph.check().map_err(|e| match e {
-            ExportError::Invalid { node, reason } => {
-                bad_meta(format!("node `{}`: {reason}", crate::graph::short(&node)))
-            }
-            other => other,
-        })?;
+        graph.check().map_err(in_meta)?;
         Ok(graph)
     }
 }

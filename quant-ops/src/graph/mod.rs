@@ -119,10 +119,18 @@ impl Graph {
     /// # Errors
     /// [`ExportError::Invalid`] naming the node and what is wrong.
     pub fn check(&self) -> Result<Shapes, ExportError> {
-        self.infer().map_err(|(node, reason)| ExportError::Invalid { node, reason })
+        self.infer(true)
+            .map_err(|(node, reason)| ExportError::Invalid { node, reason })
     }
 
-    pub(crate) fn infer(&self) -> Result<Shapes, NodeError> {
+    /// [`Graph::check`] without the parameters' values (before a loader reads them): the
+    /// structure, every op's geometry and every shape.
+    pub(crate) fn check_structure(&self) -> Result<Shapes, ExportError> {
+        self.infer(false)
+            .map_err(|(node, reason)| ExportError::Invalid { node, reason })
+    }
+
+    fn infer(&self, values: bool) -> Result<Shapes, NodeError> {
         let graph = |m: String| ("(graph)".to_string(), m);
         if checked_numel(&self.input.shape).is_none() || self.input.shape.is_empty() {
             return Err(graph(format!(
@@ -173,8 +181,8 @@ impl Graph {
                     }
                 }
             }
-            let shape = node.op.output_shape(&inputs).map_err(&at)?;
-            if node.op.accumulator_bias() && !quantized_input {
+            let shape = node.op.shape(&inputs, values).map_err(&at)?;
+            if values && node.op.accumulator_bias() && !quantized_input {
                 return Err(at(
                     "its bias is held at the accumulator's scale s_input · s_weight, but its input is not quantized"
                         .into(),

@@ -237,6 +237,12 @@ impl Op {
     /// # Errors
     /// What does not fit, as text.
     pub fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
+        self.shape(inputs, true)
+    }
+
+    /// [`Op::output_shape`], checking the geometry only when `values` is false (parameters
+    /// not loaded yet).
+    pub(crate) fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
         match self {
             Op::Quantize { quantizer } => {
                 check_quantizer(quantizer, "the quantizer", None)?;
@@ -267,8 +273,10 @@ impl Op {
                             "weight [{out_features}, {in_features}] is empty or holds more than {MAX_ELEMENTS} values"
                         )
                     })?;
-                check_parameter(weight, "weight", numel, *out_features, &["float", "codes"])?;
-                check_bias(bias, weight, *out_features)?;
+                if values {
+                    check_parameter(weight, "weight", numel, *out_features, &["float", "codes"])?;
+                    check_bias(bias, weight, *out_features)?;
+                }
                 let mut y = x.to_vec();
                 if let Some(last) = y.last_mut() {
                     *last = *out_features;
@@ -309,8 +317,10 @@ impl Op {
                         g.weight_shape()
                     )
                 })?;
-                check_parameter(weight, "weight", numel, g.out_channels, &["float", "codes"])?;
-                check_bias(bias, weight, g.out_channels)?;
+                if values {
+                    check_parameter(weight, "weight", numel, g.out_channels, &["float", "codes"])?;
+                    check_bias(bias, weight, g.out_channels)?;
+                }
                 match (
                     out_len(h, g.kernel, g.stride, g.padding),
                     out_len(w, g.kernel, g.stride, g.padding),
@@ -325,8 +335,10 @@ impl Op {
             Op::ChannelAffine { scale, shift } => {
                 let x = single(inputs, "ChannelAffine")?;
                 let channels = x.first().copied().unwrap_or(0);
-                check_parameter(scale, "scale", channels, channels, &["float"])?;
-                check_parameter(shift, "shift", channels, channels, &["float"])?;
+                if values {
+                    check_parameter(scale, "scale", channels, channels, &["float"])?;
+                    check_parameter(shift, "shift", channels, channels, &["float"])?;
+                }
                 Ok(x.to_vec())
             }
             Op::MaxPool2d(p) | Op::AvgPool2d(p) => {

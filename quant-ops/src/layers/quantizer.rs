@@ -642,32 +642,3 @@ impl<S: Shape, T: Tape<f32, Cpu>> ModuleMut<Tensor<S, f32, Cpu, T>> for TensorQu
     }
 }
 
-/// A quantizer on its own in a model (kind [`LayerKind::Identity`](crate::convert::LayerKind)):
-/// one slot, `input`.
-impl crate::layers::QuantizedModule for TensorQuantizer<1> {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(crate::layers::SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
-        f(crate::layers::SlotRef {
-            layer: name,
-            kind: crate::convert::LayerKind::Identity,
-            slot: crate::layers::Slot::INPUT,
-            quantizer: self,
-        })
-    }
-
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut crate::graph::GraphBuilder,
-        x: crate::graph::ValueId,
-    ) -> std::result::Result<crate::graph::ValueId, crate::export::ExportError> {
-        g.quantize(
-            &crate::layers::join_name(name, crate::layers::Slot::INPUT.name),
-            self,
-            x,
-        )
-    }
-}
