@@ -85,6 +85,10 @@ pub fn evaluate(
             Op::Tanh => xs.iter().map(|v| v.tanh()).collect(),
             Op::Sigmoid => xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
             Op::Flatten => xs.to_vec(),
+            Op::Add => {
+                let b = values[inputs[i][1]].as_deref().unwrap_or(&[]);
+                xs.iter().zip(b).map(|(x, y)| x + y).collect()
+            }
             Op::Linear {
                 in_features,
                 out_features,

@@ -117,6 +117,8 @@ pub enum Op {
     AvgPool2d(PoolGeometry),
     /// Row-major flattening to `[features]`.
     Flatten,
+    /// The elementwise sum of two values of one shape (a residual connection).
+    Add,
 }
 
 /// Output positions along one axis, `None` when the window does not fit (or sizes overflow).
@@ -158,6 +160,7 @@ impl Op {
             Op::MaxPool2d(_) => "MaxPool2d",
             Op::AvgPool2d(_) => "AvgPool2d",
             Op::Flatten => "Flatten",
+            Op::Add => "Add",
         }
     }
 
@@ -253,6 +256,11 @@ impl Op {
                 let x = single(inputs, "Flatten")?;
                 Ok(vec![checked_numel(x).ok_or("the input is too large")?])
             }
+            Op::Add => match inputs {
+                [a, b] if a == b => Ok(a.to_vec()),
+                [a, b] => Err(format!("adds values of shapes {a:?} and {b:?}; they must match")),
+                _ => Err(format!("Add takes two inputs; it has {}", inputs.len())),
+            },
             Op::Linear {
                 in_features,
                 out_features,

@@ -315,6 +315,32 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 )
             }
             Op::Relu => (rep_a, lay_a),
+            Op::Add => {
+                // Integer adds need both inputs on one grid (TensorRT's and OpenVINO's rule):
+                // the sum of centered codes is then exact at that grid's scale.
+                let b = inputs[i][1];
+                match (&rep_a, &reps[b]) {
+                    (Rep::Codes(ga), Rep::Codes(gb)) if ga == gb => {
+                        if layouts[b] != lay_a {
+                            return Err(unsupported(name, "its inputs are laid out differently"));
+                        }
+                        cost = numels[i + 1] as u64;
+                        (
+                            Rep::Acc {
+                                scales: vec![ga.scale],
+                                bound: 2 * reach(ga),
+                            },
+                            lay_a,
+                        )
+                    }
+                    _ => {
+                        return Err(unsupported(
+                            name,
+                            "integer addition needs both inputs quantized on one grid (the same scale and zero point): quantize them with one quantizer",
+                        ))
+                    }
+                }
+            }
             Op::Flatten => (
                 rep_a,
                 match lay_a {

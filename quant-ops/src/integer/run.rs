@@ -72,6 +72,18 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 _ => return Err(internal(&node.name)),
             },
             Op::Flatten => take(&mut values, frees, a),
+            Op::Add => {
+                let b = m.inputs[i][1];
+                match (values[a].as_ref(), values[b].as_ref(), &m.reps[a]) {
+                    (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(g)) => Buf::I32(
+                        x.iter()
+                            .zip(y)
+                            .map(|(p, q)| *p as i32 + *q as i32 - 2 * g.zero)
+                            .collect(),
+                    ),
+                    _ => return Err(internal(&node.name)),
+                }
+            }
             Op::MaxPool2d(p) => {
                 let (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) =
                     (m.layouts[a], m.layouts[i + 1])
