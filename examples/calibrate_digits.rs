@@ -11,9 +11,9 @@ use dfdx::prelude::*;
 use quant::digits;
 use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
-use quant::pipeline::train::{accuracy, calibrate, input, logits, predictions, train, Phase};
+use quant::pipeline::train::{accuracy, calibrate, logits, predictions, train, Phase};
 use quant_ops::convert::quantize_model;
-use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::policy::Policy;
 use quant_ops::report::layer_report;
 
@@ -75,10 +75,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 &predictions(&logits::<QMlp, X>(&dev, &q, &data.test, 256)?),
                 &data.test.labels,
             );
-            let mut reference = q.clone();
-            reference.set_mode("*", QuantizerMode::Disabled)?;
-            let x = input::<X>(&dev, pixels.clone(), 256)?;
-            let sqnr: Vec<String> = layer_report(&reference, &mut q, x)?
+            let sqnr: Vec<String> = layer_report(&q, &[64], &pixels)?
                 .iter()
                 .map(|l| l.sqnr_db.map_or("-".into(), |v| format!("{v:.1}")))
                 .collect();

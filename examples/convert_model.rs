@@ -17,8 +17,8 @@ use dfdx::prelude::*;
 
 use quant::digits::{self, Split, CLASSES};
 use quant::prelude::*;
-use quant::quant_ops::convert::{quantize_model, LayerKind, LayerQuantization};
-use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant::quant_ops::convert::{quantize_model, LayerKind};
+use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerSpec, Slot};
 use quant::quant_ops::nn::builders as qnn;
 use quant::quant_ops::observers::ObserverConfig;
 use quant::quant_ops::report::{layer_report, layer_table};
@@ -44,32 +44,32 @@ fn spec(config: impl Into<QuantizerConfig>) -> QuantizerSpec {
 /// linear layers, 8-bit inputs (straight-through) for max pooling, flattening left float; by
 /// name, the first convolution and the last linear layer on 8-bit weights (the layers most
 /// sensitive to quantization, as QuanTransformer's `special_layers` example keeps them).
-fn policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantization> {
+fn policy(name: &str, kind: LayerKind, slot: Slot) -> quant::Result<Option<QuantizerSpec>> {
     let special = ["0.0", "2.3"];
     let weight_bits = if special.contains(&name) { 8 } else { 4 };
-    let weights = WeightsQuantizerConfig::new(
-        TrainingMethod::Lsq,
-        QuantizationMethod::Symmetric,
-        weight_bits,
-    );
     let input = |id| ActivationQuantizerConfig::new(id, QuantizationMethod::Symmetric, 8);
-    Ok(match kind {
-        LayerKind::Conv2d | LayerKind::Linear => LayerQuantization {
-            weights: Some(spec(weights)),
-            input: Some(spec(input(TrainingMethod::Lsq))),
-        },
-        LayerKind::MaxPool2d | LayerKind::AvgPool2d => LayerQuantization {
-            weights: None,
-            input: Some(spec(input(TrainingMethod::Ste))),
-        },
-        _ => LayerQuantization::default(),
+    Ok(match (kind, slot) {
+        (LayerKind::Conv2d | LayerKind::Linear, Slot::WEIGHTS) => Some(spec(
+            WeightsQuantizerConfig::new(
+                TrainingMethod::Lsq,
+                QuantizationMethod::Symmetric,
+                weight_bits,
+            ),
+        )),
+        (LayerKind::Conv2d | LayerKind::Linear, _) => Some(spec(input(TrainingMethod::Lsq))),
+        (LayerKind::MaxPool2d | LayerKind::AvgPool2d, _) => Some(spec(input(TrainingMethod::Ste))),
+        _ => None,
     })
 }
 
 /// `policy`, printing each decision as the conversion asks for it.
-fn printing_policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantization> {
-    let decision = policy(name, kind)?;
-    let show = |s: &Option<QuantizerSpec>| match s {
+fn printing_policy(
+    name: &str,
+    kind: LayerKind,
+    slot: Slot,
+) -> quant::Result<Option<QuantizerSpec>> {
+    let decision = policy(name, kind, slot)?;
+    let shown = match &decision {
         None => "float".to_string(),
         Some(s) => format!(
             "{} {} {}-bit{}",
@@ -83,15 +83,10 @@ fn printing_policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantizati
             }
         ),
     };
-    let weights = if kind.has_weights() {
-        show(&decision.weights)
-    } else {
-        "-".to_string()
-    };
     println!(
-        "  {name:<5} {:<10} weights: {weights:<32} input: {}",
+        "  {name:<5} {:<10} {:<8} {shown}",
         kind.to_string(),
-        show(&decision.input)
+        slot.name
     );
     Ok(decision)
 }
@@ -175,7 +170,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     q.try_forward_mut(calib.clone())?;
     let n = q.finish_calibration()?;
     println!("\ncalibrated {n} quantizers on 256 training images:");
-    let report = layer_report(&cnn, &mut q, calib)?;
+    let report = layer_report(&q, &[1, 8, 8], &calib.as_vec())?;
     print!("{}", layer_table(&report));
 
     let quant_acc = accuracy(&q.try_forward(test_x)?.as_vec(), &data.test.labels);

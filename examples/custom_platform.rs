@@ -91,10 +91,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
         println!("PTQ for {platform}: {:.2}%", 100.0 * acc);
         let (pixels, _) = data.train.gather(&(0..128).collect::<Vec<_>>());
-        let x = quant::pipeline::train::input::<(usize, Const<64>)>(&dev, pixels, 128)?;
-        let mut reference = q.clone();
-        reference.set_mode("*", quant_ops::layers::QuantizerMode::Disabled)?;
-        println!("{}", layer_table(&layer_report(&reference, &mut q, x)?));
+        println!("{}", layer_table(&layer_report(&q, &[64], &pixels)?));
     }
     Ok(())
 }

@@ -21,8 +21,9 @@ use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 
 use quant::prelude::*;
-use quant::quant_ops::convert::{quantize_model, LayerKind, LayerQuantization, Quantize};
+use quant::quant_ops::convert::{quantize_model, LayerKind};
 use quant::quant_ops::layers::{
+    Slot,
     QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec,
 };
 use quant::quant_ops::observers::ObserverConfig;
@@ -99,23 +100,25 @@ fn spec(config: impl Into<QuantizerConfig>) -> QuantizerSpec {
 
 /// LSQ everywhere (trainable scales): 4-bit weights per channel, 8-bit inputs; the bounded
 /// activation's input on 6 bits.
-fn policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantization> {
-    let weights =
-        WeightsQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4);
+fn policy(name: &str, _kind: LayerKind, slot: Slot) -> quant::Result<Option<QuantizerSpec>> {
     let input_bits = if name.ends_with("act") { 6 } else { 8 };
-    let input = ActivationQuantizerConfig::new(
-        TrainingMethod::Lsq,
-        QuantizationMethod::Symmetric,
-        input_bits,
-    );
-    Ok(LayerQuantization {
-        weights: kind.has_weights().then(|| spec(weights)),
-        input: Some(spec(input)),
-    })
+    Ok(Some(match slot.target {
+        QuantizationTarget::Weights => spec(WeightsQuantizerConfig::new(
+            TrainingMethod::Lsq,
+            QuantizationMethod::Symmetric,
+            4,
+        )),
+        QuantizationTarget::Activation => spec(ActivationQuantizerConfig::new(
+            TrainingMethod::Lsq,
+            QuantizationMethod::Symmetric,
+            input_bits,
+        )),
+    }))
 }
 
 fn print_quantizers(model: &mut impl QuantizedModule) -> quant::Result<()> {
-    model.visit_quantizers("", &mut |name, q| {
+    model.visit_slots("", &mut |s| {
+        let (name, q) = (s.name(), s.quantizer);
         let Some(d) = q.describe() else {
             println!("  {name:<28} float");
             return Ok(());
@@ -170,7 +173,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // ----- 3. conversion, calibration, per-quantizer control -----
     println!("\n== converted by the policy (a user's layer is LayerKind::Custom)");
-    let mut q = low_rank.quantize("mix", &policy)?;
+    let mut q = quantize_model(&low_rank, &policy)?;
     print_quantizers(&mut q)?;
     q.try_forward_mut(x.clone())?;
     let n = q.finish_calibration()?;
@@ -224,8 +227,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let moved = |before: &[f32], after: &[f32]| max_abs_diff(before, after);
     println!(
-        "  mix.up weights moved by up to {:.4}; mix.up_quantizer scales by up to {:.5}; \
-         act.input_quantizer scale by {:.5}",
+        "  mix.up weights moved by up to {:.4}; mix.up scales by up to {:.5}; \
+         act.input scale by {:.5}",
         moved(&up, &model.mix.layer.up.as_vec()),
         moved(&up_scales, &model.mix.up_quantizer.learned.as_vec()),
         moved(&act_scale, &model.act.input_quantizer.learned.as_vec()),

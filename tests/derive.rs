@@ -11,11 +11,11 @@ use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 
 use quant::prelude::*;
-use quant_ops::convert::{quantize_model, LayerKind, LayerQuantization, Quantize};
+use quant_ops::convert::{quantize_model, LayerKind};
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{
-    QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec,
+    QuantizedModule, QuantizedModuleExt, Slot, QuantizerControl, QuantizerMode, QuantizerSpec,
 };
 use quant_ops::observers::ObserverConfig;
 use quant_ops::report::layer_report;
@@ -79,12 +79,12 @@ fn activations(id: TrainingMethod, bits: u32) -> QuantizerSpec {
 fn uniform_policy(
     id: TrainingMethod,
     bits: u32,
-) -> impl Fn(&str, LayerKind) -> quant::Result<LayerQuantization> {
-    move |_: &str, _: LayerKind| {
-        Ok(LayerQuantization {
-            weights: Some(weights(id, bits)),
-            input: Some(activations(id, bits)),
-        })
+) -> impl Fn(&str, LayerKind, Slot) -> quant::Result<Option<QuantizerSpec>> {
+    move |_: &str, _: LayerKind, slot: Slot| {
+        Ok(Some(match slot.target {
+            QuantizationTarget::Weights => weights(id, bits),
+            QuantizationTarget::Activation => activations(id, bits),
+        }))
     }
 }
 
@@ -98,9 +98,7 @@ fn gated_mix(dev: &Cpu) -> GatedMix<3> {
 
 /// Converts, calibrates on `x` and freezes.
 fn calibrated(layer: &GatedMix<3>, x: &Tensor<Rank2<4, 3>, f32, Cpu>, bits: u32) -> QGatedMix<3> {
-    let mut q = layer
-        .quantize("mix", &uniform_policy(TrainingMethod::Ste, bits))
-        .unwrap();
+    let mut q = quantize_model(layer, &uniform_policy(TrainingMethod::Ste, bits)).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     assert_eq!(q.finish_calibration().unwrap(), 3);
     q
@@ -121,24 +119,23 @@ fn wrapped_layer_names_its_quantizers_and_is_float_until_configured() {
         layer.forward(x.clone()).array()
     );
     let mut names = Vec::new();
-    q.visit_quantizers("mix", &mut |name, _| {
-        names.push(name.to_string());
+    q.visit_slots("mix", &mut |s| {
+        assert_eq!(s.kind, LayerKind::Custom);
+        names.push((s.name(), s.slot.per_channel));
         Ok(())
     })
     .unwrap();
     assert_eq!(
         names,
         [
-            "mix.input_quantizer",
-            "mix.weight_quantizer",
-            "mix.gate_quantizer"
+            ("mix.input".to_string(), false),
+            ("mix.weight".to_string(), true),
+            ("mix.gate".to_string(), false)
         ]
     );
     // Converted (and named from the layer as the root): the `channels = N` field per channel,
     // the other per tensor although the policy asks for per-channel weights.
-    let mut q = layer
-        .quantize("mix", &uniform_policy(TrainingMethod::Lsq, 4))
-        .unwrap();
+    let mut q = quantize_model(&layer, &uniform_policy(TrainingMethod::Lsq, 4)).unwrap();
     let described: Vec<(String, bool)> = q
         .quantizers()
         .unwrap()
@@ -148,9 +145,9 @@ fn wrapped_layer_names_its_quantizers_and_is_float_until_configured() {
     assert_eq!(
         described,
         [
-            ("input_quantizer".to_string(), false),
-            ("weight_quantizer".to_string(), true),
-            ("gate_quantizer".to_string(), false),
+            ("input".to_string(), false),
+            ("weight".to_string(), true),
+            ("gate".to_string(), false),
         ]
     );
 }
@@ -253,9 +250,7 @@ fn wrapped_layer_trains_its_weights_and_quantizer_scales_with_adam() {
     let x = dev.sample_normal::<Rank2<32, 8>>();
     let target = teacher.forward(x.clone());
 
-    let mut q = layer
-        .quantize("mix", &uniform_policy(TrainingMethod::Lsq, 4))
-        .unwrap();
+    let mut q = quantize_model(&layer, &uniform_policy(TrainingMethod::Lsq, 4)).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
     assert_eq!(q.set_mode("*", QuantizerMode::Training).unwrap(), 3);
@@ -329,9 +324,7 @@ impl NonMutableModule for SquaredRelu {}
 fn an_input_only_layer_quantizes_its_input() {
     let dev = Cpu::seed_from_u64(3);
     let x = dev.sample_normal::<Rank2<4, 5>>();
-    let mut q = SquaredRelu {}
-        .quantize("sq", &uniform_policy(TrainingMethod::Ste, 3))
-        .unwrap();
+    let mut q = quantize_model(&SquaredRelu {}, &uniform_policy(TrainingMethod::Ste, 3)).unwrap();
     assert_eq!(q.quantizers().unwrap().len(), 1);
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
@@ -368,12 +361,9 @@ pub struct Net<E: Dtype, D: Device<E>> {
     pub head: (ReLU, Linear<16, 4, E, D>),
 }
 
-fn int8_policy(name: &str, kind: LayerKind) -> quant::Result<LayerQuantization> {
+fn int8_policy(name: &str, kind: LayerKind, slot: Slot) -> quant::Result<Option<QuantizerSpec>> {
     assert_eq!(kind, LayerKind::Linear, "{name}");
-    Ok(LayerQuantization {
-        weights: Some(weights(TrainingMethod::Lsq, 8)),
-        input: Some(activations(TrainingMethod::Lsq, 8)),
-    })
+    uniform_policy(TrainingMethod::Lsq, 8)(name, kind, slot)
 }
 
 #[test]
@@ -399,17 +389,17 @@ fn nested_model_converts_calibrates_trains_saves_exports_and_runs_on_integers() 
     assert_eq!(
         names,
         [
-            "encoder.fc1.input_quantizer",
-            "encoder.fc1.weight_quantizer",
-            "encoder.fc2.input_quantizer",
-            "encoder.fc2.weight_quantizer",
-            "head.1.input_quantizer",
-            "head.1.weight_quantizer",
+            "encoder.fc1.input",
+            "encoder.fc1.weights",
+            "encoder.fc2.input",
+            "encoder.fc2.weights",
+            "head.1.input",
+            "head.1.weights",
         ]
     );
     // Per-layer report after calibration: layers named by field, nested; 8 bits stay close to
     // the float model.
-    let report = layer_report(&float, &mut q, x.clone()).unwrap();
+    let report = layer_report(&q, &[16], &x.as_vec()).unwrap();
     let layers: Vec<&str> = report.iter().map(|l| l.layer.as_str()).collect();
     assert_eq!(layers, ["encoder.fc1", "encoder.fc2", "head.1"]);
     for l in &report {
@@ -449,7 +439,7 @@ fn nested_model_converts_calibrates_trains_saves_exports_and_runs_on_integers() 
     fresh.load_safetensors(&path).unwrap();
     assert_eq!(fresh.try_forward(x.clone()).unwrap().array(), y.array());
     assert_eq!(
-        fresh.encoder.fc2.weight_quantizer.mode(),
+        fresh.encoder.fc2.weights_quantizer.mode(),
         QuantizerMode::Training
     );
     std::fs::remove_dir_all(&dir).ok();
@@ -483,8 +473,8 @@ fn derived_models_and_tuples_nest_both_ways() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(names[0], "0.fc1.input_quantizer");
-    assert_eq!(names[5], "2.weight_quantizer");
+    assert_eq!(names[0], "0.fc1.input");
+    assert_eq!(names[5], "2.weights");
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
     let y = q.try_forward(x.clone()).unwrap();
@@ -524,10 +514,10 @@ fn concrete_model_with_a_user_layer_builds_converts_and_trains() {
     assert_eq!(copy.unwrap().out.weight.as_vec(), float.out.weight.as_vec());
     assert!(float.mix.weight.as_vec().iter().any(|w| *w != 0.0));
 
-    let policy = |name: &str, kind: LayerKind| -> quant::Result<LayerQuantization> {
+    let policy = |name: &str, kind: LayerKind, slot: Slot| {
         match (name, kind) {
             ("mix", LayerKind::Custom) | ("out", LayerKind::Linear) => {
-                uniform_policy(TrainingMethod::Lsq, 6)(name, kind)
+                uniform_policy(TrainingMethod::Lsq, 6)(name, kind, slot)
             }
             other => panic!("unexpected layer {other:?}"),
         }
@@ -545,11 +535,11 @@ fn concrete_model_with_a_user_layer_builds_converts_and_trains() {
     assert_eq!(
         names,
         [
-            "mix.input_quantizer",
-            "mix.weight_quantizer",
-            "mix.gate_quantizer",
-            "out.input_quantizer",
-            "out.weight_quantizer",
+            "mix.input",
+            "mix.weight",
+            "mix.gate",
+            "out.input",
+            "out.weights",
         ]
     );
     q.set_mode("*", QuantizerMode::Training).unwrap();
@@ -572,9 +562,17 @@ fn concrete_model_with_a_user_layer_builds_converts_and_trains() {
         opt.update(&mut q, &loss.backward()).unwrap();
     }
     assert!(losses[19] < losses[0], "loss should fall: {losses:?}");
-    let report = layer_report(&float, &mut q, x).unwrap();
+    // The user's layer has no graph form: the report lists every layer's quantizers, without
+    // SQNRs, and export says why it cannot run on integers.
+    let report = layer_report(&q, &[16], &x.as_vec()).unwrap();
     let layers: Vec<&str> = report.iter().map(|l| l.layer.as_str()).collect();
     assert_eq!(layers, ["mix", "out"]);
+    assert!(report.iter().all(|l| l.quantizers.len() >= 2 && l.sqnr_db.is_none()));
+    let err = export_model(&q, &[16], BTreeMap::new()).unwrap_err().to_string();
+    assert!(
+        err.contains("layer `mix`") && err.contains("GatedMix") && err.contains("#[derive(QuantizedLayer)]"),
+        "{err}"
+    );
 }
 
 /// A layer written dfdx-style (generic over the dtype and device, with a const parameter): a
@@ -646,38 +644,6 @@ fn generic_layers_and_models_with_const_parameters() {
     assert!(q.to_dtype::<f32>().scale.is_some());
 }
 
-/// Whether `T` implements `Export`, decided at compile time: method resolution prefers the
-/// inherent method (bounded on `T: Export`) and falls back to the trait method reached by
-/// auto-ref when the bound does not hold.
-struct Probe<T>(std::marker::PhantomData<T>);
-
-trait NoExport {
-    fn exports(&self) -> bool {
-        false
-    }
-}
-
-impl<T> NoExport for &Probe<T> {}
-
-impl<T: quant_ops::export::Export> Probe<T> {
-    fn exports(&self) -> bool {
-        true
-    }
-}
-
-#[test]
-// The explicit `&` is the probe: without the bound, resolution falls back to `&Probe`'s trait.
-#[allow(clippy::needless_borrow)]
-fn twins_export_only_when_every_layer_has_an_integer_form() {
-    use std::marker::PhantomData;
-    assert!((&Probe::<QNet>(PhantomData)).exports());
-    assert!((&Probe::<(QEncoder, QNet)>(PhantomData)).exports());
-    // A user's layer has no integer form, so neither has a twin holding one: export_model on
-    // it does not compile (rather than failing at run time).
-    assert!(!(&Probe::<QGatedMix<4>>(PhantomData)).exports());
-    assert!(!(&Probe::<QuantMixer>(PhantomData)).exports());
-}
-
 /// Seven fields: dfdx's field lists hold at most six, so the visit nests.
 #[derive(Clone, Debug, QuantizedModel)]
 pub struct Deep<E: Dtype, D: Device<E>> {
@@ -717,7 +683,7 @@ fn models_with_more_than_six_fields_save_and_load() {
             .cloned()
             .collect();
     assert!(
-        names.contains(&"l4.weight_quantizer.learned".to_string()),
+        names.contains(&"l4.weights_quantizer.learned".to_string()),
         "{names:?}"
     );
     let mut fresh = quantize_model(&float, &int8_policy).unwrap();

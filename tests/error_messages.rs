@@ -19,8 +19,9 @@ use quant::prelude::*;
 use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_affine};
 use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
 use quant_ops::checkpoint::{load_checkpoint, CheckpointError};
-use quant_ops::convert::{quantize_model, LayerKind, LayerQuantization};
-use quant_ops::export::{export_model, ExportError, ExportedModel};
+use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::layers::Slot;
+use quant_ops::export::{self, export_model, ExportError, QuantFormat};
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
 use quant_ops::observers::{HistogramBins, ObserverConfig};
 use quant_ops::policy::{Policy, PolicyError};
@@ -199,61 +200,56 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
     let act4 = ActivationQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Uniform, 4);
 
     // ConfigMismatch: an activation config in the weights slot of layer 2.
-    let wrong_target = |name: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
-        Ok(LayerQuantization {
-            weights: Some(spec(if name == "2" {
-                QuantizerConfig::from(act4.clone())
-            } else {
-                lsq4.clone().into()
-            })),
-            input: Some(spec(act4.clone())),
-        })
+    let wrong_target = |name: &str, _: LayerKind, slot: Slot| -> quant::Result<Option<QuantizerSpec>> {
+        Ok(Some(spec(match slot {
+            Slot::WEIGHTS if name != "2" => QuantizerConfig::from(lsq4.clone()),
+            _ => act4.clone().into(),
+        })))
     };
     let e = quantize_model(&float, &wrong_target).unwrap_err();
     assert!(matches!(e, QuantError::At { .. }));
     assert!(matches!(e.root(), QuantError::ConfigMismatch { .. }));
     has(
         &e.to_string(),
-        &["2.weight_quantizer", "quantizes Weights", "Activation"],
+        &["2.weights", "quantizes Weights", "Activation"],
     );
 
     // TooManyParameters: the user's quantizer does not fit a runtime slot.
-    let greedy = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
-        Ok(LayerQuantization {
-            weights: Some(spec(WeightsQuantizerConfig::new(
+    let greedy = |_: &str, _: LayerKind, slot: Slot| -> quant::Result<Option<QuantizerSpec>> {
+        Ok((slot == Slot::WEIGHTS).then(|| {
+            spec(WeightsQuantizerConfig::new(
                 TrainingMethod::Greedy,
                 QuantizationMethod::Symmetric,
                 4,
-            ))),
-            input: None,
-        })
+            ))
+        }))
     };
     let e = quantize_model(&float, &greedy).unwrap_err();
     assert!(matches!(e.root(), QuantError::TooManyParameters { .. }));
     has(
         &e.to_string(),
-        &["0.weight_quantizer", "GreedyQuantizer", "at most"],
+        &["0.weights", "GreedyQuantizer", "at most"],
     );
 
     // NotInitialized: calibration finished before any batch was observed.
-    let lsq = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
-        Ok(LayerQuantization {
-            weights: Some(spec(lsq4.clone())),
-            input: Some(spec(act4.clone())),
-        })
+    let lsq = |_: &str, _: LayerKind, slot: Slot| -> quant::Result<Option<QuantizerSpec>> {
+        Ok(Some(match slot {
+            Slot::WEIGHTS => spec(lsq4.clone()),
+            _ => spec(act4.clone()),
+        }))
     };
     let mut q = quantize_model(&float, &lsq).unwrap();
     let e = q.finish_calibration().unwrap_err();
     assert!(matches!(e.root(), QuantError::NotInitialized { .. }));
     has(
         &e.to_string(),
-        &["0.", "_quantizer", "run forward_mut on calibration batches"],
+        &["0.input", "run forward_mut on calibration batches"],
     );
 
-    // ExportError::Unsupported: a layer that was never calibrated has no integer form.
+    // ExportError::Unsupported: a quantizer still calibrating has no export form.
     let e = export_model(&q, &[4], Default::default()).unwrap_err();
     assert!(matches!(e, ExportError::Unsupported { .. }));
-    has(&e.to_string(), &["layer `0`", "not calibrated"]);
+    has(&e.to_string(), &["layer `0.input`", "still calibrating"]);
 }
 
 // ----- files: policy, checkpoint, export, run --------------------------------------------------
@@ -276,18 +272,18 @@ fn file_errors_name_the_file() {
     assert!(matches!(e, CheckpointError::Io { .. }));
     has(&e.to_string(), &["no-such.safetensors"]);
 
-    let e = ExportedModel::load(&dir.join("no-such-export")).unwrap_err();
+    let e = export::load(&dir.join("no-such-export")).unwrap_err();
     assert!(matches!(e, ExportError::Io { .. }));
     has(&e.to_string(), &["no-such-export", "model.json"]);
 
     // Saving where a regular file blocks the directory.
     let blocker = dir.join("blocker");
     std::fs::write(&blocker, b"not a directory").unwrap();
-    let exported = ExportedModel::load(
+    let graph = export::load(
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile/export/valid"),
     )
     .unwrap();
-    let e = exported.save(&blocker.join("export")).unwrap_err();
+    let e = export::save(&graph, &blocker.join("export"), &[&QuantFormat]).unwrap_err();
     assert!(matches!(e, ExportError::Io { .. }));
     has(
         &e.to_string(),
@@ -299,7 +295,7 @@ fn file_errors_name_the_file() {
     let users = dir.join("users");
     std::fs::create_dir(&users).unwrap();
     std::fs::write(users.join("notes.txt"), b"mine").unwrap();
-    let e = exported.save(&users).unwrap_err();
+    let e = export::save(&graph, &users, &[&QuantFormat]).unwrap_err();
     has(&e.to_string(), &["users", "notes.txt", "did not write"]);
     let e = quant_ops::fs::check_export_dir(std::path::Path::new("bad\0name")).unwrap_err();
     assert!(matches!(e, quant_ops::fs::OutputError::Io { .. }), "{e}");

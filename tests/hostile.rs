@@ -10,7 +10,7 @@ use dfdx::prelude::*;
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
 use quant_ops::checkpoint::load_checkpoint;
-use quant_ops::export::ExportedModel;
+use quant_ops::export;
 use quant_ops::integer::IntegerModel;
 use quant_ops::policy::Policy;
 
@@ -53,7 +53,7 @@ fn load(loader: &str, path: &Path) -> Result<(), String> {
                 .map_err(|e| chain(&e))
         }
         "export" => {
-            let model = ExportedModel::load(path).map_err(|e| chain(&e))?;
+            let model = export::load(path).map_err(|e| chain(&e))?;
             let integer = IntegerModel::new(&model).map_err(|e| chain(&e))?;
             // A valid model runs on a batch of two samples and gives finite logits.
             let x: Vec<f32> = (0..2 * integer.input_features())

@@ -15,7 +15,7 @@ use serde_json::Value;
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
 use quant_ops::checkpoint::check_safetensors;
-use quant_ops::export::ExportedModel;
+use quant_ops::export::{self, QuantFormat};
 use quant_ops::integer::IntegerModel;
 use quant_ops::policy::{Policy, PolicyError};
 
@@ -332,7 +332,7 @@ impl Drop for Scratch {
 fn export_files(dir: &Path, meta: &[u8], tensors: &[u8]) {
     std::fs::write(dir.join("model.json"), meta).unwrap();
     std::fs::write(dir.join("model.safetensors"), tensors).unwrap();
-    let model = match ExportedModel::load(dir) {
+    let model = match export::load(dir) {
         Ok(m) => m,
         Err(e) => {
             let m = e.to_string();
@@ -588,12 +588,12 @@ fn the_valid_controls_load_run_and_survive_a_round_trip() {
             .join("hostile")
             .join("export")
             .join(name);
-        let model = ExportedModel::load(&dir).unwrap();
+        let model = export::load(&dir).unwrap();
         let integer = IntegerModel::new(&model).unwrap();
         assert!(integer.macs_per_sample() > 0);
         let scratch = Scratch::new(&format!("round-trip-{name}"));
         let out = scratch.0.join("export");
-        model.save(&out).unwrap();
-        assert_eq!(ExportedModel::load(&out).unwrap(), model);
+        export::save(&model, &out, &[&QuantFormat]).unwrap();
+        assert_eq!(export::load(&out).unwrap(), model);
     }
 }

@@ -21,7 +21,8 @@ use quant_core::kernels::{
     fake_quantize_affine_into, fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine,
 };
 use quant_core::{registry, ParamBank, ParamBankMut, MAX_PARAMETERS};
-use quant_ops::convert::{quantize_model, LayerKind, LayerQuantization, Quantize};
+use quant_ops::convert::{quantize_model, LayerKind, Quantize};
+use quant_ops::layers::Slot;
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
@@ -309,26 +310,28 @@ fn policy(
     id: TrainingMethod,
     per_channel: bool,
     rounding: RoundingPolicy,
-) -> impl Fn(&str, LayerKind) -> quant::Result<LayerQuantization> {
-    move |_, kind| {
+) -> impl Fn(&str, LayerKind, Slot) -> quant::Result<Option<QuantizerSpec>> {
+    move |_, kind, slot| {
         if !kind.has_weights() {
-            return Ok(LayerQuantization::default());
+            return Ok(None);
         }
-        let mut w = WeightsQuantizerConfig::new(id, w_method, w_bits);
-        w.per_channel = per_channel;
-        w.rounding = rounding;
-        let mut a = ActivationQuantizerConfig::new(id, QuantizationMethod::Uniform, a_bits);
-        a.rounding = rounding;
-        Ok(LayerQuantization {
-            weights: Some(QuantizerSpec {
-                config: w.into(),
-                observer: ObserverConfig::MinMax,
-            }),
-            input: Some(QuantizerSpec {
-                config: a.into(),
-                observer: ObserverConfig::MinMax,
-            }),
-        })
+        let config = match slot.target {
+            QuantizationTarget::Weights => {
+                let mut w = WeightsQuantizerConfig::new(id, w_method, w_bits);
+                w.per_channel = per_channel;
+                w.rounding = rounding;
+                w.into()
+            }
+            QuantizationTarget::Activation => {
+                let mut a = ActivationQuantizerConfig::new(id, QuantizationMethod::Uniform, a_bits);
+                a.rounding = rounding;
+                a.into()
+            }
+        };
+        Ok(Some(QuantizerSpec {
+            config,
+            observer: ObserverConfig::MinMax,
+        }))
     }
 }
 
@@ -346,7 +349,6 @@ where
     M: Quantize,
     M::Quantized: ModuleMut<Tensor<S, f32, Cpu>, Error = QuantError>
         + Module<Tensor<S, f32, Cpu>, Error = QuantError>
-        + quant_ops::export::Export
         + quant_ops::layers::QuantizedModule,
     <M::Quantized as Module<Tensor<S, f32, Cpu>>>::Output: AsVec<f32>,
 {

@@ -149,7 +149,8 @@ jcase("not_json.json", ["expected"], b"\x00\x01\x02garbage")
 jcase("deep_nesting.json", ["line 1"], "[" * 20000 + "]" * 20000)
 jcase("empty.json", ["EOF"], "")
 
-# ----- exports (quant_ops::export::ExportedModel::load, then IntegerModel::new) ---------------
+# ----- exports (quant_ops::export::load, then IntegerModel::new) -----------------------------
+# Format version 2: model.json holds a graph of named nodes (see quant_ops::graph).
 
 
 def quantizer(method, bits, signed, scales, zps, axis=None, training="Lsq"):
@@ -159,17 +160,49 @@ def quantizer(method, bits, signed, scales, zps, axis=None, training="Lsq"):
             "origin": {"training_method": training, "quantizer": None, "bits": bits, "method": method}}
 
 
-def linear(name, i, o, in_q=None, w_q=None):
-    return {"op": "Weighted", "name": name,
-            "geometry": {"layer": "Linear", "in_features": i, "out_features": o},
-            "input": in_q or quantizer("Uniform", 8, False, [0.02], [10]),
-            "weights": w_q or quantizer("Symmetric", 8, True, [0.01] * o, [0] * o, axis=0),
-            "weight_tensor": name + ".weight", "bias_tensor": name + ".bias"}
+IN_Q = quantizer("Uniform", 8, False, [0.02], [10])
 
 
-def meta(ops, input_shape=(4,), **over):
-    m = {"format": "quant-integer-model", "format_version": 1, "quant_version": "0.1.0",
-         "input_shape": list(input_shape), "info": {"model": "hostile"}, "ops": ops}
+def weights_q(o):
+    return quantizer("Symmetric", 8, True, [0.01] * o, [0] * o, axis=0)
+
+
+def quantize(name, inp, q=None):
+    return {"name": name, "inputs": [inp], "op": {"type": "Quantize", "quantizer": q or IN_Q}}
+
+
+def param(tensor, encoding, q=None):
+    p = {"tensor": tensor, "encoding": encoding}
+    if q is not None:
+        p["quantizer"] = q
+    return p
+
+
+def linear(name, inp, i, o, w_q=None, weight=None):
+    return {"name": name, "inputs": [inp],
+            "op": {"type": "Linear", "in_features": i, "out_features": o,
+                   "weight": param(weight or name + ".weight", "codes", w_q or weights_q(o)),
+                   "bias": param(name + ".bias", "accumulator")}}
+
+
+def conv(name, inp, c, o, k, s=1, p=0, groups=1):
+    return {"name": name, "inputs": [inp],
+            "op": {"type": "Conv2d",
+                   "geometry": {"in_channels": c, "out_channels": o, "kernel": k, "stride": s, "padding": p,
+                                "groups": groups},
+                   "weight": param(name + ".weight", "codes", weights_q(o)),
+                   "bias": param(name + ".bias", "accumulator")}}
+
+
+def simple(name, inp, op, **fields):
+    return {"name": name, "inputs": [inp], "op": dict({"type": op}, **fields)}
+
+
+def meta(nodes, input_shape=(4,), output=None, **over):
+    m = {"format": "quant-integer-model", "format_version": 2, "quant_version": "0.1.0",
+         "graph": {"input": {"name": "input", "shape": list(input_shape)}, "nodes": nodes,
+                   "output": output if output is not None else (nodes[-1]["name"] if nodes else "input"),
+                   "info": {"model": "hostile"}}}
     m.update(over)
     return m
 
@@ -198,15 +231,24 @@ W0 = [3, -7, 12, 0, 5, 1, -1, 9, -20, 4, 6, -2]  # [3, 4]
 B0 = [100, -50, 7]
 W1 = [10, -3, 5, -8, 2, 6]  # [2, 3]
 B1 = [-4, 9]
-VALID_OPS = [linear("0", 4, 3), {"op": "Relu"}, linear("2", 3, 2)]
+# The MLP control: input -> 0.input -> 0 (Linear 4->3) -> 1 (ReLU) -> 2.input -> 2 (Linear 3->2).
+VALID_NODES = [quantize("0.input", "input"), linear("0", "0.input", 4, 3), simple("1", "0", "Relu"),
+               quantize("2.input", "1"), linear("2", "2.input", 3, 2)]
 VALID_TENSORS = [("0.weight", "I8", [3, 4], i8(W0)), ("0.bias", "I32", [3], i32(B0)),
                  ("2.weight", "I8", [2, 3], i8(W1)), ("2.bias", "I32", [2], i32(B1))]
 
 
+def with_node(i, node):
+    """VALID_NODES with node i replaced."""
+    return VALID_NODES[:i] + [node] + VALID_NODES[i + 1:]
+
+
 def export(name, contains, metadata=None, tensors=None, raw_meta=None, raw_tensors=None, skip=()):
     d = os.path.join("export", name)
+    if os.path.isdir(os.path.join(ROOT, d)):
+        shutil.rmtree(os.path.join(ROOT, d))
     if "model.json" not in skip:
-        text = raw_meta if raw_meta is not None else json.dumps(metadata if metadata is not None else meta(VALID_OPS), indent=1)
+        text = raw_meta if raw_meta is not None else json.dumps(metadata if metadata is not None else meta(VALID_NODES), indent=1)
         full = os.path.join(ROOT, d, "model.json")
         os.makedirs(os.path.dirname(full), exist_ok=True)
         with open(full, "wb") as f:
@@ -220,10 +262,15 @@ def export(name, contains, metadata=None, tensors=None, raw_meta=None, raw_tenso
     CASES.append((d, "export", contains))
 
 
+# Exports of an older format of this generator are replaced whole.
+if os.path.isdir(os.path.join(ROOT, "export")):
+    shutil.rmtree(os.path.join(ROOT, "export"))
+
 VALID_ST = st_bytes(VALID_TENSORS)
 # The control: a valid export, which must load and run (tests/hostile.rs checks it does).
 export("valid", [])
 
+# Files and the tensor file's header.
 export("missing_metadata", ["model.json"], skip=("model.json",))
 export("missing_tensors", ["model.safetensors"], skip=("model.safetensors",))
 export("empty_tensors", ["model.safetensors", "too short"], raw_tensors=b"")
@@ -250,7 +297,6 @@ export("shape_overflow", ["model.safetensors", "0.weight"],
            {"0.weight": {"dtype": "I8", "shape": [2**32, 2**32, 16], "data_offsets": [0, 0]}})))
 export("negative_offset", ["model.safetensors", "invalid header"],
        raw_tensors=st_bytes([], header_override='{"0.weight":{"dtype":"I8","shape":[1],"data_offsets":[-1,0]}}'))
-dup = VALID_TENSORS + [("0.weight", "I8", [3, 4], i8(W0))]
 _h = json.dumps({n: {"dtype": d, "shape": s, "data_offsets": [0, 0]} for n, d, s, _ in VALID_TENSORS})
 export("duplicated_tensor", ["model.safetensors", "0.weight", "twice"],
        raw_tensors=st_bytes([], header_override=_h[:-1] + ', "0.weight": {"dtype": "I8", "shape": [3, 4], "data_offsets": [0, 12]}}'))
@@ -258,6 +304,8 @@ export("overlapping_tensors", ["model.safetensors", "contiguous"],
        raw_tensors=st_bytes([], header_override=json.dumps(
            {"a": {"dtype": "I8", "shape": [4], "data_offsets": [0, 4]},
             "b": {"dtype": "I8", "shape": [4], "data_offsets": [2, 6]}})) + b"\x00" * 6)
+
+# Tensors against the graph.
 export("missing_bias", ["model.safetensors", "`2.bias`", "missing"], tensors=VALID_TENSORS[:3])
 export("wrong_dtype", ["model.safetensors", "`0.weight`", "F32"],
        tensors=[("0.weight", "F32", [3, 4], struct.pack("<12f", *W0))] + VALID_TENSORS[1:])
@@ -265,115 +313,134 @@ export("wrong_shape", ["model.safetensors", "`0.weight`", "[4, 3]"],
        tensors=[("0.weight", "I8", [4, 3], i8(W0))] + VALID_TENSORS[1:])
 export("bias_wrong_dtype", ["model.safetensors", "`0.bias`", "I32"],
        tensors=[VALID_TENSORS[0], ("0.bias", "I8", [3], i8(B0))] + VALID_TENSORS[2:])
-export("codes_off_grid", ["model.safetensors", "0.weight", "code 100", "[-8, 7]"],
-       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 4, True, [0.1] * 3, [0] * 3, axis=0)),
-                      {"op": "Relu"}, linear("2", 3, 2)]),
+export("codes_off_grid", ["model.json", "node `0`", "code 100", "[-8, 7]"],
+       metadata=meta(with_node(1, linear("0", "0.input", 4, 3,
+                                        w_q=quantizer("Symmetric", 4, True, [0.1] * 3, [0] * 3, axis=0)))),
        tensors=[("0.weight", "I8", [3, 4], i8([100] + W0[1:]))] + VALID_TENSORS[1:])
-export("accumulator_overflow", ["model.safetensors", "op `0`", "overflow"],
+export("tensor_shared", ["model.safetensors", "`0.weight`", "used twice"],
+       metadata=meta(with_node(4, linear("2", "2.input", 3, 2, weight="0.weight"))))
+export("accumulator_overflow", ["layer `0`", "overflow"],
        tensors=[VALID_TENSORS[0], ("0.bias", "I32", [3], i32([2**31 - 1, 0, 0]))] + VALID_TENSORS[2:])
-export("tensor_shared", ["model.json", "op `2`", "already used"],
-       metadata=meta([linear("0", 4, 3), {"op": "Relu"},
-                      dict(linear("2", 3, 2), weight_tensor="0.weight")]))
+
+# The metadata file.
 export("not_json", ["model.json", "invalid export metadata"], raw_meta=b"\x89PNG\r\n")
-export("metadata_truncated", ["model.json", "EOF"], raw_meta=json.dumps(meta(VALID_OPS))[:100])
-export("wrong_format", ["model.json", "onnx"], metadata=meta(VALID_OPS, format="onnx"))
-export("future_version", ["model.json", "format_version 99"], metadata=meta(VALID_OPS, format_version=99))
-export("unknown_field", ["model.json", "unknown field", "extra"], metadata=meta(VALID_OPS, extra=1))
-export("unknown_op", ["model.json", "Softmax"], metadata=meta(VALID_OPS + [{"op": "Softmax"}]))
-export("empty_input_shape", ["model.json", "input_shape"], metadata=meta(VALID_OPS, input_shape=()))
-export("input_shape_overflow", ["model.json", "input_shape"],
-       metadata=meta(VALID_OPS, input_shape=(2**40, 2**40)))
-export("input_shape_zero", ["model.json", "input_shape"], metadata=meta(VALID_OPS, input_shape=(0,)))
+export("metadata_truncated", ["model.json", "EOF"], raw_meta=json.dumps(meta(VALID_NODES))[:100])
+export("wrong_format", ["model.json", "onnx"], metadata=meta(VALID_NODES, format="onnx"))
+export("future_version", ["model.json", "format_version 99"], metadata=meta(VALID_NODES, format_version=99))
+export("old_version", ["model.json", "format_version 1", "export the model again"],
+       metadata=meta(VALID_NODES, format_version=1))
+export("unknown_field", ["model.json", "unknown field", "extra"], metadata=meta(VALID_NODES, extra=1))
+export("unknown_op", ["model.json", "Softmax"], metadata=meta(VALID_NODES + [simple("3", "2", "Softmax")]))
+export("empty_input_shape", ["model.json", "input shape"], metadata=meta(VALID_NODES, input_shape=()))
+export("input_shape_overflow", ["model.json", "input shape"],
+       metadata=meta(VALID_NODES, input_shape=(2**40, 2**40)))
+export("input_shape_zero", ["model.json", "input shape"], metadata=meta(VALID_NODES, input_shape=(0,)))
 export("negative_bits", ["model.json", "-1"],
-       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", -1, False, [0.02], [10]))] + VALID_OPS[1:]))
-export("bits_16", ["model.json", "op `0`", "16 bits"],
-       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 16, False, [0.02], [10]))] + VALID_OPS[1:]))
+       metadata=meta(with_node(0, quantize("0.input", "input", quantizer("Uniform", -1, False, [0.02], [10])))))
 export("zero_scale", ["model.json", "scales[0]"],
-       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 8, False, [0.0], [10]))] + VALID_OPS[1:]))
+       metadata=meta(with_node(0, quantize("0.input", "input", quantizer("Uniform", 8, False, [0.0], [10])))))
 export("huge_scale", ["model.json", "number out of range"],
-       raw_meta=json.dumps(meta(VALID_OPS)).replace("0.02", "1e999", 1))
+       raw_meta=json.dumps(meta(VALID_NODES)).replace("0.02", "1e999", 1))
 export("nan_scale", ["model.json", "invalid export metadata"],
-       raw_meta=json.dumps(meta(VALID_OPS)).replace("0.02", "NaN", 1))
-export("extreme_scales", ["layer `0`", "requantizing into `2`", "2^31"],
-       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [3e38] * 3, [0] * 3, axis=0)),
-                      {"op": "Relu"}, linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [1e-30], [10]))]))
-export("logit_scale_overflow", ["layer `2`", "overflow f32"],
-       metadata=meta([linear("0", 4, 3), {"op": "Relu"},
-                      linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [3e38], [10]),
-                             w_q=quantizer("Symmetric", 8, True, [3e38] * 2, [0] * 2, axis=0))]))
-export("logit_overflow", ["layer `2`", "overflow f32"],
-       metadata=meta([linear("0", 4, 3), {"op": "Relu"},
-                      linear("2", 3, 2, in_q=quantizer("Uniform", 8, False, [1.0], [10]),
-                             w_q=quantizer("Symmetric", 8, True, [1e36] * 2, [0] * 2, axis=0))]))
-export("per_channel_input", ["model.json", "op `0`", "per tensor"],
-       metadata=meta([linear("0", 4, 3, in_q=quantizer("Uniform", 8, False, [0.02, 0.02, 0.02, 0.02],
-                                                      [10] * 4, axis=1))] + VALID_OPS[1:]))
-export("weights_wrong_axis", ["model.json", "op `0`", "axis 1"],
-       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [0.01] * 4, [0] * 4, axis=1))]
-                     + VALID_OPS[1:]))
-export("weights_wrong_channels", ["model.json", "op `0`", "5 channels"],
-       metadata=meta([linear("0", 4, 3, w_q=quantizer("Symmetric", 8, True, [0.01] * 5, [0] * 5, axis=0))]
-                     + VALID_OPS[1:]))
-export("geometry_overflow", ["model.json", "op `0`", "weight shape"],
-       metadata=meta([linear("0", 2**62, 4)] + VALID_OPS[1:]))
-export("geometry_zero", ["model.json", "op `0`", "weight shape"],
-       metadata=meta([linear("0", 0, 3)] + VALID_OPS[1:]))
+       raw_meta=json.dumps(meta(VALID_NODES)).replace("0.02", "NaN", 1))
+export("per_channel_input", ["model.json", "node `0.input`", "per tensor"],
+       metadata=meta(with_node(0, quantize("0.input", "input",
+                                           quantizer("Uniform", 8, False, [0.02] * 4, [10] * 4, axis=1)))))
+export("weights_wrong_axis", ["model.json", "node `0`", "axis 1"],
+       metadata=meta(with_node(1, linear("0", "0.input", 4, 3,
+                                        w_q=quantizer("Symmetric", 8, True, [0.01] * 4, [0] * 4, axis=1)))))
+export("weights_wrong_channels", ["model.json", "node `0`", "5 channels"],
+       metadata=meta(with_node(1, linear("0", "0.input", 4, 3,
+                                        w_q=quantizer("Symmetric", 8, True, [0.01] * 5, [0] * 5, axis=0)))))
+export("geometry_overflow", ["model.json", "node `0`", "expects 4611686018427387904 features"],
+       metadata=meta(with_node(1, linear("0", "0.input", 2**62, 3))))
+export("geometry_zero", ["model.json", "node `0`", "weight [0, 4]"],
+       metadata=meta(with_node(1, linear("0", "0.input", 4, 0, w_q=quantizer("Symmetric", 8, True, [0.01], [0])))))
 export("geometry_negative", ["model.json", "invalid value"],
-       raw_meta=json.dumps(meta(VALID_OPS)).replace('"in_features": 4', '"in_features": -4', 1))
-export("layer_size_mismatch", ["op `2`" if False else "`2`", "receives 3 features"],
-       metadata=meta([linear("0", 4, 3), {"op": "Relu"}, linear("2", 5, 2)]),
+       raw_meta=json.dumps(meta(VALID_NODES)).replace('"in_features": 4', '"in_features": -4', 1))
+export("layer_size_mismatch", ["model.json", "node `2`", "receives [3]; expects 5 features"],
+       metadata=meta(with_node(4, linear("2", "2.input", 5, 2))),
        tensors=VALID_TENSORS[:2] + [("2.weight", "I8", [2, 5], i8(W1 + [0, 0, 0, 0])), VALID_TENSORS[3]])
-export("input_size_mismatch", ["`0`", "receives 9 features"], metadata=meta(VALID_OPS, input_shape=(9,)))
-export("no_layers", ["(model)", "no layer with weights"], metadata=meta([{"op": "Relu"}]), tensors=[])
-export("pool_first", ["(model)", "first op"], metadata=meta([{"op": "Flatten", "features": 4}] + VALID_OPS))
-export("pool_zero_stride", ["model.json", "MaxPool2d", "stride 0"],
-       metadata=meta(VALID_OPS[:2] + [{"op": "MaxPool2d", "kernel": 2, "stride": 0, "padding": 0}] + VALID_OPS[2:]))
-export("pool_after_last", ["(model)", "after the last layer"],
-       metadata=meta(VALID_OPS + [{"op": "Flatten", "features": 2}]))
-export("flatten_huge", ["model.json", "Flatten"],
-       metadata=meta(VALID_OPS[:2] + [{"op": "Flatten", "features": 2**62}] + VALID_OPS[2:]))
+export("input_size_mismatch", ["model.json", "node `0`", "receives [9]"],
+       metadata=meta(VALID_NODES, input_shape=(9,)))
 
+# The graph's structure.
+export("dangling_input", ["model.json", "node `2`", "`nowhere`", "dangling"],
+       metadata=meta(with_node(4, dict(linear("2", "2.input", 3, 2), inputs=["nowhere"]))))
+export("cycle", ["model.json", "node `0.input`", "`2`", "cyclic"],
+       metadata=meta(with_node(0, quantize("0.input", "2"))))
+export("duplicate_node", ["model.json", "node `1`", "used twice"],
+       metadata=meta(VALID_NODES[:3] + [simple("1", "1", "Relu")] + VALID_NODES[3:]))
+export("output_missing", ["model.json", "output `logits`", "names no value"],
+       metadata=meta(VALID_NODES, output="logits"))
+export("too_many_inputs", ["model.json", "node `1`", "takes one input"],
+       metadata=meta(with_node(2, dict(simple("1", "0", "Relu"), inputs=["0", "0.input"]))))
+export("bias_without_quantized_input", ["model.json", "node `2`", "input is not quantized"],
+       metadata=meta(VALID_NODES[:3] + [linear("2", "1", 3, 2)]))
 
-def conv(name, c, o, k, s=1, p=0):
-    return {"op": "Weighted", "name": name,
-            "geometry": {"layer": "Conv2d", "in_channels": c, "out_channels": o, "kernel": k, "stride": s, "padding": p},
-            "input": quantizer("Uniform", 8, False, [0.02], [10]),
-            "weights": quantizer("Symmetric", 8, True, [0.01] * o, [0] * o, axis=0),
-            "weight_tensor": name + ".weight", "bias_tensor": name + ".bias"}
-
-
+# What the integer runtime refuses.
+export("bits_16", ["layer `0.input`", "16 bits"],
+       metadata=meta(with_node(0, quantize("0.input", "input", quantizer("Uniform", 16, False, [0.02], [10])))))
+export("float_op_first", ["layer `r`", "reads float values"],
+       metadata=meta([simple("r", "input", "Relu")] + VALID_NODES), tensors=VALID_TENSORS)
+export("no_quantizer", ["layer `r`", "reads float values"], metadata=meta([simple("r", "input", "Relu")]),
+       tensors=[])
+export("extreme_scales", ["layer `2.input`", "2^31"],
+       metadata=meta(VALID_NODES[:1]
+                     + [linear("0", "0.input", 4, 3,
+                               w_q=quantizer("Symmetric", 8, True, [3e38] * 3, [0] * 3, axis=0))]
+                     + VALID_NODES[2:3]
+                     + [quantize("2.input", "1", quantizer("Uniform", 8, False, [1e-30], [10]))]
+                     + VALID_NODES[4:]))
+export("logit_scale_overflow", ["layer `2`", "overflow f32"],
+       metadata=meta(VALID_NODES[:3]
+                     + [quantize("2.input", "1", quantizer("Uniform", 8, False, [3e38], [10])),
+                        linear("2", "2.input", 3, 2,
+                               w_q=quantizer("Symmetric", 8, True, [3e38] * 2, [0] * 2, axis=0))]))
+export("logit_overflow", ["layer `2`", "overflow f32"],
+       metadata=meta(VALID_NODES[:3]
+                     + [quantize("2.input", "1", quantizer("Uniform", 8, False, [1.0], [10])),
+                        linear("2", "2.input", 3, 2,
+                               w_q=quantizer("Symmetric", 8, True, [1e36] * 2, [0] * 2, axis=0))]))
+# Feature maps.
 CONV_T = [("0.weight", "I8", [2, 1, 3, 3], i8(list(range(-9, 9)))), ("0.bias", "I32", [2], i32([1, -1]))]
-HEAD_T = [("3.weight", "I8", [2, 8], i8(list(range(-8, 8)))), ("3.bias", "I32", [2], i32([0, 0]))]
-# A valid CNN control: conv 1->2 3x3 on 4x4, ReLU, 2x2 pool stride 1 (2x2 -> 1x1... ) flatten, head.
-export("valid_cnn", [],
-       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "MaxPool2d", "kernel": 2, "stride": 2, "padding": 0},
-                      {"op": "Flatten", "features": 8}, linear("3", 8, 2)], input_shape=(1, 4, 4)),
+HEAD_T = [("4.weight", "I8", [2, 8], i8(list(range(-8, 8)))), ("4.bias", "I32", [2], i32([0, 0]))]
+# The CNN control: conv 1->2 3x3 (padding 1) on 4x4, ReLU, 2x2 max pool, flatten, linear head.
+CNN_NODES = [quantize("0.input", "input"), conv("0", "0.input", 1, 2, 3, 1, 1), simple("1", "0", "Relu"),
+             simple("2", "1", "MaxPool2d", kernel=2, stride=2, padding=0), simple("3", "2", "Flatten"),
+             quantize("4.input", "3"), linear("4", "4.input", 8, 2)]
+def with_cnn_node(i, node):
+    return CNN_NODES[:i] + [node] + CNN_NODES[i + 1:]
+
+
+export("valid_cnn", [], metadata=meta(CNN_NODES, input_shape=(1, 4, 4)), tensors=CONV_T + HEAD_T)
+export("pool_zero_stride", ["model.json", "node `2`", "stride 0"],
+       metadata=meta(with_cnn_node(3, simple("2", "1", "MaxPool2d", kernel=2, stride=0, padding=0)),
+                     input_shape=(1, 4, 4)),
        tensors=CONV_T + HEAD_T)
-export("conv_zero_stride", ["model.json", "op `0`", "stride 0"],
-       metadata=meta([conv("0", 1, 2, 3, 0, 1), {"op": "Relu"}, {"op": "Flatten", "features": 32},
-                      linear("3", 8, 2)], input_shape=(1, 4, 4)),
-       tensors=CONV_T + HEAD_T)
-export("conv_kernel_larger_than_image", ["`0`", "smaller than its 3x3 kernel"],
-       metadata=meta([conv("0", 1, 2, 3), {"op": "Relu"}, {"op": "Flatten", "features": 8},
-                      linear("3", 8, 2)], input_shape=(1, 2, 2)),
-       tensors=CONV_T + HEAD_T)
-export("pool_huge_kernel", ["(max pool)", "multiply-adds"],
-       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"},
-                      {"op": "MaxPool2d", "kernel": 2**27, "stride": 1, "padding": 2**26},
-                      {"op": "Flatten", "features": 8}, linear("3", 8, 2)], input_shape=(1, 4, 4)),
-       tensors=CONV_T + HEAD_T)
-export("activation_explosion", ["`0`", "values"],
-       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "Flatten", "features": 2 * 8192 * 8192},
-                      linear("3", 8, 2)], input_shape=(1, 8192, 8192)),
-       tensors=CONV_T + HEAD_T)
-export("flatten_mismatch", ["(flatten)", "expects 9 features"],
-       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "MaxPool2d", "kernel": 2, "stride": 2, "padding": 0},
-                      {"op": "Flatten", "features": 9}, linear("3", 9, 2)], input_shape=(1, 4, 4)),
-       tensors=CONV_T + [("3.weight", "I8", [2, 9], i8(list(range(-9, 9)))), ("3.bias", "I32", [2], i32([0, 0]))])
-export("conv_on_flat_input", ["`0`", "receives 16 features"],
-       metadata=meta([conv("0", 1, 2, 3, 1, 1), {"op": "Relu"}, {"op": "Flatten", "features": 32},
-                      linear("3", 8, 2)], input_shape=(16,)),
-       tensors=CONV_T + HEAD_T)
+export("conv_zero_stride", ["model.json", "node `0`", "stride 0"],
+       metadata=meta([CNN_NODES[0], conv("0", "0.input", 1, 2, 3, 0, 1)], input_shape=(1, 4, 4)),
+       tensors=CONV_T)
+export("conv_kernel_larger_than_image", ["model.json", "node `0`", "smaller than its 3x3 kernel"],
+       metadata=meta([CNN_NODES[0], conv("0", "0.input", 1, 2, 3)], input_shape=(1, 2, 2)), tensors=CONV_T)
+export("conv_groups_not_dividing", ["model.json", "node `0`", "groups must divide"],
+       metadata=meta([CNN_NODES[0], conv("0", "0.input", 1, 2, 3, 1, 1, groups=2)], input_shape=(1, 4, 4)),
+       tensors=CONV_T)
+export("pool_huge_kernel", ["layer `2`", "multiply-adds"],
+       metadata=meta(CNN_NODES[:2] + [simple("1", "0", "Relu"),
+                                      simple("2", "1", "MaxPool2d", kernel=2**27, stride=1, padding=2**26)],
+                     input_shape=(1, 4, 4)),
+       tensors=CONV_T)
+export("activation_explosion", ["layer `0`", "values"],
+       metadata=meta(CNN_NODES[:2], input_shape=(1, 8192, 8192)), tensors=CONV_T)
+export("conv_on_flat_input", ["model.json", "node `0`", "receives [16]"],
+       metadata=meta(CNN_NODES[:2], input_shape=(16,)), tensors=CONV_T)
+# An 80x80 kernel with padding 79 on an 8x8 image: 87x87 positions of 6400 values each. A valid
+# model (the runtime bounds its memory by running a batch in chunks); a small file.
+export("conv_kernel_80_padding_79", [],
+       metadata=meta([CNN_NODES[0], conv("0", "0.input", 1, 1, 80, 1, 79)], input_shape=(1, 8, 8)),
+       tensors=[("0.weight", "I8", [1, 1, 80, 80], i8([(i * 7) % 5 - 2 for i in range(6400)])),
+                ("0.bias", "I32", [1], i32([3]))])
 
 # ----- float checkpoints (quant_ops::checkpoint::load_checkpoint into Linear<4, 3>) -----------
 

@@ -55,8 +55,8 @@ fn check(info: &StructInfo, errors: &mut Errors) {
         if info.options.input && quantizer == "input_quantizer" {
             errors.push(syn::Error::new_spanned(
                 &f.ident,
-                "the quantizer of a weights field named `input` would be `input_quantizer`, the \
-                 name of the input quantizer; rename the field",
+                "the slot of a weights field named `input` would be `input`, the slot of the \
+                 input quantizer; rename the field",
             ));
         }
         if let Some(other) = info.fields.iter().find(|o| o.name == quantizer) {
@@ -111,13 +111,11 @@ fn generate(info: &StructInfo) -> TokenStream {
     let input = info.options.input;
 
     let weights: Vec<&FieldInfo> = info.fields.iter().filter(|f| f.options.weights).collect();
-    let has_weights = !weights.is_empty();
     let wf: Vec<&Ident> = weights.iter().map(|f| &f.ident).collect();
     let qf: Vec<Ident> = weights
         .iter()
         .map(|f| Ident::new(&quantizer_name(f), f.ident.span()))
         .collect();
-    let qnames: Vec<String> = weights.iter().map(|f| quantizer_name(f)).collect();
     let channels: Vec<TokenStream> = weights
         .iter()
         .map(|f| match &f.options.channels {
@@ -251,20 +249,64 @@ fn generate(info: &StructInfo) -> TokenStream {
     );
     let float_collection = float_collection(info, &paths, &layer_visits);
 
-    // ----- names -----
-    let visit_input = input.then(
-        || quote!(f(&#sup::join_name(prefix, "input_quantizer"), &mut self.input_quantizer)?;),
+    // ----- slots, graph -----
+    let visit_input = input.then(|| {
+        quote! {
+            f(#sup::SlotRef {
+                layer: name,
+                kind: #sup::LayerKind::Custom,
+                slot: #sup::Slot::INPUT,
+                quantizer: &mut self.input_quantizer,
+            })?;
+        }
+    });
+    let per_channel: Vec<bool> = weights.iter().map(|f| f.options.channels.is_some()).collect();
+    let slot_names: Vec<&String> = weights.iter().map(|f| &f.name).collect();
+    let lower_input = if input {
+        quote!(let x = g.quantize(&#sup::join_name(name, #sup::Slot::INPUT.name), &self.input_quantizer, x)?;)
+    } else {
+        quote!(let _ = x;)
+    };
+    let no_graph = format!(
+        "`{ident}` is a layer of your own (#[derive(QuantizedLayer)]): its forward pass is Rust \
+         code that the graph IR cannot describe, so it has no export or integer form; build the \
+         model from built-in layers to export it, or implement `QuantizedModule` for a wrapper \
+         of your own whose `lower` adds the layer's ops"
     );
     let quantized_module = quote! {
         impl #impl_generics #sup::QuantizedModule for #wrapper_ty #where_clause {
-            fn visit_quantizers(
+            fn visit_slots(
                 &mut self,
-                prefix: &str,
-                f: &mut dyn FnMut(&str, &mut dyn #sup::QuantizerControl) -> #result<()>,
+                name: &str,
+                f: &mut dyn FnMut(#sup::SlotRef<'_>) -> #result<()>,
             ) -> #result<()> {
                 #visit_input
-                #(f(&#sup::join_name(prefix, #qnames), &mut self.#qf)?;)*
+                #(
+                    f(#sup::SlotRef {
+                        layer: name,
+                        kind: #sup::LayerKind::Custom,
+                        slot: #sup::Slot {
+                            name: #slot_names,
+                            target: #sup::QuantizationTarget::Weights,
+                            per_channel: #per_channel,
+                        },
+                        quantizer: &mut self.#qf,
+                    })?;
+                )*
                 ::core::result::Result::Ok(())
+            }
+
+            fn lower(
+                &self,
+                name: &str,
+                g: &mut #sup::GraphBuilder,
+                x: #sup::ValueId,
+            ) -> ::core::result::Result<#sup::ValueId, #sup::ExportError> {
+                #lower_input
+                ::core::result::Result::Err(#sup::ExportError::Unsupported {
+                    layer: ::std::string::ToString::to_string(name),
+                    reason: ::std::string::ToString::to_string(#no_graph),
+                })
             }
         }
     };
@@ -309,63 +351,19 @@ fn generate(info: &StructInfo) -> TokenStream {
         })
         .collect();
 
-    // ----- conversion, tracing -----
+    // ----- conversion -----
     let device = match wf.first() {
         Some(w) => quote!(::core::clone::Clone::clone(self.#w.device())),
         None => quote!(<#cpu as ::core::default::Default>::default()),
     };
-    let configure_input = input.then(|| {
-        quote! {
-            #sup::configure_slot(
-                &mut q.input_quantizer,
-                name,
-                "input_quantizer",
-                #sup::QuantizationTarget::Activation,
-                decision.input.as_ref(),
-            )?;
-        }
-    });
-    // A slot without a channel axis quantizes per tensor whatever the policy's `per_channel`.
-    let weight_specs: Vec<TokenStream> = weights
-        .iter()
-        .map(|f| match f.options.channels {
-            Some(_) => quote!(decision.weights.as_ref()),
-            None => quote!(#sup::per_tensor(decision.weights.as_ref()).as_ref()),
-        })
-        .collect();
     let quantize = quote! {
         impl #impl_generics #sup::Quantize for #layer_ty #where_clause {
             type Quantized = #wrapper_ty;
 
-            fn quantize(
-                &self,
-                name: &str,
-                policy: &dyn #sup::LayerPolicy,
-            ) -> #result<Self::Quantized> {
-                let decision = #sup::LayerPolicy::layer(policy, name, #sup::LayerKind::Custom)?;
+            fn to_quantized(&self) -> Self::Quantized {
                 let dev: #cpu = #device;
-                let mut q = #wrapper::new(::core::clone::Clone::clone(self), &dev);
-                #(
-                    #sup::configure_slot(
-                        &mut q.#qf,
-                        name,
-                        #qnames,
-                        #sup::QuantizationTarget::Weights,
-                        #weight_specs,
-                    )?;
-                )*
-                #configure_input
-                ::core::result::Result::Ok(q)
+                #wrapper::new(::core::clone::Clone::clone(self), &dev)
             }
-        }
-    };
-    let (float_impl_generics, float_ty_generics, float_where) = info.generics.split_for_impl();
-    let trace_leaves = quote! {
-        impl #impl_generics #sup::TraceLeaf for #wrapper_ty #where_clause {
-            const TAP: bool = #has_weights;
-        }
-        impl #float_impl_generics #sup::TraceLeaf for #ident #float_ty_generics #float_where {
-            const TAP: bool = #has_weights;
         }
     };
 
@@ -402,7 +400,6 @@ fn generate(info: &StructInfo) -> TokenStream {
         #quantized_module
         #module_impls
         #quantize
-        #trace_leaves
         #channel_check
     }
 }

@@ -168,7 +168,26 @@ fn generate(info: &StructInfo) -> TokenStream {
     };
     let float_collection = float_collection(info, &paths, &visits);
 
-    // ----- names, conversion -----
+    // ----- slots, graph, conversion -----
+    let lower_body = if info.options.manual_forward {
+        let reason = format!(
+            "`{ident}` has a hand-written forward pass (`#[quantized(forward = manual)]`), which \
+             its graph form cannot be derived from; implement `QuantizedModule` for `{twin}` \
+             yourself, or let the derive write a forward pass that runs the fields in order"
+        );
+        quote! {
+            let _ = (g, x);
+            ::core::result::Result::Err(#sup::ExportError::Unsupported {
+                layer: ::std::string::ToString::to_string(name),
+                reason: ::std::string::ToString::to_string(#reason),
+            })
+        }
+    } else {
+        quote! {
+            #(let x = #sup::QuantizedModule::lower(&self.#fields, &#sup::join_name(name, #names), g, x)?;)*
+            ::core::result::Result::Ok(x)
+        }
+    };
     let quantized_module = {
         let mut g = twin_generics.clone();
         {
@@ -181,13 +200,22 @@ fn generate(info: &StructInfo) -> TokenStream {
         let (ig, _, wc) = g.split_for_impl();
         quote! {
             impl #ig #sup::QuantizedModule for #twin_ty #wc {
-                fn visit_quantizers(
+                fn visit_slots(
                     &mut self,
-                    prefix: &str,
-                    f: &mut dyn FnMut(&str, &mut dyn #sup::QuantizerControl) -> #result<()>,
+                    name: &str,
+                    f: &mut dyn FnMut(#sup::SlotRef<'_>) -> #result<()>,
                 ) -> #result<()> {
-                    #(#sup::QuantizedModule::visit_quantizers(&mut self.#fields, &#sup::join_name(prefix, #names), f)?;)*
+                    #(#sup::QuantizedModule::visit_slots(&mut self.#fields, &#sup::join_name(name, #names), f)?;)*
                     ::core::result::Result::Ok(())
+                }
+
+                fn lower(
+                    &self,
+                    name: &str,
+                    g: &mut #sup::GraphBuilder,
+                    x: #sup::ValueId,
+                ) -> ::core::result::Result<#sup::ValueId, #sup::ExportError> {
+                    #lower_body
                 }
             }
         }
@@ -196,14 +224,10 @@ fn generate(info: &StructInfo) -> TokenStream {
         impl #consts_impl #sup::Quantize for #float_concrete #consts_where {
             type Quantized = #twin #consts_args;
 
-            fn quantize(
-                &self,
-                name: &str,
-                policy: &dyn #sup::LayerPolicy,
-            ) -> #result<Self::Quantized> {
-                ::core::result::Result::Ok(#twin {
-                    #(#fields: #sup::Quantize::quantize(&self.#fields, &#sup::join_name(name, #names), policy)?,)*
-                })
+            fn to_quantized(&self) -> Self::Quantized {
+                #twin {
+                    #(#fields: #sup::Quantize::to_quantized(&self.#fields),)*
+                }
             }
         }
     };
@@ -248,30 +272,6 @@ fn generate(info: &StructInfo) -> TokenStream {
                 false,
             ));
         }
-        out.extend(trace(
-            &paths,
-            &twin_x_generics,
-            &twin_ty,
-            &fields,
-            &names,
-            &param_types,
-        ));
-        out.extend(trace(
-            &paths,
-            &float_generics,
-            &float_ty,
-            &fields,
-            &names,
-            &float_types,
-        ));
-        out.extend(export(
-            &paths,
-            &twin_generics,
-            &twin_ty,
-            &fields,
-            &names,
-            &param_types,
-        ));
         out
     };
     quote! {
@@ -359,79 +359,6 @@ fn sequential_module(
             fn #forward(#receiver, x: __X) -> ::core::result::Result<Self::Output, Self::Error> {
                 #(#steps)*
                 ::core::result::Result::Ok(x)
-            }
-        }
-    }
-}
-
-/// `Trace` in field order, naming each field's outputs after the field.
-fn trace(
-    paths: &Paths,
-    generics: &syn::Generics,
-    self_ty: &TokenStream,
-    fields: &[&Ident],
-    names: &[&String],
-    types: &[TokenStream],
-) -> TokenStream {
-    let Paths { sup, result, .. } = paths;
-    let tr = quote!(#sup::Trace);
-    let mut generics = generics.clone();
-    let mut input = quote!(__X);
-    let mut steps = Vec::new();
-    {
-        let w = generics.make_where_clause();
-        for ((f, n), t) in fields.iter().zip(names).zip(types) {
-            w.predicates.push(syn::parse_quote!(#t: #tr<#input>));
-            steps.push(quote!(let x = #tr::trace(&self.#f, x, &#sup::join_name(name, #n), taps)?;));
-            input = quote!(<#t as #tr<#input>>::Output);
-        }
-    }
-    let (impl_generics, _, where_clause) = generics.split_for_impl();
-    quote! {
-        impl #impl_generics #tr<__X> for #self_ty #where_clause {
-            type Output = #input;
-
-            fn trace(
-                &self,
-                x: __X,
-                name: &str,
-                taps: &mut ::std::vec::Vec<(::std::string::String, ::std::vec::Vec<f32>)>,
-            ) -> #result<Self::Output> {
-                #(#steps)*
-                ::core::result::Result::Ok(x)
-            }
-        }
-    }
-}
-
-/// `Export` in field order, for twins whose every field exports: a twin holding a layer with no
-/// integer form (a user's own layer) does not implement `Export`.
-fn export(
-    paths: &Paths,
-    generics: &syn::Generics,
-    self_ty: &TokenStream,
-    fields: &[&Ident],
-    names: &[&String],
-    types: &[TokenStream],
-) -> TokenStream {
-    let sup = &paths.sup;
-    let mut generics = generics.clone();
-    {
-        let w = generics.make_where_clause();
-        for t in types {
-            w.predicates.push(syn::parse_quote!(#t: #sup::Export));
-        }
-    }
-    let (impl_generics, _, where_clause) = generics.split_for_impl();
-    quote! {
-        impl #impl_generics #sup::Export for #self_ty #where_clause {
-            fn export(
-                &self,
-                name: &str,
-                ops: &mut ::std::vec::Vec<#sup::ExportedOp>,
-            ) -> ::core::result::Result<(), #sup::ExportError> {
-                #(#sup::Export::export(&self.#fields, &#sup::join_name(name, #names), ops)?;)*
-                ::core::result::Result::Ok(())
             }
         }
     }

@@ -1,13 +1,23 @@
-//! Converting a float dfdx model into its quantized twin under a policy, layer by layer
-//! (QuanTransformer's model transformer, ModelOpt's `quantize`).
+//! Converting a float dfdx model into its quantized twin under a policy (QuanTransformer's
+//! model transformer, ModelOpt's `quantize`), and the registry of what each float layer becomes.
 //!
-//! The twin's type follows from the float model's type: `Linear` becomes [`QLinear`], weight-free
-//! layers that a policy may quantize the input of become [`QuantInput`], everything else
-//! stays float inside [`Float`]; tuples convert element by element. What each layer's quantizers
-//! are is decided at run time by a [`LayerPolicy`], from the layer's dotted name (dfdx's own
-//! names for tuples: `0`, `2.1`, ...; field names for derived models) and kind. A layer the
-//! policy leaves float keeps unconfigured quantizers and computes exactly the float result.
-//! Float weights are copied, never re-initialised.
+//! Conversion is two steps. [`Quantize::to_quantized`] builds the twin, whose type follows
+//! from the float model's type: `Linear` becomes [`QLinear`], `Conv2d` [`QConv2d`], a weight-free
+//! layer whose input a policy may quantize (pooling, flattening) [`QuantInput`], everything
+//! else stays float inside [`Float`]; tuples convert element by element. Float weights are
+//! copied, never re-initialised. Then [`configure_model`] walks the twin's quantizer slots
+//! ([`QuantizedModule::visit_slots`]) and asks a [`LayerPolicy`] for each one, from the
+//! layer's dotted name (dfdx's own names for tuples: `0`, `2.1`, ...; field names for derived
+//! models), its [`LayerKind`] and the [`Slot`]. A slot the policy leaves float stays
+//! unconfigured and computes exactly the float result.
+//!
+//! # Adding a layer kind
+//! A weight-free layer whose graph form is one op: implement [`GraphOp`] for it (below, next
+//! to its `Quantize` impl, through `stays_float!` or `input_only!`), add its op to
+//! [`Op`](crate::graph::Op) with its shape ([`crate::graph`]), its float reference
+//! ([`crate::graph::evaluate`]) and its integer kernel ([`crate::integer`]). A layer with
+//! weights or several slots: a twin struct that implements [`QuantizedModule`] (its slots, its
+//! lowering) and a `Quantize` impl here. The README's architecture section has the checklist.
 
 use std::fmt;
 
@@ -18,49 +28,65 @@ use dfdx::nn::modules::{
 use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use quant_core::{QuantizationTarget, Result};
+use quant_core::{QuantError, Result};
 
-use crate::layers::{join_name, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizerSpec};
+use crate::graph::{Op, Parameter, PoolGeometry};
+use crate::layers::{
+    Float, QConv2d, QLinear, QuantInput, QuantizedModule, QuantizerSpec, Slot,
+};
 use crate::nn::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 
 /// The kinds of layer a policy configures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 pub enum LayerKind {
-    /// A fully connected layer (dfdx `Linear`).
+    /// A fully connected layer (dfdx `Linear`): slots `weights` and `input`.
     Linear,
-    /// A 2-D convolution.
+    /// A 2-D convolution: slots `weights` and `input`.
     Conv2d,
-    /// Max pooling (input quantizer only).
+    /// Max pooling: slot `input`.
     MaxPool2d,
-    /// Average pooling (input quantizer only).
+    /// Average pooling: slot `input`.
     AvgPool2d,
-    /// Flattening (input quantizer only).
+    /// Flattening: slot `input`.
     Flatten,
-    /// An activation quantizer placed on its own (`TensorQuantizer<1>` as a module).
-    Activation,
-    /// A user's own layer wrapped by `#[derive(QuantizedLayer)]`: its weight fields take the
-    /// weights settings, its input the input settings.
+    /// A user's own layer wrapped by `#[derive(QuantizedLayer)]`: one weights slot per
+    /// quantized field (named like the field), and `input` when it quantizes its input.
     Custom,
 }
 
 impl LayerKind {
     /// Every kind.
-    pub const ALL: [LayerKind; 7] = [
+    pub const ALL: [LayerKind; 6] = [
         LayerKind::Linear,
         LayerKind::Conv2d,
         LayerKind::MaxPool2d,
         LayerKind::AvgPool2d,
         LayerKind::Flatten,
-        LayerKind::Activation,
         LayerKind::Custom,
     ];
 
+    /// The slots layers of this kind have (a custom layer declares its own: empty here).
+    pub fn slots(self) -> &'static [Slot] {
+        match self {
+            LayerKind::Linear | LayerKind::Conv2d => &[Slot::WEIGHTS, Slot::INPUT],
+            LayerKind::MaxPool2d | LayerKind::AvgPool2d | LayerKind::Flatten => &[Slot::INPUT],
+            LayerKind::Custom => &[],
+        }
+    }
+
     /// Whether layers of this kind have weights to quantize.
     pub fn has_weights(self) -> bool {
-        matches!(
-            self,
-            LayerKind::Linear | LayerKind::Conv2d | LayerKind::Custom
-        )
+        self == LayerKind::Custom
+            || self
+                .slots()
+                .iter()
+                .any(|s| s.target == quant_core::QuantizationTarget::Weights)
+    }
+
+    /// Whether a policy's defaults (`[weights]`, `[input]`) apply to its slots; the slots of
+    /// other kinds stay float unless their kind's table or an override turns them on.
+    pub fn quantized_by_default(self) -> bool {
+        self.has_weights()
     }
 }
 
@@ -70,112 +96,99 @@ impl fmt::Display for LayerKind {
     }
 }
 
-/// What a policy decides for one layer: its weights quantizer and its input quantizer, each
-/// `None` to stay float.
-#[derive(Debug, Clone, PartialEq, Default)]
-pub struct LayerQuantization {
-    /// The weights quantizer (ignored for layers without weights).
-    pub weights: Option<QuantizerSpec>,
-    /// The input quantizer.
-    pub input: Option<QuantizerSpec>,
-}
-
-/// Decides each layer's quantizers from its dotted name and kind.
+/// Decides each quantizer slot of a model from its layer's dotted name and kind.
 pub trait LayerPolicy {
-    /// The quantizers of layer `name` of kind `kind`.
+    /// The quantizer of `slot` of layer `layer` (of `kind`); `None` leaves it float.
     ///
     /// # Errors
-    /// Whatever the policy finds wrong for this layer (the error should name it).
-    fn layer(&self, name: &str, kind: LayerKind) -> Result<LayerQuantization>;
+    /// Whatever the policy finds wrong for this slot (the error should name the layer).
+    fn slot(&self, layer: &str, kind: LayerKind, slot: Slot) -> Result<Option<QuantizerSpec>>;
 }
 
-impl<F: Fn(&str, LayerKind) -> Result<LayerQuantization>> LayerPolicy for F {
-    fn layer(&self, name: &str, kind: LayerKind) -> Result<LayerQuantization> {
-        self(name, kind)
-    }
-}
-
-/// Configures the quantizer in a layer's slot from a policy's spec, or leaves it float.
-///
-/// # Errors
-/// A spec whose target does not fit the slot, or that the quantizer rejects.
-pub fn configure_slot<Q: FakeQuantizer>(
-    slot: &mut Q,
-    layer: &str,
-    role: &str,
-    target: QuantizationTarget,
-    spec: Option<&QuantizerSpec>,
-) -> Result<()> {
-    let name = join_name(layer, role);
-    match spec {
-        None => {
-            slot.clear();
-            Ok(())
-        }
-        Some(spec) if spec.config.target() != target => {
-            Err(quant_core::QuantError::ConfigMismatch {
-                quantizer: name.clone(),
-                reason: format!(
-                    "this slot quantizes {target}, the policy gives a {} config",
-                    spec.config.target()
-                ),
-            }
-            .at(&name))
-        }
-        Some(spec) => slot.configure(&name, spec),
+impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy for F {
+    fn slot(&self, layer: &str, kind: LayerKind, slot: Slot) -> Result<Option<QuantizerSpec>> {
+        self(layer, kind, slot)
     }
 }
 
 /// A float module that converts into its quantized twin.
 pub trait Quantize {
     /// The quantized twin's type.
-    type Quantized;
-    /// Converts, naming this module `name` (dotted path from the model's root; empty at the
-    /// root) and asking `policy` for each layer's quantizers.
-    ///
-    /// # Errors
-    /// The policy's errors, or a quantizer that cannot be built from the policy's config.
-    fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized>;
+    type Quantized: QuantizedModule;
+    /// The twin, with this module's weights and every quantizer slot unconfigured (it computes
+    /// exactly what this module computes until [`configure_model`] configures it).
+    fn to_quantized(&self) -> Self::Quantized;
 }
 
-/// Configures a weighted layer's two slots as `policy` decides for `name`.
-fn configure_weighted<WQ: FakeQuantizer, AQ: FakeQuantizer>(
-    weights: &mut WQ,
-    input: &mut AQ,
-    name: &str,
-    kind: LayerKind,
+/// Configures every quantizer slot of `model` as `policy` decides (see the module docs):
+/// a spec builds the slot's quantizer (which starts Calibrating), `None` clears it. A slot
+/// without a channel axis quantizes per tensor whatever the spec says.
+///
+/// # Errors
+/// The policy's errors; a spec for the other target than the slot's (weights for an
+/// activation); a quantizer that cannot be built from its spec. Each names the quantizer.
+pub fn configure_model<M: QuantizedModule + ?Sized>(
+    model: &mut M,
     policy: &dyn LayerPolicy,
 ) -> Result<()> {
-    let decision = policy.layer(name, kind)?;
-    configure_slot(
-        weights,
-        name,
-        "weight_quantizer",
-        QuantizationTarget::Weights,
-        decision.weights.as_ref(),
-    )?;
-    configure_slot(
-        input,
-        name,
-        "input_quantizer",
-        QuantizationTarget::Activation,
-        decision.input.as_ref(),
-    )
+    model.visit_slots("", &mut |s| {
+        let name = s.name();
+        match policy.slot(s.layer, s.kind, s.slot)? {
+            None => {
+                s.quantizer.clear();
+                Ok(())
+            }
+            Some(spec) if spec.config.target() != s.slot.target => Err(QuantError::ConfigMismatch {
+                quantizer: name.clone(),
+                reason: format!(
+                    "this slot quantizes {}, the policy gives a {} config",
+                    s.slot.target,
+                    spec.config.target()
+                ),
+            }
+            .at(&name)),
+            Some(mut spec) => {
+                if !s.slot.per_channel {
+                    if let quant_core::QuantizerConfig::Weights(w) = &mut spec.config {
+                        w.per_channel = false;
+                    }
+                }
+                s.quantizer.configure(&name, &spec)
+            }
+        }
+    })
+}
+
+/// Converts `model` and configures it under `policy`: `quantize_model(&mlp, &policy)`.
+///
+/// # Errors
+/// See [`configure_model`].
+pub fn quantize_model<M: Quantize>(model: &M, policy: &dyn LayerPolicy) -> Result<M::Quantized> {
+    let mut q = model.to_quantized();
+    configure_model(&mut q, policy)?;
+    Ok(q)
+}
+
+/// A module whose graph form is one op on its input, or nothing (the identity at inference).
+pub trait GraphOp {
+    /// Its op, `Ok(None)` for the identity.
+    ///
+    /// # Errors
+    /// Why it has no graph form, as text.
+    fn graph_op(&self) -> std::result::Result<Option<Op>, String>;
+}
+
+/// A weight-free layer whose input a policy may quantize: it converts into `QuantInput<Self>`.
+pub trait InputOnly: GraphOp {
+    /// Its kind, for policies.
+    const KIND: LayerKind;
 }
 
 impl<const I: usize, const O: usize> Quantize for Linear<I, O, f32, Cpu> {
     type Quantized = QLinear<I, O>;
 
-    fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-        let mut q = QLinear::from_linear(self);
-        configure_weighted(
-            &mut q.weight_quantizer,
-            &mut q.input_quantizer,
-            name,
-            LayerKind::Linear,
-            policy,
-        )?;
-        Ok(q)
+    fn to_quantized(&self) -> Self::Quantized {
+        QLinear::from_linear(self)
     }
 }
 
@@ -184,73 +197,112 @@ impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, cons
 {
     type Quantized = QConv2d<C_IN, C_OUT, K, S, P>;
 
-    fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-        let mut q = QConv2d::from_conv(self);
-        configure_weighted(
-            &mut q.weight_quantizer,
-            &mut q.input_quantizer,
-            name,
-            LayerKind::Conv2d,
-            policy,
-        )?;
-        Ok(q)
+    fn to_quantized(&self) -> Self::Quantized {
+        QConv2d::from_conv(self)
     }
 }
 
-/// Weight-free layers whose input a policy may quantize: their twin is `QuantInput<Self>`.
+/// Weight-free layers whose input a policy may quantize: `Quantize` into `QuantInput<Self>`,
+/// their kind and their graph op, in one line each.
 macro_rules! input_only {
-    ($kind:expr => $($ty:ty where [$($g:tt)*]),+ $(,)?) => {
+    ($($ty:ty where [$($g:tt)*] => $kind:expr, |$s:ident| $op:expr;)+) => {
         $(
             impl<$($g)*> Quantize for $ty {
                 type Quantized = QuantInput<$ty>;
-                fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-                    let decision = policy.layer(name, $kind)?;
-                    let mut q = QuantInput::new(*self, &Cpu::default());
-                    configure_slot(&mut q.input_quantizer, name, "input_quantizer", QuantizationTarget::Activation, decision.input.as_ref())?;
-                    Ok(q)
+                fn to_quantized(&self) -> Self::Quantized {
+                    QuantInput::new(*self, &Cpu::default())
+                }
+            }
+            impl<$($g)*> InputOnly for $ty {
+                const KIND: LayerKind = $kind;
+            }
+            impl<$($g)*> GraphOp for $ty {
+                fn graph_op(&self) -> std::result::Result<Option<Op>, String> {
+                    let $s = self;
+                    Ok(Some($op))
                 }
             }
         )+
     };
 }
-input_only!(LayerKind::MaxPool2d => MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize]);
-input_only!(LayerKind::AvgPool2d => AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize]);
-input_only!(LayerKind::Flatten => Flatten<N> where [const N: usize]);
+input_only!(
+    MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::MaxPool2d,
+        |_m| Op::MaxPool2d(PoolGeometry { kernel: K, stride: S, padding: P });
+    AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::AvgPool2d,
+        |_m| Op::AvgPool2d(PoolGeometry { kernel: K, stride: S, padding: P });
+    Flatten<N> where [const N: usize] => LayerKind::Flatten, |_m| Op::Flatten;
+);
 
-/// Float modules that stay float: their twin is `Float<Self>`, a copy.
+/// Float modules that stay float: `Quantize` into `Float<Self>` (a copy), and their graph op.
 macro_rules! stays_float {
-    ($($ty:ty $(where [$($g:tt)*])?),+ $(,)?) => {
+    ($($ty:ty $(where [$($g:tt)*])? => |$s:ident| $op:expr;)+) => {
         $(
             impl$(<$($g)*>)? Quantize for $ty {
                 type Quantized = Float<$ty>;
-                fn quantize(&self, _name: &str, _policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-                    Ok(Float(self.clone()))
+                fn to_quantized(&self) -> Self::Quantized {
+                    Float(self.clone())
+                }
+            }
+            impl$(<$($g)*>)? GraphOp for $ty {
+                fn graph_op(&self) -> std::result::Result<Option<Op>, String> {
+                    let $s = self;
+                    $op
                 }
             }
         )+
     };
 }
 
+fn no_graph_op(what: &str) -> std::result::Result<Option<Op>, String> {
+    Err(format!(
+        "{what} has no graph op yet: leave it out of models you export, or replace it by one that has (ReLU, Tanh, Sigmoid)"
+    ))
+}
+
 stays_float!(
-    ReLU,
-    Tanh,
-    Sigmoid,
-    FastGeLU,
-    AccurateGeLU,
-    Softmax,
-    Dropout,
-    DropoutOneIn<N> where [const N: usize],
-    LeakyReLU<f32>,
-    BatchNorm1D<C, f32, Cpu> where [const C: usize],
-    BatchNorm2D<C, f32, Cpu> where [const C: usize],
+    ReLU => |_m| Ok(Some(Op::Relu));
+    Tanh => |_m| Ok(Some(Op::Tanh));
+    Sigmoid => |_m| Ok(Some(Op::Sigmoid));
+    FastGeLU => |_m| no_graph_op("FastGeLU");
+    AccurateGeLU => |_m| no_graph_op("AccurateGeLU");
+    Softmax => |_m| no_graph_op("Softmax");
+    LeakyReLU<f32> => |_m| no_graph_op("LeakyReLU");
+    Dropout => |_m| Ok(None);
+    DropoutOneIn<N> where [const N: usize] => |_m| Ok(None);
+    BatchNorm1D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(
+        &m.scale.as_vec(), &m.bias.as_vec(), &m.running_mean.as_vec(), &m.running_var.as_vec(), m.epsilon,
+    )));
+    BatchNorm2D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(
+        &m.scale.as_vec(), &m.bias.as_vec(), &m.running_mean.as_vec(), &m.running_var.as_vec(), m.epsilon,
+    )));
 );
+
+/// A BatchNorm in inference mode as its per-channel affine map:
+/// `scale = γ/√(σ²+ε)`, `shift = β − μ·scale`.
+fn batch_norm(gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32], epsilon: f64) -> Op {
+    let scale: Vec<f32> = gamma
+        .iter()
+        .zip(var)
+        .map(|(g, v)| (*g as f64 / (*v as f64 + epsilon).sqrt()) as f32)
+        .collect();
+    let shift = beta
+        .iter()
+        .zip(mean)
+        .zip(&scale)
+        .map(|((b, m), s)| (*b as f64 - *m as f64 * *s as f64) as f32)
+        .collect();
+    Op::ChannelAffine {
+        scale: Parameter::float("scale", scale),
+        shift: Parameter::float("shift", shift),
+    }
+}
 
 macro_rules! tuple_quantize {
     ($($name:ident $idx:tt),+) => {
         impl<$($name: Quantize),+> Quantize for ($($name,)+) {
             type Quantized = ($($name::Quantized,)+);
-            fn quantize(&self, name: &str, policy: &dyn LayerPolicy) -> Result<Self::Quantized> {
-                Ok(($(self.$idx.quantize(&join_name(name, stringify!($idx)), policy)?,)+))
+            fn to_quantized(&self) -> Self::Quantized {
+                ($(self.$idx.to_quantized(),)+)
             }
         }
     };
@@ -261,11 +313,3 @@ tuple_quantize!(A 0, B 1, C 2);
 tuple_quantize!(A 0, B 1, C 2, D 3);
 tuple_quantize!(A 0, B 1, C 2, D 3, E 4);
 tuple_quantize!(A 0, B 1, C 2, D 3, E 4, F 5);
-
-/// Converts `model` at the root: `quantize_model(&mlp, &policy)`.
-///
-/// # Errors
-/// See [`Quantize::quantize`].
-pub fn quantize_model<M: Quantize>(model: &M, policy: &dyn LayerPolicy) -> Result<M::Quantized> {
-    model.quantize("", policy)
-}

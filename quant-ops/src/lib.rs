@@ -54,6 +54,7 @@ pub mod checkpoint;
 pub mod convert;
 pub mod export;
 pub mod fs;
+pub mod graph;
 pub mod integer;
 pub mod layers;
 pub mod nn;

@@ -46,8 +46,8 @@ use quant_core::{
     WeightsQuantizerConfig,
 };
 
-use crate::convert::{LayerKind, LayerPolicy, LayerQuantization};
-use crate::layers::{glob, QuantizerSpec};
+use crate::convert::{LayerKind, LayerPolicy};
+use crate::layers::{glob, QuantizerSpec, Slot};
 use crate::observers::ObserverConfig;
 use crate::platform::find_platform;
 
@@ -259,14 +259,33 @@ impl<'de> Deserialize<'de> for SlotSetting {
     }
 }
 
-/// Settings of a layer's two slots.
+/// Settings of a layer's slots: `weights` for every weights slot, `input` for every activation
+/// slot, then `slots.<name>` for one slot by name.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LayerSettings {
-    /// The weights slot.
+    /// Every weights slot (`weights` of Linear and Conv2d, each quantized field of a custom
+    /// layer).
     pub weights: Option<SlotSetting>,
-    /// The input slot.
+    /// Every activation slot (`input`).
     pub input: Option<SlotSetting>,
+    /// One slot by name, applied after `weights` and `input`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub slots: BTreeMap<String, SlotSetting>,
+}
+
+/// The settings of a table that apply to `slot`, in order: its target's group, then its name.
+fn steps<'a>(
+    weights: &'a Option<SlotSetting>,
+    input: &'a Option<SlotSetting>,
+    slots: &'a BTreeMap<String, SlotSetting>,
+    slot: Slot,
+) -> [Option<&'a SlotSetting>; 2] {
+    let group = match slot.target {
+        QuantizationTarget::Weights => weights.as_ref(),
+        QuantizationTarget::Activation => input.as_ref(),
+    };
+    [group, slots.get(slot.name)]
 }
 
 /// Settings for the layers whose dotted name matches `pattern`.
@@ -275,10 +294,13 @@ pub struct LayerSettings {
 pub struct Override {
     /// A glob over dotted layer names (`0`, `encoder.*`, `*.fc?`).
     pub pattern: String,
-    /// The weights slot.
+    /// Every weights slot of the matching layers.
     pub weights: Option<SlotSetting>,
-    /// The input slot.
+    /// Every activation slot of the matching layers.
     pub input: Option<SlotSetting>,
+    /// One slot by name, applied after `weights` and `input`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub slots: BTreeMap<String, SlotSetting>,
 }
 
 /// What to do with an override that matches no layer of the model.
@@ -381,19 +403,15 @@ impl Policy {
     /// a policy embedded in a larger file, with the table's key as `key_prefix`).
     ///
     /// # Errors
-    /// [`PolicyError::Invalid`] naming the key: unknown platform, invalid pattern, incomplete
-    /// or unsupported settings.
+    /// [`PolicyError::Invalid`] naming the key: unknown platform, invalid pattern, a slot the
+    /// kind does not have, incomplete or unsupported settings.
     pub fn validate(&self, origin: &str, key_prefix: &str) -> std::result::Result<(), PolicyError> {
         let invalid = |key: &str, source: QuantError| PolicyError::Invalid {
             origin: origin.to_string(),
             key: key_of(key_prefix, key),
             source,
         };
-        let (base_w, base_i) = self.base().map_err(|e| invalid("platform", e))?;
-        let mut default_w = Some(base_w);
-        apply(&mut default_w, self.weights.as_ref());
-        let mut default_i = Some(base_i);
-        apply(&mut default_i, self.input.as_ref());
+        let (default_w, default_i) = self.defaults().map_err(|e| invalid("platform", e))?;
         // Each place a setting can come from, checked merged onto the defaults it extends.
         let mut checks: Vec<(String, Option<QuantizerSettings>, QuantizationTarget)> = vec![
             (
@@ -407,6 +425,45 @@ impl Policy {
                 QuantizationTarget::Activation,
             ),
         ];
+        let defaults_of = |t: QuantizationTarget| match t {
+            QuantizationTarget::Weights => default_w.clone(),
+            QuantizationTarget::Activation => default_i.clone(),
+        };
+        // Settings of one table: its groups, and each named slot with the target it has.
+        let mut table = |prefix: &str,
+                         weights: &Option<SlotSetting>,
+                         input: &Option<SlotSetting>,
+                         slots: &BTreeMap<String, SlotSetting>,
+                         targets: &dyn Fn(&str) -> Option<QuantizationTarget>|
+         -> std::result::Result<(), PolicyError> {
+            for (key, setting, target) in [
+                ("weights", weights, QuantizationTarget::Weights),
+                ("input", input, QuantizationTarget::Activation),
+            ] {
+                if setting.is_some() {
+                    let mut s = defaults_of(target);
+                    apply(&mut s, setting.as_ref());
+                    checks.push((key_of(prefix, key), s, target));
+                }
+            }
+            for (name, setting) in slots {
+                let key = key_of(prefix, &format!("slots.{name}"));
+                let target = targets(name).ok_or_else(|| {
+                    invalid(
+                        &key,
+                        QuantError::InvalidValue {
+                            what: "slot".into(),
+                            value: name.clone(),
+                            expected: "a slot of the layer kind (see LayerKind::slots)".into(),
+                        },
+                    )
+                })?;
+                let mut s = defaults_of(target);
+                apply(&mut s, Some(setting));
+                checks.push((key, s, target));
+            }
+            Ok(())
+        };
         for (kind, s) in &self.kinds {
             let prefix = format!("kinds.{kind}");
             if s.weights.is_some() && !kind.has_weights() {
@@ -419,24 +476,23 @@ impl Policy {
                     },
                 ));
             }
-            let (mut w, mut i) = (default_w.clone(), default_i.clone());
-            apply(&mut w, s.weights.as_ref());
-            apply(&mut i, s.input.as_ref());
-            checks.push((key_of(&prefix, "weights"), w, QuantizationTarget::Weights));
-            checks.push((key_of(&prefix, "input"), i, QuantizationTarget::Activation));
+            let kind = *kind;
+            table(&prefix, &s.weights, &s.input, &s.slots, &|name: &str| {
+                slot_target(kind, name)
+            })?;
         }
         for (n, o) in self.overrides.iter().enumerate() {
             let prefix = format!("overrides[{n}]");
             glob(&o.pattern).map_err(|e| invalid(&key_of(&prefix, "pattern"), e))?;
-            let (mut w, mut i) = (default_w.clone(), default_i.clone());
-            apply(&mut w, o.weights.as_ref());
-            apply(&mut i, o.input.as_ref());
-            if o.weights.is_some() {
-                checks.push((key_of(&prefix, "weights"), w, QuantizationTarget::Weights));
-            }
-            if o.input.is_some() {
-                checks.push((key_of(&prefix, "input"), i, QuantizationTarget::Activation));
-            }
+            // A named slot may belong to any kind (a custom layer's field): both targets are
+            // checked where the name does not say.
+            table(&prefix, &o.weights, &o.input, &o.slots, &|name: &str| {
+                LayerKind::ALL
+                    .iter()
+                    .find_map(|k| k.slots().iter().find(|s| s.name == name))
+                    .map(|s| s.target)
+                    .or(Some(QuantizationTarget::Weights))
+            })?;
         }
         for (key, settings, target) in checks {
             if let Some(s) = settings {
@@ -446,57 +502,58 @@ impl Policy {
         Ok(())
     }
 
-    /// The decision for layer `name` of `kind` (the merge described in the module docs).
+    /// The default settings of weights slots and of activation slots: the platform's, merged
+    /// with `[weights]` and `[input]` (`None` where the file says `"float"`).
+    fn defaults(&self) -> Result<(Option<QuantizerSettings>, Option<QuantizerSettings>)> {
+        let (base_w, base_i) = self.base()?;
+        let mut w = Some(base_w);
+        apply(&mut w, self.weights.as_ref());
+        let mut i = Some(base_i);
+        apply(&mut i, self.input.as_ref());
+        Ok((w, i))
+    }
+
+    /// The decision for `slot` of layer `name` of `kind` (the merge described in the module
+    /// docs): the defaults where the kind is quantized by default; then the kind's table and
+    /// every matching override, each turning a float slot on from the defaults of its target.
     ///
     /// # Errors
-    /// The merged settings are incomplete or unsupported; the error names the layer.
-    pub fn resolve(&self, name: &str, kind: LayerKind) -> Result<LayerQuantization> {
+    /// The merged settings are incomplete or unsupported; the error names the layer and slot.
+    pub fn resolve(&self, name: &str, kind: LayerKind, slot: Slot) -> Result<Option<QuantizerSpec>> {
         self.seen.borrow_mut().insert(name.to_string());
-        let (base_w, base_i) = self.base()?;
-        let mut w = kind.has_weights().then_some(base_w);
-        let mut i = kind.has_weights().then_some(base_i);
-        if kind.has_weights() {
-            apply(&mut w, self.weights.as_ref());
-            apply(&mut i, self.input.as_ref());
-        }
-        if let Some(s) = self.kinds.get(&kind) {
-            if !kind.has_weights() && matches!(s.input, Some(SlotSetting::Quantize(_))) {
-                // Input-only kinds start from the input defaults when their kind turns them on.
-                let mut defaults = Some(self.base()?.1);
-                apply(&mut defaults, self.input.as_ref());
-                i = defaults;
+        let (default_w, default_i) = self.defaults()?;
+        let defaults = match slot.target {
+            QuantizationTarget::Weights => default_w,
+            QuantizationTarget::Activation => default_i,
+        };
+        let mut acc = if kind.quantized_by_default() {
+            defaults.clone()
+        } else {
+            None
+        };
+        let mut step = |setting: Option<&SlotSetting>| {
+            if acc.is_none() && matches!(setting, Some(SlotSetting::Quantize(_))) {
+                acc = defaults.clone();
             }
-            apply(&mut w, s.weights.as_ref());
-            apply(&mut i, s.input.as_ref());
+            apply(&mut acc, setting);
+        };
+        if let Some(s) = self.kinds.get(&kind) {
+            for setting in steps(&s.weights, &s.input, &s.slots, slot) {
+                step(setting);
+            }
         }
         for o in &self.overrides {
             if glob(&o.pattern)?.is_match(name) {
-                if i.is_none() && matches!(o.input, Some(SlotSetting::Quantize(_))) {
-                    let mut defaults = Some(self.base()?.1);
-                    apply(&mut defaults, self.input.as_ref());
-                    i = defaults;
+                for setting in steps(&o.weights, &o.input, &o.slots, slot) {
+                    step(setting);
                 }
-                apply(&mut w, o.weights.as_ref());
-                apply(&mut i, o.input.as_ref());
             }
         }
-        let layer = |e: QuantError, slot: &str| e.at(format!("layer `{name}` ({kind}) {slot}"));
-        Ok(LayerQuantization {
-            weights: match w.filter(|_| kind.has_weights()) {
-                Some(s) => Some(
-                    s.to_spec(QuantizationTarget::Weights)
-                        .map_err(|e| layer(e, "weights"))?,
-                ),
-                None => None,
-            },
-            input: match i {
-                Some(s) => Some(
-                    s.to_spec(QuantizationTarget::Activation)
-                        .map_err(|e| layer(e, "input"))?,
-                ),
-                None => None,
-            },
+        acc.map(|s| {
+            s.to_spec(slot.target)
+                .map_err(|e| e.at(format!("layer `{name}` ({kind}) {}", slot.name)))
         })
+        .transpose()
     }
 
     /// Override patterns that matched none of the layers resolved so far.
@@ -536,9 +593,22 @@ impl Policy {
 }
 
 impl LayerPolicy for Policy {
-    fn layer(&self, name: &str, kind: LayerKind) -> Result<LayerQuantization> {
-        self.resolve(name, kind)
+    fn slot(&self, layer: &str, kind: LayerKind, slot: Slot) -> Result<Option<QuantizerSpec>> {
+        self.resolve(layer, kind, slot)
     }
+}
+
+/// The target of slot `name` of a layer of `kind`; any name for a custom layer, whose slots
+/// are its own (weights fields, or `input`).
+fn slot_target(kind: LayerKind, name: &str) -> Option<QuantizationTarget> {
+    if kind == LayerKind::Custom {
+        return Some(if name == Slot::INPUT.name {
+            QuantizationTarget::Activation
+        } else {
+            QuantizationTarget::Weights
+        });
+    }
+    kind.slots().iter().find(|s| s.name == name).map(|s| s.target)
 }
 
 fn parse_error(

@@ -1,30 +1,24 @@
-//! Per-layer report after calibration or QAT: each quantized layer's quantizers (id, method,
-//! bits, scale range) and its quantization error, the SQNR in dB of the layer's output in the
-//! quantized model against the same layer's output in the float model on one batch (so the
-//! error accumulated through the earlier layers counts, as a deployment would see it).
-//!
-//! Layer outputs are recorded by [`Trace`], implemented for the built-in layers and tuples; a
-//! model derived with the macros gets it too.
+//! Per-layer report after calibration or QAT: each quantized layer's quantizers (slot, id,
+//! method, bits, scale range) and its quantization error, the SQNR in dB of the layer's output
+//! in the quantized model against the same layer's output with every quantizer disabled, on
+//! one batch (so the error accumulated through the earlier layers counts, as a deployment
+//! would see it). Layer outputs come from the model's graph ([`crate::graph`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
-use dfdx::nn::modules::{BatchNorm1D, BatchNorm2D, Linear, ReLU, Sigmoid, Tanh};
-use dfdx::prelude::*;
 use serde::Serialize;
 
-use quant_core::{QuantError, QuantizationMethod, Result, TrainingMethod};
+use quant_core::{QuantizationMethod, TrainingMethod};
 
-use crate::layers::{
-    join_name, FakeQuantizer, Float, QConv2d, QLinear, QuantInput, QuantizedModule,
-    QuantizerControl,
-};
-use crate::nn::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
+use crate::export::{export_model, ExportError};
+use crate::graph::{evaluate, Op};
+use crate::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
 
 /// One quantizer of a layer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct QuantizerReport {
-    /// `weights` or `input`.
+    /// The slot's name (`weights`, `input`, ...).
     pub slot: String,
     /// Training method id.
     pub training_method: TrainingMethod,
@@ -56,70 +50,6 @@ pub struct LayerReport {
     pub sqnr_db: Option<f64>,
 }
 
-/// Records the output of every layer with weights, by dotted name, in evaluation mode.
-pub trait Trace<X> {
-    /// The module's output.
-    type Output;
-    /// Runs the module on `x`, appending `(name, output values)` for layers with weights.
-    ///
-    /// # Errors
-    /// The module's forward errors.
-    fn trace(&self, x: X, name: &str, taps: &mut Vec<(String, Vec<f32>)>) -> Result<Self::Output>;
-}
-
-/// A module traced as a whole (not a tuple); `TAP` says whether its output is recorded.
-pub trait TraceLeaf {
-    /// Whether the output is recorded (layers with weights).
-    const TAP: bool;
-}
-
-impl<X, S: Shape, M: TraceLeaf + Module<X, Output = Tensor<S, f32, Cpu>>> Trace<X> for M
-where
-    M::Error: Into<QuantError>,
-{
-    type Output = Tensor<S, f32, Cpu>;
-    fn trace(&self, x: X, name: &str, taps: &mut Vec<(String, Vec<f32>)>) -> Result<Self::Output> {
-        let y = self.try_forward(x).map_err(Into::into)?;
-        if M::TAP {
-            taps.push((name.to_string(), y.as_vec()));
-        }
-        Ok(y)
-    }
-}
-
-macro_rules! leaves {
-    ($tap:expr => $($ty:ty $(where [$($g:tt)*])?),+ $(,)?) => {
-        $(impl$(<$($g)*>)? TraceLeaf for $ty { const TAP: bool = $tap; })+
-    };
-}
-leaves!(true => Linear<I, O, f32, Cpu> where [const I: usize, const O: usize]);
-leaves!(true => QLinear<I, O, WQ, AQ> where [const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer]);
-leaves!(true => Conv2d<C, O, K, S, P, f32, Cpu> where [const C: usize, const O: usize, const K: usize, const S: usize, const P: usize]);
-leaves!(true => QConv2d<C, O, K, S, P, WQ, AQ> where [const C: usize, const O: usize, const K: usize, const S: usize, const P: usize, WQ: FakeQuantizer, AQ: FakeQuantizer]);
-leaves!(false => ReLU, Tanh, Sigmoid, Float<M> where [M], QuantInput<M> where [M]);
-leaves!(false => MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize], AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize], Flatten<N> where [const N: usize]);
-leaves!(false => BatchNorm1D<C, f32, Cpu> where [const C: usize], BatchNorm2D<C, f32, Cpu> where [const C: usize]);
-
-/// `Trace` for tuples: each element's output feeds the next, names are the indices. Each
-/// element is listed with the type it receives.
-macro_rules! tuple_trace {
-    ($([$t:ident $i:tt $input:ty])+ ; $last:ident) => {
-        impl<X, $($t: Trace<$input>),+> Trace<X> for ($($t,)+) {
-            type Output = $last::Output;
-            fn trace(&self, x: X, name: &str, taps: &mut Vec<(String, Vec<f32>)>) -> Result<Self::Output> {
-                $(let x = self.$i.trace(x, &join_name(name, stringify!($i)), taps)?;)+
-                Ok(x)
-            }
-        }
-    };
-}
-tuple_trace!([A 0 X]; A);
-tuple_trace!([A 0 X] [B 1 A::Output]; B);
-tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output]; C);
-tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output] [D 3 C::Output]; D);
-tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output] [D 3 C::Output] [E 4 D::Output]; E);
-tuple_trace!([A 0 X] [B 1 A::Output] [C 2 B::Output] [D 3 C::Output] [E 4 D::Output] [F 5 E::Output]; F);
-
 /// SQNR in dB of `quantized` against `reference`: `10·log10(Σ r² / Σ (r - q)²)`; infinite when
 /// they are equal.
 pub fn sqnr_db(reference: &[f32], quantized: &[f32]) -> f64 {
@@ -136,51 +66,52 @@ pub fn sqnr_db(reference: &[f32], quantized: &[f32]) -> f64 {
     }
 }
 
-/// The per-layer report of `quantized`, with SQNRs against `float` on the batch `x` (both
-/// models traced in evaluation mode).
+/// The per-layer report of `quantized` on the batch `x` (whole samples of `input_shape`): each
+/// layer's configured quantizers, and for each layer with weights the SQNR of its output
+/// against the same model with every quantizer disabled, so that it measures quantization
+/// alone. Both models run through their graphs ([`crate::graph::evaluate`]); a model holding a
+/// layer with no graph form (a user's own layer) gets its quantizers reported without SQNRs.
 ///
 /// # Errors
-/// A forward pass fails, or a quantizer's parameters cannot be read.
-pub fn layer_report<X: Clone, F: Trace<X>, Q: Trace<X> + QuantizedModule>(
-    float: &F,
-    quantized: &mut Q,
-    x: X,
-) -> Result<Vec<LayerReport>> {
-    let mut float_taps = Vec::new();
-    float.trace(x.clone(), "", &mut float_taps)?;
-    let mut quant_taps = Vec::new();
-    quantized.trace(x, "", &mut quant_taps)?;
-    let float_by_name: BTreeMap<String, Vec<f32>> = float_taps.into_iter().collect();
-    let mut layers: Vec<LayerReport> = quant_taps
-        .iter()
+/// A model part with no graph form, a quantizer still calibrating, parameters that cannot be
+/// read, `x` not whole samples.
+pub fn layer_report<Q: QuantizedModule + Clone>(
+    quantized: &Q,
+    input_shape: &[usize],
+    x: &[f32],
+) -> std::result::Result<Vec<LayerReport>, ExportError> {
+    let mut reference = quantized.clone();
+    reference.set_mode("*", QuantizerMode::Disabled)?;
+    let with_weights = |_: usize, op: &Op| op.has_weights();
+    // A model holding a layer with no graph form (a user's own layer) still gets its
+    // quantizers reported, without SQNRs.
+    let taps = |m: &Q| -> std::result::Result<Vec<(String, Vec<f32>)>, ExportError> {
+        match export_model(m, input_shape, BTreeMap::new()) {
+            Ok(graph) => Ok(evaluate(&graph, x, &with_weights)?.kept),
+            Err(ExportError::Unsupported { .. }) => Ok(Vec::new()),
+            Err(e) => Err(e),
+        }
+    };
+    let float_by_name: BTreeMap<String, Vec<f32>> = taps(&reference)?.into_iter().collect();
+    let mut layers: Vec<LayerReport> = taps(quantized)?
+        .into_iter()
         .map(|(name, q)| LayerReport {
-            layer: name.clone(),
+            sqnr_db: float_by_name.get(&name).map(|f| sqnr_db(f, &q)),
+            layer: name,
             quantizers: Vec::new(),
-            sqnr_db: float_by_name.get(name).map(|f| sqnr_db(f, q)),
         })
         .collect();
-    quantized.visit_quantizers("", &mut |name, q: &mut dyn QuantizerControl| {
-        let Some(d) = q.describe() else { return Ok(()) };
-        let (layer, slot) = match name.rsplit_once('.') {
-            Some((layer, slot)) => (
-                layer.to_string(),
-                slot.trim_end_matches("_quantizer").to_string(),
-            ),
-            None => (
-                String::new(),
-                name.trim_end_matches("_quantizer").to_string(),
-            ),
+    quantized.clone().visit_slots("", &mut |s| {
+        let Some(d) = s.quantizer.describe() else {
+            return Ok(());
         };
-        let scales = q
+        let scales = s
+            .quantizer
             .qparams()?
             .map(|p| p.scales().to_vec())
             .unwrap_or_default();
         let report = QuantizerReport {
-            slot: if slot == "weight" {
-                "weights".into()
-            } else {
-                slot
-            },
+            slot: s.slot.name.to_string(),
             training_method: d.training_method,
             method: d.method,
             bits: d.bits,
@@ -190,10 +121,10 @@ pub fn layer_report<X: Clone, F: Trace<X>, Q: Trace<X> + QuantizedModule>(
             scale_max: scales.iter().copied().fold(f32::NEG_INFINITY, f32::max),
             quantizer: d.metadata.map(|m| m.path()),
         };
-        match layers.iter_mut().find(|l| l.layer == layer) {
+        match layers.iter_mut().find(|l| l.layer == s.layer) {
             Some(l) => l.quantizers.push(report),
             None => layers.push(LayerReport {
-                layer,
+                layer: s.layer.to_string(),
                 quantizers: vec![report],
                 sqnr_db: None,
             }),

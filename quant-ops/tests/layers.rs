@@ -7,8 +7,8 @@ use quant_core::{
     ActivationQuantizerConfig, QuantizationMethod, QuantizerConfig, TrainingMethod,
     WeightsQuantizerConfig,
 };
-use quant_ops::convert::{quantize_model, LayerKind, LayerQuantization};
-use quant_ops::layers::{QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec};
+use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::layers::{QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot};
 use quant_ops::observers::ObserverConfig;
 
 type Mlp = (Linear<16, 32>, ReLU, Linear<32, 4>);
@@ -28,16 +28,23 @@ fn spec(config: QuantizerConfig) -> QuantizerSpec {
 /// W4A4 LSQ everywhere, except layer `2`'s input left float when `keep_last_input_float`.
 fn lsq_w4a4(
     keep_last_input_float: bool,
-) -> impl Fn(&str, LayerKind) -> quant_core::Result<LayerQuantization> {
-    move |name: &str, kind: LayerKind| {
+) -> impl Fn(&str, LayerKind, Slot) -> quant_core::Result<Option<QuantizerSpec>> {
+    move |name: &str, kind: LayerKind, slot: Slot| {
         assert_eq!(kind, LayerKind::Linear);
-        let weights =
-            WeightsQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4);
-        let input =
-            ActivationQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4);
-        Ok(LayerQuantization {
-            weights: Some(spec(weights.into())),
-            input: (!(keep_last_input_float && name == "2")).then(|| spec(input.into())),
+        Ok(match slot {
+            Slot::WEIGHTS => Some(spec(
+                WeightsQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4)
+                    .into(),
+            )),
+            _ if keep_last_input_float && name == "2" => None,
+            _ => Some(spec(
+                ActivationQuantizerConfig::new(
+                    TrainingMethod::Lsq,
+                    QuantizationMethod::Symmetric,
+                    4,
+                )
+                .into(),
+            )),
         })
     }
 }
@@ -73,20 +80,16 @@ fn quantizers_are_reachable_by_dotted_name() {
         .collect();
     assert_eq!(
         names,
-        [
-            "0.input_quantizer",
-            "0.weight_quantizer",
-            "2.weight_quantizer"
-        ]
+        ["0.input", "0.weights", "2.weights"]
     );
     assert_eq!(q.set_mode("2.*", QuantizerMode::Disabled).unwrap(), 1);
     // Quantizing before calibration is an error naming the quantizer.
     let err = q
-        .set_mode("0.weight_quantizer", QuantizerMode::Training)
+        .set_mode("0.weights", QuantizerMode::Training)
         .unwrap_err()
         .to_string();
     assert!(
-        err.starts_with("0.weight_quantizer: quantizer is not initialised"),
+        err.starts_with("0.weights: quantizer is not initialised"),
         "{err}"
     );
     let err = q
@@ -120,11 +123,23 @@ fn calibration_then_training_updates_weights_and_quantizer_parameters() {
 
     // Input of layer 0 quantized to 16 levels: the layer's effective input is on the grid.
     let qp = q.0.input_quantizer.qparams().unwrap().unwrap();
-    let s = qp.scales()[0];
-    assert!(s > 0.0);
+    let grid = q.0.input_quantizer.grid().unwrap().unwrap();
+    let (s, z) = (qp.scales()[0], qp.zero_points()[0] as f32);
+    let xq = q.0.input_quantizer.quantize(x.clone()).unwrap().as_vec();
+    let mut levels = std::collections::BTreeSet::new();
+    for v in &xq {
+        let k = v / s + z;
+        assert!((k - k.round()).abs() < 1e-3, "{v} is not on the grid of scale {s}");
+        assert!(
+            (grid.quant_min() as f32..=grid.quant_max() as f32).contains(&k.round()),
+            "{v} lies outside the 4-bit grid"
+        );
+        levels.insert(k.round() as i32);
+    }
+    assert!(levels.len() > 4 && levels.len() <= 16, "{levels:?}");
 
     q.set_mode("*", QuantizerMode::Training).unwrap();
-    let scale_before = q.0.weight_quantizer.learned.as_vec();
+    let scale_before = q.0.weights_quantizer.learned.as_vec();
     let w_before = q.0.weight.as_vec();
     let target = dev.sample_normal::<Rank2<8, 4>>();
     let mut opt = Adam::new(
@@ -145,7 +160,7 @@ fn calibration_then_training_updates_weights_and_quantizer_parameters() {
     }
     assert!(losses[29] < 0.7 * losses[0], "loss {losses:?}");
     assert_ne!(
-        q.0.weight_quantizer.learned.as_vec(),
+        q.0.weights_quantizer.learned.as_vec(),
         scale_before,
         "LSQ scales must train"
     );
@@ -159,7 +174,7 @@ fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
     q.set_mode("*", QuantizerMode::Training).unwrap();
-    q.set_mode("0.input_quantizer", QuantizerMode::Frozen)
+    q.set_mode("0.input", QuantizerMode::Frozen)
         .unwrap();
     let frozen_before = q.0.input_quantizer.learned.as_vec();
     let mut opt = Adam::new(
@@ -192,7 +207,7 @@ fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
     let mut fresh = quantize_model(&model, &lsq_w4a4(false)).unwrap();
     fresh.load_safetensors(&path).unwrap();
     assert_eq!(fresh.0.input_quantizer.mode(), QuantizerMode::Frozen);
-    assert_eq!(fresh.0.weight_quantizer.mode(), QuantizerMode::Training);
+    assert_eq!(fresh.0.weights_quantizer.mode(), QuantizerMode::Training);
     assert_eq!(fresh.try_forward(x.clone()).unwrap().array(), y.array());
     std::fs::remove_dir_all(&dir).ok();
 }

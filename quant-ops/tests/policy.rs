@@ -6,6 +6,7 @@ use std::path::Path;
 use dfdx::prelude::*;
 use quant_core::{QuantizationMethod, QuantizationTarget, QuantizerConfig, TrainingMethod};
 use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::layers::Slot;
 use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::policy::{Policy, PolicyError};
 
@@ -37,8 +38,8 @@ fn every_example_policy_loads() {
 #[test]
 fn settings_merge_platform_defaults_kinds_and_overrides_in_order() {
     let p = load("academic_w4a4_lsq.toml");
-    let first = p.resolve("0", LayerKind::Linear).unwrap();
-    let w = first.weights.unwrap();
+    let first = |slot| p.resolve("0", LayerKind::Linear, slot).unwrap();
+    let w = first(Slot::WEIGHTS).unwrap();
     assert_eq!(
         (bits(&w.config), w.config.training_method()),
         (8, TrainingMethod::Lsq)
@@ -46,8 +47,11 @@ fn settings_merge_platform_defaults_kinds_and_overrides_in_order() {
     assert_eq!(w.observer.to_string(), "MinMax");
     // The platform's Symmetric weights method survives the merge.
     assert_eq!(w.config.method(), QuantizationMethod::Symmetric);
-    let second = p.resolve("2", LayerKind::Linear).unwrap();
-    let (w, i) = (second.weights.unwrap(), second.input.unwrap());
+    let second = |slot| p.resolve("2", LayerKind::Linear, slot).unwrap();
+    let (w, i) = (
+        second(Slot::WEIGHTS).unwrap(),
+        second(Slot::INPUT).unwrap(),
+    );
     assert_eq!(
         (bits(&w.config), w.observer.to_string()),
         (4, "Mse".to_string())
@@ -60,24 +64,65 @@ fn settings_merge_platform_defaults_kinds_and_overrides_in_order() {
     assert_eq!(i.config.method(), QuantizationMethod::Uniform);
     assert_eq!(i.observer.to_string(), "LsqInit");
     // Layers without weights get no quantizer unless their kind or an override asks.
-    let pool = p.resolve("1", LayerKind::MaxPool2d).unwrap();
-    assert!(pool.weights.is_none() && pool.input.is_none());
+    assert!(p
+        .resolve("1", LayerKind::MaxPool2d, Slot::INPUT)
+        .unwrap()
+        .is_none());
     assert!(p.check_unmatched().unwrap().is_empty());
 
     let m = load("mixed_precision.toml");
-    let conv = m.resolve("0.0", LayerKind::Conv2d).unwrap();
+    let conv = m.resolve("0.0", LayerKind::Conv2d, Slot::INPUT).unwrap();
     assert_eq!(
-        conv.input.unwrap().config.training_method(),
+        conv.unwrap().config.training_method(),
         TrainingMethod::Pact
     );
-    let head = m.resolve("2.1", LayerKind::Linear).unwrap();
-    assert!(head.input.is_none(), "`*.1` leaves the head's input float");
+    let head = |slot| m.resolve("2.1", LayerKind::Linear, slot).unwrap();
+    assert!(
+        head(Slot::INPUT).is_none(),
+        "`*.1` leaves the head's input float"
+    );
     assert_eq!(
-        head.weights.unwrap().config.training_method(),
+        head(Slot::WEIGHTS).unwrap().config.training_method(),
         TrainingMethod::Ste
     );
-    let flatten = m.resolve("2.0", LayerKind::Flatten).unwrap();
-    assert_eq!(bits(&flatten.input.unwrap().config), 8);
+    let flatten = m.resolve("2.0", LayerKind::Flatten, Slot::INPUT).unwrap();
+    assert_eq!(bits(&flatten.unwrap().config), 8);
+}
+
+#[test]
+fn a_slot_is_addressed_by_name_after_its_group() {
+    let p = Policy::from_toml_str(
+        &format!(
+            "{OK}[kinds.Linear]\nweights = {{ bits = 6 }}\nslots.weights = {{ bits = 8 }}\n\
+             [kinds.MaxPool2d]\nslots.input = {{ bits = 8 }}\n\
+             [[overrides]]\npattern = \"head\"\nslots.input = \"float\"\n\
+             [[overrides]]\npattern = \"mix\"\nslots.gate = {{ bits = 3, per_channel = false }}\n"
+        ),
+        "slots.toml",
+    )
+    .unwrap();
+    let w = p.resolve("fc", LayerKind::Linear, Slot::WEIGHTS).unwrap().unwrap();
+    assert_eq!(bits(&w.config), 8, "`slots.weights` applies after `weights`");
+    let pool = p.resolve("pool", LayerKind::MaxPool2d, Slot::INPUT).unwrap();
+    assert_eq!(bits(&pool.unwrap().config), 8, "a slot turned on by name starts from [input]");
+    assert!(p.resolve("head", LayerKind::Linear, Slot::INPUT).unwrap().is_none());
+    assert!(p.resolve("head", LayerKind::Linear, Slot::WEIGHTS).unwrap().is_some());
+    // A custom layer's slot by its field's name.
+    let gate = Slot {
+        name: "gate",
+        target: QuantizationTarget::Weights,
+        per_channel: false,
+    };
+    assert_eq!(
+        bits(&p.resolve("mix", LayerKind::Custom, gate).unwrap().unwrap().config),
+        3
+    );
+    // A slot name the kind does not have is refused with its key.
+    let m = error(
+        &format!("{OK}[kinds.Conv2d]\nslots.wieghts = {{ bits = 8 }}\n"),
+        "kinds.Conv2d.slots.wieghts",
+    );
+    assert!(m.contains("wieghts") && m.contains("slot"), "{m}");
 }
 
 /// Loads `text` and returns the error message, which must name `key`.
@@ -209,7 +254,7 @@ fn a_layer_left_float_converts_to_exactly_the_float_layer() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(names, ["0.input_quantizer", "0.weight_quantizer"]);
+    assert_eq!(names, ["0.input", "0.weights"]);
     let x: Tensor<Rank2<3, 4>, f32, Cpu> = dev.sample_normal();
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();

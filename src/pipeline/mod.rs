@@ -19,13 +19,13 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use quant_core::QuantError;
 use quant_ops::convert::quantize_model;
-use quant_ops::export::{export_model, ExportError, ExportedModel};
+use quant_ops::export::{self, export_model, ExportError, QuantFormat};
 pub use quant_ops::fs::OutputError;
 use quant_ops::fs::{check_output_file, StagedDir, StagedFile};
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
 use quant_ops::policy::PolicyError;
-use quant_ops::report::{layer_report, LayerReport, Trace};
+use quant_ops::report::{layer_report, LayerReport};
 
 use crate::digits::{self, DataError, Digits, Split};
 pub use config::{ModelKind, QatInit, RunConfig};
@@ -320,11 +320,7 @@ fn run_net<N: Net>(
     data: &Digits,
     mut export: Option<StagedDir>,
     on_seed: &mut dyn FnMut(SeedDone<'_>),
-) -> Result<StagedRun, RunError>
-where
-    N::Deploy: Trace<Tensor<N::Input, f32, Cpu>>,
-    N::Quantized: Trace<Tensor<N::Input, f32, Cpu>>,
-{
+) -> Result<StagedRun, RunError> {
     let multi = MultiProgress::with_draw_target(if opts.progress {
         ProgressDrawTarget::stderr()
     } else {
@@ -489,14 +485,14 @@ where
         info.insert("seed".into(), seed.to_string());
         // A policy that leaves a layer float has no integer form: the run still reports the
         // rest, and says why there is no integer model.
-        let integer = match export_model(&qat, N::INPUT_SHAPE, info) {
-            Ok(exported) => {
-                let model = IntegerModel::new(&exported)?;
+        let graph = export_model(&qat, N::INPUT_SHAPE, info)?;
+        let integer = match IntegerModel::new(&graph) {
+            Ok(model) => {
                 let predicted = model.predict(&data.test.images)?;
-                Some((exported, predicted))
+                Some((graph, predicted))
             }
             Err(ExportError::Unsupported { layer, reason }) => {
-                no_integer = Some(format!("layer `{layer}` {reason}"));
+                no_integer = Some(format!("layer `{layer}`: {reason}"));
                 None
             }
             Err(e) => return Err(e.into()),
@@ -510,17 +506,14 @@ where
             let n = data.train.len().min(256);
             let idx: Vec<usize> = (0..n).collect();
             let (pixels, _) = data.train.gather(&idx);
-            let x = input::<N::Input>(&dev, pixels, n)?;
-            // The reference is the same model with every quantizer disabled: after QAT its
-            // weights differ from the float model's, and the report measures quantization alone.
-            let mut reference = qat.clone();
-            reference.set_mode("*", QuantizerMode::Disabled)?;
-            first_layers = layer_report(&reference, &mut qat, x)?;
-            if let (Some(staged), Some((exported, int_predictions))) = (export.take(), &integer) {
+            // Against the same model with every quantizer disabled: after QAT its weights differ
+            // from the float model's, and the report measures quantization alone.
+            first_layers = layer_report(&qat, N::INPUT_SHAPE, &pixels)?;
+            if let (Some(staged), Some((graph, int_predictions))) = (export.take(), &integer) {
                 // Written beside the target; put in place only when every seed has succeeded.
-                exported.save(staged.path())?;
+                export::save(graph, staged.path(), &[&QuantFormat])?;
                 // Prove the files load and reproduce the in-memory model.
-                let reloaded = IntegerModel::new(&ExportedModel::load(staged.path())?)?;
+                let reloaded = IntegerModel::new(&export::load(staged.path())?)?;
                 if reloaded.predict(&data.test.images)? != *int_predictions {
                     return Err(RunError::File {
                         path: staged.target().to_path_buf(),
@@ -587,7 +580,7 @@ pub fn eval_export(dir: &Path, data_path: Option<&Path>) -> Result<(f64, usize),
         Some(path) => digits::load(path)?,
         None => digits::bundled()?,
     };
-    let model = IntegerModel::new(&ExportedModel::load(dir)?)?;
+    let model = IntegerModel::new(&export::load(dir)?)?;
     if model.input_features() != digits::PIXELS || model.output_features() != digits::CLASSES {
         return Err(RunError::Export(ExportError::Unsupported {
             layer: "(model)".into(),

@@ -4,7 +4,6 @@ use dfdx::prelude::*;
 
 use quant_core::QuantError;
 use quant_ops::convert::Quantize;
-use quant_ops::export::Export;
 use quant_ops::layers::QuantizedModule;
 
 use super::config::ModelKind;
@@ -55,7 +54,6 @@ pub trait Net {
     type Quantized: TensorCollection<f32, Cpu>
         + Clone
         + QuantizedModule
-        + Export
         + ModuleMut<Tensor<Self::Input, f32, Cpu, Taped>, Output = Logits<Taped>, Error = QuantError>
         + ModuleMut<Tensor<Self::Input, f32, Cpu>, Output = Logits<NoneTape>, Error = QuantError>
         + Module<Tensor<Self::Input, f32, Cpu>, Output = Logits<NoneTape>, Error = QuantError>;

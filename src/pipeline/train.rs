@@ -428,7 +428,7 @@ mod tests {
         assert!(is_layer_weight("0.weight"));
         assert!(is_layer_weight("1.0.weight"));
         assert!(!is_layer_weight("0.bias"));
-        assert!(!is_layer_weight("0.weight_quantizer.learned"));
+        assert!(!is_layer_weight("0.weights_quantizer.learned"));
         assert!(!is_layer_weight("0.input_quantizer.learned"));
         assert!(!is_layer_weight("0.1.scale"));
 
@@ -445,7 +445,7 @@ mod tests {
 
         // In a quantized model the quantizers' parameters are left alone.
         let mut q = quant_ops::layers::QLinear::from_linear(&m);
-        q.weight_quantizer.learned = dev.ones();
+        q.weights_quantizer.learned = dev.ones();
         q.input_quantizer.learned = dev.ones();
         let w = q.weight.as_vec();
         decay_weights(&mut q, 1.0, 0.5).unwrap();
@@ -453,7 +453,7 @@ mod tests {
             assert!((after - before * 0.5).abs() < 1e-7);
         }
         assert!(q
-            .weight_quantizer
+            .weights_quantizer
             .learned
             .as_vec()
             .iter()

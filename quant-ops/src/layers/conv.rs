@@ -6,12 +6,15 @@ use dfdx::prelude::*;
 use quant_core::{QuantError, Result};
 
 use super::{
-    join_name, layer_bias, FakeQuantizer, QuantizedModule, QuantizerControl, TensorQuantizer,
+    layer_bias, lower_weighted, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer,
 };
+use crate::convert::LayerKind;
+use crate::export::ExportError;
+use crate::graph::{Conv2dGeometry, GraphBuilder, Op, ValueId};
 use crate::nn::{conv2d, Conv2d, FeatureMaps};
 
 /// A 2-D convolution (`weight [C_OUT, C_IN, K, K]`, stride `S`, zero padding `P`) whose weight
-/// passes through `weight_quantizer` (per output channel on axis 0, or per tensor) and whose
+/// passes through `weights_quantizer` (per output channel on axis 0, or per tensor) and whose
 /// input passes through `input_quantizer` (per tensor). Like [`QLinear`](super::QLinear), the
 /// bias is added as int32 deployment holds it while both quantizers quantize.
 #[derive(Debug, Clone)]
@@ -31,7 +34,7 @@ pub struct QConv2d<
     /// One bias per output channel.
     pub bias: Tensor<Rank1<C_OUT>, E, D>,
     /// Quantizer of the weight.
-    pub weight_quantizer: WQ,
+    pub weights_quantizer: WQ,
     /// Quantizer of the input.
     pub input_quantizer: AQ,
 }
@@ -80,9 +83,9 @@ where
                     }),
                 ),
                 Self::module(
-                    "weight_quantizer",
-                    |s| &s.weight_quantizer,
-                    |s| &mut s.weight_quantizer,
+                    "weights_quantizer",
+                    |s| &s.weights_quantizer,
+                    |s| &mut s.weights_quantizer,
                 ),
                 Self::module(
                     "input_quantizer",
@@ -90,10 +93,10 @@ where
                     |s| &mut s.input_quantizer,
                 ),
             ),
-            |(weight, bias, weight_quantizer, input_quantizer)| QConv2d {
+            |(weight, bias, weights_quantizer, input_quantizer)| QConv2d {
                 weight,
                 bias,
-                weight_quantizer,
+                weights_quantizer,
                 input_quantizer,
             },
         )
@@ -110,7 +113,7 @@ impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, cons
         QConv2d {
             weight: conv.weight.clone(),
             bias: conv.bias.clone(),
-            weight_quantizer: TensorQuantizer::new(dev),
+            weights_quantizer: TensorQuantizer::new(dev),
             input_quantizer: TensorQuantizer::new(dev),
         }
     }
@@ -136,8 +139,8 @@ impl<
 
     fn try_forward(&self, x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.quantize(x)?;
-        let w = self.weight_quantizer.quantize(self.weight.retaped::<T>())?;
-        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        let w = self.weights_quantizer.quantize(self.weight.retaped::<T>())?;
+        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         conv2d(x, w, bias, S, P)
     }
 }
@@ -167,9 +170,9 @@ impl<
         let x = self.input_quantizer.quantize_mut(x)?;
         // Weights calibrate from themselves (see QLinear).
         let w = self
-            .weight_quantizer
+            .weights_quantizer
             .quantize_mut(self.weight.retaped::<T>())?;
-        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         conv2d(x, w, bias, S, P)
     }
 }
@@ -184,18 +187,51 @@ impl<
         AQ: FakeQuantizer,
     > QuantizedModule for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
 {
-    fn visit_quantizers(
+    fn visit_slots(
         &mut self,
-        prefix: &str,
-        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(
-            &join_name(prefix, "input_quantizer"),
-            &mut self.input_quantizer,
-        )?;
-        f(
-            &join_name(prefix, "weight_quantizer"),
-            &mut self.weight_quantizer,
+        f(SlotRef {
+            layer: name,
+            kind: LayerKind::Conv2d,
+            slot: Slot::INPUT,
+            quantizer: &mut self.input_quantizer,
+        })?;
+        f(SlotRef {
+            layer: name,
+            kind: LayerKind::Conv2d,
+            slot: Slot::WEIGHTS,
+            quantizer: &mut self.weights_quantizer,
+        })
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        let geometry = Conv2dGeometry {
+            in_channels: C_IN,
+            out_channels: C_OUT,
+            kernel: K,
+            stride: S,
+            padding: P,
+            groups: 1,
+        };
+        lower_weighted(
+            name,
+            g,
+            x,
+            (&self.input_quantizer, &self.weights_quantizer),
+            (&self.weight.as_vec(), &geometry.weight_shape()),
+            &self.bias.as_vec(),
+            |weight, bias| Op::Conv2d {
+                geometry,
+                weight,
+                bias,
+            },
         )
     }
 }

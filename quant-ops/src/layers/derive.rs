@@ -14,13 +14,13 @@ use rand::distributions::uniform::SampleUniform;
 pub use dfdx;
 pub use quant_core::{QuantError, QuantizationTarget, Result};
 
-pub use crate::convert::{configure_slot, LayerKind, LayerPolicy, Quantize};
-pub use crate::export::{Export, ExportError, ExportedOp};
+pub use crate::convert::{LayerKind, Quantize};
+pub use crate::export::ExportError;
+pub use crate::graph::{GraphBuilder, ValueId};
 pub use crate::layers::{
     join_name, quantize_param, quantize_param_mut, FakeQuantizer, LayerInput, QuantizedModule,
-    QuantizerControl, QuantizerSpec, TensorQuantizer,
+    QuantizerControl, Slot, SlotRef, TensorQuantizer,
 };
-pub use crate::report::{Trace, TraceLeaf};
 
 /// The bounds a dtype needs for the layers of a model written dfdx-style (generic over
 /// `E: Dtype, D: Device<E>`): dfdx's `Linear` needs `Float`, every initialiser `SampleUniform`.
@@ -53,19 +53,6 @@ fn reset_param<S: ConstShape, E: Dtype + SampleUniform, D: Device<E>>(
         _ => E::ONE,
     };
     t.try_fill_with_distr(rand::distributions::Uniform::new(zero - b, b))
-}
-
-/// The spec for a weights slot without a channel axis (`#[quantized(weights)]` without
-/// `channels`): a per-channel weights config means "per channel where the layer has channels",
-/// so here it quantizes per tensor.
-pub fn per_tensor(spec: Option<&QuantizerSpec>) -> Option<QuantizerSpec> {
-    spec.map(|s| {
-        let mut s = s.clone();
-        if let quant_core::QuantizerConfig::Weights(w) = &mut s.config {
-            w.per_channel = false;
-        }
-        s
-    })
 }
 
 /// A field rebuilt by a `TensorCollection` visitor, as the concrete type `F` of a struct that is

@@ -5,7 +5,10 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{QuantizedModule, QuantizerControl};
+use super::{join_name, QuantizedModule, SlotRef};
+use crate::convert::GraphOp;
+use crate::export::ExportError;
+use crate::graph::{GraphBuilder, ValueId};
 
 /// A module that stays float inside a quantized model (activations, normalisation, ...).
 ///
@@ -49,12 +52,43 @@ where
     }
 }
 
-impl<M> QuantizedModule for Float<M> {
-    fn visit_quantizers(
+impl<M: GraphOp> QuantizedModule for Float<M> {
+    fn visit_slots(
         &mut self,
-        _prefix: &str,
-        _f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+        _name: &str,
+        _f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
         Ok(())
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        lower_op(&self.0, name, g, x)
+    }
+}
+
+/// Adds `m`'s op on `x` as node `name` (its parameters' tensors named under `name`).
+pub(crate) fn lower_op<M: GraphOp>(
+    m: &M,
+    name: &str,
+    g: &mut GraphBuilder,
+    x: ValueId,
+) -> std::result::Result<ValueId, ExportError> {
+    match m.graph_op() {
+        Ok(None) => Ok(x),
+        Ok(Some(mut op)) => {
+            for (p, _) in op.parameters_mut() {
+                p.tensor = join_name(name, &p.tensor);
+            }
+            g.add(name, op, &[x])
+        }
+        Err(reason) => Err(ExportError::Unsupported {
+            layer: name.to_string(),
+            reason,
+        }),
     }
 }

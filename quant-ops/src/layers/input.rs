@@ -5,7 +5,11 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{join_name, QuantizedModule, QuantizerControl, TensorQuantizer};
+use super::float::lower_op;
+use super::{join_name, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use crate::convert::InputOnly;
+use crate::export::ExportError;
+use crate::graph::{GraphBuilder, ValueId};
 
 /// Quantizes the input of a module that has no weights (pooling, flatten, a residual add)
 /// with a per-tensor quantizer, then runs the module: pytorch-quantization's
@@ -81,15 +85,27 @@ where
     }
 }
 
-impl<M> QuantizedModule for QuantInput<M> {
-    fn visit_quantizers(
+impl<M: InputOnly> QuantizedModule for QuantInput<M> {
+    fn visit_slots(
         &mut self,
-        prefix: &str,
-        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(
-            &join_name(prefix, "input_quantizer"),
-            &mut self.input_quantizer,
-        )
+        f(SlotRef {
+            layer: name,
+            kind: M::KIND,
+            slot: Slot::INPUT,
+            quantizer: &mut self.input_quantizer,
+        })
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        let x = g.quantize(&join_name(name, Slot::INPUT.name), &self.input_quantizer, x)?;
+        lower_op(&self.module, name, g, x)
     }
 }

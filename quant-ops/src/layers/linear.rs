@@ -6,10 +6,13 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{join_name, FakeQuantizer, QuantizedModule, QuantizerControl, TensorQuantizer};
+use super::{lower_weighted, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use crate::convert::LayerKind;
+use crate::export::ExportError;
+use crate::graph::{GraphBuilder, Op, ValueId};
 
 /// A Linear layer (`y = x·Wᵀ + b`, weight `[O, I]`) whose weight passes through
-/// `weight_quantizer` (per output channel on axis 0, or per tensor) and whose input passes
+/// `weights_quantizer` (per output channel on axis 0, or per tensor) and whose input passes
 /// through `input_quantizer` (per tensor). The bias stays float in training; export quantizes it
 /// to int32 with `s_bias = s_input · s_weight`.
 ///
@@ -29,7 +32,7 @@ pub struct QLinear<
     /// Bias `[O]`.
     pub bias: Tensor<Rank1<O>, E, D>,
     /// Quantizer of the weight.
-    pub weight_quantizer: WQ,
+    pub weights_quantizer: WQ,
     /// Quantizer of the input.
     pub input_quantizer: AQ,
 }
@@ -68,9 +71,9 @@ where
                     }),
                 ),
                 Self::module(
-                    "weight_quantizer",
-                    |s| &s.weight_quantizer,
-                    |s| &mut s.weight_quantizer,
+                    "weights_quantizer",
+                    |s| &s.weights_quantizer,
+                    |s| &mut s.weights_quantizer,
                 ),
                 Self::module(
                     "input_quantizer",
@@ -78,10 +81,10 @@ where
                     |s| &mut s.input_quantizer,
                 ),
             ),
-            |(weight, bias, weight_quantizer, input_quantizer)| QLinear {
+            |(weight, bias, weights_quantizer, input_quantizer)| QLinear {
                 weight,
                 bias,
-                weight_quantizer,
+                weights_quantizer,
                 input_quantizer,
             },
         )
@@ -96,7 +99,7 @@ impl<const I: usize, const O: usize> QLinear<I, O> {
         QLinear {
             weight: linear.weight.clone(),
             bias: linear.bias.clone(),
-            weight_quantizer: TensorQuantizer::new(dev),
+            weights_quantizer: TensorQuantizer::new(dev),
             input_quantizer: TensorQuantizer::new(dev),
         }
     }
@@ -105,7 +108,7 @@ impl<const I: usize, const O: usize> QLinear<I, O> {
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QLinear<I, O, WQ, AQ> {
     /// The fake-quantized weight, on tape `T` when its quantizer trains.
     fn quantized_weight<T: Tape<f32, Cpu>>(&self) -> Result<Tensor<Rank2<O, I>, f32, Cpu, T>> {
-        self.weight_quantizer.quantize(self.weight.retaped::<T>())
+        self.weights_quantizer.quantize(self.weight.retaped::<T>())
     }
 }
 
@@ -133,7 +136,7 @@ impl<
 
     fn try_forward(&self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.quantize(x)?;
-        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         linear_2d(x, self.quantized_weight::<T>()?, bias)
     }
 }
@@ -155,9 +158,9 @@ impl<
         // Weights calibrate from themselves: while calibrating, the observer sees the weight on
         // every step and the weight passes through.
         let w = self
-            .weight_quantizer
+            .weights_quantizer
             .quantize_mut(self.weight.retaped::<T>())?;
-        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weight_quantizer)?;
+        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         linear_2d(x, w, bias)
     }
 }
@@ -165,18 +168,44 @@ impl<
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QuantizedModule
     for QLinear<I, O, WQ, AQ>
 {
-    fn visit_quantizers(
+    fn visit_slots(
         &mut self,
-        prefix: &str,
-        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(
-            &join_name(prefix, "input_quantizer"),
-            &mut self.input_quantizer,
-        )?;
-        f(
-            &join_name(prefix, "weight_quantizer"),
-            &mut self.weight_quantizer,
+        f(SlotRef {
+            layer: name,
+            kind: LayerKind::Linear,
+            slot: Slot::INPUT,
+            quantizer: &mut self.input_quantizer,
+        })?;
+        f(SlotRef {
+            layer: name,
+            kind: LayerKind::Linear,
+            slot: Slot::WEIGHTS,
+            quantizer: &mut self.weights_quantizer,
+        })
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        lower_weighted(
+            name,
+            g,
+            x,
+            (&self.input_quantizer, &self.weights_quantizer),
+            (&self.weight.as_vec(), &[O, I]),
+            &self.bias.as_vec(),
+            |weight, bias| Op::Linear {
+                in_features: I,
+                out_features: O,
+                weight,
+                bias,
+            },
         )
     }
 }

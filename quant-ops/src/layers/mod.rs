@@ -8,9 +8,12 @@
 //! - [`QuantInput`]: quantizes the input of any module (pooling, flatten, ...).
 //! - [`Float`]: a float module inside a quantized model.
 //!
-//! Every quantizer is reachable by its dotted name (`0.weight_quantizer`, `fc1.input_quantizer`)
-//! through [`QuantizedModule::visit_quantizers`], to change modes (like pytorch-quantization's
-//! `disable()` / `enable_calib()`), calibrate, report and export.
+//! Every layer declares its quantizer [`Slot`]s (`weights`, `input`, ...); every quantizer is
+//! reachable by its dotted name, `<layer>.<slot>` (`0.weights`, `fc1.input`), through
+//! [`QuantizedModule::visit_slots`], to configure it from a policy, change modes (like
+//! pytorch-quantization's `disable()` / `enable_calib()`), calibrate and report; and every
+//! module lowers itself into the [graph IR](crate::graph) ([`QuantizedModule::lower`]) for
+//! export and integer inference.
 
 mod conv;
 #[doc(hidden)]
@@ -31,11 +34,15 @@ pub use quantizer::{
 };
 
 use dfdx::prelude::*;
-use quant_core::{QuantError, Result};
+use quant_core::{QuantError, QuantizationTarget, Result};
 
-/// A quantizer usable as a layer's weights or input quantizer. [`TensorQuantizer`] implements
-/// it for quantizers chosen at run time; implement it for a quantizer fixed at compile time
-/// that owns its parameters as typed tensors (any number, any shape).
+use crate::convert::LayerKind;
+use crate::export::ExportError;
+use crate::graph::{GraphBuilder, ValueId};
+
+/// A quantizer usable in a layer's slot. [`TensorQuantizer`] implements it for quantizers
+/// chosen at run time; implement it for a quantizer fixed at compile time that owns its
+/// parameters as typed tensors (any number, any shape).
 pub trait FakeQuantizer: QuantizerControl + Clone + std::fmt::Debug {
     /// Fake-quantizes `x` according to the mode (per-channel quantizers use axis 0).
     fn quantize<S: Shape, T: Tape<f32, Cpu>>(
@@ -47,11 +54,6 @@ pub trait FakeQuantizer: QuantizerControl + Clone + std::fmt::Debug {
         &mut self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>>;
-    /// Sets the quantizer up as a policy says, naming it `name`. A quantizer fixed at compile
-    /// time checks that `spec` describes it, and rejects it otherwise.
-    fn configure(&mut self, name: &str, spec: &QuantizerSpec) -> Result<()>;
-    /// Leaves the slot float for good.
-    fn clear(&mut self);
 }
 
 impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
@@ -66,12 +68,6 @@ impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
         TensorQuantizer::quantize_mut(self, x)
-    }
-    fn configure(&mut self, name: &str, spec: &QuantizerSpec) -> Result<()> {
-        TensorQuantizer::configure(self, name, spec.clone())
-    }
-    fn clear(&mut self) {
-        TensorQuantizer::clear(self)
     }
 }
 
@@ -142,6 +138,23 @@ fn bias_scale(input_scale: f32, weight_scales: &[f32], o: usize) -> f64 {
     input_scale as f64 * weight_scales[if weight_scales.len() == 1 { 0 } else { o }] as f64
 }
 
+/// The float values of int32 bias codes at scale `s_input · s_weight[o]`: what a quantized
+/// layer adds in its fake-quantized forward pass. One weight scale, or one per code.
+pub fn accumulator_to_float(codes: &[i32], input_scale: f32, weight_scales: &[f32]) -> Vec<f32> {
+    codes
+        .iter()
+        .enumerate()
+        .map(|(o, q)| {
+            let s = input_scale as f64
+                * weight_scales
+                    .get(if weight_scales.len() == 1 { 0 } else { o })
+                    .copied()
+                    .unwrap_or(0.0) as f64;
+            (*q as f64 * s) as f32
+        })
+        .collect()
+}
+
 /// The bias a quantized layer adds: while both its input and its weights quantize, the bias
 /// as integer deployment holds it (int32 at scale `s_input · s_weight`), with a straight-through
 /// gradient; otherwise the float bias. Keeping the two equal is what makes the integer model
@@ -164,11 +177,7 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
     let s_in = qi.scales()[0];
     let codes =
         quantize_bias_saturating(&quant_core::ops::read_contiguous(bias), s_in, qw.scales())?;
-    let values: Vec<f32> = codes
-        .iter()
-        .enumerate()
-        .map(|(o, q)| (*q as f64 * bias_scale(s_in, qw.scales(), o)) as f32)
-        .collect();
+    let values = accumulator_to_float(&codes, s_in, qw.scales());
     quant_core::ops::custom_op(
         bias.retaped::<T>(),
         Vec::new(),
@@ -184,14 +193,113 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
     )
 }
 
-/// A model (or layer) whose quantizers can be visited by name.
+/// A quantizer slot a layer declares: what it quantizes, under which name. The name is the
+/// last part of the quantizer's dotted name (`fc1.weights`) and the slot's key in policy
+/// files (`weights = { bits = 8 }`, or `slots.weights`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Slot {
+    /// The slot's name.
+    pub name: &'static str,
+    /// What it quantizes: weights (settings from `[weights]`) or an activation (from `[input]`).
+    pub target: QuantizationTarget,
+    /// Whether the quantized tensor has output channels along axis 0, so per-channel settings
+    /// apply; otherwise it quantizes per tensor whatever the settings say.
+    pub per_channel: bool,
+}
+
+impl Slot {
+    /// The weights of a Linear or Conv2d layer, per output channel or per tensor.
+    pub const WEIGHTS: Slot = Slot {
+        name: "weights",
+        target: QuantizationTarget::Weights,
+        per_channel: true,
+    };
+    /// A layer's input activation, per tensor.
+    pub const INPUT: Slot = Slot {
+        name: "input",
+        target: QuantizationTarget::Activation,
+        per_channel: false,
+    };
+}
+
+/// One quantizer slot of a model, as [`QuantizedModule::visit_slots`] visits it.
+pub struct SlotRef<'a> {
+    /// The dotted name of the layer holding it.
+    pub layer: &'a str,
+    /// The layer's kind.
+    pub kind: LayerKind,
+    /// The slot.
+    pub slot: Slot,
+    /// Its quantizer.
+    pub quantizer: &'a mut dyn QuantizerControl,
+}
+
+impl SlotRef<'_> {
+    /// The quantizer's dotted name, `<layer>.<slot>`.
+    pub fn name(&self) -> String {
+        join_name(self.layer, self.slot.name)
+    }
+}
+
+/// A quantized model or layer, walked once for everything that needs its structure: its
+/// quantizer slots by dotted name (configuration by a policy, modes, calibration, reports) and
+/// its graph form (export, integer inference, reports).
+///
+/// Tuples, the built-in layers and `#[derive(QuantizedModel)]` structs implement it; a layer
+/// of your own implements it by listing its slots and lowering itself into graph ops.
 pub trait QuantizedModule {
-    /// Calls `f` with each quantizer's full dotted name (under `prefix`) and its control.
-    fn visit_quantizers(
+    /// Calls `f` with each quantizer slot of this module (named `name`, the dotted path from
+    /// the model's root) and of its children, in model order.
+    ///
+    /// # Errors
+    /// The first error of `f`.
+    fn visit_slots(
         &mut self,
-        prefix: &str,
-        f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()>;
+
+    /// Adds this module's graph form to `g`, reading `x`, with nodes named under `name`;
+    /// returns the module's output.
+    ///
+    /// # Errors
+    /// A part with no graph form, a quantizer still calibrating, a shape that does not fit.
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> std::result::Result<ValueId, ExportError>;
+}
+
+/// Lowers a layer with weights: its input quantizer (a quantize node named `<name>.input`), its
+/// weight (codes while the weights quantizer quantizes) and its bias (int32 at the
+/// accumulator's scale while both quantize, as the forward pass adds it), then `op(weight,
+/// bias)` as node `name`.
+pub fn lower_weighted(
+    name: &str,
+    g: &mut GraphBuilder,
+    x: ValueId,
+    (input, weights): (&dyn QuantizerControl, &dyn QuantizerControl),
+    (weight, weight_shape): (&[f32], &[usize]),
+    bias: &[f32],
+    op: impl FnOnce(crate::graph::Parameter, crate::graph::Parameter) -> crate::graph::Op,
+) -> std::result::Result<ValueId, ExportError> {
+    let xq = g.quantize(&join_name(name, Slot::INPUT.name), input, x)?;
+    let input_quantizer = match g.producer(xq) {
+        Some(crate::graph::Op::Quantize { quantizer }) if xq != x => Some(quantizer.clone()),
+        _ => None,
+    };
+    let weight = crate::graph::weight_parameter(
+        &join_name(name, "weight"),
+        weight,
+        weight_shape,
+        &join_name(name, Slot::WEIGHTS.name),
+        weights,
+    )?;
+    let bias = crate::graph::bias_parameter(
+        &join_name(name, "bias"),
+        bias,
+        input_quantizer.as_ref(),
+        &weight,
+        name,
+    )?;
+    g.add(name, op(weight, bias), &[xq])
 }
 
 /// `prefix.name`, or `name` at the root.
@@ -206,13 +314,17 @@ pub fn join_name(prefix: &str, name: &str) -> String {
 macro_rules! tuple_quantized_module {
     ($($name:ident $idx:tt),+) => {
         impl<$($name: QuantizedModule),+> QuantizedModule for ($($name,)+) {
-            fn visit_quantizers(
+            fn visit_slots(
                 &mut self,
-                prefix: &str,
-                f: &mut dyn FnMut(&str, &mut dyn QuantizerControl) -> Result<()>,
+                name: &str,
+                f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
             ) -> Result<()> {
-                $(self.$idx.visit_quantizers(&join_name(prefix, stringify!($idx)), f)?;)+
+                $(self.$idx.visit_slots(&join_name(name, stringify!($idx)), f)?;)+
                 Ok(())
+            }
+            fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> std::result::Result<ValueId, ExportError> {
+                $(let x = self.$idx.lower(&join_name(name, stringify!($idx)), g, x)?;)+
+                Ok(x)
             }
         }
     };
@@ -235,9 +347,9 @@ pub trait QuantizedModuleExt: QuantizedModule {
     fn set_mode(&mut self, pattern: &str, mode: QuantizerMode) -> Result<usize> {
         let matcher = glob(pattern)?;
         let mut n = 0;
-        self.visit_quantizers("", &mut |name, q| {
-            if matcher.is_match(name) && q.describe().is_some() {
-                q.set_mode(mode)?;
+        self.visit_slots("", &mut |s| {
+            if s.quantizer.describe().is_some() && matcher.is_match(s.name()) {
+                s.quantizer.set_mode(mode)?;
                 n += 1;
             }
             Ok(())
@@ -248,9 +360,9 @@ pub trait QuantizedModuleExt: QuantizedModule {
     /// Finishes calibration of every configured quantizer that is calibrating.
     fn finish_calibration(&mut self) -> Result<usize> {
         let mut n = 0;
-        self.visit_quantizers("", &mut |_, q| {
-            if q.mode() == QuantizerMode::Calibrating {
-                q.finish_calibration()?;
+        self.visit_slots("", &mut |s| {
+            if s.quantizer.mode() == QuantizerMode::Calibrating {
+                s.quantizer.finish_calibration()?;
                 n += 1;
             }
             Ok(())
@@ -261,9 +373,9 @@ pub trait QuantizedModuleExt: QuantizedModule {
     /// Names and descriptions of every configured quantizer, in model order.
     fn quantizers(&mut self) -> Result<Vec<(String, QuantizerDescription)>> {
         let mut out = Vec::new();
-        self.visit_quantizers("", &mut |name, q| {
-            if let Some(d) = q.describe() {
-                out.push((name.to_string(), d));
+        self.visit_slots("", &mut |s| {
+            if let Some(d) = s.quantizer.describe() {
+                out.push((s.name(), d));
             }
             Ok(())
         })?;

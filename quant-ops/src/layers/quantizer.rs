@@ -93,7 +93,7 @@ pub struct QuantizerDescription {
 }
 
 /// Controls one quantizer inside a model: mode, calibration, parameters, deployment. Reachable
-/// by name through [`QuantizedModule::visit_quantizers`](crate::layers::QuantizedModule).
+/// by name through [`QuantizedModule::visit_slots`](crate::layers::QuantizedModule::visit_slots).
 pub trait QuantizerControl {
     /// The current mode.
     fn mode(&self) -> QuantizerMode;
@@ -118,6 +118,15 @@ pub trait QuantizerControl {
     fn inferable(&self) -> Result<Option<InferableQuantizer>>;
     /// Whether parameters are calibrated or initialised.
     fn is_initialized(&self) -> bool;
+    /// Sets the quantizer up as a policy says, naming it `name` (its dotted name, in errors and
+    /// reports), and enters Calibrating. A quantizer fixed at compile time checks that `spec`
+    /// describes it, and rejects it otherwise.
+    ///
+    /// # Errors
+    /// A spec the quantizer cannot be built from.
+    fn configure(&mut self, name: &str, spec: &QuantizerSpec) -> Result<()>;
+    /// Removes the quantizer: the slot stays float (Disabled) for good.
+    fn clear(&mut self);
 }
 
 /// The run-time part of a [`TensorQuantizer`]: not tensors, so not saved with the model (a
@@ -260,7 +269,7 @@ impl<const C: usize> TensorQuantizer<C> {
     }
 
     /// Builds the quantizer `spec.config` names from the registry, and enters Calibrating.
-    /// `name` (e.g. `fc1.weight_quantizer`) appears in errors and reports.
+    /// `name` (e.g. `fc1.weights`) appears in errors and reports.
     ///
     /// # Errors
     /// The registry has no (or more than one) quantizer for the config, the quantizer rejects
@@ -570,6 +579,14 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
     fn is_initialized(&self) -> bool {
         self.initialized != 0
     }
+
+    fn configure(&mut self, name: &str, spec: &QuantizerSpec) -> Result<()> {
+        TensorQuantizer::configure(self, name, spec.clone())
+    }
+
+    fn clear(&mut self) {
+        TensorQuantizer::clear(self)
+    }
 }
 
 impl<const C: usize> TensorQuantizer<C> {
@@ -624,3 +641,4 @@ impl<S: Shape, T: Tape<f32, Cpu>> ModuleMut<Tensor<S, f32, Cpu, T>> for TensorQu
         self.quantize_mut(x)
     }
 }
+

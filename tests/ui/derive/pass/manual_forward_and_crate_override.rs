@@ -1,7 +1,8 @@
 use quant::dfdx::nn::modules::{Linear, ReLU};
 use quant::dfdx::prelude::*;
 use quant::prelude::*;
-use quant::quant_ops::convert::{quantize_model, LayerKind, LayerQuantization};
+use quant::quant_ops::convert::{quantize_model, LayerKind};
+use quant::quant_ops::layers::{QuantizerSpec, Slot};
 use quant::quant_ops::layers::QuantizedModuleExt;
 
 /// A residual block: the forward pass is not the fields in order, so it is written by hand.
@@ -35,8 +36,8 @@ impl<const N: usize, B: Dim> Module<Tensor<(B, Const<N>), f32, Cpu>> for QuantRe
 fn main() {
     let dev = Cpu::default();
     let float = Residual::<4>::build(&dev).unwrap();
-    let policy = |_: &str, _: LayerKind| -> quant::Result<LayerQuantization> {
-        Ok(LayerQuantization::default())
+    let policy = |_: &str, _: LayerKind, _: Slot| -> quant::Result<Option<QuantizerSpec>> {
+        Ok(None)
     };
     let mut q = quantize_model(&float, &policy).unwrap();
     assert!(q.quantizers().unwrap().is_empty());

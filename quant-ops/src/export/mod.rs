@@ -1,0 +1,142 @@
+//! Export of a quantized model: the model lowers itself into the [graph IR](crate::graph)
+//! ([`export_model`]), and export formats write that graph into a directory ([`save`]).
+//!
+//! Formats sit behind one trait, [`ExportFormat`]: [`QuantFormat`] (`model.json` with the graph
+//! and `model.safetensors` with integer weight codes, int32 biases and float parameters) is the
+//! one quant reads back ([`load`]) and runs on integers; other formats (ONNX) are written from
+//! the same graph. A directory is written whole or not at all: every file goes into a
+//! temporary sibling directory that then replaces the export directory.
+//!
+//! Loading checks everything (hostile files get a typed error, never a panic and never an
+//! allocation larger than the file justifies): sizes before reading, the JSON schema, every
+//! inferable quantizer's invariants, tensor names, dtypes and shapes against the ops, codes on
+//! their grids, and the whole graph ([`Graph::check`]).
+
+mod quant_format;
+
+pub use quant_format::{
+    QuantFormat, FORMAT_VERSION, MAX_METADATA_BYTES, MAX_TENSOR_FILE_BYTES, METADATA_FILE,
+    TENSORS_FILE,
+};
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use quant_core::QuantError;
+
+pub use crate::graph::{ExportedQuantizer, QuantizerOrigin};
+use crate::graph::{Graph, GraphBuilder};
+use crate::layers::QuantizedModule;
+
+/// Errors of export and of loading exports; each names the file, node, layer or tensor.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ExportError {
+    /// A quantizer problem while exporting (unsupported bit width, values off the grid, ...).
+    #[error("cannot export: {0}")]
+    Quant(#[from] QuantError),
+    /// A model part that has no graph form (at export), or that a backend cannot run or write
+    /// (the integer runtime, a format).
+    #[error("layer `{layer}`: {reason}")]
+    Unsupported {
+        /// The layer's (or node's) dotted name.
+        layer: String,
+        /// Why, and what would work.
+        reason: String,
+    },
+    /// A graph that is not consistent: a node that does not fit its inputs, a dangling input,
+    /// a parameter that does not fit its op.
+    #[error("node `{node}`: {reason}")]
+    Invalid {
+        /// The node's name (`(graph)` for the graph as a whole).
+        node: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// Reading or writing a file failed.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file or directory.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The metadata is not valid export JSON, or describes an invalid graph.
+    #[error("{path}: invalid export metadata: {message}")]
+    Metadata {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        message: String,
+    },
+    /// The tensor file is not valid, or does not match the metadata.
+    #[error("{path}: {message}")]
+    Tensors {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong (names the tensor).
+        message: String,
+    },
+}
+
+/// A file format an exported graph can be written in.
+pub trait ExportFormat {
+    /// The format's name, for messages (`quant`, `ONNX`).
+    fn name(&self) -> &'static str;
+    /// The files it writes into an export directory, with their contents.
+    ///
+    /// # Errors
+    /// A graph the format cannot express (naming the node or setting).
+    fn encode(&self, graph: &Graph) -> Result<Vec<(&'static str, Vec<u8>)>, ExportError>;
+}
+
+/// Lowers `model` (named from the root) into a graph whose float input has per-sample shape
+/// `input_shape`, recording `info` (model name, policy, seed, ...) in it.
+///
+/// The graph computes what the model's forward pass computes in its current modes: a quantizer
+/// that quantizes becomes a quantize node (activations) or integer codes (weights); a disabled
+/// one leaves its value float.
+///
+/// # Errors
+/// A module with no graph form, a quantizer still calibrating or not calibrated, a shape that
+/// does not fit.
+pub fn export_model<M: QuantizedModule + ?Sized>(
+    model: &M,
+    input_shape: &[usize],
+    info: BTreeMap<String, String>,
+) -> Result<Graph, ExportError> {
+    let mut g = GraphBuilder::new(input_shape)?;
+    let x = g.input();
+    let y = model.lower("", &mut g, x)?;
+    g.finish(y, info)
+}
+
+/// Writes `graph` in each of `formats` as the directory `dir`, whole or not at all (see the
+/// module docs). `dir` must be absent, empty or a previous export
+/// ([`crate::fs::check_export_dir`]): a user's directory or file is never replaced.
+///
+/// # Errors
+/// A format that cannot express the graph (nothing is written then), a `dir` that is not an
+/// export, or a directory that cannot be written.
+pub fn save(graph: &Graph, dir: &Path, formats: &[&dyn ExportFormat]) -> Result<(), ExportError> {
+    let mut files: Vec<(&'static str, Vec<u8>)> = Vec::new();
+    for format in formats {
+        files.extend(format.encode(graph)?);
+    }
+    let refs: Vec<(&str, &[u8])> = files.iter().map(|(n, b)| (*n, b.as_slice())).collect();
+    crate::fs::replace_dir(dir, &refs).map_err(|e| ExportError::Io {
+        path: e.path().to_path_buf(),
+        source: e.into_io_error(),
+    })
+}
+
+/// Loads the graph of an export directory written in [`QuantFormat`], checking everything.
+///
+/// # Errors
+/// Missing, oversized or unreadable files, invalid JSON or safetensors, a format version this
+/// program does not read, tensors missing or not matching the ops, codes off their grid, an
+/// invalid graph.
+pub fn load(dir: &Path) -> Result<Graph, ExportError> {
+    QuantFormat::load(dir)
+}

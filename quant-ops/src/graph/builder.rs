@@ -1,0 +1,265 @@
+//! Building a graph while walking a model: every quantized module lowers itself into nodes.
+
+use std::collections::{BTreeMap, HashMap};
+
+use crate::export::ExportError;
+use crate::layers::QuantizerControl;
+
+use super::{
+    checked_numel, ExportedQuantizer, Graph, GraphInput, Node, Op, ParamValues, Parameter,
+    QuantizerOrigin, INPUT,
+};
+
+/// A value of a graph under construction: the graph input or a node's output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ValueId(usize);
+
+/// Builds a [`Graph`] node by node, inferring and checking each value's shape as it goes, so
+/// that a module that does not fit its input fails where it is added, naming it.
+///
+/// ```
+/// use quant_ops::graph::{GraphBuilder, Op};
+///
+/// let mut g = GraphBuilder::new(&[1, 4, 4])?;
+/// let x = g.input();
+/// let y = g.add("flat", Op::Flatten, &[x])?;
+/// assert_eq!(g.shape(y), &[16]);
+/// let graph = g.finish(y, Default::default())?;
+/// assert_eq!(graph.nodes[0].inputs, ["input"]);
+/// # Ok::<(), quant_ops::export::ExportError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct GraphBuilder {
+    input: GraphInput,
+    nodes: Vec<Node>,
+    /// Shape of each value: the input, then each node's output.
+    shapes: Vec<Vec<usize>>,
+    names: HashMap<String, usize>,
+}
+
+impl GraphBuilder {
+    /// A graph whose float input has per-sample shape `input_shape`.
+    ///
+    /// # Errors
+    /// An empty or oversized shape, or one that is neither `[features]` nor
+    /// `[channels, height, width]`.
+    pub fn new(input_shape: &[usize]) -> Result<GraphBuilder, ExportError> {
+        let input = GraphInput {
+            name: INPUT.to_string(),
+            shape: input_shape.to_vec(),
+        };
+        // The empty graph's check covers the input shape.
+        Graph {
+            input: input.clone(),
+            nodes: Vec::new(),
+            output: INPUT.to_string(),
+            info: BTreeMap::new(),
+        }
+        .check()?;
+        let mut names = HashMap::new();
+        names.insert(INPUT.to_string(), 0);
+        Ok(GraphBuilder {
+            input,
+            nodes: Vec::new(),
+            shapes: vec![input_shape.to_vec()],
+            names,
+        })
+    }
+
+    /// The float input.
+    pub fn input(&self) -> ValueId {
+        ValueId(0)
+    }
+
+    /// The per-sample shape of `v`.
+    pub fn shape(&self, v: ValueId) -> &[usize] {
+        &self.shapes[v.0]
+    }
+
+    /// The name of `v`.
+    pub fn name(&self, v: ValueId) -> &str {
+        match v.0 {
+            0 => &self.input.name,
+            i => &self.nodes[i - 1].name,
+        }
+    }
+
+    /// The op producing `v` (`None` for the input).
+    pub fn producer(&self, v: ValueId) -> Option<&Op> {
+        v.0.checked_sub(1).map(|i| &self.nodes[i].op)
+    }
+
+    /// Adds a node named `name` running `op` on `inputs`, and returns its output.
+    ///
+    /// # Errors
+    /// [`ExportError::Invalid`] naming the node: a name already used, or an op that does not fit
+    /// its inputs' shapes.
+    pub fn add(
+        &mut self,
+        name: impl Into<String>,
+        op: Op,
+        inputs: &[ValueId],
+    ) -> Result<ValueId, ExportError> {
+        let name = name.into();
+        let invalid = |reason: String| ExportError::Invalid {
+            node: name.clone(),
+            reason,
+        };
+        if self.names.contains_key(&name) {
+            return Err(invalid("the name is already used by another node".into()));
+        }
+        let shapes: Vec<&[usize]> = inputs.iter().map(|v| self.shape(*v)).collect();
+        let shape = op.output_shape(&shapes).map_err(&invalid)?;
+        if checked_numel(&shape).is_none() {
+            return Err(invalid(format!(
+                "output shape {shape:?} is empty or too large"
+            )));
+        }
+        let id = ValueId(self.shapes.len());
+        self.names.insert(name.clone(), id.0);
+        self.nodes.push(Node {
+            inputs: inputs.iter().map(|v| self.name(*v).to_string()).collect(),
+            name,
+            op,
+        });
+        self.shapes.push(shape);
+        Ok(id)
+    }
+
+    /// The graph returning `output`, checked as a whole ([`Graph::check`]).
+    ///
+    /// # Errors
+    /// See [`Graph::check`].
+    pub fn finish(
+        self,
+        output: ValueId,
+        info: BTreeMap<String, String>,
+    ) -> Result<Graph, ExportError> {
+        let graph = Graph {
+            output: match output.0 {
+                0 => self.input.name.clone(),
+                i => self.nodes[i - 1].name.clone(),
+            },
+            input: self.input,
+            nodes: self.nodes,
+            info,
+        };
+        graph.check()?;
+        Ok(graph)
+    }
+
+    /// Adds the quantizer of slot `slot` (its dotted name, `fc1.input`) on `x`: a
+    /// [`Op::Quantize`] node while the quantizer quantizes, nothing (`x` itself) while it is
+    /// disabled or unconfigured, so the graph computes what the model's forward pass does.
+    ///
+    /// # Errors
+    /// A quantizer still calibrating, or whose parameters cannot be read.
+    pub fn quantize(
+        &mut self,
+        slot: &str,
+        quantizer: &dyn QuantizerControl,
+        x: ValueId,
+    ) -> Result<ValueId, ExportError> {
+        match exported_quantizer(slot, quantizer)? {
+            Some(q) => self.add(slot, Op::Quantize { quantizer: q }, &[x]),
+            None => Ok(x),
+        }
+    }
+}
+
+/// The exported form of a quantizer that quantizes in its current mode; `None` when it passes
+/// values through (disabled or unconfigured).
+///
+/// # Errors
+/// A quantizer still calibrating or not initialised (named `slot`), or whose parameters
+/// cannot be read.
+pub fn exported_quantizer(
+    slot: &str,
+    quantizer: &dyn QuantizerControl,
+) -> Result<Option<ExportedQuantizer>, ExportError> {
+    let mode = quantizer.mode();
+    let Some(d) = quantizer.describe() else {
+        return Ok(None);
+    };
+    if !mode.quantizes() {
+        if mode == crate::layers::QuantizerMode::Calibrating {
+            return Err(ExportError::Unsupported {
+                layer: slot.to_string(),
+                reason: "the quantizer is still calibrating; finish calibration (or train it) first"
+                    .into(),
+            });
+        }
+        return Ok(None);
+    }
+    let inferable = quantizer.inferable()?.ok_or_else(|| ExportError::Unsupported {
+        layer: slot.to_string(),
+        reason: "the quantizer is not calibrated; calibrate or train it first".into(),
+    })?;
+    Ok(Some(ExportedQuantizer {
+        inferable,
+        origin: QuantizerOrigin {
+            training_method: d.training_method.name().to_string(),
+            quantizer: d.metadata.map(|m| m.path()),
+            bits: d.bits,
+            method: d.method,
+        },
+    }))
+}
+
+/// A weight parameter `tensor` of `shape` (output channels first): codes on the weights
+/// quantizer's grid while it quantizes (named `slot` in errors), the float values otherwise.
+///
+/// # Errors
+/// See [`exported_quantizer`]; values that do not fit the quantizer.
+pub fn weight_parameter(
+    tensor: &str,
+    values: &[f32],
+    shape: &[usize],
+    slot: &str,
+    quantizer: &dyn QuantizerControl,
+) -> Result<Parameter, ExportError> {
+    Ok(Parameter {
+        tensor: tensor.to_string(),
+        values: match exported_quantizer(slot, quantizer)? {
+            Some(q) => ParamValues::Codes {
+                codes: q
+                    .inferable
+                    .quantize(values, shape)
+                    .map_err(|e| e.at(slot.to_string()))?,
+                quantizer: q,
+            },
+            None => ParamValues::Float(values.to_vec()),
+        },
+    })
+}
+
+/// The bias of a layer whose input goes through `input` (already lowered to `x`) and whose
+/// weight is `weight`: int32 at the accumulator's scale `s_input · s_weight[o]` when both are
+/// quantized (what the fake-quantized forward pass adds, [`crate::layers::layer_bias`]), float
+/// otherwise.
+///
+/// # Errors
+/// A bias that does not fit its scales.
+pub fn bias_parameter(
+    tensor: &str,
+    values: &[f32],
+    input: Option<&ExportedQuantizer>,
+    weight: &Parameter,
+    layer: &str,
+) -> Result<Parameter, ExportError> {
+    let values = match (input, weight.values.quantizer()) {
+        (Some(qi), Some(qw)) => ParamValues::Accumulator(
+            crate::layers::quantize_bias(
+                values,
+                qi.inferable.qparams().scales()[0],
+                qw.inferable.qparams().scales(),
+            )
+            .map_err(|e| e.at(format!("layer `{layer}`")))?,
+        ),
+        _ => ParamValues::Float(values.to_vec()),
+    };
+    Ok(Parameter {
+        tensor: tensor.to_string(),
+        values,
+    })
+}

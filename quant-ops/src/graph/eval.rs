@@ -1,0 +1,296 @@
+//! The float reference interpreter of the graph IR: what the fake-quantized model computes,
+//! op by op in `f32` (quantized values are quantized and dequantized, weights are their
+//! dequantized codes, accumulator biases their float values). Reports measure each layer's
+//! output with it; export formats are checked against it.
+//!
+//! It is written for clarity, not speed: plain loops in the order the ops are defined.
+
+use quant_core::{QuantError, Result};
+
+use super::ops::out_len;
+use super::{Conv2dGeometry, Graph, Op, ParamValues, Parameter, PoolGeometry};
+
+/// The result of [`evaluate`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct Evaluation {
+    /// The graph's output, `batch × output elements`.
+    pub output: Vec<f32>,
+    /// The output of each node `keep` selected, in node order: `(node name, values)`.
+    pub kept: Vec<(String, Vec<f32>)>,
+}
+
+/// Runs `graph` in `f32` on `x` (whole samples of the input shape) and returns its output and
+/// the outputs of the nodes for which `keep(node index, op)` is true.
+///
+/// # Errors
+/// An invalid graph ([`Graph::check`]), or `x` not a whole number of samples.
+pub fn evaluate(
+    graph: &Graph,
+    x: &[f32],
+    keep: &dyn Fn(usize, &Op) -> bool,
+) -> Result<Evaluation> {
+    let shapes = graph.check().map_err(|e| QuantError::InvalidValue {
+        what: "graph".into(),
+        value: "(graph)".into(),
+        expected: e.to_string(),
+    })?;
+    let in_numel: usize = shapes.input.iter().product();
+    if x.len() % in_numel != 0 {
+        return Err(QuantError::LengthMismatch {
+            what: format!("input (whole samples of {:?})", shapes.input),
+            expected: x.len().div_ceil(in_numel) * in_numel,
+            actual: x.len(),
+        });
+    }
+    let n = x.len() / in_numel;
+    // Value 0 is the input, value i + 1 node i's output; freed after their last use.
+    let count = graph.nodes.len() + 1;
+    let index = |name: &str| -> usize {
+        if name == graph.input.name {
+            0
+        } else {
+            graph.node_index(name).map_or(0, |i| i + 1)
+        }
+    };
+    let inputs: Vec<Vec<usize>> = graph
+        .nodes
+        .iter()
+        .map(|node| node.inputs.iter().map(|s| index(s)).collect())
+        .collect();
+    let output = index(&graph.output);
+    let mut last_use = vec![0usize; count];
+    for (i, ins) in inputs.iter().enumerate() {
+        for &v in ins {
+            last_use[v] = i + 1;
+        }
+    }
+    last_use[output] = usize::MAX;
+    let mut values: Vec<Option<Vec<f32>>> = vec![None; count];
+    values[0] = Some(x.to_vec());
+    let mut kept = Vec::new();
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let shape_of = |v: usize| -> &[usize] {
+            if v == 0 {
+                &shapes.input
+            } else {
+                &shapes.nodes[v - 1]
+            }
+        };
+        let a = inputs[i][0];
+        let xs = values[a].as_deref().unwrap_or(&[]);
+        let in_shape = shape_of(a);
+        let y = match &node.op {
+            Op::Quantize { quantizer } => quantizer.inferable.fake_quantize(xs, &[xs.len()])?,
+            Op::Relu => xs.iter().map(|v| v.max(0.0)).collect(),
+            Op::Tanh => xs.iter().map(|v| v.tanh()).collect(),
+            Op::Sigmoid => xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
+            Op::Flatten => xs.to_vec(),
+            Op::Add => {
+                let b = values[inputs[i][1]].as_deref().unwrap_or(&[]);
+                xs.iter().zip(b).map(|(x, y)| x + y).collect()
+            }
+            Op::Linear {
+                in_features,
+                out_features,
+                weight,
+                bias,
+            } => {
+                let w = dequantized(weight, &[*out_features, *in_features])?;
+                let b = bias_values(graph, &inputs[i], bias, weight)?;
+                linear(xs, &w, &b, *in_features, *out_features)
+            }
+            Op::Conv2d {
+                geometry,
+                weight,
+                bias,
+            } => {
+                let w = dequantized(weight, &geometry.weight_shape())?;
+                let b = bias_values(graph, &inputs[i], bias, weight)?;
+                conv2d(xs, n, in_shape, shape_of(i + 1), geometry, &w, &b)
+            }
+            Op::ChannelAffine { scale, shift } => {
+                let (ParamValues::Float(s), ParamValues::Float(t)) = (&scale.values, &shift.values)
+                else {
+                    return Err(QuantError::InvalidValue {
+                        what: "ChannelAffine parameters".into(),
+                        value: node.name.clone(),
+                        expected: "float values".into(),
+                    });
+                };
+                let c = in_shape[0];
+                let per: usize = in_shape[1..].iter().product();
+                xs.iter()
+                    .enumerate()
+                    .map(|(k, v)| {
+                        let ch = (k / per) % c;
+                        v * s[ch] + t[ch]
+                    })
+                    .collect()
+            }
+            Op::MaxPool2d(p) => pool(xs, n, in_shape, shape_of(i + 1), p, true),
+            Op::AvgPool2d(p) => pool(xs, n, in_shape, shape_of(i + 1), p, false),
+        };
+        if keep(i, &node.op) {
+            kept.push((node.name.clone(), y.clone()));
+        }
+        values[i + 1] = Some(y);
+        for &v in &inputs[i] {
+            if last_use[v] == i + 1 {
+                values[v] = None;
+            }
+        }
+    }
+    Ok(Evaluation {
+        output: values[output].take().unwrap_or_default(),
+        kept,
+    })
+}
+
+/// The values a weight computes with: float values, or dequantized codes.
+fn dequantized(p: &Parameter, shape: &[usize]) -> Result<Vec<f32>> {
+    match &p.values {
+        ParamValues::Float(v) => Ok(v.clone()),
+        ParamValues::Codes { codes, quantizer } => quantizer.inferable.dequantize(codes, shape),
+        ParamValues::Accumulator(_) => Err(QuantError::InvalidValue {
+            what: "weight encoding".into(),
+            value: p.tensor.clone(),
+            expected: "float or codes".into(),
+        }),
+    }
+}
+
+/// The float bias: its values, or the accumulator values times `s_input · s_weight[o]`.
+fn bias_values(graph: &Graph, inputs: &[usize], bias: &Parameter, weight: &Parameter) -> Result<Vec<f32>> {
+    match &bias.values {
+        ParamValues::Float(v) => Ok(v.clone()),
+        ParamValues::Accumulator(v) => {
+            let input_quantizer = inputs
+                .first()
+                .and_then(|i| i.checked_sub(1))
+                .and_then(|i| match &graph.nodes[i].op {
+                    Op::Quantize { quantizer } => Some(quantizer),
+                    _ => None,
+                });
+            match (input_quantizer, weight.values.quantizer()) {
+                (Some(qi), Some(qw)) => Ok(crate::layers::accumulator_to_float(
+                    v,
+                    qi.inferable.qparams().scales()[0],
+                    qw.inferable.qparams().scales(),
+                )),
+                _ => Err(QuantError::InvalidValue {
+                    what: "bias".into(),
+                    value: bias.tensor.clone(),
+                    expected: "an accumulator bias after a quantized input, with quantized weights"
+                        .into(),
+                }),
+            }
+        }
+        ParamValues::Codes { .. } => Err(QuantError::InvalidValue {
+            what: "bias encoding".into(),
+            value: bias.tensor.clone(),
+            expected: "float or accumulator".into(),
+        }),
+    }
+}
+
+/// `y[r][o] = Σ_i x[r][i]·w[o][i] + b[o]` over rows of `k` values.
+fn linear(x: &[f32], w: &[f32], b: &[f32], k: usize, outs: usize) -> Vec<f32> {
+    let rows = x.len() / k;
+    let mut y = Vec::with_capacity(rows * outs);
+    for row in x.chunks_exact(k) {
+        for (o, wr) in w.chunks_exact(k).enumerate() {
+            let s: f32 = row.iter().zip(wr).map(|(a, c)| a * c).sum();
+            y.push(s + b[o]);
+        }
+    }
+    y
+}
+
+/// Direct grouped convolution with zero padding, NCHW.
+fn conv2d(
+    x: &[f32],
+    n: usize,
+    in_shape: &[usize],
+    out_shape: &[usize],
+    g: &Conv2dGeometry,
+    w: &[f32],
+    b: &[f32],
+) -> Vec<f32> {
+    let (c, h, wd) = (in_shape[0], in_shape[1], in_shape[2]);
+    let (o, oh, ow) = (out_shape[0], out_shape[1], out_shape[2]);
+    let (k, s, p) = (g.kernel, g.stride, g.padding);
+    let cg = g.group_in_channels();
+    let og = o / g.groups.max(1);
+    let mut y = vec![0f32; n * o * oh * ow];
+    for bi in 0..n {
+        let xs = &x[bi * c * h * wd..(bi + 1) * c * h * wd];
+        for oc in 0..o {
+            let group = oc / og;
+            let wk = &w[oc * cg * k * k..(oc + 1) * cg * k * k];
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut acc = 0f32;
+                    for ci in 0..cg {
+                        let ch = group * cg + ci;
+                        for ky in 0..k {
+                            let iy = (oy * s + ky) as isize - p as isize;
+                            if iy < 0 || iy as usize >= h {
+                                continue;
+                            }
+                            for kx in 0..k {
+                                let ix = (ox * s + kx) as isize - p as isize;
+                                if ix < 0 || ix as usize >= wd {
+                                    continue;
+                                }
+                                acc += xs[(ch * h + iy as usize) * wd + ix as usize]
+                                    * wk[(ci * k + ky) * k + kx];
+                            }
+                        }
+                    }
+                    y[((bi * o + oc) * oh + oy) * ow + ox] = acc + b[oc];
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Max or average pooling, NCHW; padding never wins a max and counts as zero in an average.
+fn pool(
+    x: &[f32],
+    n: usize,
+    in_shape: &[usize],
+    out_shape: &[usize],
+    g: &PoolGeometry,
+    max: bool,
+) -> Vec<f32> {
+    let (c, h, w) = (in_shape[0], in_shape[1], in_shape[2]);
+    let (oh, ow) = (out_shape[1], out_shape[2]);
+    debug_assert_eq!(Some(oh), out_len(h, g.kernel, g.stride, g.padding));
+    let (k, s, p) = (g.kernel, g.stride, g.padding);
+    let mut y = Vec::with_capacity(n * c * oh * ow);
+    for plane in x.chunks_exact(h * w).take(n * c) {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let mut best = f32::NEG_INFINITY;
+                let mut sum = 0f32;
+                for ky in 0..k {
+                    let iy = (oy * s + ky) as isize - p as isize;
+                    if iy < 0 || iy as usize >= h {
+                        continue;
+                    }
+                    for kx in 0..k {
+                        let ix = (ox * s + kx) as isize - p as isize;
+                        if ix >= 0 && (ix as usize) < w {
+                            let v = plane[iy as usize * w + ix as usize];
+                            best = best.max(v);
+                            sum += v;
+                        }
+                    }
+                }
+                y.push(if max { best } else { sum / (k * k) as f32 });
+            }
+        }
+    }
+    y
+}

@@ -1,0 +1,233 @@
+//! The graph IR of a quantized model: what export formats write, what the integer runtime and
+//! the float reference interpreter run, and what reports read.
+//!
+//! A [`Graph`] has one float input, a list of [`Node`]s in execution order and one output. Each
+//! node runs an [`Op`] on the values its `inputs` name and produces one value, named like the
+//! node: the dotted name of the layer (or quantizer slot) it comes from. A node may only read
+//! the graph's input and the values of nodes before it, so a graph is acyclic by construction
+//! and every value is defined once.
+//!
+//! Quantization is explicit. A quantized activation is the output of a [`Op::Quantize`] node,
+//! which carries its quantizer's inferable form and is named after the quantizer's slot
+//! (`fc1.input`); a quantized weight is a [`Parameter`] holding integer codes and its quantizer;
+//! a bias that deployment holds in int32 at the accumulator's scale `s_input · s_weight[o]` is
+//! a [`ParamValues::Accumulator`] parameter. A model lowered with some quantizers disabled
+//! simply lacks those nodes and holds float parameters: the float reference of a report is the
+//! same model lowered with every quantizer disabled.
+//!
+//! Shapes are per sample (no batch axis) and follow dfdx and ONNX: `[features]` or
+//! `[channels, height, width]`. [`Graph::check`] infers every value's shape and checks every
+//! op against it, every parameter against its op, and every size against the limits below, so
+//! that a graph read from a hostile file is rejected with a typed error before anything is
+//! allocated for it.
+
+mod builder;
+mod eval;
+mod ops;
+mod params;
+
+pub use builder::{bias_parameter, exported_quantizer, weight_parameter, GraphBuilder, ValueId};
+pub use eval::{evaluate, Evaluation};
+pub use ops::{Conv2dGeometry, Op, PoolGeometry};
+pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::{Deserialize, Serialize};
+
+use crate::export::ExportError;
+
+/// Name of the graph's float input value.
+pub const INPUT: &str = "input";
+
+/// Largest element count of any one value (per sample) or parameter of a graph. Guards every
+/// allocation a hostile graph could ask for.
+pub const MAX_ELEMENTS: usize = 1 << 28;
+
+/// Most nodes a graph may hold.
+pub const MAX_NODES: usize = 1 << 16;
+
+/// Longest node name, in bytes.
+pub const MAX_NAME_LEN: usize = 1024;
+
+/// The float input of a graph.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GraphInput {
+    /// The input value's name ([`INPUT`]).
+    pub name: String,
+    /// Shape of one sample: `[features]` or `[channels, height, width]`.
+    pub shape: Vec<usize>,
+}
+
+/// One node: an op on named values, producing the value named `name`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// The node's name, also the name of the value it produces: the dotted name of the layer or
+    /// quantizer slot it comes from (`0`, `fc1`, `fc1.input`).
+    pub name: String,
+    /// The values it reads, by name: the graph input or earlier nodes.
+    pub inputs: Vec<String>,
+    /// What it computes.
+    pub op: Op,
+}
+
+/// A quantized model as a graph; see the module docs.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Graph {
+    /// The float input.
+    pub input: GraphInput,
+    /// The nodes, in execution order.
+    pub nodes: Vec<Node>,
+    /// The name of the value the model returns (float logits).
+    pub output: String,
+    /// What produced it (model name, policy, seed, ...).
+    #[serde(default)]
+    pub info: BTreeMap<String, String>,
+}
+
+/// The shape of every value of a checked graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Shapes {
+    /// Per-sample shape of the input.
+    pub input: Vec<usize>,
+    /// Per-sample shape of each node's output, in node order.
+    pub nodes: Vec<Vec<usize>>,
+}
+
+/// A problem with one node (or the graph as a whole, named `(graph)`), as text.
+pub(crate) type NodeError = (String, String);
+
+/// Per-sample element count of `shape`, when within [`MAX_ELEMENTS`] and non-zero.
+pub(crate) fn checked_numel(shape: &[usize]) -> Option<usize> {
+    shape
+        .iter()
+        .try_fold(1usize, |a, d| a.checked_mul(*d))
+        .filter(|n| *n > 0 && *n <= MAX_ELEMENTS)
+}
+
+impl Graph {
+    /// Infers every value's shape and checks the graph: a valid input shape; at most
+    /// [`MAX_NODES`] nodes with distinct names of at most [`MAX_NAME_LEN`] bytes; every input
+    /// naming the graph input or an earlier node; every op's arity, geometry and parameters
+    /// (codes on their grid, quantizers per tensor or per output channel, lengths matching the
+    /// geometry); every value and parameter within [`MAX_ELEMENTS`]; an output that names a
+    /// value.
+    ///
+    /// # Errors
+    /// [`ExportError::Invalid`] naming the node and what is wrong.
+    pub fn check(&self) -> Result<Shapes, ExportError> {
+        self.infer(true)
+            .map_err(|(node, reason)| ExportError::Invalid { node, reason })
+    }
+
+    /// [`Graph::check`] without the parameters' values (before a loader reads them): the
+    /// structure, every op's geometry and every shape.
+    pub(crate) fn check_structure(&self) -> Result<Shapes, ExportError> {
+        self.infer(false)
+            .map_err(|(node, reason)| ExportError::Invalid { node, reason })
+    }
+
+    fn infer(&self, values: bool) -> Result<Shapes, NodeError> {
+        let graph = |m: String| ("(graph)".to_string(), m);
+        if checked_numel(&self.input.shape).is_none() || self.input.shape.is_empty() {
+            return Err(graph(format!(
+                "input shape {:?} is not a valid sample shape (non-empty, no zero, at most {MAX_ELEMENTS} elements)",
+                self.input.shape
+            )));
+        }
+        if !matches!(self.input.shape.len(), 1 | 3) {
+            return Err(graph(format!(
+                "input shape {:?}: expected [features] or [channels, height, width]",
+                self.input.shape
+            )));
+        }
+        if self.nodes.len() > MAX_NODES {
+            return Err(graph(format!(
+                "{} nodes; at most {MAX_NODES} are supported",
+                self.nodes.len()
+            )));
+        }
+        let mut index: HashMap<&str, usize> = HashMap::with_capacity(self.nodes.len() + 1);
+        index.insert(self.input.name.as_str(), 0);
+        let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(self.nodes.len() + 1);
+        shapes.push(self.input.shape.clone());
+        // The op producing each value (`None` for the input).
+        let mut producers: Vec<Option<&Op>> = vec![None];
+        for node in &self.nodes {
+            let at = |m: String| (short(&node.name), m);
+            if node.name.is_empty() || node.name.len() > MAX_NAME_LEN {
+                return Err(at(format!(
+                    "a node name must have 1..={MAX_NAME_LEN} bytes"
+                )));
+            }
+            let mut inputs = Vec::with_capacity(node.inputs.len());
+            let mut quantized_input = false;
+            for (k, name) in node.inputs.iter().enumerate() {
+                match index.get(name.as_str()) {
+                    Some(&i) => {
+                        inputs.push(shapes[i].as_slice());
+                        if k == 0 {
+                            quantized_input = matches!(producers[i], Some(Op::Quantize { .. }));
+                        }
+                    }
+                    None => {
+                        return Err(at(format!(
+                            "input `{}` is not the graph input or an earlier node (dangling or cyclic)",
+                            short(name)
+                        )))
+                    }
+                }
+            }
+            let shape = node.op.shape(&inputs, values).map_err(&at)?;
+            if values && node.op.accumulator_bias() && !quantized_input {
+                return Err(at(
+                    "its bias is held at the accumulator's scale s_input · s_weight, but its input is not quantized"
+                        .into(),
+                ));
+            }
+            if checked_numel(&shape).is_none() {
+                return Err(at(format!(
+                    "output shape {shape:?} is empty or holds more than {MAX_ELEMENTS} values"
+                )));
+            }
+            if index.insert(node.name.as_str(), shapes.len()).is_some() {
+                return Err(at("the name is used twice".into()));
+            }
+            shapes.push(shape);
+            producers.push(Some(&node.op));
+        }
+        if !index.contains_key(self.output.as_str()) {
+            return Err(graph(format!(
+                "output `{}` names no value",
+                short(&self.output)
+            )));
+        }
+        let input = shapes.remove(0);
+        Ok(Shapes {
+            input,
+            nodes: shapes,
+        })
+    }
+
+    /// The index of the node producing `name` (`None` for the graph input or an unknown name).
+    pub fn node_index(&self, name: &str) -> Option<usize> {
+        self.nodes.iter().position(|n| n.name == name)
+    }
+}
+
+/// `s`, cut to 200 bytes (at a character boundary) with its length, for messages about names
+/// read from files.
+pub(crate) fn short(s: &str) -> String {
+    const LIMIT: usize = 200;
+    if s.len() <= LIMIT {
+        return s.to_string();
+    }
+    let mut end = LIMIT;
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &s[..end], s.len())
+}

@@ -1,0 +1,546 @@
+//! Preparing a graph for the integer runtime: how each value is held, packed weights,
+//! requantization multipliers, cost and memory bounds.
+
+use quant_core::InferableQuantizer;
+
+use super::kernels::{fixed_point_multiplier, PackedMatrix};
+use super::{
+    IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
+};
+use crate::export::ExportError;
+use crate::graph::{Conv2dGeometry, Graph, Op, ParamValues, Parameter};
+
+/// What the runtime prepared for one node.
+#[derive(Debug, Clone, Default)]
+pub(super) struct Step {
+    /// A layer with weights.
+    pub weighted: Option<Weighted>,
+    /// A quantize node.
+    pub quantize: Option<Quantize>,
+    /// Logits of an accumulator output: one scale per channel (or one).
+    pub logit_scales: Vec<f32>,
+}
+
+/// A quantize node, by what it reads.
+#[derive(Debug, Clone)]
+pub(super) enum Quantize {
+    /// The float input: quantize with the inferable quantizer, add the storage offset.
+    Float {
+        quantizer: InferableQuantizer,
+        offset: i32,
+    },
+    /// Accumulators or codes: requantize.
+    Requantize {
+        /// Per channel (the last stored axis) or one.
+        multipliers: Vec<(i64, u32)>,
+        /// The stored zero point of codes read (subtracted first); `None` for accumulators.
+        input_zero: Option<i32>,
+        grid: StoredGrid,
+    },
+}
+
+/// A Linear or Conv2d layer.
+#[derive(Debug, Clone)]
+pub(super) struct Weighted {
+    /// Per group: the weight rows of its output channels, `(ky, kx, c)` ordered for a
+    /// convolution.
+    pub groups: Vec<PackedMatrix>,
+    /// Per group: its output channels' biases.
+    pub biases: Vec<Vec<i32>>,
+    /// The input's stored zero point.
+    pub input_zero: i32,
+    /// Values per product row (fan-in of one group).
+    pub fan_in: usize,
+    /// Output channels.
+    pub out: usize,
+    /// The convolution's geometry and input and output sizes; `None` for Linear.
+    pub conv: Option<Conv>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Conv {
+    pub geometry: Conv2dGeometry,
+    pub input: (usize, usize, usize),
+    pub output: (usize, usize),
+}
+
+fn unsupported(node: &str, reason: impl Into<String>) -> ExportError {
+    ExportError::Unsupported {
+        layer: crate::graph::short(node),
+        reason: reason.into(),
+    }
+}
+
+fn stored_grid(q: &InferableQuantizer) -> (StoredGrid, i32) {
+    let g = q.grid();
+    let offset = if g.signed() { 128 } else { 0 };
+    (
+        StoredGrid {
+            scale: q.qparams().scales()[0] as f64,
+            zero: q.qparams().zero_points()[0] + offset,
+            lo: g.quant_min() + offset,
+            hi: g.quant_max() + offset,
+            rounding: q.rounding(),
+        },
+        offset,
+    )
+}
+
+/// Largest |code − zero| on a stored grid.
+fn reach(g: &StoredGrid) -> i64 {
+    i64::from(g.zero - g.lo).max(i64::from(g.hi - g.zero))
+}
+
+pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
+    let shapes = graph.check()?;
+    let n_values = graph.nodes.len() + 1;
+    let index = |name: &str| -> usize {
+        if name == graph.input.name {
+            0
+        } else {
+            graph.node_index(name).map_or(0, |i| i + 1)
+        }
+    };
+    let inputs: Vec<Vec<usize>> = graph
+        .nodes
+        .iter()
+        .map(|n| n.inputs.iter().map(|s| index(s)).collect())
+        .collect();
+    let output = index(&graph.output);
+    let shape_of = |v: usize| -> &[usize] {
+        if v == 0 {
+            &shapes.input
+        } else {
+            &shapes.nodes[v - 1]
+        }
+    };
+    let numels: Vec<usize> = (0..n_values)
+        .map(|v| shape_of(v).iter().product())
+        .collect();
+    let mut reps = vec![Rep::Float];
+    let mut layouts = vec![match shape_of(0) {
+        [c, h, w] => Layout::Maps {
+            c: *c,
+            h: *h,
+            w: *w,
+        },
+        s => Layout::Flat {
+            features: s.last().copied().unwrap_or(1),
+        },
+    }];
+    let mut steps = Vec::with_capacity(graph.nodes.len());
+    let mut macs: u64 = 0;
+    let mut patches_max = 0usize;
+    for (i, node) in graph.nodes.iter().enumerate() {
+        let name = node.name.as_str();
+        let a = inputs[i][0];
+        let (rep_a, lay_a) = (reps[a].clone(), layouts[a]);
+        if numels[i + 1] > MAX_SAMPLE_ELEMENTS {
+            return Err(unsupported(
+                name,
+                format!("one sample would hold more than {MAX_SAMPLE_ELEMENTS} values here"),
+            ));
+        }
+        if rep_a == Rep::Float && !matches!(node.op, Op::Quantize { .. }) {
+            return Err(unsupported(
+                name,
+                format!(
+                    "it reads float values (`{}`); integer inference needs its input quantized",
+                    crate::graph::short(&node.inputs[0])
+                ),
+            ));
+        }
+        let mut step = Step::default();
+        let mut cost: u64 = 0;
+        let (rep, layout) = match &node.op {
+            Op::Quantize { quantizer } => {
+                let q = &quantizer.inferable;
+                if q.grid().bits() > MAX_BITS {
+                    return Err(unsupported(
+                        name,
+                        format!(
+                            "it uses {} bits; integer inference supports up to {MAX_BITS}",
+                            q.grid().bits()
+                        ),
+                    ));
+                }
+                let (grid, offset) = stored_grid(q);
+                step.quantize = Some(match &rep_a {
+                    Rep::Float => Quantize::Float {
+                        quantizer: q.clone(),
+                        offset,
+                    },
+                    Rep::Acc { scales, .. } => Quantize::Requantize {
+                        multipliers: multipliers(name, scales, grid.scale)?,
+                        input_zero: None,
+                        grid,
+                    },
+                    Rep::Codes(g) => Quantize::Requantize {
+                        multipliers: multipliers(name, &[g.scale], grid.scale)?,
+                        input_zero: Some(g.zero),
+                        grid,
+                    },
+                });
+                (Rep::Codes(grid), lay_a)
+            }
+            Op::Linear {
+                in_features,
+                out_features,
+                weight,
+                bias,
+            } => {
+                let Rep::Codes(g) = &rep_a else {
+                    return Err(unsupported(name, "its input is not quantized"));
+                };
+                if matches!(lay_a, Layout::Maps { .. }) {
+                    return Err(unsupported(
+                        name,
+                        "it reads feature maps; flatten them first",
+                    ));
+                }
+                let (codes, zeros, scales) = weight_codes(name, weight)?;
+                let bias = accumulator_bias(name, bias)?;
+                let (k, o) = (*in_features, *out_features);
+                // Columns follow the stored order of the input's features.
+                let column = |j: usize| -> usize {
+                    match lay_a {
+                        // Stored (y, x, c) → the graph's (c, y, x) index.
+                        Layout::FlatMaps { c, h, w } => {
+                            let (y, x, ch) = (j / (w * c), (j / c) % w, j % c);
+                            (ch * h + y) * w + x
+                        }
+                        _ => j,
+                    }
+                };
+                let mut centered = vec![0i32; o * k];
+                for oc in 0..o {
+                    let z = zeros[if zeros.len() == 1 { 0 } else { oc }];
+                    for j in 0..k {
+                        centered[oc * k + j] = codes[oc * k + column(j)] - z;
+                    }
+                }
+                let bound = accumulator_bound(name, &centered, k, &bias, reach(g))?;
+                let rows = (numels[a] / k) as u64;
+                cost = rows * (k as u64) * (o as u64);
+                step.weighted = Some(Weighted {
+                    groups: vec![PackedMatrix::new(&centered, o, k)?],
+                    biases: vec![bias],
+                    input_zero: g.zero,
+                    fan_in: k,
+                    out: o,
+                    conv: None,
+                });
+                (
+                    Rep::Acc {
+                        scales: scales.iter().map(|s| g.scale * s).collect(),
+                        bound,
+                    },
+                    Layout::Flat { features: o },
+                )
+            }
+            Op::Conv2d {
+                geometry,
+                weight,
+                bias,
+            } => {
+                let Rep::Codes(g) = &rep_a else {
+                    return Err(unsupported(name, "its input is not quantized"));
+                };
+                let Layout::Maps { c, h, w } = lay_a else {
+                    return Err(unsupported(name, "its input is not feature maps"));
+                };
+                let (o, oh, ow) = match shape_of(i + 1) {
+                    [o, oh, ow] => (*o, *oh, *ow),
+                    _ => return Err(unsupported(name, "its output is not feature maps")),
+                };
+                let (codes, zeros, scales) = weight_codes(name, weight)?;
+                let bias = accumulator_bias(name, bias)?;
+                let (k, groups) = (geometry.kernel, geometry.groups);
+                let (cg, og) = (c / groups, o / groups);
+                let fan_in = cg * k * k;
+                // OIHW → per group, rows (ky, kx, c) of each output channel.
+                let mut centered = vec![0i32; o * fan_in];
+                for oc in 0..o {
+                    let z = zeros[if zeros.len() == 1 { 0 } else { oc }];
+                    for ci in 0..cg {
+                        for ky in 0..k {
+                            for kx in 0..k {
+                                centered[oc * fan_in + (ky * k + kx) * cg + ci] =
+                                    codes[((oc * cg + ci) * k + ky) * k + kx] - z;
+                            }
+                        }
+                    }
+                }
+                let bound = accumulator_bound(name, &centered, fan_in, &bias, reach(g))?;
+                let positions = oh * ow;
+                let patches = positions.checked_mul(fan_in).unwrap_or(usize::MAX);
+                if patches > MAX_SAMPLE_ELEMENTS {
+                    return Err(unsupported(
+                        name,
+                        format!(
+                            "one sample's patches would hold more than {MAX_SAMPLE_ELEMENTS} values"
+                        ),
+                    ));
+                }
+                patches_max = patches_max.max(patches);
+                cost = (positions as u64) * (fan_in as u64) * (o as u64);
+                let mut packed = Vec::with_capacity(groups);
+                let mut biases = Vec::with_capacity(groups);
+                for gi in 0..groups {
+                    packed.push(PackedMatrix::new(
+                        &centered[gi * og * fan_in..(gi + 1) * og * fan_in],
+                        og,
+                        fan_in,
+                    )?);
+                    biases.push(bias[gi * og..(gi + 1) * og].to_vec());
+                }
+                step.weighted = Some(Weighted {
+                    groups: packed,
+                    biases,
+                    input_zero: g.zero,
+                    fan_in,
+                    out: o,
+                    conv: Some(Conv {
+                        geometry: *geometry,
+                        input: (h, w, c),
+                        output: (oh, ow),
+                    }),
+                });
+                (
+                    Rep::Acc {
+                        scales: scales.iter().map(|s| g.scale * s).collect(),
+                        bound,
+                    },
+                    Layout::Maps { c: o, h: oh, w: ow },
+                )
+            }
+            Op::Relu => (rep_a, lay_a),
+            Op::Add => {
+                // Integer adds need both inputs on one grid (TensorRT's and OpenVINO's rule):
+                // the sum of centered codes is then exact at that grid's scale.
+                let b = inputs[i][1];
+                match (&rep_a, &reps[b]) {
+                    (Rep::Codes(ga), Rep::Codes(gb)) if ga == gb => {
+                        if layouts[b] != lay_a {
+                            return Err(unsupported(name, "its inputs are laid out differently"));
+                        }
+                        cost = numels[i + 1] as u64;
+                        (
+                            Rep::Acc {
+                                scales: vec![ga.scale],
+                                bound: 2 * reach(ga),
+                            },
+                            lay_a,
+                        )
+                    }
+                    _ => {
+                        return Err(unsupported(
+                            name,
+                            "integer addition needs both inputs quantized on one grid (the same scale and zero point): quantize them with one quantizer",
+                        ))
+                    }
+                }
+            }
+            Op::Flatten => (
+                rep_a,
+                match lay_a {
+                    Layout::Maps { c, h, w } | Layout::FlatMaps { c, h, w } => {
+                        Layout::FlatMaps { c, h, w }
+                    }
+                    Layout::Flat { .. } => Layout::Flat {
+                        features: numels[a],
+                    },
+                },
+            ),
+            Op::MaxPool2d(p) => {
+                let Layout::Maps { c, .. } = lay_a else {
+                    return Err(unsupported(name, "its input is not feature maps"));
+                };
+                let (oh, ow) = (shape_of(i + 1)[1], shape_of(i + 1)[2]);
+                cost = (numels[i + 1] as u64) * (p.kernel as u64) * (p.kernel as u64);
+                (rep_a, Layout::Maps { c, h: oh, w: ow })
+            }
+            Op::AvgPool2d(p) => {
+                let Layout::Maps { c, .. } = lay_a else {
+                    return Err(unsupported(name, "its input is not feature maps"));
+                };
+                let (oh, ow) = (shape_of(i + 1)[1], shape_of(i + 1)[2]);
+                let window = (p.kernel * p.kernel) as u64;
+                cost = (numels[i + 1] as u64) * window;
+                let (scales, bound) = match &rep_a {
+                    Rep::Codes(g) => (vec![g.scale], reach(g)),
+                    Rep::Acc { scales, bound } => (scales.clone(), *bound),
+                    Rep::Float => unreachable!("float inputs are refused above"),
+                };
+                let bound = bound.saturating_mul(window as i64);
+                if bound > i64::from(i32::MAX) {
+                    return Err(unsupported(
+                        name,
+                        format!("a window sum of up to {bound} could overflow an i32 accumulator"),
+                    ));
+                }
+                (
+                    Rep::Acc {
+                        scales: scales.iter().map(|s| s / window as f64).collect(),
+                        bound,
+                    },
+                    Layout::Maps { c, h: oh, w: ow },
+                )
+            }
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => {
+                return Err(unsupported(
+                    name,
+                    format!(
+                        "{} has no integer form; fold it into the layer before (BatchNorm) or leave it out of the integer model",
+                        node.op.name()
+                    ),
+                ))
+            }
+        };
+        macs = match macs.checked_add(cost) {
+            Some(m) if m <= MAX_SAMPLE_MACS => m,
+            _ => {
+                return Err(unsupported(
+                    name,
+                    format!("one sample would take more than {MAX_SAMPLE_MACS} multiply-adds by here"),
+                ))
+            }
+        };
+        reps.push(rep);
+        layouts.push(layout);
+        steps.push(step);
+    }
+    match &reps[output] {
+        Rep::Acc { scales, bound } => {
+            let mut logit_scales = Vec::with_capacity(scales.len());
+            for (o, s) in scales.iter().enumerate() {
+                if !((*s as f32).is_finite() && (*bound as f64) * s <= f64::from(f32::MAX)) {
+                    return Err(unsupported(
+                        &graph.output,
+                        format!(
+                            "output channel {o}: logits up to {bound} · {s} (the accumulator's scale) overflow f32"
+                        ),
+                    ));
+                }
+                logit_scales.push(*s as f32);
+            }
+            if let Some(step) = output.checked_sub(1).map(|i| &mut steps[i]) {
+                step.logit_scales = logit_scales;
+            }
+        }
+        Rep::Codes(_) => {}
+        Rep::Float => {
+            return Err(unsupported(
+                &graph.output,
+                "the model's output is float: integer inference needs a quantized model",
+            ))
+        }
+    }
+    // Values alive at once are bounded by all of them: i32 accumulators, u8 codes.
+    let value_bytes: usize = reps
+        .iter()
+        .zip(&numels)
+        .map(|(r, n)| n * if matches!(r, Rep::Codes(_)) { 1 } else { 4 })
+        .sum();
+    let sample_bytes = value_bytes + patches_max;
+    let mut frees = vec![Vec::new(); graph.nodes.len()];
+    let mut last_use = vec![None; n_values];
+    for (i, ins) in inputs.iter().enumerate() {
+        for &v in ins {
+            last_use[v] = Some(i);
+        }
+    }
+    for (v, last) in last_use.iter().enumerate() {
+        if let Some(i) = last {
+            if v != output {
+                frees[*i].push(v);
+            }
+        }
+    }
+    Ok(IntegerModel {
+        graph: graph.clone(),
+        reps,
+        layouts,
+        numels,
+        inputs,
+        steps,
+        output,
+        frees,
+        macs,
+        sample_bytes,
+    })
+}
+
+/// Fixed-point multipliers `scale[o] / to` for each channel.
+fn multipliers(node: &str, scales: &[f64], to: f64) -> Result<Vec<(i64, u32)>, ExportError> {
+    scales
+        .iter()
+        .map(|s| fixed_point_multiplier(s / to))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| unsupported(node, format!("requantizing into this grid: {e}")))
+}
+
+/// Weight codes (at most [`MAX_BITS`]), their zero points and scales.
+fn weight_codes<'a>(
+    node: &str,
+    weight: &'a Parameter,
+) -> Result<(&'a [i32], Vec<i32>, Vec<f64>), ExportError> {
+    match &weight.values {
+        ParamValues::Codes { codes, quantizer } => {
+            let q = &quantizer.inferable;
+            if q.grid().bits() > MAX_BITS {
+                return Err(unsupported(
+                    node,
+                    format!(
+                        "its weights use {} bits; integer inference supports up to {MAX_BITS}",
+                        q.grid().bits()
+                    ),
+                ));
+            }
+            Ok((
+                codes,
+                q.qparams().zero_points().to_vec(),
+                q.qparams().scales().iter().map(|s| *s as f64).collect(),
+            ))
+        }
+        _ => Err(unsupported(
+            node,
+            "its weights are float; integer inference needs its weights quantized",
+        )),
+    }
+}
+
+fn accumulator_bias(node: &str, bias: &Parameter) -> Result<Vec<i32>, ExportError> {
+    match &bias.values {
+        ParamValues::Accumulator(v) => Ok(v.clone()),
+        _ => Err(unsupported(
+            node,
+            "its bias is float; integer inference needs it in int32 at the accumulator's scale",
+        )),
+    }
+}
+
+/// The largest |accumulator| of each row, `Σ|w| · reach + |bias|`, checked within `i32`.
+fn accumulator_bound(
+    node: &str,
+    centered: &[i32],
+    fan_in: usize,
+    bias: &[i32],
+    reach: i64,
+) -> Result<i64, ExportError> {
+    let mut worst = 0i64;
+    for (o, (row, b)) in centered.chunks(fan_in.max(1)).zip(bias).enumerate() {
+        let w_abs: i64 = row.iter().map(|q| i64::from(*q).abs()).sum();
+        let bound = w_abs * reach + i64::from(*b).abs();
+        if bound > i64::from(i32::MAX) {
+            return Err(unsupported(
+                node,
+                format!(
+                    "output channel {o}: an i32 accumulator could overflow (|weights| sum to {w_abs}, inputs reach ±{reach}, bias {b})"
+                ),
+            ));
+        }
+        worst = worst.max(bound);
+    }
+    Ok(worst)
+}

@@ -1,0 +1,333 @@
+//! Running a prepared graph on a batch.
+
+use quant_core::{QuantError, Result};
+
+use super::kernels::{gemm_u8, im2col_u8, max_pool, requantize_u8};
+use super::prepare::{Quantize, Weighted};
+use super::{IntegerModel, Layout, Rep, MAX_BATCH_BYTES};
+use crate::graph::Op;
+
+/// A value of a batch.
+#[derive(Debug, Clone)]
+enum Buf {
+    F32(Vec<f32>),
+    U8(Vec<u8>),
+    I32(Vec<i32>),
+}
+
+pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
+    let in_f = m.numels[0];
+    if in_f == 0 || x.len() % in_f != 0 {
+        return Err(QuantError::LengthMismatch {
+            what: format!("input (whole samples of {:?})", m.graph.input.shape),
+            expected: x.len().div_ceil(in_f.max(1)) * in_f,
+            actual: x.len(),
+        });
+    }
+    let n = x.len() / in_f;
+    let chunk = (MAX_BATCH_BYTES / m.sample_bytes.max(1)).clamp(1, n.max(1));
+    let mut out = Vec::with_capacity(n * m.numels[m.output]);
+    for start in (0..n).step_by(chunk) {
+        let end = (start + chunk).min(n);
+        out.extend(run_chunk(m, &x[start * in_f..end * in_f], end - start)?);
+    }
+    Ok(out)
+}
+
+/// Takes value `v` when node `i` is its last reader, clones it otherwise.
+fn take(values: &mut [Option<Buf>], frees: &[usize], v: usize) -> Buf {
+    if frees.contains(&v) {
+        values[v].take().unwrap_or(Buf::U8(Vec::new()))
+    } else {
+        values[v].clone().unwrap_or(Buf::U8(Vec::new()))
+    }
+}
+
+fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
+    let mut values: Vec<Option<Buf>> = vec![None; m.numels.len()];
+    values[0] = Some(Buf::F32(x.to_vec()));
+    for (i, node) in m.graph.nodes.iter().enumerate() {
+        let a = m.inputs[i][0];
+        let step = &m.steps[i];
+        let frees = &m.frees[i];
+        let y = match &node.op {
+            Op::Quantize { .. } => match step.quantize.as_ref() {
+                Some(q) => quantize(q, values[a].as_ref(), m.layouts[a])?,
+                None => return Err(internal(&node.name)),
+            },
+            Op::Linear { .. } | Op::Conv2d { .. } => match (&step.weighted, values[a].as_ref()) {
+                (Some(w), Some(Buf::U8(codes))) => Buf::I32(weighted(w, codes, n)?),
+                _ => return Err(internal(&node.name)),
+            },
+            Op::Relu => match (take(&mut values, frees, a), &m.reps[a]) {
+                (Buf::I32(mut v), _) => {
+                    v.iter_mut().for_each(|x| *x = (*x).max(0));
+                    Buf::I32(v)
+                }
+                (Buf::U8(mut v), Rep::Codes(g)) => {
+                    let z = g.zero as u8;
+                    v.iter_mut().for_each(|x| *x = (*x).max(z));
+                    Buf::U8(v)
+                }
+                _ => return Err(internal(&node.name)),
+            },
+            Op::Flatten => take(&mut values, frees, a),
+            Op::Add => {
+                let b = m.inputs[i][1];
+                match (values[a].as_ref(), values[b].as_ref(), &m.reps[a]) {
+                    (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(g)) => Buf::I32(
+                        x.iter()
+                            .zip(y)
+                            .map(|(p, q)| *p as i32 + *q as i32 - 2 * g.zero)
+                            .collect(),
+                    ),
+                    _ => return Err(internal(&node.name)),
+                }
+            }
+            Op::MaxPool2d(p) => {
+                let (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) =
+                    (m.layouts[a], m.layouts[i + 1])
+                else {
+                    return Err(internal(&node.name));
+                };
+                let (per_in, per_out) = (h * w * c, oh * ow * c);
+                match values[a].as_ref() {
+                    Some(Buf::U8(v)) => {
+                        let mut y = vec![0u8; n * per_out];
+                        for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
+                            max_pool(xs, (h, w, c), p.kernel, p.stride, p.padding, (oh, ow), ys);
+                        }
+                        Buf::U8(y)
+                    }
+                    Some(Buf::I32(v)) => {
+                        let mut y = vec![0i32; n * per_out];
+                        for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
+                            max_pool(xs, (h, w, c), p.kernel, p.stride, p.padding, (oh, ow), ys);
+                        }
+                        Buf::I32(y)
+                    }
+                    _ => return Err(internal(&node.name)),
+                }
+            }
+            Op::AvgPool2d(p) => {
+                let (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) =
+                    (m.layouts[a], m.layouts[i + 1])
+                else {
+                    return Err(internal(&node.name));
+                };
+                // Window sums of centered values; the scale carries the division.
+                let centered: Vec<i32> = match (values[a].as_ref(), &m.reps[a]) {
+                    (Some(Buf::U8(v)), Rep::Codes(g)) => {
+                        v.iter().map(|q| *q as i32 - g.zero).collect()
+                    }
+                    (Some(Buf::I32(v)), _) => v.clone(),
+                    _ => return Err(internal(&node.name)),
+                };
+                Buf::I32(sum_pool(&centered, n, (h, w, c), p, (oh, ow)))
+            }
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => {
+                return Err(internal(&node.name))
+            }
+        };
+        values[i + 1] = Some(y);
+        for &v in frees {
+            values[v] = None;
+        }
+    }
+    output(m, values[m.output].take(), n)
+}
+
+fn internal(node: &str) -> QuantError {
+    QuantError::InvalidValue {
+        what: "integer runtime state".into(),
+        value: node.to_string(),
+        expected: "a value prepared for this node (IntegerModel::new checks this)".into(),
+    }
+}
+
+fn quantize(q: &Quantize, x: Option<&Buf>, layout: Layout) -> Result<Buf> {
+    match (q, x) {
+        (Quantize::Float { quantizer, offset }, Some(Buf::F32(x))) => {
+            let codes: Vec<i32> = quantizer.quantize(x, &[x.len()])?;
+            let stored: Vec<u8> = codes.iter().map(|c| (c + offset) as u8).collect();
+            Ok(Buf::U8(match layout {
+                // The float input is NCHW; codes are stored NHWC.
+                Layout::Maps { c, h, w } => nchw_to_nhwc(&stored, c, h * w),
+                _ => stored,
+            }))
+        }
+        (
+            Quantize::Requantize {
+                multipliers,
+                input_zero,
+                grid,
+            },
+            Some(buf),
+        ) => {
+            let centered;
+            let acc: &[i32] = match (buf, input_zero) {
+                (Buf::I32(v), None) => v,
+                (Buf::U8(v), Some(z)) => {
+                    centered = v.iter().map(|q| *q as i32 - z).collect::<Vec<i32>>();
+                    &centered
+                }
+                _ => return Err(internal("quantize")),
+            };
+            let mut out = vec![0u8; acc.len()];
+            requantize_u8(
+                acc,
+                multipliers.len(),
+                multipliers,
+                grid.zero,
+                grid.lo,
+                grid.hi,
+                grid.rounding,
+                &mut out,
+            )?;
+            Ok(Buf::U8(out))
+        }
+        _ => Err(internal("quantize")),
+    }
+}
+
+/// Planes `[c][hw]` → `[hw][c]` for each sample.
+fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> Vec<T> {
+    let mut y = vec![T::default(); x.len()];
+    for (xs, ys) in x.chunks(c * hw).zip(y.chunks_mut(c * hw)) {
+        for ch in 0..c {
+            for p in 0..hw {
+                ys[p * c + ch] = xs[ch * hw + p];
+            }
+        }
+    }
+    y
+}
+
+/// A Linear or Conv2d layer on a batch of `n` samples of codes.
+fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
+    let Some(conv) = w.conv else {
+        let rows = codes.len() / w.fan_in.max(1);
+        let mut acc = vec![0i32; rows * w.out];
+        gemm_u8(codes, rows, w.input_zero, &w.groups[0], &w.biases[0], &mut acc)?;
+        return Ok(acc);
+    };
+    let (h, wd, c) = conv.input;
+    let (oh, ow) = conv.output;
+    let g = conv.geometry;
+    let groups = w.groups.len();
+    let (cg, og) = (c / groups, w.out / groups);
+    let positions = oh * ow;
+    let pad = w.input_zero as u8;
+    let mut out = vec![0i32; n * positions * w.out];
+    if groups == 1 {
+        let mut patches = vec![0u8; n * positions * w.fan_in];
+        for (xs, ps) in codes
+            .chunks(h * wd * c)
+            .zip(patches.chunks_mut(positions * w.fan_in))
+        {
+            im2col_u8(xs, (h, wd, c), g.kernel, g.stride, g.padding, (oh, ow), pad, ps);
+        }
+        gemm_u8(
+            &patches,
+            n * positions,
+            w.input_zero,
+            &w.groups[0],
+            &w.biases[0],
+            &mut out,
+        )?;
+        return Ok(out);
+    }
+    // Grouped: each group's channels on their own, scattered into the output's columns.
+    let mut sample = vec![0u8; h * wd * cg];
+    let mut patches = vec![0u8; positions * w.fan_in];
+    let mut acc = vec![0i32; positions * og];
+    for (b, xs) in codes.chunks(h * wd * c).enumerate() {
+        for gi in 0..groups {
+            for (p, dst) in sample.chunks_mut(cg).enumerate() {
+                dst.copy_from_slice(&xs[p * c + gi * cg..p * c + (gi + 1) * cg]);
+            }
+            im2col_u8(&sample, (h, wd, cg), g.kernel, g.stride, g.padding, (oh, ow), pad, &mut patches);
+            gemm_u8(&patches, positions, w.input_zero, &w.groups[gi], &w.biases[gi], &mut acc)?;
+            for p in 0..positions {
+                out[(b * positions + p) * w.out + gi * og..][..og]
+                    .copy_from_slice(&acc[p * og..(p + 1) * og]);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Window sums of NHWC values (padding counts as zero).
+fn sum_pool(
+    x: &[i32],
+    n: usize,
+    (h, w, c): (usize, usize, usize),
+    p: &crate::graph::PoolGeometry,
+    (oh, ow): (usize, usize),
+) -> Vec<i32> {
+    let mut y = vec![0i32; n * oh * ow * c];
+    for (xs, ys) in x.chunks(h * w * c).zip(y.chunks_mut(oh * ow * c)) {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let dst = &mut ys[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
+                for ky in 0..p.kernel {
+                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
+                    if iy < 0 || iy as usize >= h {
+                        continue;
+                    }
+                    for kx in 0..p.kernel {
+                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
+                        if ix < 0 || ix as usize >= w {
+                            continue;
+                        }
+                        let src = &xs[(iy as usize * w + ix as usize) * c..][..c];
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += *s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The output value as float, in the graph's (NCHW) order.
+fn output(m: &IntegerModel, value: Option<Buf>, n: usize) -> Result<Vec<f32>> {
+    let layout = m.layouts[m.output];
+    let floats: Vec<f32> = match (value, &m.reps[m.output]) {
+        (Some(Buf::I32(acc)), Rep::Acc { .. }) => {
+            let scales = m
+                .output
+                .checked_sub(1)
+                .map(|i| m.steps[i].logit_scales.as_slice())
+                .unwrap_or(&[]);
+            let c = scales.len().max(1);
+            acc.iter()
+                .enumerate()
+                .map(|(i, a)| *a as f32 * scales.get(i % c).copied().unwrap_or(1.0))
+                .collect()
+        }
+        (Some(Buf::U8(codes)), Rep::Codes(g)) => {
+            let s = g.scale as f32;
+            codes.iter().map(|q| (*q as i32 - g.zero) as f32 * s).collect()
+        }
+        _ => return Err(internal(&m.graph.output)),
+    };
+    Ok(match layout {
+        Layout::Maps { c, h, w } | Layout::FlatMaps { c, h, w } => {
+            // Stored [hw][c] → the graph's [c][hw].
+            let mut y = vec![0f32; floats.len()];
+            for (xs, ys) in floats.chunks(c * h * w).zip(y.chunks_mut(c * h * w)) {
+                for p in 0..h * w {
+                    for ch in 0..c {
+                        ys[ch * h * w + p] = xs[p * c + ch];
+                    }
+                }
+            }
+            debug_assert_eq!(y.len(), n * c * h * w);
+            y
+        }
+        Layout::Flat { .. } => floats,
+    })
+}
