@@ -899,8 +899,8 @@ fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
 
 #[test]
 fn case_12_no_error_repeats_a_huge_value_in_full() {
-    // The export's metadata is another engineer's loader; whatever a message quotes, the
-    // command line prints a bounded line.
+    // Whatever a loader's message quotes from a file, it cuts, and the command line prints a
+    // bounded line.
     let dir = scratch("long-values");
     let exp = dir.join("exp");
     previous_export(&exp);
@@ -909,8 +909,8 @@ fn case_12_no_error_repeats_a_huge_value_in_full() {
     std::fs::write(
         exp.join("model.json"),
         meta.replacen(
-            "\"weight_tensor\": \"0.weight\"",
-            &format!("\"weight_tensor\": \"{name}\""),
+            "\"tensor\": \"0.weight\"",
+            &format!("\"tensor\": \"{name}\""),
             1,
         ),
     )
