@@ -136,3 +136,33 @@ fn the_manifest_covers_every_file_of_the_corpus() {
     }
     assert!(uncovered.is_empty(), "not in expected.toml: {uncovered:?}");
 }
+
+/// Issue 10: an 8 KB export declaring an 80x80 convolution with padding 79 on an 8x8 input
+/// (87x87 positions of 6,400 values per sample) once asked for 35 GB on the test split. The
+/// integer runtime runs a batch in chunks whose working memory stays within
+/// `MAX_BATCH_BYTES`, and still computes every sample.
+#[test]
+fn a_huge_convolution_runs_in_chunks_of_bounded_memory() {
+    use quant_ops::integer::MAX_BATCH_BYTES;
+    let dir = root().join("export").join("conv_kernel_80_padding_79");
+    let size: u64 = ["model.json", "model.safetensors"]
+        .iter()
+        .map(|f| std::fs::metadata(dir.join(f)).unwrap().len())
+        .sum();
+    assert!(size < 64 << 10, "{size} bytes");
+    let integer = IntegerModel::new(&export::load(&dir).unwrap()).unwrap();
+    let per_sample = integer.working_bytes_per_sample();
+    assert!(per_sample > 87 * 87 * 6400, "{per_sample}");
+    let chunk = integer.samples_per_chunk();
+    assert!(chunk >= 1 && chunk * per_sample <= MAX_BATCH_BYTES, "{chunk} x {per_sample}");
+    assert!(360 * per_sample > 8 * MAX_BATCH_BYTES, "the test split would not fit at once");
+    // More samples than one chunk holds: every one is computed, and alike samples agree.
+    let n = chunk + 2;
+    let sample: Vec<f32> = (0..64).map(|i| (i % 9) as f32 * 0.05).collect();
+    let x: Vec<f32> = sample.iter().cycle().take(n * 64).copied().collect();
+    let y = integer.forward(&x).unwrap();
+    let out = integer.output_features();
+    assert_eq!(y.len(), n * out);
+    assert!(y.chunks(out).all(|row| row == &y[..out]));
+    assert!(y.iter().all(|v| v.is_finite()));
+}

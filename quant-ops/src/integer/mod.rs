@@ -134,6 +134,17 @@ impl IntegerModel {
         prepare::prepare(graph)
     }
 
+    /// Bytes of working memory one sample takes (its values and a convolution's patches).
+    pub fn working_bytes_per_sample(&self) -> usize {
+        self.sample_bytes
+    }
+
+    /// How many samples [`IntegerModel::forward`] runs at once: as many as fit
+    /// [`MAX_BATCH_BYTES`] of working memory, at least one.
+    pub fn samples_per_chunk(&self) -> usize {
+        (MAX_BATCH_BYTES / self.sample_bytes.max(1)).max(1)
+    }
+
     /// Multiply-adds (and pooling comparisons) one sample takes, at most [`MAX_SAMPLE_MACS`].
     pub fn macs_per_sample(&self) -> u64 {
         self.macs

@@ -4,7 +4,7 @@ use quant_core::{QuantError, Result};
 
 use super::kernels::{gemm_u8, im2col_u8, max_pool, requantize_u8};
 use super::prepare::{Quantize, Weighted};
-use super::{IntegerModel, Layout, Rep, MAX_BATCH_BYTES};
+use super::{IntegerModel, Layout, Rep};
 use crate::graph::Op;
 
 /// A value of a batch.
@@ -25,7 +25,7 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
         });
     }
     let n = x.len() / in_f;
-    let chunk = (MAX_BATCH_BYTES / m.sample_bytes.max(1)).clamp(1, n.max(1));
+    let chunk = m.samples_per_chunk().min(n.max(1));
     let mut out = Vec::with_capacity(n * m.numels[m.output]);
     for start in (0..n).step_by(chunk) {
         let end = (start + chunk).min(n);
