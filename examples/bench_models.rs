@@ -14,7 +14,7 @@ use dfdx::prelude::*;
 use quant::digits;
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
 use quant::pipeline::train::{calibrate, input};
-use quant_ops::convert::quantize_model;
+use quant_ops::convert::convert_model;
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
@@ -69,7 +69,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
          [input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\n",
         "bench policy",
     )?;
-    let mut qmlp: QMlp = quantize_model(&float, &policy)?;
+    let mut qmlp: QMlp = convert_model(&float, &policy)?;
     calibrate::<QMlp, X>(&dev, &mut qmlp, &data.train, 4, 64, 0)?;
     qmlp.finish_calibration()?;
 

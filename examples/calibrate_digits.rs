@@ -12,7 +12,7 @@ use quant::digits;
 use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
 use quant::pipeline::train::{accuracy, calibrate, logits, predictions, train, Phase};
-use quant_ops::convert::quantize_model;
+use quant_ops::convert::convert_model;
 use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::policy::Policy;
 use quant_ops::report::layer_report;
@@ -68,7 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ),
                 "calibration policy",
             )?;
-            let mut q: QMlp = quantize_model(&float, &policy)?;
+            let mut q: QMlp = convert_model(&float, &policy)?;
             calibrate::<QMlp, X>(&dev, &mut q, &data.train, 8, 64, 1)?;
             q.finish_calibration()?;
             let acc = accuracy(

@@ -3,7 +3,7 @@
 //!
 //! The float CNN is built from quant-ops' stable convolution, pooling and flattening
 //! (`quant_ops::nn::builders`) and dfdx's Linear/ReLU, and trained briefly on the bundled
-//! digits. `quantize_model` then walks it: every layer is asked of the policy by its dotted name
+//! digits. `convert_model` then walks it: every layer is asked of the policy by its dotted name
 //! and kind (QuanTransformer's `quan_policy` by type, `special_layers` by name); `Conv2d` becomes
 //! `QConv2d`, `Linear` becomes `QLinear`, pooling and flattening become `QuantInput<_>` (input
 //! quantizer only), activations stay float. The program prints each decision as the policy
@@ -17,7 +17,7 @@ use dfdx::prelude::*;
 
 use quant::digits::{self, Split, CLASSES};
 use quant::prelude::*;
-use quant::quant_ops::convert::{quantize_model, LayerKind};
+use quant::quant_ops::convert::{convert_model, LayerKind};
 use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerSpec, Slot};
 use quant::quant_ops::nn::builders as qnn;
 use quant::quant_ops::observers::ObserverConfig;
@@ -163,7 +163,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("float test accuracy: {:.1}%\n", 100.0 * float_acc);
 
     println!("converting layer by layer:");
-    let mut q = quantize_model(&cnn, &printing_policy)?;
+    let mut q = convert_model(&cnn, &printing_policy)?;
 
     let calib_idx: Vec<usize> = (0..256).collect();
     let calib = images(&dev, &data.train, &calib_idx)?;

@@ -11,7 +11,7 @@ use quant::digits;
 use quant::pipeline::nets::{Mlp, MlpBuilder};
 use quant::pipeline::train::{accuracy, calibrate, logits, predictions};
 use quant::{QuantizationMethod, RoundingPolicy, TrainingMethod};
-use quant_ops::convert::quantize_model;
+use quant_ops::convert::convert_model;
 use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::observers::ObserverConfig;
 use quant_ops::platform::{find_platform, platform_names, Platform};
@@ -82,7 +82,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     for platform in ["MyDspInt8", "TensorRtInt8"] {
         let policy = Policy::from_toml_str(&format!("platform = \"{platform}\""), "inline policy")?;
-        let mut q = quantize_model(&float, &policy)?;
+        let mut q = convert_model(&float, &policy)?;
         calibrate::<_, (usize, Const<64>)>(&dev, &mut q, &data.train, 8, 64, 0)?;
         q.finish_calibration()?;
         let acc = accuracy(

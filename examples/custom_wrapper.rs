@@ -21,7 +21,7 @@ use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 
 use quant::prelude::*;
-use quant::quant_ops::convert::{quantize_model, LayerKind};
+use quant::quant_ops::convert::{convert_model, LayerKind};
 use quant::quant_ops::layers::{
     Slot,
     QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec,
@@ -173,7 +173,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // ----- 3. conversion, calibration, per-quantizer control -----
     println!("\n== converted by the policy (a user's layer is LayerKind::Custom)");
-    let mut q = quantize_model(&low_rank, &policy)?;
+    let mut q = convert_model(&low_rank, &policy)?;
     print_quantizers(&mut q)?;
     q.try_forward_mut(x.clone())?;
     let n = q.finish_calibration()?;
@@ -199,7 +199,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let teacher = Regressor::build(&dev)?;
     let target = teacher.forward(x.clone());
 
-    let mut model = quantize_model(&float, &policy)?;
+    let mut model = convert_model(&float, &policy)?;
     model.try_forward_mut(x.clone())?;
     model.finish_calibration()?;
     model.set_mode("*", QuantizerMode::Training)?;

@@ -11,7 +11,7 @@ use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 
 use quant::prelude::*;
-use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{
@@ -98,7 +98,7 @@ fn gated_mix(dev: &Cpu) -> GatedMix<3> {
 
 /// Converts, calibrates on `x` and freezes.
 fn calibrated(layer: &GatedMix<3>, x: &Tensor<Rank2<4, 3>, f32, Cpu>, bits: u32) -> QGatedMix<3> {
-    let mut q = quantize_model(layer, &uniform_policy(TrainingMethod::Ste, bits)).unwrap();
+    let mut q = convert_model(layer, &uniform_policy(TrainingMethod::Ste, bits)).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     assert_eq!(q.finish_calibration().unwrap(), 3);
     q
@@ -135,7 +135,7 @@ fn wrapped_layer_names_its_quantizers_and_is_float_until_configured() {
     );
     // Converted (and named from the layer as the root): the `channels = N` field per channel,
     // the other per tensor although the policy asks for per-channel weights.
-    let mut q = quantize_model(&layer, &uniform_policy(TrainingMethod::Lsq, 4)).unwrap();
+    let mut q = convert_model(&layer, &uniform_policy(TrainingMethod::Lsq, 4)).unwrap();
     let described: Vec<(String, bool)> = q
         .quantizers()
         .unwrap()
@@ -173,9 +173,9 @@ fn gradients_reach_the_float_weights_as_finite_differences_of_the_straight_throu
     let dgate = grads.get(&q.layer.gate).array();
 
     // The surrogate: the float layer evaluated at the quantized weights and input.
-    let xq = q.input_quantizer.quantize(x.clone()).unwrap();
-    let wq = q.weight_quantizer.quantize(q.layer.weight.clone()).unwrap();
-    let gq = q.gate_quantizer.quantize(q.layer.gate.clone()).unwrap();
+    let xq = q.input_quantizer.fake_quantize(x.clone()).unwrap();
+    let wq = q.weight_quantizer.fake_quantize(q.layer.weight.clone()).unwrap();
+    let gq = q.gate_quantizer.fake_quantize(q.layer.gate.clone()).unwrap();
     let at = |w: [[f32; 3]; 3], g: [f32; 3]| {
         let l = GatedMix::<3> {
             weight: dev.tensor(w),
@@ -250,7 +250,7 @@ fn wrapped_layer_trains_its_weights_and_quantizer_scales_with_adam() {
     let x = dev.sample_normal::<Rank2<32, 8>>();
     let target = teacher.forward(x.clone());
 
-    let mut q = quantize_model(&layer, &uniform_policy(TrainingMethod::Lsq, 4)).unwrap();
+    let mut q = convert_model(&layer, &uniform_policy(TrainingMethod::Lsq, 4)).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
     assert_eq!(q.set_mode("*", QuantizerMode::Training).unwrap(), 3);
@@ -324,11 +324,11 @@ impl NonMutableModule for SquaredRelu {}
 fn an_input_only_layer_quantizes_its_input() {
     let dev = Cpu::seed_from_u64(3);
     let x = dev.sample_normal::<Rank2<4, 5>>();
-    let mut q = quantize_model(&SquaredRelu {}, &uniform_policy(TrainingMethod::Ste, 3)).unwrap();
+    let mut q = convert_model(&SquaredRelu {}, &uniform_policy(TrainingMethod::Ste, 3)).unwrap();
     assert_eq!(q.quantizers().unwrap().len(), 1);
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
-    let xq = q.input_quantizer.quantize(x.clone()).unwrap();
+    let xq = q.input_quantizer.fake_quantize(x.clone()).unwrap();
     assert_eq!(
         q.try_forward(x.clone()).unwrap().array(),
         SquaredRelu {}.forward(xq).array()
@@ -373,7 +373,7 @@ fn nested_model_converts_calibrates_trains_saves_exports_and_runs_on_integers() 
     let x = dev.sample_normal::<Rank2<16, 16>>();
     let target = dev.sample_normal::<Rank2<16, 4>>();
 
-    let mut q: QNet = quantize_model(&float, &int8_policy).unwrap();
+    let mut q: QNet = convert_model(&float, &int8_policy).unwrap();
     // Converted and calibrating: a pass-through forward equals the float model's.
     assert_eq!(
         q.try_forward_mut(x.clone()).unwrap().array(),
@@ -435,7 +435,7 @@ fn nested_model_converts_calibrates_trains_saves_exports_and_runs_on_integers() 
     let path = dir.join("net.safetensors");
     q.save_safetensors(&path).unwrap();
     let y = q.try_forward(x.clone()).unwrap();
-    let mut fresh = quantize_model(&float, &int8_policy).unwrap();
+    let mut fresh = convert_model(&float, &int8_policy).unwrap();
     fresh.load_safetensors(&path).unwrap();
     assert_eq!(fresh.try_forward(x.clone()).unwrap().array(), y.array());
     assert_eq!(
@@ -466,7 +466,7 @@ fn derived_models_and_tuples_nest_both_ways() {
     type Tupled = (Encoder<f32, Cpu>, ReLU, Linear<16, 4, f32, Cpu>);
     let float: Tupled = (Encoder::build(&dev), ReLU, BuildModule::build(&dev));
     let x = dev.sample_normal::<Rank2<8, 16>>();
-    let mut q = quantize_model(&float, &int8_policy).unwrap();
+    let mut q = convert_model(&float, &int8_policy).unwrap();
     let names: Vec<String> = q
         .quantizers()
         .unwrap()
@@ -522,7 +522,7 @@ fn concrete_model_with_a_user_layer_builds_converts_and_trains() {
             other => panic!("unexpected layer {other:?}"),
         }
     };
-    let mut q: QuantMixer = quantize_model(&float, &policy).unwrap();
+    let mut q: QuantMixer = convert_model(&float, &policy).unwrap();
     let x = dev.sample_normal::<Rank2<8, 16>>();
     q.try_forward_mut(x.clone()).unwrap();
     assert_eq!(q.finish_calibration().unwrap(), 5);
@@ -620,7 +620,7 @@ fn generic_layers_and_models_with_const_parameters() {
 
     let x = dev.sample_normal::<Rank2<8, 8>>();
     let mut q: QuantWide<12> =
-        quantize_model(&float, &uniform_policy(TrainingMethod::Lsq, 8)).unwrap();
+        convert_model(&float, &uniform_policy(TrainingMethod::Lsq, 8)).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     assert_eq!(q.finish_calibration().unwrap(), 5);
     assert!(q.scale.factor_quantizer.describe().unwrap().per_channel);
@@ -668,7 +668,7 @@ fn models_with_more_than_six_fields_save_and_load() {
     let dev = Cpu::seed_from_u64(8);
     let float = Deep::<f32, Cpu>::build(&dev);
     let x = dev.sample_normal::<Rank2<5, 4>>();
-    let mut q = quantize_model(&float, &int8_policy).unwrap();
+    let mut q = convert_model(&float, &int8_policy).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     assert_eq!(q.finish_calibration().unwrap(), 8);
     let dir = std::env::temp_dir().join(format!("quant-derive-deep-{}", std::process::id()));
@@ -686,7 +686,7 @@ fn models_with_more_than_six_fields_save_and_load() {
         names.contains(&"l4.weights_quantizer.learned".to_string()),
         "{names:?}"
     );
-    let mut fresh = quantize_model(&float, &int8_policy).unwrap();
+    let mut fresh = convert_model(&float, &int8_policy).unwrap();
     fresh.load_safetensors(&path).unwrap();
     assert_eq!(
         fresh.try_forward(x.clone()).unwrap().array(),

@@ -19,7 +19,7 @@ use quant::prelude::*;
 use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_affine};
 use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
 use quant_ops::checkpoint::{load_checkpoint, CheckpointError};
-use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::layers::Slot;
 use quant_ops::export::{self, export_model, ExportError, QuantFormat};
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
@@ -206,7 +206,7 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
             _ => act4.clone().into(),
         })))
     };
-    let e = quantize_model(&float, &wrong_target).unwrap_err();
+    let e = convert_model(&float, &wrong_target).unwrap_err();
     assert!(matches!(e, QuantError::At { .. }));
     assert!(matches!(e.root(), QuantError::ConfigMismatch { .. }));
     has(
@@ -224,7 +224,7 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
             ))
         }))
     };
-    let e = quantize_model(&float, &greedy).unwrap_err();
+    let e = convert_model(&float, &greedy).unwrap_err();
     assert!(matches!(e.root(), QuantError::TooManyParameters { .. }));
     has(
         &e.to_string(),
@@ -238,7 +238,7 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
             _ => spec(act4.clone()),
         }))
     };
-    let mut q = quantize_model(&float, &lsq).unwrap();
+    let mut q = convert_model(&float, &lsq).unwrap();
     let e = q.finish_calibration().unwrap_err();
     assert!(matches!(e.root(), QuantError::NotInitialized { .. }));
     has(

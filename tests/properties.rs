@@ -21,7 +21,7 @@ use quant_core::kernels::{
     fake_quantize_affine_into, fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine,
 };
 use quant_core::{registry, ParamBank, ParamBankMut, MAX_PARAMETERS};
-use quant_ops::convert::{quantize_model, LayerKind, Quantize};
+use quant_ops::convert::{convert_model, LayerKind, Convert};
 use quant_ops::layers::Slot;
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
@@ -346,14 +346,14 @@ fn compare<M, S>(
 ) -> (Vec<f32>, Vec<f32>)
 where
     S: Shape,
-    M: Quantize,
+    M: Convert,
     M::Quantized: ModuleMut<Tensor<S, f32, Cpu>, Error = QuantError>
         + Module<Tensor<S, f32, Cpu>, Error = QuantError>
         + quant_ops::layers::QuantizedModule,
     <M::Quantized as Module<Tensor<S, f32, Cpu>>>::Output: AsVec<f32>,
 {
     let _ = dev;
-    let mut q = quantize_model(model, policy).unwrap();
+    let mut q = convert_model(model, policy).unwrap();
     q.try_forward_mut(calib).unwrap();
     q.finish_calibration().unwrap();
     let fq = q.try_forward(x.clone()).unwrap().as_vec();

@@ -869,7 +869,7 @@ fn case_11_a_data_file_of_more_rows_than_the_limit_stops_at_the_limit() {
 
 #[test]
 fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
-    use quant_ops::convert::quantize_model;
+    use quant_ops::convert::convert_model;
     use quant_ops::export::export_model;
     use quant_ops::layers::QuantizedModuleExt;
     let dev = Cpu::seed_from_u64(0);
@@ -881,7 +881,7 @@ fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
         "p.toml",
     )
     .unwrap();
-    let mut q = quantize_model(&float, &policy).unwrap();
+    let mut q = convert_model(&float, &policy).unwrap();
     // All-zero inputs: the first layer's input scale falls to its floor.
     q.try_forward_mut(dev.zeros::<Rank2<8, 4>>()).unwrap();
     q.finish_calibration().unwrap();

@@ -178,7 +178,7 @@ pub enum QuantError {
     /// An error raised inside a named layer or quantizer.
     #[error("{location}: {source}")]
     At {
-        /// The layer or quantizer name (e.g. `encoder.fc1.weight_quantizer`).
+        /// The layer or quantizer name (e.g. `encoder.fc1.weights`).
         location: String,
         /// The underlying error.
         #[source]

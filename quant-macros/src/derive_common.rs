@@ -132,7 +132,7 @@ fn unknown_key(derive: Derive, key: &Ident, on_field: bool) -> syn::Error {
     };
     let expected = if valid.is_empty() {
         format!(
-            "#[derive({})] takes no field arguments: a model's fields are layers, converted by their own `Quantize`",
+            "#[derive({})] takes no field arguments: a model's fields are layers, converted by their own `Convert`",
             derive.name()
         )
     } else {

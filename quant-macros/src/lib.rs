@@ -122,11 +122,13 @@ pub fn mark_quantizer(args: TokenStream, item: TokenStream) -> TokenStream {
 ///   dfdx `TensorCollection` (the layer's tensors under their own names, then the quantizers),
 ///   `Module` and `ModuleMut` for every input `X: LayerInput` that `L` accepts (`Error =
 ///   QuantError`; the quantized weights replace the float ones in the user's forward, their
-///   gradients reach the float weights and the quantizers' parameters), `QuantizedModule`
-///   (quantizers named `<layer>.input_quantizer`, `<layer>.<field>_quantizer`) and `TraceLeaf`;
+///   gradients reach the float weights and the quantizers' parameters) and `QuantizedModule`:
+///   kind `LayerKind::Custom`, slots `input` and one per weights field, named like the field
+///   (quantizers `<layer>.input`, `<layer>.<field>`; a field without `channels` quantizes per
+///   tensor whatever the policy's `per_channel`); its `lower` is a typed error saying the
+///   layer's Rust forward pass has no graph form;
 /// - for `L`: `TensorCollection` (tensors of rank ≥ 2 reset uniform in ±1/√fan_in, others to
-///   zero), `Quantize` (policy kind `LayerKind::Custom`: every weights field takes the policy's
-///   weights spec, the input its input spec; float weights are copied) and `TraceLeaf`.
+///   zero) and `Convert` (into the wrapper, float weights copied).
 ///
 /// `L` may be generic over const parameters and over dfdx's dtype/device pair
 /// (`E: Dtype, D: Device<E>`; the wrapper is always `f32` on the CPU). A struct that is not
@@ -155,23 +157,21 @@ pub fn derive_quantized_layer(item: TokenStream) -> TokenStream {
 ///
 /// Arguments of `#[quantized(...)]` on the struct:
 /// - `name = Ident`: the twin's name (default: the struct's name prefixed with `Q`);
-/// - `forward = manual`: you implement `Module`/`ModuleMut` for both structs; no `Trace` or
-///   `Export` is generated either, as they follow the forward pass;
+/// - `forward = manual`: you implement `Module`/`ModuleMut` for both structs; the twin's graph
+///   form (`QuantizedModule::lower`) is then a typed error, as it follows the forward pass;
 /// - `crate = path`: the path to quant-ops, for renamed dependencies.
 ///
 /// Fields take no arguments.
 ///
 /// Generates, for the struct `M`:
 /// - for `M`: `TensorCollection`, `Module` and `ModuleMut` running the fields in order (error:
-///   the first field's, into which the others' must convert), `Trace`, and `Quantize` (each
-///   field converted under `name.field`);
+///   the first field's, into which the others' must convert) and `Convert` (field by field);
 /// - the twin `QM`, always `f32` on the CPU, with `Clone`, `Debug`, `TensorCollection`,
-///   `Module`/`ModuleMut` in field order (`Error = QuantError`), `QuantizedModule` (dotted names
-///   such as `encoder.fc1.weight_quantizer`), `Trace` (layer names `encoder.fc1`) and `Export`
-///   (when every field exports: a twin holding a user's layer, which has no integer form, does
-///   not implement it).
+///   `Module`/`ModuleMut` in field order (`Error = QuantError`) and `QuantizedModule`: its slots
+///   under each field's name (`encoder.fc1.weights`) and its graph form, the fields' in order
+///   (layer names `encoder.fc1`).
 ///
-/// The twin is generic over its fields' types, which default to `<F as Quantize>::Quantized`:
+/// The twin is generic over its fields' types, which default to `<F as Convert>::Quantized`:
 /// `QM` (or `QM<N>` for const parameters) names the twin of `M`. Like a tuple, it maps
 /// `TensorCollection::To<E2, D2>` field by field.
 ///

@@ -1,7 +1,7 @@
 //! Converting a float dfdx model into its quantized twin under a policy (QuanTransformer's
-//! model transformer, ModelOpt's `quantize`), and the registry of what each float layer becomes.
+//! model transformer, ModelOpt's `quantize`; PyTorch's `prepare_qat`), and the registry of what each float layer becomes.
 //!
-//! Conversion is two steps. [`Quantize::to_quantized`] builds the twin, whose type follows
+//! Conversion is two steps. [`Convert::convert`] builds the twin, whose type follows
 //! from the float model's type: `Linear` becomes [`QLinear`], `Conv2d` [`QConv2d`], a weight-free
 //! layer whose input a policy may quantize (pooling, flattening) [`QuantInput`], everything
 //! else stays float inside [`Float`]; tuples convert element by element. Float weights are
@@ -13,11 +13,11 @@
 //!
 //! # Adding a layer kind
 //! A weight-free layer whose graph form is one op: implement [`GraphOp`] for it (below, next
-//! to its `Quantize` impl, through `stays_float!` or `input_only!`), add its op to
+//! to its `Convert` impl, through `stays_float!` or `input_only!`), add its op to
 //! [`Op`](crate::graph::Op) with its shape ([`crate::graph`]), its float reference
 //! ([`crate::graph::evaluate`]) and its integer kernel ([`crate::integer`]). A layer with
 //! weights or several slots: a twin struct that implements [`QuantizedModule`] (its slots, its
-//! lowering) and a `Quantize` impl here. The README's architecture section has the checklist.
+//! lowering) and a `Convert` impl here. The README's architecture section has the checklist.
 
 use std::fmt;
 
@@ -112,12 +112,12 @@ impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy 
 }
 
 /// A float module that converts into its quantized twin.
-pub trait Quantize {
+pub trait Convert {
     /// The quantized twin's type.
     type Quantized: QuantizedModule;
     /// The twin, with this module's weights and every quantizer slot unconfigured (it computes
     /// exactly what this module computes until [`configure_model`] configures it).
-    fn to_quantized(&self) -> Self::Quantized;
+    fn convert(&self) -> Self::Quantized;
 }
 
 /// Configures every quantizer slot of `model` as `policy` decides (see the module docs):
@@ -159,12 +159,12 @@ pub fn configure_model<M: QuantizedModule + ?Sized>(
     })
 }
 
-/// Converts `model` and configures it under `policy`: `quantize_model(&mlp, &policy)`.
+/// Converts `model` and configures it under `policy`: `convert_model(&mlp, &policy)`.
 ///
 /// # Errors
 /// See [`configure_model`].
-pub fn quantize_model<M: Quantize>(model: &M, policy: &dyn LayerPolicy) -> Result<M::Quantized> {
-    let mut q = model.to_quantized();
+pub fn convert_model<M: Convert>(model: &M, policy: &dyn LayerPolicy) -> Result<M::Quantized> {
+    let mut q = model.convert();
     configure_model(&mut q, policy)?;
     Ok(q)
 }
@@ -184,32 +184,32 @@ pub trait InputOnly: GraphOp {
     const KIND: LayerKind;
 }
 
-impl<const I: usize, const O: usize> Quantize for Linear<I, O, f32, Cpu> {
+impl<const I: usize, const O: usize> Convert for Linear<I, O, f32, Cpu> {
     type Quantized = QLinear<I, O>;
 
-    fn to_quantized(&self) -> Self::Quantized {
+    fn convert(&self) -> Self::Quantized {
         QLinear::from_linear(self)
     }
 }
 
-impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, const P: usize> Quantize
+impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, const P: usize> Convert
     for Conv2d<C_IN, C_OUT, K, S, P, f32, Cpu>
 {
     type Quantized = QConv2d<C_IN, C_OUT, K, S, P>;
 
-    fn to_quantized(&self) -> Self::Quantized {
+    fn convert(&self) -> Self::Quantized {
         QConv2d::from_conv(self)
     }
 }
 
-/// Weight-free layers whose input a policy may quantize: `Quantize` into `QuantInput<Self>`,
+/// Weight-free layers whose input a policy may quantize: `Convert` into `QuantInput<Self>`,
 /// their kind and their graph op, in one line each.
 macro_rules! input_only {
     ($($ty:ty where [$($g:tt)*] => $kind:expr, |$s:ident| $op:expr;)+) => {
         $(
-            impl<$($g)*> Quantize for $ty {
+            impl<$($g)*> Convert for $ty {
                 type Quantized = QuantInput<$ty>;
-                fn to_quantized(&self) -> Self::Quantized {
+                fn convert(&self) -> Self::Quantized {
                     QuantInput::new(*self, &Cpu::default())
                 }
             }
@@ -233,13 +233,13 @@ input_only!(
     Flatten<N> where [const N: usize] => LayerKind::Flatten, |_m| Op::Flatten;
 );
 
-/// Float modules that stay float: `Quantize` into `Float<Self>` (a copy), and their graph op.
+/// Float modules that stay float: `Convert` into `Float<Self>` (a copy), and their graph op.
 macro_rules! stays_float {
     ($($ty:ty $(where [$($g:tt)*])? => |$s:ident| $op:expr;)+) => {
         $(
-            impl$(<$($g)*>)? Quantize for $ty {
+            impl$(<$($g)*>)? Convert for $ty {
                 type Quantized = Float<$ty>;
-                fn to_quantized(&self) -> Self::Quantized {
+                fn convert(&self) -> Self::Quantized {
                     Float(self.clone())
                 }
             }
@@ -297,19 +297,19 @@ fn batch_norm(gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32], epsilon: f
     }
 }
 
-macro_rules! tuple_quantize {
+macro_rules! tuple_convert {
     ($($name:ident $idx:tt),+) => {
-        impl<$($name: Quantize),+> Quantize for ($($name,)+) {
+        impl<$($name: Convert),+> Convert for ($($name,)+) {
             type Quantized = ($($name::Quantized,)+);
-            fn to_quantized(&self) -> Self::Quantized {
-                ($(self.$idx.to_quantized(),)+)
+            fn convert(&self) -> Self::Quantized {
+                ($(self.$idx.convert(),)+)
             }
         }
     };
 }
-tuple_quantize!(A 0);
-tuple_quantize!(A 0, B 1);
-tuple_quantize!(A 0, B 1, C 2);
-tuple_quantize!(A 0, B 1, C 2, D 3);
-tuple_quantize!(A 0, B 1, C 2, D 3, E 4);
-tuple_quantize!(A 0, B 1, C 2, D 3, E 4, F 5);
+tuple_convert!(A 0);
+tuple_convert!(A 0, B 1);
+tuple_convert!(A 0, B 1, C 2);
+tuple_convert!(A 0, B 1, C 2, D 3);
+tuple_convert!(A 0, B 1, C 2, D 3, E 4);
+tuple_convert!(A 0, B 1, C 2, D 3, E 4, F 5);

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use dfdx::prelude::*;
-//! use quant_ops::{convert::quantize_model, export::export_model, integer::IntegerModel};
+//! use quant_ops::{convert::convert_model, export::export_model, integer::IntegerModel};
 //! use quant_ops::{layers::QuantizedModuleExt, policy::Policy};
 //!
 //! // A float model, and a policy file: 8-bit LSQ weights and inputs in every layer.
@@ -27,7 +27,7 @@
 //! )?;
 //!
 //! // Convert (every quantizer starts calibrating), observe a batch, freeze (PTQ).
-//! let mut model = quantize_model(&float, &policy)?;
+//! let mut model = convert_model(&float, &policy)?;
 //! let x = dev.sample_normal::<Rank2<16, 4>>();
 //! model.try_forward_mut(x.clone())?;
 //! assert_eq!(model.finish_calibration()?, 4);

@@ -47,7 +47,7 @@ use quant_core::{
 };
 
 use crate::convert::{LayerKind, LayerPolicy};
-use crate::layers::{glob, QuantizerSpec, Slot};
+use crate::layers::{glob, join_name, QuantizerSpec, Slot};
 use crate::observers::ObserverConfig;
 use crate::platform::find_platform;
 
@@ -338,15 +338,6 @@ pub struct Policy {
     seen: RefCell<BTreeSet<String>>,
 }
 
-/// Where a setting sits in the file, for messages.
-fn key_of(prefix: &str, slot: &str) -> String {
-    if prefix.is_empty() {
-        slot.to_string()
-    } else {
-        format!("{prefix}.{slot}")
-    }
-}
-
 /// One step of the merge: the accumulated setting, plus the key that set it.
 fn apply(acc: &mut Option<QuantizerSettings>, step: Option<&SlotSetting>) {
     match step {
@@ -408,7 +399,7 @@ impl Policy {
     pub fn validate(&self, origin: &str, key_prefix: &str) -> std::result::Result<(), PolicyError> {
         let invalid = |key: &str, source: QuantError| PolicyError::Invalid {
             origin: origin.to_string(),
-            key: key_of(key_prefix, key),
+            key: join_name(key_prefix, key),
             source,
         };
         let (default_w, default_i) = self.defaults().map_err(|e| invalid("platform", e))?;
@@ -443,11 +434,11 @@ impl Policy {
                 if setting.is_some() {
                     let mut s = defaults_of(target);
                     apply(&mut s, setting.as_ref());
-                    checks.push((key_of(prefix, key), s, target));
+                    checks.push((join_name(prefix, key), s, target));
                 }
             }
             for (name, setting) in slots {
-                let key = key_of(prefix, &format!("slots.{name}"));
+                let key = join_name(prefix, &format!("slots.{name}"));
                 let target = targets(name).ok_or_else(|| {
                     invalid(
                         &key,
@@ -468,7 +459,7 @@ impl Policy {
             let prefix = format!("kinds.{kind}");
             if s.weights.is_some() && !kind.has_weights() {
                 return Err(invalid(
-                    &key_of(&prefix, "weights"),
+                    &join_name(&prefix, "weights"),
                     QuantError::InvalidValue {
                         what: "weights".into(),
                         value: kind.to_string(),
@@ -483,7 +474,7 @@ impl Policy {
         }
         for (n, o) in self.overrides.iter().enumerate() {
             let prefix = format!("overrides[{n}]");
-            glob(&o.pattern).map_err(|e| invalid(&key_of(&prefix, "pattern"), e))?;
+            glob(&o.pattern).map_err(|e| invalid(&join_name(&prefix, "pattern"), e))?;
             // A named slot may belong to any kind (a custom layer's field): both targets are
             // checked where the name does not say.
             table(&prefix, &o.weights, &o.input, &o.slots, &|name: &str| {

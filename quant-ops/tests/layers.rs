@@ -7,7 +7,7 @@ use quant_core::{
     ActivationQuantizerConfig, QuantizationMethod, QuantizerConfig, TrainingMethod,
     WeightsQuantizerConfig,
 };
-use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::layers::{QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot};
 use quant_ops::observers::ObserverConfig;
 
@@ -59,7 +59,7 @@ fn setup() -> (Cpu, MlpModel, Tensor<Rank2<8, 16>, f32, Cpu>) {
 #[test]
 fn converted_model_in_disabled_mode_gives_exactly_the_float_outputs() {
     let (_dev, model, x) = setup();
-    let mut q = quantize_model(&model, &lsq_w4a4(false)).unwrap();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
     // Freshly converted: calibrating (pass-through) — forward_mut observes, outputs are float.
     let y_float = model.forward(x.clone());
     let y_calib = q.try_forward_mut(x.clone()).unwrap();
@@ -71,7 +71,7 @@ fn converted_model_in_disabled_mode_gives_exactly_the_float_outputs() {
 #[test]
 fn quantizers_are_reachable_by_dotted_name() {
     let (_dev, model, _x) = setup();
-    let mut q = quantize_model(&model, &lsq_w4a4(true)).unwrap();
+    let mut q = convert_model(&model, &lsq_w4a4(true)).unwrap();
     let names: Vec<String> = q
         .quantizers()
         .unwrap()
@@ -102,7 +102,7 @@ fn quantizers_are_reachable_by_dotted_name() {
 #[test]
 fn calibration_then_training_updates_weights_and_quantizer_parameters() {
     let (dev, model, x) = setup();
-    let mut q = quantize_model(&model, &lsq_w4a4(false)).unwrap();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
     for _ in 0..3 {
         q.try_forward_mut(x.clone()).unwrap();
     }
@@ -125,7 +125,7 @@ fn calibration_then_training_updates_weights_and_quantizer_parameters() {
     let qp = q.0.input_quantizer.qparams().unwrap().unwrap();
     let grid = q.0.input_quantizer.grid().unwrap().unwrap();
     let (s, z) = (qp.scales()[0], qp.zero_points()[0] as f32);
-    let xq = q.0.input_quantizer.quantize(x.clone()).unwrap().as_vec();
+    let xq = q.0.input_quantizer.fake_quantize(x.clone()).unwrap().as_vec();
     let mut levels = std::collections::BTreeSet::new();
     for v in &xq {
         let k = v / s + z;
@@ -170,7 +170,7 @@ fn calibration_then_training_updates_weights_and_quantizer_parameters() {
 #[test]
 fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
     let (dev, model, x) = setup();
-    let mut q = quantize_model(&model, &lsq_w4a4(false)).unwrap();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
     q.set_mode("*", QuantizerMode::Training).unwrap();
@@ -204,7 +204,7 @@ fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
     let y = q.try_forward(x.clone()).unwrap();
 
     // Rebuild from the same float model and policy, then load the tensors and scalars.
-    let mut fresh = quantize_model(&model, &lsq_w4a4(false)).unwrap();
+    let mut fresh = convert_model(&model, &lsq_w4a4(false)).unwrap();
     fresh.load_safetensors(&path).unwrap();
     assert_eq!(fresh.0.input_quantizer.mode(), QuantizerMode::Frozen);
     assert_eq!(fresh.0.weights_quantizer.mode(), QuantizerMode::Training);

@@ -5,7 +5,7 @@ use std::path::Path;
 
 use dfdx::prelude::*;
 use quant_core::{QuantizationMethod, QuantizationTarget, QuantizerConfig, TrainingMethod};
-use quant_ops::convert::{quantize_model, LayerKind};
+use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::layers::Slot;
 use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::policy::{Policy, PolicyError};
@@ -223,7 +223,7 @@ fn patterns_that_match_no_layer_fail_conversion_unless_warned() {
         "s.toml",
     )
     .unwrap();
-    let mut q = quantize_model(&model, &strict).unwrap();
+    let mut q = convert_model(&model, &strict).unwrap();
     let err = strict.check_unmatched().unwrap_err().to_string();
     assert!(err.contains("fc1") && err.contains("0, 2"), "{err}");
     assert_eq!(q.quantizers().unwrap().len(), 4);
@@ -233,7 +233,7 @@ fn patterns_that_match_no_layer_fail_conversion_unless_warned() {
         "w.toml",
     )
     .unwrap();
-    quantize_model(&model, &lenient).unwrap();
+    convert_model(&model, &lenient).unwrap();
     assert_eq!(lenient.check_unmatched().unwrap(), vec!["fc1".to_string()]);
 }
 
@@ -247,7 +247,7 @@ fn a_layer_left_float_converts_to_exactly_the_float_layer() {
         "f.toml",
     )
     .unwrap();
-    let mut q = quantize_model(&model, &p).unwrap();
+    let mut q = convert_model(&model, &p).unwrap();
     let names: Vec<String> = q
         .quantizers()
         .unwrap()

@@ -18,7 +18,7 @@ use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use quant_core::QuantError;
-use quant_ops::convert::quantize_model;
+use quant_ops::convert::convert_model;
 use quant_ops::export::{self, export_model, ExportError, QuantFormat};
 pub use quant_ops::fs::OutputError;
 use quant_ops::fs::{check_output_file, StagedDir, StagedFile};
@@ -387,7 +387,7 @@ fn run_net<N: Net>(
         // 2. PTQ: convert the deployable float model, calibrate, evaluate.
         let deploy = N::deploy(&float);
         let policy = cfg.quantization.clone();
-        let mut ptq = quantize_model(&deploy, &policy)?;
+        let mut ptq = convert_model(&deploy, &policy)?;
         policy.check_unmatched()?;
         let b = bar(
             &multi,
@@ -416,7 +416,7 @@ fn run_net<N: Net>(
         let mut qat = match cfg.qat.init {
             QatInit::Ptq => ptq.clone(),
             QatInit::FirstBatch => {
-                let mut m = quantize_model(&deploy, &policy)?;
+                let mut m = convert_model(&deploy, &policy)?;
                 calibrate::<N::Quantized, N::Input>(
                     &dev,
                     &mut m,

@@ -3,7 +3,7 @@
 use dfdx::prelude::*;
 
 use quant_core::QuantError;
-use quant_ops::convert::Quantize;
+use quant_ops::convert::Convert;
 use quant_ops::layers::QuantizedModule;
 
 use super::config::ModelKind;
@@ -20,7 +20,7 @@ pub type MlpBuilder = (
 /// The built MLP.
 pub type Mlp = <MlpBuilder as BuildOnDevice<Cpu, f32>>::Built;
 /// The quantized MLP.
-pub type QMlp = <Mlp as Quantize>::Quantized;
+pub type QMlp = <Mlp as Convert>::Quantized;
 
 /// A network of the main job: its float form, the float form prepared for quantization, and
 /// its quantized twin.
@@ -44,7 +44,7 @@ pub trait Net {
             Error = dfdx::tensor::CpuError,
         >;
     /// The float network with everything folded that has no integer form (BatchNorm).
-    type Deploy: Quantize<Quantized = Self::Quantized>
+    type Deploy: Convert<Quantized = Self::Quantized>
         + Module<
             Tensor<Self::Input, f32, Cpu>,
             Output = Logits<NoneTape>,
@@ -124,7 +124,7 @@ pub type FoldedCnn = (
     ),
 );
 /// The quantized CNN.
-pub type QCnn = <FoldedCnn as Quantize>::Quantized;
+pub type QCnn = <FoldedCnn as Convert>::Quantized;
 
 /// Folds an inference-mode BatchNorm into the convolution before it:
 /// `W' = W·γ/√(σ²+ε)` per output channel and `b' = (b − μ)·γ/√(σ²+ε) + β`, so the folded

@@ -138,8 +138,8 @@ impl<
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.quantize(x)?;
-        let w = self.weights_quantizer.quantize(self.weight.retaped::<T>())?;
+        let x = self.input_quantizer.fake_quantize(x)?;
+        let w = self.weights_quantizer.fake_quantize(self.weight.retaped::<T>())?;
         let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         conv2d(x, w, bias, S, P)
     }
@@ -167,11 +167,11 @@ impl<
         &mut self,
         x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
     ) -> Result<Self::Output> {
-        let x = self.input_quantizer.quantize_mut(x)?;
+        let x = self.input_quantizer.fake_quantize_mut(x)?;
         // Weights calibrate from themselves (see QLinear).
         let w = self
             .weights_quantizer
-            .quantize_mut(self.weight.retaped::<T>())?;
+            .fake_quantize_mut(self.weight.retaped::<T>())?;
         let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         conv2d(x, w, bias, S, P)
     }

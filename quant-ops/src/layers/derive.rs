@@ -14,11 +14,11 @@ use rand::distributions::uniform::SampleUniform;
 pub use dfdx;
 pub use quant_core::{QuantError, QuantizationTarget, Result};
 
-pub use crate::convert::{LayerKind, Quantize};
+pub use crate::convert::{LayerKind, Convert};
 pub use crate::export::ExportError;
 pub use crate::graph::{GraphBuilder, ValueId};
 pub use crate::layers::{
-    join_name, quantize_param, quantize_param_mut, FakeQuantizer, LayerInput, QuantizedModule,
+    join_name, fake_quantize_param, fake_quantize_param_mut, FakeQuantizer, LayerInput, QuantizedModule,
     QuantizerControl, Slot, SlotRef, TensorQuantizer,
 };
 

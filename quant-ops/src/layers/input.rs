@@ -66,7 +66,7 @@ where
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.quantize(x)?;
+        let x = self.input_quantizer.fake_quantize(x)?;
         self.module.try_forward(x).map_err(Into::into)
     }
 }
@@ -80,7 +80,7 @@ where
     type Error = QuantError;
 
     fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.quantize_mut(x)?;
+        let x = self.input_quantizer.fake_quantize_mut(x)?;
         self.module.try_forward_mut(x).map_err(Into::into)
     }
 }

@@ -108,7 +108,7 @@ impl<const I: usize, const O: usize> QLinear<I, O> {
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QLinear<I, O, WQ, AQ> {
     /// The fake-quantized weight, on tape `T` when its quantizer trains.
     fn quantized_weight<T: Tape<f32, Cpu>>(&self) -> Result<Tensor<Rank2<O, I>, f32, Cpu, T>> {
-        self.weights_quantizer.quantize(self.weight.retaped::<T>())
+        self.weights_quantizer.fake_quantize(self.weight.retaped::<T>())
     }
 }
 
@@ -135,7 +135,7 @@ impl<
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.quantize(x)?;
+        let x = self.input_quantizer.fake_quantize(x)?;
         let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         linear_2d(x, self.quantized_weight::<T>()?, bias)
     }
@@ -154,12 +154,12 @@ impl<
     type Error = QuantError;
 
     fn try_forward_mut(&mut self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.quantize_mut(x)?;
+        let x = self.input_quantizer.fake_quantize_mut(x)?;
         // Weights calibrate from themselves: while calibrating, the observer sees the weight on
         // every step and the weight passes through.
         let w = self
             .weights_quantizer
-            .quantize_mut(self.weight.retaped::<T>())?;
+            .fake_quantize_mut(self.weight.retaped::<T>())?;
         let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         linear_2d(x, w, bias)
     }

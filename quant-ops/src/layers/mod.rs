@@ -28,7 +28,7 @@ pub use conv::QConv2d;
 pub use float::Float;
 pub use input::QuantInput;
 pub use linear::QLinear;
-pub use param::{quantize_param, quantize_param_mut, LayerInput};
+pub use param::{fake_quantize_param, fake_quantize_param_mut, LayerInput};
 pub use quantizer::{
     QuantizerControl, QuantizerDescription, QuantizerMode, QuantizerSpec, TensorQuantizer,
 };
@@ -45,29 +45,29 @@ use crate::graph::{GraphBuilder, ValueId};
 /// parameters as typed tensors (any number, any shape).
 pub trait FakeQuantizer: QuantizerControl + Clone + std::fmt::Debug {
     /// Fake-quantizes `x` according to the mode (per-channel quantizers use axis 0).
-    fn quantize<S: Shape, T: Tape<f32, Cpu>>(
+    fn fake_quantize<S: Shape, T: Tape<f32, Cpu>>(
         &self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>>;
-    /// Like `quantize`, but may record statistics (Calibrating mode).
-    fn quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
+    /// Like `fake_quantize`, but may record statistics (Calibrating mode).
+    fn fake_quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
         &mut self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>>;
 }
 
 impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
-    fn quantize<S: Shape, T: Tape<f32, Cpu>>(
+    fn fake_quantize<S: Shape, T: Tape<f32, Cpu>>(
         &self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
-        TensorQuantizer::quantize(self, x)
+        TensorQuantizer::fake_quantize(self, x)
     }
-    fn quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
+    fn fake_quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
         &mut self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
-        TensorQuantizer::quantize_mut(self, x)
+        TensorQuantizer::fake_quantize_mut(self, x)
     }
 }
 

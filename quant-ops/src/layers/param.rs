@@ -9,7 +9,7 @@
 //! by dfdx's reverse-time backward, turns that gradient into the original weight's gradient
 //! (straight-through or LSQ) and the quantizer's own parameter gradients.
 //!
-//! [`quantize_param`] is the building block; `#[derive(QuantizedLayer)]` calls it for every
+//! [`fake_quantize_param`] is the building block; `#[derive(QuantizedLayer)]` calls it for every
 //! `#[quantized(weights)]` field. [`LayerInput`] says which inputs such a layer accepts.
 
 use dfdx::prelude::*;
@@ -28,7 +28,7 @@ use super::{FakeQuantizer, QuantizerMode};
 ///
 /// ```
 /// use dfdx::prelude::*;
-/// use quant_ops::layers::{quantize_param, TensorQuantizer};
+/// use quant_ops::layers::{fake_quantize_param, TensorQuantizer};
 ///
 /// let dev = Cpu::default();
 /// let w: Tensor<Rank1<3>, f32, _> = dev.tensor([0.5, -1.0, 2.0]);
@@ -36,7 +36,7 @@ use super::{FakeQuantizer, QuantizerMode};
 /// let quantizer = TensorQuantizer::<1>::new(&dev); // unconfigured: pass-through
 ///
 /// let (x, mut tape) = x.trace(w.alloc_grads()).split_tape();
-/// let wq = quantize_param(&mut tape, &w, &quantizer)?;
+/// let wq = fake_quantize_param(&mut tape, &w, &quantizer)?;
 /// // In a forward pass generic over the tape `T`: `wq.retaped::<T>()`.
 /// let y = (x.put_tape(tape) * wq.retaped::<OwnedTape<f32, Cpu>>()).sum();
 /// let grads = y.backward();
@@ -45,9 +45,9 @@ use super::{FakeQuantizer, QuantizerMode};
 /// ```
 ///
 /// # Errors
-/// The quantizer's errors: Calibrating mode (observing needs [`quantize_param_mut`]),
+/// The quantizer's errors: Calibrating mode (observing needs [`fake_quantize_param_mut`]),
 /// uninitialised parameters, a channel count along axis 0 other than the quantizer's.
-pub fn quantize_param<S: Shape, T: Tape<f32, Cpu>>(
+pub fn fake_quantize_param<S: Shape, T: Tape<f32, Cpu>>(
     tape: &mut T,
     param: &Tensor<S, f32, Cpu>,
     quantizer: &impl FakeQuantizer,
@@ -55,16 +55,16 @@ pub fn quantize_param<S: Shape, T: Tape<f32, Cpu>>(
     if quantizer.mode() == QuantizerMode::Disabled {
         return Ok(param.clone());
     }
-    let quantized = quantizer.quantize(param.retaped::<T>())?;
+    let quantized = quantizer.fake_quantize(param.retaped::<T>())?;
     Ok(merge_into(tape, quantized))
 }
 
-/// Like [`quantize_param`], for `forward_mut`: a Calibrating quantizer observes `param` (weights
+/// Like [`fake_quantize_param`], for `forward_mut`: a Calibrating quantizer observes `param` (weights
 /// calibrate from themselves) and passes it through.
 ///
 /// # Errors
-/// See [`quantize_param`]; Calibrating mode is not an error here.
-pub fn quantize_param_mut<S: Shape, T: Tape<f32, Cpu>>(
+/// See [`fake_quantize_param`]; Calibrating mode is not an error here.
+pub fn fake_quantize_param_mut<S: Shape, T: Tape<f32, Cpu>>(
     tape: &mut T,
     param: &Tensor<S, f32, Cpu>,
     quantizer: &mut impl FakeQuantizer,
@@ -72,7 +72,7 @@ pub fn quantize_param_mut<S: Shape, T: Tape<f32, Cpu>>(
     if quantizer.mode() == QuantizerMode::Disabled {
         return Ok(param.clone());
     }
-    let quantized = quantizer.quantize_mut(param.retaped::<T>())?;
+    let quantized = quantizer.fake_quantize_mut(param.retaped::<T>())?;
     Ok(merge_into(tape, quantized))
 }
 
@@ -107,13 +107,13 @@ pub trait LayerInput: Sized {
     ///
     /// # Errors
     /// The quantizer's errors.
-    fn quantize_input(self, q: &impl FakeQuantizer) -> Result<Self>;
+    fn fake_quantize_input(self, q: &impl FakeQuantizer) -> Result<Self>;
 
-    /// Like [`quantize_input`](Self::quantize_input), but a Calibrating quantizer observes.
+    /// Like [`fake_quantize_input`](Self::fake_quantize_input), but a Calibrating quantizer observes.
     ///
     /// # Errors
     /// The quantizer's errors.
-    fn quantize_input_mut(self, q: &mut impl FakeQuantizer) -> Result<Self>;
+    fn fake_quantize_input_mut(self, q: &mut impl FakeQuantizer) -> Result<Self>;
 }
 
 impl<S: Shape, T: Tape<f32, Cpu>> LayerInput for Tensor<S, f32, Cpu, T> {
@@ -125,12 +125,12 @@ impl<S: Shape, T: Tape<f32, Cpu>> LayerInput for Tensor<S, f32, Cpu, T> {
         Ok((x.put_tape(tape), r))
     }
 
-    fn quantize_input(self, q: &impl FakeQuantizer) -> Result<Self> {
-        q.quantize(self)
+    fn fake_quantize_input(self, q: &impl FakeQuantizer) -> Result<Self> {
+        q.fake_quantize(self)
     }
 
-    fn quantize_input_mut(self, q: &mut impl FakeQuantizer) -> Result<Self> {
-        q.quantize_mut(self)
+    fn fake_quantize_input_mut(self, q: &mut impl FakeQuantizer) -> Result<Self> {
+        q.fake_quantize_mut(self)
     }
 }
 
@@ -149,14 +149,14 @@ macro_rules! tuple_layer_input {
                 Ok((($first, $($rest,)*), r))
             }
 
-            fn quantize_input(self, q: &impl FakeQuantizer) -> Result<Self> {
+            fn fake_quantize_input(self, q: &impl FakeQuantizer) -> Result<Self> {
                 let ($first, $($rest,)*) = self;
-                Ok(($first.quantize_input(q)?, $($rest.quantize_input(q)?,)*))
+                Ok(($first.fake_quantize_input(q)?, $($rest.fake_quantize_input(q)?,)*))
             }
 
-            fn quantize_input_mut(self, q: &mut impl FakeQuantizer) -> Result<Self> {
+            fn fake_quantize_input_mut(self, q: &mut impl FakeQuantizer) -> Result<Self> {
                 let ($first, $($rest,)*) = self;
-                Ok(($first.quantize_input_mut(q)?, $($rest.quantize_input_mut(q)?,)*))
+                Ok(($first.fake_quantize_input_mut(q)?, $($rest.fake_quantize_input_mut(q)?,)*))
             }
         }
     };

@@ -26,10 +26,10 @@ pub enum QuantizerMode {
     Disabled,
     /// Pass-through while an observer records statistics (`forward_mut` only).
     Calibrating,
-    /// Quantize with fixed parameters: gradients reach the input (straight-through) but not
+    /// Convert with fixed parameters: gradients reach the input (straight-through) but not
     /// the quantizer's parameters.
     Frozen,
-    /// Quantize and train the quantizer's learnable parameters with the model.
+    /// Convert and train the quantizer's learnable parameters with the model.
     Training,
 }
 
@@ -369,9 +369,9 @@ impl<const C: usize> TensorQuantizer<C> {
     /// Fake-quantizes `x` according to the mode. Per-channel quantizers use axis 0 of `x`.
     ///
     /// # Errors
-    /// Calibrating mode (observing needs `quantize_mut`), uninitialised parameters, or a channel
+    /// Calibrating mode (observing needs `fake_quantize_mut`), uninitialised parameters, or a channel
     /// count along axis 0 other than `C` for per-channel quantizers.
-    pub fn quantize<S: Shape, T: Tape<f32, Cpu>>(
+    pub fn fake_quantize<S: Shape, T: Tape<f32, Cpu>>(
         &self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
@@ -403,9 +403,9 @@ impl<const C: usize> TensorQuantizer<C> {
         }
     }
 
-    /// Like [`quantize`](Self::quantize), but in Calibrating mode records `x` in the observer and
+    /// Like [`fake_quantize`](Self::fake_quantize), but in Calibrating mode records `x` in the observer and
     /// passes it through.
-    pub fn quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
+    pub fn fake_quantize_mut<S: Shape, T: Tape<f32, Cpu>>(
         &mut self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
@@ -416,7 +416,7 @@ impl<const C: usize> TensorQuantizer<C> {
             self.observe(&x.as_vec(), layout)?;
             return Ok(x);
         }
-        self.quantize(x)
+        self.fake_quantize(x)
     }
 
     /// Sets the parameters from quantization parameters directly (bypassing the observer), and
@@ -629,7 +629,7 @@ impl<S: Shape, T: Tape<f32, Cpu>> Module<Tensor<S, f32, Cpu, T>> for TensorQuant
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        self.quantize(x)
+        self.fake_quantize(x)
     }
 }
 
@@ -638,7 +638,7 @@ impl<S: Shape, T: Tape<f32, Cpu>> ModuleMut<Tensor<S, f32, Cpu, T>> for TensorQu
     type Error = QuantError;
 
     fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        self.quantize_mut(x)
+        self.fake_quantize_mut(x)
     }
 }
 

@@ -1,7 +1,7 @@
 use quant::dfdx::nn::modules::{Linear, ReLU};
 use quant::dfdx::prelude::*;
 use quant::prelude::*;
-use quant::quant_ops::convert::{quantize_model, LayerKind};
+use quant::quant_ops::convert::{convert_model, LayerKind};
 use quant::quant_ops::layers::{QuantizerSpec, Slot};
 use quant::quant_ops::layers::QuantizedModuleExt;
 
@@ -39,7 +39,7 @@ fn main() {
     let policy = |_: &str, _: LayerKind, _: Slot| -> quant::Result<Option<QuantizerSpec>> {
         Ok(None)
     };
-    let mut q = quantize_model(&float, &policy).unwrap();
+    let mut q = convert_model(&float, &policy).unwrap();
     assert!(q.quantizers().unwrap().is_empty());
     let x: Tensor<Rank2<2, 4>, f32, Cpu> = dev.sample_normal();
     assert_eq!(q.try_forward(x.clone()).unwrap().array(), float.forward(x).array());
