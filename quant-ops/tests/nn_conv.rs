@@ -514,3 +514,107 @@ fn module_builds_with_pytorch_init_and_matches_the_op() {
         Err(CpuError::WrongNumElements)
     ));
 }
+
+/// A grouped convolution is the dense convolution whose weight is zero outside each output
+/// channel's group of input channels: `conv2d_grouped` against the naive dense convolution of
+/// that block-diagonal weight, forward and backward (the weight gradient restricted to the
+/// blocks).
+fn check_grouped_against_naive<
+    const C: usize,
+    const O: usize,
+    const CG: usize,
+    const K: usize,
+>(
+    dev: &Cpu,
+    groups: usize,
+    case: Case,
+) {
+    let x = dev.sample_normal_like(&(case.batch, Const::<C>, case.h, case.w));
+    let wt: Tensor<Rank4<O, CG, K, K>, f32, _> = dev.sample_normal();
+    let b: Tensor<Rank1<O>, f32, _> = dev.sample_normal();
+    let (xv, wv, bv) = (x.as_vec(), wt.as_vec(), b.as_vec());
+    let og = O / groups;
+    let mut dense = vec![0.0f32; O * C * K * K];
+    for o in 0..O {
+        let g = o / og;
+        for ci in 0..CG {
+            for t in 0..K * K {
+                dense[(o * C + g * CG + ci) * K * K + t] = wv[(o * CG + ci) * K * K + t];
+            }
+        }
+    }
+    let y = quant_ops::nn::conv2d_grouped(
+        x.trace(Gradients::leaky()),
+        wt.retaped(),
+        b.retaped(),
+        case.stride,
+        case.pad,
+        groups,
+    )
+    .unwrap();
+    let label = format!("C={C} O={O} groups={groups} K={K} {case:?}");
+    assert_close(
+        &format!("grouped forward {label}"),
+        &y.as_vec(),
+        &naive_forward(&xv, &dense, &bv, C, O, K, case),
+        1e-5,
+    );
+    let r = dev.sample_normal_like(y.shape());
+    let grads = (y * r.clone()).sum().backward();
+    let (dx, dw_dense, db) = naive_backward(&xv, &dense, &r.as_vec(), C, O, K, case);
+    let mut dw = vec![0.0f64; O * CG * K * K];
+    for o in 0..O {
+        let g = o / og;
+        for ci in 0..CG {
+            for t in 0..K * K {
+                dw[(o * CG + ci) * K * K + t] = dw_dense[(o * C + g * CG + ci) * K * K + t];
+            }
+        }
+    }
+    assert_close(&format!("grouped dx {label}"), &grads.get(&x).as_vec(), &dx, 1e-5);
+    assert_close(&format!("grouped dw {label}"), &grads.get(&wt).as_vec(), &dw, 1e-4);
+    assert_close(&format!("grouped db {label}"), &grads.get(&b).as_vec(), &db, 1e-4);
+}
+
+#[test]
+fn grouped_and_depthwise_convolutions_match_the_block_diagonal_dense_one() {
+    let dev = Cpu::seed_from_u64(11);
+    // Depthwise (one input channel per group), with stride and padding.
+    check_grouped_against_naive::<4, 4, 1, 3>(&dev, 4, case(3, 7, 6, 1, 1));
+    check_grouped_against_naive::<4, 4, 1, 3>(&dev, 4, case(2, 8, 8, 2, 1));
+    // Depthwise with a channel multiplier of 2.
+    check_grouped_against_naive::<3, 6, 1, 2>(&dev, 3, case(2, 5, 5, 1, 0));
+    // Two groups of two channels, four outputs per group.
+    check_grouped_against_naive::<4, 8, 2, 3>(&dev, 2, case(2, 6, 5, 2, 1));
+    // One group is the dense convolution.
+    check_grouped_against_naive::<3, 5, 3, 3>(&dev, 1, case(2, 6, 6, 1, 1));
+    // Many images: several parallel chunks.
+    check_grouped_against_naive::<8, 8, 1, 3>(&dev, 8, case(40, 8, 8, 1, 1));
+}
+
+#[test]
+fn groups_that_do_not_divide_the_channels_are_a_typed_error() {
+    let dev = Cpu::default();
+    let x: Tensor<Rank4<1, 4, 5, 5>, f32, _> = dev.zeros();
+    let w: Tensor<Rank4<4, 2, 3, 3>, f32, _> = dev.zeros();
+    let b: Tensor<Rank1<4>, f32, _> = dev.zeros();
+    for groups in [0, 3, 4] {
+        let e = quant_ops::nn::conv2d_grouped(x.clone(), w.clone(), b.clone(), 1, 1, groups)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("groups") && e.contains("4 input channels"), "{e}");
+    }
+}
+
+#[test]
+fn depthwise_module_builds_with_its_fan_in_and_matches_the_op() {
+    let dev = Cpu::seed_from_u64(2);
+    let m = dev.build_module::<builders::DepthwiseConv2d<6, 3, 1, 1>, f32>();
+    let bound = 1.0 / 9f32.sqrt();
+    assert!(m.weight.as_vec().iter().all(|w| w.abs() <= bound));
+    let x: Tensor<Rank4<2, 6, 5, 5>, f32, _> = dev.sample_normal();
+    let y = m.forward(x.clone());
+    let direct =
+        quant_ops::nn::conv2d_grouped(x, m.weight.clone(), m.bias.clone(), 1, 1, 6).unwrap();
+    assert_eq!(y.as_vec(), direct.as_vec());
+}

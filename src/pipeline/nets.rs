@@ -136,10 +136,12 @@ pub fn fold_batchnorm<
     const K: usize,
     const S: usize,
     const P: usize,
+    const G: usize,
+    const CG: usize,
 >(
-    conv: &quant_ops::nn::Conv2d<C, O, K, S, P, f32, Cpu>,
+    conv: &quant_ops::nn::Conv2d<C, O, K, S, P, G, CG, f32, Cpu>,
     bn: &dfdx::nn::modules::BatchNorm2D<O, f32, Cpu>,
-) -> quant_ops::nn::Conv2d<C, O, K, S, P, f32, Cpu> {
+) -> quant_ops::nn::Conv2d<C, O, K, S, P, G, CG, f32, Cpu> {
     let gamma = bn.scale.as_vec();
     let beta = bn.bias.as_vec();
     let mean = bn.running_mean.as_vec();
@@ -147,7 +149,7 @@ pub fn fold_batchnorm<
     let factor: Vec<f64> = (0..O)
         .map(|o| gamma[o] as f64 / (var[o] as f64 + bn.epsilon).sqrt())
         .collect();
-    let per_out = C * K * K;
+    let per_out = CG * K * K;
     let weight: Vec<f32> = conv
         .weight
         .as_vec()

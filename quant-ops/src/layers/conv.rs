@@ -11,7 +11,7 @@ use super::{
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{Conv2dGeometry, GraphBuilder, Op, ValueId};
-use crate::nn::{conv2d, Conv2d, FeatureMaps};
+use crate::nn::{conv2d_grouped, Conv2d, FeatureMaps};
 
 /// A 2-D convolution (`weight [C_OUT, C_IN, K, K]`, stride `S`, zero padding `P`) whose weight
 /// passes through `weights_quantizer` (per output channel on axis 0, or per tensor) and whose
@@ -24,13 +24,15 @@ pub struct QConv2d<
     const K: usize,
     const S: usize = 1,
     const P: usize = 0,
+    const G: usize = 1,
+    const CG: usize = C_IN,
     WQ = TensorQuantizer<C_OUT>,
     AQ = TensorQuantizer<1>,
     E: Dtype = f32,
     D: Storage<E> = Cpu,
 > {
-    /// The kernels `[C_OUT, C_IN, K, K]`.
-    pub weight: Tensor<Rank4<C_OUT, C_IN, K, K>, E, D>,
+    /// The kernels `[C_OUT, CG, K, K]` (`CG = C_IN / G` input channels per group).
+    pub weight: Tensor<Rank4<C_OUT, CG, K, K>, E, D>,
     /// One bias per output channel.
     pub bias: Tensor<Rank1<C_OUT>, E, D>,
     /// Quantizer of the weight.
@@ -45,11 +47,13 @@ impl<
         const K: usize,
         const S: usize,
         const P: usize,
+        const G: usize,
+        const CG: usize,
         WQ,
         AQ,
         E,
         D,
-    > TensorCollection<E, D> for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ, E, D>
+    > TensorCollection<E, D> for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ, E, D>
 where
     E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
     D: Device<E>,
@@ -57,7 +61,7 @@ where
     AQ: TensorCollection<E, D>,
 {
     type To<E2: Dtype, D2: Device<E2>> =
-        QConv2d<C_IN, C_OUT, K, S, P, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
+        QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
 
     fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
         visitor: &mut V,
@@ -69,7 +73,7 @@ where
                     |s| &s.weight,
                     |s| &mut s.weight,
                     TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(C_IN * K * K).unwrap_or(E::ONE).sqrt();
+                        let b: E = E::ONE / E::from_usize(CG * K * K).unwrap_or(E::ONE).sqrt();
                         t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
                     }),
                 ),
@@ -78,7 +82,7 @@ where
                     |s| &s.bias,
                     |s| &mut s.bias,
                     TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(C_IN * K * K).unwrap_or(E::ONE).sqrt();
+                        let b: E = E::ONE / E::from_usize(CG * K * K).unwrap_or(E::ONE).sqrt();
                         t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
                     }),
                 ),
@@ -103,12 +107,19 @@ where
     }
 }
 
-impl<const C_IN: usize, const C_OUT: usize, const K: usize, const S: usize, const P: usize>
-    QConv2d<C_IN, C_OUT, K, S, P>
+impl<
+        const C_IN: usize,
+        const C_OUT: usize,
+        const K: usize,
+        const S: usize,
+        const P: usize,
+        const G: usize,
+        const CG: usize,
+    > QConv2d<C_IN, C_OUT, K, S, P, G, CG>
 {
     /// Wraps a float convolution (weights copied) with unconfigured quantizers: until
     /// configured, the layer computes exactly what the float convolution does.
-    pub fn from_conv(conv: &Conv2d<C_IN, C_OUT, K, S, P, f32, Cpu>) -> Self {
+    pub fn from_conv(conv: &Conv2d<C_IN, C_OUT, K, S, P, G, CG, f32, Cpu>) -> Self {
         let dev = conv.weight.device();
         QConv2d {
             weight: conv.weight.clone(),
@@ -128,11 +139,13 @@ impl<
         const K: usize,
         const S: usize,
         const P: usize,
+        const G: usize,
+        const CG: usize,
         WQ: FakeQuantizer,
         AQ: FakeQuantizer,
         T: Tape<f32, Cpu> + Merge<T>,
     > Module<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
-    for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
+    for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
 {
     type Output = FeatureMaps<B, C_OUT, T>;
     type Error = QuantError;
@@ -141,7 +154,7 @@ impl<
         let x = self.input_quantizer.fake_quantize(x)?;
         let w = self.weights_quantizer.fake_quantize(self.weight.retaped::<T>())?;
         let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-        conv2d(x, w, bias, S, P)
+        conv2d_grouped(x, w, bias, S, P, G)
     }
 }
 
@@ -154,11 +167,13 @@ impl<
         const K: usize,
         const S: usize,
         const P: usize,
+        const G: usize,
+        const CG: usize,
         WQ: FakeQuantizer,
         AQ: FakeQuantizer,
         T: Tape<f32, Cpu> + Merge<T>,
     > ModuleMut<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
-    for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
+    for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
 {
     type Output = FeatureMaps<B, C_OUT, T>;
     type Error = QuantError;
@@ -173,7 +188,7 @@ impl<
             .weights_quantizer
             .fake_quantize_mut(self.weight.retaped::<T>())?;
         let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-        conv2d(x, w, bias, S, P)
+        conv2d_grouped(x, w, bias, S, P, G)
     }
 }
 
@@ -183,9 +198,11 @@ impl<
         const K: usize,
         const S: usize,
         const P: usize,
+        const G: usize,
+        const CG: usize,
         WQ: FakeQuantizer,
         AQ: FakeQuantizer,
-    > QuantizedModule for QConv2d<C_IN, C_OUT, K, S, P, WQ, AQ>
+    > QuantizedModule for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
 {
     fn visit_slots(
         &mut self,
@@ -218,7 +235,7 @@ impl<
             kernel: K,
             stride: S,
             padding: P,
-            groups: 1,
+            groups: G,
         };
         lower_weighted(
             name,

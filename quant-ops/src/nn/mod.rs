@@ -50,7 +50,7 @@ mod window;
 use dfdx::tensor::CpuError;
 use quant_core::QuantError;
 
-pub use conv::{conv2d, Conv2d};
+pub use conv::{conv2d, conv2d_grouped, Conv2d, DepthwiseConv2d};
 pub use flatten::{flatten, Flatten, ImageBatch};
 pub use pool::{avg_pool2d, max_pool2d, AvgPool2d, MaxPool2d};
 
@@ -66,7 +66,7 @@ pub type Features<B, const N: usize, T> =
 /// What to name in `dev.build_module::<M, f32>()`, like dfdx's `nn::builders`: the
 /// convolution's builder, and the zero-sized layers (which build themselves).
 pub mod builders {
-    pub use super::conv::builder::Conv2d;
+    pub use super::conv::builder::{Conv2d, DepthwiseConv2d};
     pub use super::flatten::Flatten;
     pub use super::pool::{AvgPool2d, MaxPool2d};
 }
