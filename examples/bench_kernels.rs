@@ -7,6 +7,10 @@
 //! cargo run --release --example bench_kernels -- 4194304 15 LSQ    # only kernels named *LSQ*
 //! ```
 //!
+//! A second table times the functions that return a `Vec` (fake quantization, and the LSQ
+//! forward + backward pair) against a `to_vec` of the same bytes, next to the same work into
+//! the caller's buffers.
+//!
 //! Every kernel writes into buffers allocated (and touched) once, before timing. The figure is
 //! the best of several runs in this process: the machine is shared, so the minimum is the
 //! least noisy estimate of what the code costs. All kernels are timed in three passes (best
@@ -19,8 +23,9 @@ use std::time::{Duration, Instant};
 
 use quant_core::kernels::{
     dequantize_into, fake_quantize_affine_backward_into, fake_quantize_affine_into,
-    fake_quantize_learnable_affine_backward_into, pact_backward_into, pact_forward_into,
-    quantize_into, PARALLEL_THRESHOLD,
+    fake_quantize_learnable_affine_backward_into,
+    fake_quantize_learnable_per_tensor_affine_backward, fake_quantize_per_tensor_affine,
+    pact_backward_into, pact_forward_into, quantize_into, PARALLEL_THRESHOLD,
 };
 use quant_core::{ChannelLayout, IntegerGrid, RoundingPolicy};
 use rayon::prelude::*;
@@ -347,35 +352,150 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             *tn = (*tn).min(all.install(|| best(runs, || (c.run)(&mut b))));
         }
     }
-    // Scaled to n elements: a per-channel shape may cover slightly fewer.
-    let rows = cases
-        .iter()
-        .zip(times)
-        .map(|(c, (t1, tn))| (c.name.clone(), t1, tn, n as f64 / c.numel as f64));
-    println!();
-    println!(
-        "{:<44} {:>10} {:>7} {:>10} {:>7}",
-        "", "1 thread", "ratio", "pool", "ratio"
-    );
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "{:<44} {:>8.3}ms {:>7.2} {:>8.3}ms {:>7.2}",
-        "memcpy",
-        ms(memcpy_1),
-        1.0,
-        ms(memcpy_n),
-        1.0
-    );
-    for (name, t1, tn, per_n) in rows {
+    if !cases.is_empty() {
+        // Scaled to n elements: a per-channel shape may cover slightly fewer.
+        let rows = cases
+            .iter()
+            .zip(times)
+            .map(|(c, (t1, tn))| (c.name.clone(), t1, tn, n as f64 / c.numel as f64));
+        println!();
+        println!(
+            "{:<44} {:>10} {:>7} {:>10} {:>7}",
+            "", "1 thread", "ratio", "pool", "ratio"
+        );
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
             "{:<44} {:>8.3}ms {:>7.2} {:>8.3}ms {:>7.2}",
-            name,
-            ms(t1),
-            t1.as_secs_f64() * per_n / memcpy_1.as_secs_f64(),
-            ms(tn),
-            tn.as_secs_f64() * per_n / memcpy_n.as_secs_f64()
+            "memcpy",
+            ms(memcpy_1),
+            1.0,
+            ms(memcpy_n),
+            1.0
         );
+        for (name, t1, tn, per_n) in rows {
+            println!(
+                "{:<44} {:>8.3}ms {:>7.2} {:>8.3}ms {:>7.2}",
+                name,
+                ms(t1),
+                t1.as_secs_f64() * per_n / memcpy_1.as_secs_f64(),
+                ms(tn),
+                tn.as_secs_f64() * per_n / memcpy_n.as_secs_f64()
+            );
+        }
     }
     black_box(&b.y);
+    allocating(&mut b, runs, &one, &filter);
     Ok(())
+}
+
+/// The functions that return a `Vec` against a `to_vec` of the same bytes (the least an
+/// allocating function can cost), next to the same work into buffers the caller owns, on one
+/// thread. The LSQ step is PyTorch's pair: the forward and the learnable backward.
+fn allocating(b: &mut Buffers, runs: usize, one: &rayon::ThreadPool, filter: &str) {
+    let (scale, zp, qmin, qmax) = (0.05f32, 3i32, -128, 127);
+    let n = b.x.len();
+    let g = 1.0 / ((n as f32) * qmax as f32).sqrt();
+    let per_tensor = ChannelLayout::per_tensor(n);
+    type Step = Box<dyn Fn(&mut Buffers) + Send + Sync>;
+    let cases: Vec<(&str, Step)> = vec![
+        (
+            "fake_quantize_per_tensor_affine (Vec)",
+            Box::new(move |b| {
+                let y = fake_quantize_per_tensor_affine(&b.x, scale, zp, qmin, qmax);
+                black_box(y.expect("valid parameters"));
+            }),
+        ),
+        (
+            "  the same into a buffer",
+            Box::new(move |b| {
+                fake_quantize_affine_into(
+                    &b.x,
+                    &mut b.y,
+                    per_tensor,
+                    &[scale],
+                    &[zp],
+                    qmin,
+                    qmax,
+                    RoundingPolicy::HalfEven,
+                )
+                .expect("valid parameters");
+            }),
+        ),
+        (
+            "LSQ forward + backward (Vecs)",
+            Box::new(move |b| {
+                let y = fake_quantize_per_tensor_affine(&b.x, scale, zp, qmin, qmax);
+                let grads = fake_quantize_learnable_per_tensor_affine_backward(
+                    &b.x, &b.dy, scale, zp as f32, qmin, qmax, g,
+                );
+                black_box((y.expect("valid"), grads.expect("valid")));
+            }),
+        ),
+        (
+            "  the same into buffers",
+            Box::new(move |b| {
+                fake_quantize_affine_into(
+                    &b.x,
+                    &mut b.y,
+                    per_tensor,
+                    &[scale],
+                    &[zp],
+                    qmin,
+                    qmax,
+                    RoundingPolicy::HalfEven,
+                )
+                .expect("valid parameters");
+                let (mut ds, mut dz) = ([0.0], [0.0]);
+                fake_quantize_learnable_affine_backward_into(
+                    &b.x,
+                    &b.dy,
+                    &mut b.dx,
+                    per_tensor,
+                    &[scale],
+                    &[zp as f32],
+                    qmin,
+                    qmax,
+                    g,
+                    RoundingPolicy::HalfEven,
+                    &mut ds,
+                    &mut dz,
+                )
+                .expect("valid parameters");
+                black_box((ds, dz));
+            }),
+        ),
+    ];
+    let cases: Vec<_> = cases
+        .into_iter()
+        .filter(|(name, _)| name.contains(filter) || filter.is_empty())
+        .collect();
+    if cases.is_empty() {
+        return;
+    }
+    let to_vec = |b: &mut Buffers| {
+        black_box(black_box(&b.x).to_vec());
+    };
+    let mut reference = Duration::MAX;
+    let mut times = vec![Duration::MAX; cases.len()];
+    for _ in 0..3 {
+        for ((_, run), t) in cases.iter().zip(times.iter_mut()) {
+            reference = reference.min(one.install(|| best(runs, || to_vec(b))));
+            *t = (*t).min(one.install(|| best(runs, || run(b))));
+        }
+    }
+    println!();
+    println!(
+        "{:<44} {:>10} {:>7}   (allocating functions; ratio: time / to_vec time, 1 thread)",
+        "", "1 thread", "ratio"
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("{:<44} {:>8.3}ms {:>7.2}", "x.to_vec()", ms(reference), 1.0);
+    for ((name, _), t) in cases.iter().zip(times) {
+        println!(
+            "{:<44} {:>8.3}ms {:>7.2}",
+            name,
+            ms(t),
+            t.as_secs_f64() / reference.as_secs_f64()
+        );
+    }
 }

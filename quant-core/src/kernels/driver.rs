@@ -8,6 +8,8 @@
 //! rows with per-element constants. Element-wise maps implement the simpler [`Map`] once,
 //! generic over where their constants come from ([`Constants`]).
 
+use std::mem::MaybeUninit;
+
 use rayon::prelude::*;
 
 use super::params::Affine;
@@ -111,6 +113,76 @@ impl<S: Streams> Iterator for Chunks<S> {
         self.rest = Some(tail);
         Some(head)
     }
+}
+
+/// Where an element-wise result goes: into a caller's buffer (`f32`), or into fresh storage
+/// (`MaybeUninit<f32>`, written once and never read, so an allocating function need not zero
+/// its output first).
+pub(super) trait Out: Send {
+    fn set(&mut self, v: f32);
+}
+
+impl Out for f32 {
+    #[inline(always)]
+    fn set(&mut self, v: f32) {
+        *self = v;
+    }
+}
+
+impl Out for MaybeUninit<f32> {
+    #[inline(always)]
+    fn set(&mut self, v: f32) {
+        self.write(v);
+    }
+}
+
+/// Where a gradient goes: added into a caller's buffer (`f32`), or written into fresh storage
+/// (`MaybeUninit<f32>`) as `0.0 + v`, bit for bit what zeroing it first and adding gives
+/// (`-0.0` becomes `+0.0`).
+pub(super) trait GradOut: Send {
+    /// Whether the buffer holds values to add to (`false`: fresh storage, never read).
+    const ACCUMULATE: bool;
+    fn add(&mut self, v: f32);
+    /// For an element that adds nothing (`add(0.0)` would turn a caller's `-0.0` into `+0.0`).
+    fn add_nothing(&mut self);
+}
+
+impl GradOut for f32 {
+    const ACCUMULATE: bool = true;
+    #[inline(always)]
+    fn add(&mut self, v: f32) {
+        *self += v;
+    }
+    #[inline(always)]
+    fn add_nothing(&mut self) {}
+}
+
+impl GradOut for MaybeUninit<f32> {
+    const ACCUMULATE: bool = false;
+    #[inline(always)]
+    fn add(&mut self, v: f32) {
+        self.write(0.0 + v);
+    }
+    #[inline(always)]
+    fn add_nothing(&mut self) {
+        self.write(0.0);
+    }
+}
+
+/// A vector of `len` values that `fill` writes, without zeroing it first.
+///
+/// `fill` must write every element of the slice it is given whenever it returns `Ok` (the
+/// drivers write each element of their output once); on `Err` the storage is dropped unread.
+pub(super) fn uninit_vec<E>(
+    len: usize,
+    fill: impl FnOnce(&mut [MaybeUninit<f32>]) -> Result<(), E>,
+) -> Result<Vec<f32>, E> {
+    let mut v = Vec::with_capacity(len);
+    fill(&mut v.spare_capacity_mut()[..len])?;
+    // SAFETY: the capacity is at least `len`, and `fill` initialised elements `0..len` (its
+    // contract above).
+    unsafe { v.set_len(len) };
+    Ok(v)
 }
 
 /// Where a kernel's constants come from: one set for a whole span ([`Affine`]), or one set per

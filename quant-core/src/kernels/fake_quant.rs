@@ -3,7 +3,7 @@
 
 use std::marker::PhantomData;
 
-use super::driver::{drive, Constants, Map, Walk};
+use super::driver::{drive, uninit_vec, Constants, Map, Out, Walk};
 use super::params::{affines, check_len, fast_path, Affine};
 use super::round::{clamp, Round};
 use super::torch::Torch;
@@ -14,22 +14,22 @@ use crate::vocab::RoundingPolicy;
 /// `y = R(clamp(x * (1/s), lo, hi)) * s`.
 struct FakeQuant<R>(PhantomData<R>);
 
-impl<R: Round> Map<(&[f32], &mut [f32])> for FakeQuant<R> {
+impl<R: Round, O: Out> Map<(&[f32], &mut [O])> for FakeQuant<R> {
     #[inline(always)]
-    fn map<C: Constants>(&self, (x, y): (&[f32], &mut [f32]), c: &C) {
+    fn map<C: Constants>(&self, (x, y): (&[f32], &mut [O]), c: &C) {
         let n = x.len().min(y.len());
         let (x, y, c) = (&x[..n], &mut y[..n], c.prefix(n));
         for i in 0..n {
             let p = c.at(i);
-            y[i] = R::round(clamp(x[i] * p.inv, p.lo, p.hi)) * p.scale;
+            y[i].set(R::round(clamp(x[i] * p.inv, p.lo, p.hi)) * p.scale);
         }
     }
 }
 
 /// The exact path for grids too wide for the fast rounding.
-fn fq_slow(x: &[f32], y: &mut [f32], layout: ChannelLayout, params: &[Affine], torch: Torch) {
+fn fq_slow<O: Out>(x: &[f32], y: &mut [O], layout: ChannelLayout, params: &[Affine], torch: Torch) {
     for (i, (yi, xi)) in y.iter_mut().zip(x).enumerate() {
-        *yi = torch.forward(*xi, &params[layout.channel_of(i)]).0;
+        yi.set(torch.forward(*xi, &params[layout.channel_of(i)]).0);
     }
 }
 
@@ -52,17 +52,18 @@ pub fn fake_quantize_per_tensor_affine(
     quant_min: i32,
     quant_max: i32,
 ) -> Result<Vec<f32>> {
-    let mut y = vec![0.0; x.len()];
-    fake_quantize_per_tensor_affine_into(
-        x,
-        &mut y,
-        scale,
-        zero_point,
-        quant_min,
-        quant_max,
-        RoundingPolicy::HalfEven,
-    )?;
-    Ok(y)
+    uninit_vec(x.len(), |y| {
+        fake_quantize_to(
+            x,
+            y,
+            ChannelLayout::per_tensor(x.len()),
+            &[scale],
+            &[zero_point],
+            quant_min,
+            quant_max,
+            RoundingPolicy::HalfEven,
+        )
+    })
 }
 
 /// [`fake_quantize_per_tensor_affine`] into `y`, with any rounding policy.
@@ -114,18 +115,18 @@ pub fn fake_quantize_per_channel_affine(
     quant_max: i32,
 ) -> Result<Vec<f32>> {
     let layout = ChannelLayout::new(shape, Some(axis))?;
-    let mut y = vec![0.0; x.len()];
-    fake_quantize_affine_into(
-        x,
-        &mut y,
-        layout,
-        scales,
-        zero_points,
-        quant_min,
-        quant_max,
-        RoundingPolicy::HalfEven,
-    )?;
-    Ok(y)
+    uninit_vec(x.len(), |y| {
+        fake_quantize_to(
+            x,
+            y,
+            layout,
+            scales,
+            zero_points,
+            quant_min,
+            quant_max,
+            RoundingPolicy::HalfEven,
+        )
+    })
 }
 
 /// Fake quantization into `y` for any layout (one channel = per tensor) and rounding policy.
@@ -136,6 +137,31 @@ pub fn fake_quantize_per_channel_affine(
 pub fn fake_quantize_affine_into(
     x: &[f32],
     y: &mut [f32],
+    layout: ChannelLayout,
+    scales: &[f32],
+    zero_points: &[i32],
+    quant_min: i32,
+    quant_max: i32,
+    rounding: RoundingPolicy,
+) -> Result<()> {
+    fake_quantize_to(
+        x,
+        y,
+        layout,
+        scales,
+        zero_points,
+        quant_min,
+        quant_max,
+        rounding,
+    )
+}
+
+/// [`fake_quantize_affine_into`] into a caller's buffer or fresh storage: on `Ok`, every
+/// element of `y` is written.
+#[allow(clippy::too_many_arguments)]
+fn fake_quantize_to<O: Out>(
+    x: &[f32],
+    y: &mut [O],
     layout: ChannelLayout,
     scales: &[f32],
     zero_points: &[i32],

@@ -6,7 +6,8 @@ use std::marker::PhantomData;
 #[cfg(target_arch = "x86_64")]
 use super::driver::use_avx2;
 use super::driver::{
-    drive, reduce_blocks, Constants, ElementKernel, Expanded, Sums, Walk, BLOCK, CHUNK, LANES,
+    drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Sums, Walk,
+    BLOCK, CHUNK, LANES,
 };
 use super::params::{affines, check_len, check_range, fast_path, Affine};
 use super::round::{clamp, Round};
@@ -79,7 +80,7 @@ fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums
 
 /// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
 #[inline(always)]
-fn lsq_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) -> LsqSums {
+fn lsq_span<R: Round, O: GradOut>(x: &[f32], dy: &[f32], dx: &mut [O], p: &Affine) -> LsqSums {
     let n = x.len().min(dy.len()).min(dx.len());
     let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
     let mut ds_wide = [0f64; LANES];
@@ -103,7 +104,7 @@ fn lsq_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) -> LsqS
         // paths give the same bits.
         for ((x, dy), g) in x[whole..].iter().zip(&dy[whole..]).zip(&mut dx[whole..]) {
             let t = lsq_terms::<R>(*x, *dy, p);
-            *g += t.dx;
+            g.add(t.dx);
             sums.dscale += t.ds as f64;
             sums.dzero += t.dz as f64;
         }
@@ -126,7 +127,7 @@ fn lsq_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) -> LsqS
         // Phase 1, element-wise: the input gradient, and each element's terms.
         for i in 0..m {
             let t = lsq_terms::<R>(x[i], dy[i], p);
-            g[i] += t.dx;
+            g[i].add(t.dx);
             ts[i] = t.ds;
             tz[i] = t.dz;
         }
@@ -151,12 +152,13 @@ fn lsq_span<R: Round>(x: &[f32], dy: &[f32], dx: &mut [f32], p: &Affine) -> LsqS
 /// Hand-written AVX2 kernels, where LLVM's vectoriser needs help.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Affine, BLOCK, LANES};
+    use super::{Affine, GradOut, BLOCK, LANES};
     use crate::kernels::round::MAGIC;
     use std::arch::x86_64::*;
 
     /// [`super::lsq_terms`] with round half to even, over whole blocks of [`BLOCK`] elements,
-    /// 8 lanes at a time, in one pass (the portable code needs two): adds into `dx`, and each
+    /// 8 lanes at a time, in one pass (the portable code needs two): adds into `dx` (see
+    /// [`GradOut`]), and each
     /// block's sums, in `f32` lanes over its 4 vectors, into the `f64` lanes of `ds`, `dz`.
     /// Lane for lane the same operations, in the same order, as the portable code.
     ///
@@ -164,16 +166,18 @@ mod avx2 {
     /// The CPU must support AVX2. `x`, `dy` and `dx` must have the same length, a multiple of
     /// [`BLOCK`].
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn lsq_blocks_half_even(
+    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut>(
         x: &[f32],
         dy: &[f32],
-        dx: &mut [f32],
+        dx: &mut [O],
         p: &Affine,
         ds: &mut [f64; LANES],
         dz: &mut [f64; LANES],
     ) {
         let n = x.len().min(dy.len()).min(dx.len());
-        let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr());
+        // `O` is `f32` or `MaybeUninit<f32>`, laid out as an `f32`. Fresh storage is only
+        // written, never read.
+        let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr() as *mut f32);
         let inv = _mm256_set1_ps(p.inv);
         let zp = _mm256_set1_ps(p.zero_point);
         let scale = _mm256_set1_ps(p.scale);
@@ -205,7 +209,12 @@ mod avx2 {
                 let term = _mm256_blendv_ps(k, t_in, inside);
                 s_acc = _mm256_add_ps(s_acc, _mm256_mul_ps(dyv, term));
                 z_acc = _mm256_add_ps(z_acc, _mm256_andnot_ps(inside, dyv));
-                let g = _mm256_add_ps(_mm256_loadu_ps(gp.add(i)), _mm256_and_ps(inside, dyv));
+                let before = if O::ACCUMULATE {
+                    _mm256_loadu_ps(gp.add(i))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                let g = _mm256_add_ps(before, _mm256_and_ps(inside, dyv));
                 _mm256_storeu_ps(gp.add(i), g);
                 i += 8;
             }
@@ -226,10 +235,10 @@ mod avx2 {
 /// a sum per channel, whose dependency chain cost more than the kernel), which are summed per
 /// channel once at the end. The same error bound as the lanes of [`lsq_span`].
 #[inline(always)]
-fn lsq_periods<R: Round>(
+fn lsq_periods<R: Round, O: GradOut>(
     x: &[f32],
     dy: &[f32],
-    dx: &mut [f32],
+    dx: &mut [O],
     e: &Expanded,
     sums: &mut [LsqSums],
 ) {
@@ -258,7 +267,7 @@ fn lsq_periods<R: Round>(
         let (acc_sn, acc_zn) = (&mut acc_s[..n], &mut acc_z[..n]);
         for i in 0..n {
             let t = lsq_terms::<R>(x[i], dy[i], &c.at(i));
-            g[i] += t.dx;
+            g[i].add(t.dx);
             acc_sn[i] += t.ds;
             acc_zn[i] += t.dz;
         }
@@ -300,28 +309,23 @@ fn lsq_periods<R: Round>(
 /// scale and zero-point gradient terms per channel.
 struct Lsq<R>(PhantomData<R>);
 
-impl<R: Round> ElementKernel<(&[f32], &[f32], &mut [f32])> for Lsq<R> {
+impl<R: Round, O: GradOut> ElementKernel<(&[f32], &[f32], &mut [O])> for Lsq<R> {
     type Sums = LsqSums;
     #[inline(always)]
-    fn span(&self, (x, dy, dx): (&[f32], &[f32], &mut [f32]), p: &Affine) -> LsqSums {
-        lsq_span::<R>(x, dy, dx, p)
+    fn span(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), p: &Affine) -> LsqSums {
+        lsq_span::<R, O>(x, dy, dx, p)
     }
     #[inline(always)]
-    fn periods(
-        &self,
-        (x, dy, dx): (&[f32], &[f32], &mut [f32]),
-        e: &Expanded,
-        sums: &mut [LsqSums],
-    ) {
-        lsq_periods::<R>(x, dy, dx, e, sums)
+    fn periods(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), e: &Expanded, sums: &mut [LsqSums]) {
+        lsq_periods::<R, O>(x, dy, dx, e, sums)
     }
 }
 
 /// The exact path for grids too wide for the fast rounding.
-fn lsq_slow(
+fn lsq_slow<O: GradOut>(
     x: &[f32],
     dy: &[f32],
-    dx: &mut [f32],
+    dx: &mut [O],
     layout: ChannelLayout,
     params: &[Affine],
     torch: Torch,
@@ -329,10 +333,13 @@ fn lsq_slow(
     let mut sums = vec![LsqSums::default(); layout.channels];
     for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
         let c = layout.channel_of(i);
-        if let Some((inside, ds, dz)) = torch.lsq(*xi, &params[c]) {
-            *g += if inside { *dyi } else { 0.0 };
-            sums[c].dscale += (*dyi * ds) as f64;
-            sums[c].dzero += (*dyi * dz) as f64;
+        match torch.lsq(*xi, &params[c]) {
+            Some((inside, ds, dz)) => {
+                g.add(if inside { *dyi } else { 0.0 });
+                sums[c].dscale += (*dyi * ds) as f64;
+                sums[c].dzero += (*dyi * dz) as f64;
+            }
+            None => g.add_nothing(),
         }
     }
     sums
@@ -389,23 +396,24 @@ pub fn fake_quantize_learnable_per_tensor_affine_backward(
     quant_max: i32,
     grad_factor: f32,
 ) -> Result<(Vec<f32>, f32, f32)> {
-    let mut dx = vec![0.0; x.len()];
     let mut ds = [0.0];
     let mut dz = [0.0];
-    fake_quantize_learnable_affine_backward_into(
-        x,
-        dy,
-        &mut dx,
-        ChannelLayout::per_tensor(x.len()),
-        &[scale],
-        &[zero_point],
-        quant_min,
-        quant_max,
-        grad_factor,
-        RoundingPolicy::HalfEven,
-        &mut ds,
-        &mut dz,
-    )?;
+    let dx = uninit_vec(x.len(), |dx| {
+        lsq_backward_to(
+            x,
+            dy,
+            dx,
+            ChannelLayout::per_tensor(x.len()),
+            &[scale],
+            &[zero_point],
+            quant_min,
+            quant_max,
+            grad_factor,
+            RoundingPolicy::HalfEven,
+            &mut ds,
+            &mut dz,
+        )
+    })?;
     Ok((dx, ds[0], dz[0]))
 }
 
@@ -421,6 +429,39 @@ pub fn fake_quantize_learnable_affine_backward_into(
     x: &[f32],
     dy: &[f32],
     dx: &mut [f32],
+    layout: ChannelLayout,
+    scales: &[f32],
+    zero_points: &[f32],
+    quant_min: i32,
+    quant_max: i32,
+    grad_factor: f32,
+    rounding: RoundingPolicy,
+    dscales: &mut [f32],
+    dzero_points: &mut [f32],
+) -> Result<()> {
+    lsq_backward_to(
+        x,
+        dy,
+        dx,
+        layout,
+        scales,
+        zero_points,
+        quant_min,
+        quant_max,
+        grad_factor,
+        rounding,
+        dscales,
+        dzero_points,
+    )
+}
+
+/// [`fake_quantize_learnable_affine_backward_into`] into a caller's buffer or fresh storage:
+/// on `Ok`, every element of `dx` is written.
+#[allow(clippy::too_many_arguments)]
+fn lsq_backward_to<O: GradOut>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [O],
     layout: ChannelLayout,
     scales: &[f32],
     zero_points: &[f32],

@@ -676,3 +676,81 @@ fn narrow_codes_dequantize_exactly_with_any_zero_point() {
     .unwrap();
     assert_eq!(y, [2_147_483_655.0f32, 2_147_483_645.0f32]);
 }
+
+#[test]
+fn allocating_forms_equal_the_into_forms_bit_for_bit() {
+    // Fresh storage is written, never zeroed first: the values must still be exactly what a
+    // zeroed buffer plus the `_into` forms give, on the fast and the wide (slow) grids, with
+    // NaN inputs and -0.0 gradients (which a zeroed buffer turns into +0.0).
+    let mut x = inputs(PARALLEL_THRESHOLD + 333, 0.5, 41);
+    x[5] = f32::NAN;
+    x[6] = f32::INFINITY;
+    let mut dy = inputs(x.len(), 0.01, 43);
+    dy[7] = -0.0;
+    dy[8] = -0.0;
+    x[8] = 1e9; // outside the grid: its gradient is 0.0 + 0.0
+    both_levels(|level| {
+        for (qmin, qmax, z) in [(-128, 127, 3), (i32::MIN, i32::MAX, 5)] {
+            let y = fake_quantize_per_tensor_affine(&x, 0.5, z, qmin, qmax).unwrap();
+            let mut y_into = vec![0.0; x.len()];
+            fake_quantize_per_tensor_affine_into(
+                &x,
+                &mut y_into,
+                0.5,
+                z,
+                qmin,
+                qmax,
+                RoundingPolicy::HalfEven,
+            )
+            .unwrap();
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&y), bits(&y_into), "{level} forward [{qmin}, {qmax}]");
+
+            let (dx, ds, dz) = fake_quantize_learnable_per_tensor_affine_backward(
+                &x, &dy, 0.5, z as f32, qmin, qmax, 0.01,
+            )
+            .unwrap();
+            let mut dx_into = vec![0.0; x.len()];
+            let (mut ds_into, mut dz_into) = ([0.0], [0.0]);
+            fake_quantize_learnable_affine_backward_into(
+                &x,
+                &dy,
+                &mut dx_into,
+                ChannelLayout::per_tensor(x.len()),
+                &[0.5],
+                &[z as f32],
+                qmin,
+                qmax,
+                0.01,
+                RoundingPolicy::HalfEven,
+                &mut ds_into,
+                &mut dz_into,
+            )
+            .unwrap();
+            assert_eq!(bits(&dx), bits(&dx_into), "{level} LSQ dx [{qmin}, {qmax}]");
+            assert_eq!(dx[8].to_bits(), 0.0f32.to_bits());
+            assert_eq!(
+                (ds.to_bits(), dz.to_bits()),
+                (ds_into[0].to_bits(), dz_into[0].to_bits())
+            );
+        }
+        let shape = [3usize, 70, 5];
+        let (scales, zps) = params(70);
+        let x = inputs(3 * 70 * 5, 0.5, 47);
+        let y = fake_quantize_per_channel_affine(&x, &shape, 1, &scales, &zps, -8, 7).unwrap();
+        let mut y_into = vec![0.0; x.len()];
+        let layout = ChannelLayout::new(&shape, Some(1)).unwrap();
+        fake_quantize_affine_into(
+            &x,
+            &mut y_into,
+            layout,
+            &scales,
+            &zps,
+            -8,
+            7,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        assert_eq!(y, y_into, "{level} per channel");
+    });
+}
