@@ -112,8 +112,8 @@ impl<T: QuantInt> Map<(&[T], &mut [f32])> for Dequantize {
 /// stored as `T`.
 ///
 /// # Errors
-/// See [`fake_quantize_affine_into`](super::fake_quantize_affine_into); also a grid that does not fit `T`, or a NaN in `x`
-/// (the index of the first one is reported).
+/// See [`fake_quantize_affine_into`](super::fake_quantize_affine_into); also a grid that does
+/// not fit `T`, or a NaN in `x` (the index of the first one is reported).
 #[allow(clippy::too_many_arguments)]
 pub fn quantize_into<T: QuantInt>(
     x: &[f32],
@@ -161,7 +161,9 @@ pub fn quantize_into<T: QuantInt>(
     }
     if fast_path(&params, quant_min, quant_max) {
         let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => drive(&Quantize::<R>(PhantomData), (x, q), &walk, layout.channels));
+        with_rounding!(rounding, R => {
+            drive(&Quantize::<R>(PhantomData), (x, q), &walk, layout.channels)
+        });
     } else {
         for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
             let p = &params[layout.channel_of(i)];

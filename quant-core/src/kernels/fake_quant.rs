@@ -177,7 +177,9 @@ fn fake_quantize_to<O: Out>(
     }
     if fast_path(&params, quant_min, quant_max) {
         let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => drive(&FakeQuant::<R>(PhantomData), (x, y), &walk, layout.channels));
+        with_rounding!(rounding, R => {
+            drive(&FakeQuant::<R>(PhantomData), (x, y), &walk, layout.channels)
+        });
     } else {
         fq_slow(
             x,

@@ -495,7 +495,9 @@ fn lsq_backward_to<O: GradOut>(
     }
     let sums = if fast_path(&params, quant_min, quant_max) {
         let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => drive(&Lsq::<R>(PhantomData), (x, dy, dx), &walk, layout.channels))
+        with_rounding!(rounding, R => {
+            drive(&Lsq::<R>(PhantomData), (x, dy, dx), &walk, layout.channels)
+        })
     } else {
         lsq_slow(
             x,

@@ -5,10 +5,10 @@
 //! the same arguments in the same order and agree with PyTorch's CPU kernels bit for bit in
 //! the forward pass: `q = round_half_even(x * (1/scale)) + zero_point`,
 //! `y = (clamp(q, quant_min, quant_max) - zero_point) * scale`, in `f32`.
-//! The `_into` variants write into a caller's buffer, take a [`RoundingPolicy`] and a
-//! [`ChannelLayout`], and are what the dfdx ops use. `quant-core/tests/pytorch_reference.rs`
-//! checks all of this against vectors that real PyTorch produced
-//! (`tools/gen_pytorch_fixtures.py`).
+//! The `_into` variants write into a caller's buffer, take a
+//! [`RoundingPolicy`](crate::RoundingPolicy) and a [`ChannelLayout`](crate::ChannelLayout), and
+//! are what the dfdx ops use. `quant-core/tests/pytorch_reference.rs` checks all of this
+//! against vectors that real PyTorch produced (`tools/gen_pytorch_fixtures.py`).
 //!
 //! # PyTorch's LSQ backward
 //! PyTorch's learnable (LSQ) backward rounds `x * (1/scale) + zero_point`, where its forward

@@ -24,7 +24,8 @@ impl<R: Round> Map<(&[f32], &[f32], &mut [f32])> for Ste<R> {
             // made the whole loop several times slower on AMD.
             let d = dy[i];
             // Not clamped first: beyond 2^22 the fast rounding is off by a little, but such a
-            // value stays far outside the grid (which is what the mask asks), and ±Inf stays ±Inf.
+            // value stays far outside the grid (which is what the mask asks), and ±Inf stays
+            // ±Inf.
             let r = R::round(x[i] * p.inv);
             // `r` is on the grid iff clamping it changes nothing (NaN compares unequal: mask 0).
             dx[i] += if r == clamp(r, p.lo, p.hi) { d } else { 0.0 };
@@ -59,7 +60,9 @@ pub fn fake_quantize_affine_backward_into(
     }
     if fast_path(&params, quant_min, quant_max) {
         let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => drive(&Ste::<R>(PhantomData), (x, dy, dx), &walk, layout.channels));
+        with_rounding!(rounding, R => {
+            drive(&Ste::<R>(PhantomData), (x, dy, dx), &walk, layout.channels)
+        });
     } else {
         let torch = Torch::new(layout, quant_min, quant_max, rounding);
         for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
