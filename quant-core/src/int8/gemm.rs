@@ -49,9 +49,9 @@ pub struct PackedMatrix {
     lanes: usize,
     /// Fan-in groups per channel (`k` rounded up to the form's group).
     groups: usize,
-    /// The codes: `i16` for `Rows` and `Pairs`, `i8` bytes for `Quads` (as `i16` pairs of
-    /// bytes would waste the cache, they are stored in `bytes`).
+    /// The codes of `Rows` and `Pairs` (the other one stays empty).
     wide: Vec<i16>,
+    /// The codes of `Quads`.
     bytes: Vec<i8>,
     row_sums: Vec<i32>,
 }
