@@ -7,6 +7,15 @@
 //! cargo run --release --example bench_kernels -- 4194304 15 LSQ    # only kernels named *LSQ*
 //! ```
 //!
+//! The int8 tables time `quant_core::int8` on one thread, on every instruction-set path this
+//! CPU has: `gemm_u8` against dfdx's `f32` matmul of the same shape (the digits MLP's layers at
+//! batch 64 and 360, and a CNN's im2col rows), and requantization against a memcpy of the
+//! accumulators. `-- 0 0 int8` runs only those.
+//!
+//! A second table times the functions that return a `Vec` (fake quantization, and the LSQ
+//! forward + backward pair) against a `to_vec` of the same bytes, next to the same work into
+//! the caller's buffers.
+//!
 //! Every kernel writes into buffers allocated (and touched) once, before timing. The figure is
 //! the best of several runs in this process: the machine is shared, so the minimum is the
 //! least noisy estimate of what the code costs. All kernels are timed in three passes (best
@@ -17,10 +26,12 @@
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
+use quant_core::int8::{fixed_point_multiplier, gemm_u8, Isa, PackedMatrix, Requantizer};
 use quant_core::kernels::{
     dequantize_into, fake_quantize_affine_backward_into, fake_quantize_affine_into,
-    fake_quantize_learnable_affine_backward_into, pact_backward_into, pact_forward_into,
-    quantize_into, PARALLEL_THRESHOLD,
+    fake_quantize_learnable_affine_backward_into,
+    fake_quantize_learnable_per_tensor_affine_backward, fake_quantize_per_tensor_affine,
+    pact_backward_into, pact_forward_into, quantize_into, PARALLEL_THRESHOLD,
 };
 use quant_core::{ChannelLayout, IntegerGrid, RoundingPolicy};
 use rayon::prelude::*;
@@ -347,35 +358,383 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             *tn = (*tn).min(all.install(|| best(runs, || (c.run)(&mut b))));
         }
     }
-    // Scaled to n elements: a per-channel shape may cover slightly fewer.
-    let rows = cases
-        .iter()
-        .zip(times)
-        .map(|(c, (t1, tn))| (c.name.clone(), t1, tn, n as f64 / c.numel as f64));
-    println!();
-    println!(
-        "{:<44} {:>10} {:>7} {:>10} {:>7}",
-        "", "1 thread", "ratio", "pool", "ratio"
-    );
-    let ms = |d: Duration| d.as_secs_f64() * 1e3;
-    println!(
-        "{:<44} {:>8.3}ms {:>7.2} {:>8.3}ms {:>7.2}",
-        "memcpy",
-        ms(memcpy_1),
-        1.0,
-        ms(memcpy_n),
-        1.0
-    );
-    for (name, t1, tn, per_n) in rows {
+    if !cases.is_empty() {
+        // Scaled to n elements: a per-channel shape may cover slightly fewer.
+        let rows = cases
+            .iter()
+            .zip(times)
+            .map(|(c, (t1, tn))| (c.name.clone(), t1, tn, n as f64 / c.numel as f64));
+        println!();
+        println!(
+            "{:<44} {:>10} {:>7} {:>10} {:>7}",
+            "", "1 thread", "ratio", "pool", "ratio"
+        );
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
             "{:<44} {:>8.3}ms {:>7.2} {:>8.3}ms {:>7.2}",
-            name,
-            ms(t1),
-            t1.as_secs_f64() * per_n / memcpy_1.as_secs_f64(),
-            ms(tn),
-            tn.as_secs_f64() * per_n / memcpy_n.as_secs_f64()
+            "memcpy",
+            ms(memcpy_1),
+            1.0,
+            ms(memcpy_n),
+            1.0
         );
+        for (name, t1, tn, per_n) in rows {
+            println!(
+                "{:<44} {:>8.3}ms {:>7.2} {:>8.3}ms {:>7.2}",
+                name,
+                ms(t1),
+                t1.as_secs_f64() * per_n / memcpy_1.as_secs_f64(),
+                ms(tn),
+                tn.as_secs_f64() * per_n / memcpy_n.as_secs_f64()
+            );
+        }
     }
     black_box(&b.y);
+    allocating(&mut b, runs, &one, &filter);
+    if "int8 gemm requantize".contains(filter.as_str()) {
+        one.install(int8);
+        int8_threads(&one, &all);
+    }
     Ok(())
+}
+
+/// The functions that return a `Vec` against a `to_vec` of the same bytes (the least an
+/// allocating function can cost), next to the same work into buffers the caller owns, on one
+/// thread. The LSQ step is PyTorch's pair: the forward and the learnable backward.
+fn allocating(b: &mut Buffers, runs: usize, one: &rayon::ThreadPool, filter: &str) {
+    let (scale, zp, qmin, qmax) = (0.05f32, 3i32, -128, 127);
+    let n = b.x.len();
+    let g = 1.0 / ((n as f32) * qmax as f32).sqrt();
+    let per_tensor = ChannelLayout::per_tensor(n);
+    type Step = Box<dyn Fn(&mut Buffers) + Send + Sync>;
+    let cases: Vec<(&str, Step)> = vec![
+        (
+            "fake_quantize_per_tensor_affine (Vec)",
+            Box::new(move |b| {
+                let y = fake_quantize_per_tensor_affine(&b.x, scale, zp, qmin, qmax);
+                black_box(y.expect("valid parameters"));
+            }),
+        ),
+        (
+            "  the same into a buffer",
+            Box::new(move |b| {
+                fake_quantize_affine_into(
+                    &b.x,
+                    &mut b.y,
+                    per_tensor,
+                    &[scale],
+                    &[zp],
+                    qmin,
+                    qmax,
+                    RoundingPolicy::HalfEven,
+                )
+                .expect("valid parameters");
+            }),
+        ),
+        (
+            "LSQ forward + backward (Vecs)",
+            Box::new(move |b| {
+                let y = fake_quantize_per_tensor_affine(&b.x, scale, zp, qmin, qmax);
+                let grads = fake_quantize_learnable_per_tensor_affine_backward(
+                    &b.x, &b.dy, scale, zp as f32, qmin, qmax, g,
+                );
+                black_box((y.expect("valid"), grads.expect("valid")));
+            }),
+        ),
+        (
+            "  the same into buffers",
+            Box::new(move |b| {
+                fake_quantize_affine_into(
+                    &b.x,
+                    &mut b.y,
+                    per_tensor,
+                    &[scale],
+                    &[zp],
+                    qmin,
+                    qmax,
+                    RoundingPolicy::HalfEven,
+                )
+                .expect("valid parameters");
+                let (mut ds, mut dz) = ([0.0], [0.0]);
+                fake_quantize_learnable_affine_backward_into(
+                    &b.x,
+                    &b.dy,
+                    &mut b.dx,
+                    per_tensor,
+                    &[scale],
+                    &[zp as f32],
+                    qmin,
+                    qmax,
+                    g,
+                    RoundingPolicy::HalfEven,
+                    &mut ds,
+                    &mut dz,
+                )
+                .expect("valid parameters");
+                black_box((ds, dz));
+            }),
+        ),
+    ];
+    let cases: Vec<_> = cases
+        .into_iter()
+        .filter(|(name, _)| name.contains(filter) || filter.is_empty())
+        .collect();
+    if cases.is_empty() {
+        return;
+    }
+    let to_vec = |b: &mut Buffers| {
+        black_box(black_box(&b.x).to_vec());
+    };
+    let mut reference = Duration::MAX;
+    let mut times = vec![Duration::MAX; cases.len()];
+    for _ in 0..3 {
+        for ((_, run), t) in cases.iter().zip(times.iter_mut()) {
+            reference = reference.min(one.install(|| best(runs, || to_vec(b))));
+            *t = (*t).min(one.install(|| best(runs, || run(b))));
+        }
+    }
+    println!();
+    println!(
+        "{:<44} {:>10} {:>7}   (allocating functions; ratio: time / to_vec time, 1 thread)",
+        "", "1 thread", "ratio"
+    );
+    let ms = |d: Duration| d.as_secs_f64() * 1e3;
+    println!("{:<44} {:>8.3}ms {:>7.2}", "x.to_vec()", ms(reference), 1.0);
+    for ((name, _), t) in cases.iter().zip(times) {
+        println!(
+            "{:<44} {:>8.3}ms {:>7.2}",
+            name,
+            ms(t),
+            t.as_secs_f64() / reference.as_secs_f64()
+        );
+    }
+}
+
+/// Best wall time of `f` over at least 10 calls and about `budget`, after one warm-up call.
+fn best_within(budget: Duration, mut f: impl FnMut()) -> Duration {
+    f();
+    let start = Instant::now();
+    let mut best = Duration::MAX;
+    let mut calls = 0;
+    while calls < 10 || (start.elapsed() < budget && calls < 100_000) {
+        let t = Instant::now();
+        f();
+        best = best.min(t.elapsed());
+        calls += 1;
+    }
+    best
+}
+
+/// Deterministic codes in `[lo, hi]`.
+fn codes(len: usize, seed: u64, lo: i32, hi: i32) -> Vec<i32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            lo + ((s >> 33) % (hi - lo + 1) as u64) as i32
+        })
+        .collect()
+}
+
+/// `quant_core::int8` against `f32` on the same shapes, on the calling thread (a one-thread
+/// pool): `gemm_u8` on every path this CPU has against dfdx's matmul, requantization against a
+/// memcpy of the accumulators.
+fn int8() {
+    use dfdx::prelude::*;
+    let budget = Duration::from_millis(60);
+    let dev: Cpu = Default::default();
+    let paths = Isa::available();
+    println!();
+    println!(
+        "int8 GEMM, one thread: time of gemm_u8 (u8 activations x centered weights + bias -> i32) \
+         / time of dfdx's f32 matmul x · wᵀ of the same shape; detected path: {}",
+        Isa::detected()
+    );
+    // The digits MLP 64-256-256-10 at batch 64 and 360, and a CNN layer's im2col rows
+    // (batch 64 × 8x8 positions, 3x3x16 fan-in, 32 channels).
+    let shapes: [(&str, usize, usize, usize); 7] = [
+        ("MLP fc1, batch 64", 64, 64, 256),
+        ("MLP fc2, batch 64", 64, 256, 256),
+        ("MLP fc3, batch 64", 64, 256, 10),
+        ("MLP fc1, batch 360", 360, 64, 256),
+        ("MLP fc2, batch 360", 360, 256, 256),
+        ("MLP fc3, batch 360", 360, 256, 10),
+        ("CNN conv 3x3x16->32, batch 64", 64 * 64, 144, 32),
+    ];
+    for (bits, (w_lo, w_hi)) in [(8, (-127, 127)), (4, (-8, 7))] {
+        print!("\n{:<32} {:>10}", format!("W{bits}A8 (m x k -> n)"), "f32");
+        for isa in &paths {
+            print!(" {:>20}", isa.name());
+        }
+        println!();
+        let mut total = vec![(Duration::ZERO, Duration::ZERO); paths.len()];
+        let mut total_f32 = [Duration::ZERO; 2];
+        for (name, m, k, n) in shapes {
+            let a: Vec<u8> = codes(m * k, 1, 0, 255).iter().map(|c| *c as u8).collect();
+            let w = codes(n * k, 2, w_lo, w_hi);
+            let bias = codes(n, 3, -1000, 1000);
+            let x = dev.tensor_from_vec(a.iter().map(|c| *c as f32 * 0.01).collect(), (m, k));
+            let wf = dev.tensor_from_vec(w.iter().map(|c| *c as f32 * 0.01).collect(), (n, k));
+            let mut out = vec![0i32; m * n];
+            let packed: Vec<PackedMatrix> = paths
+                .iter()
+                .map(|isa| PackedMatrix::with_isa(&w, n, k, *isa).expect("available path"))
+                .collect();
+            let mut t_f32 = Duration::MAX;
+            let mut t_int = vec![Duration::MAX; paths.len()];
+            for _ in 0..3 {
+                t_f32 = t_f32.min(best_within(budget, || {
+                    let wt = wf.clone().permute::<(usize, usize), Axes2<1, 0>>();
+                    black_box(x.clone().matmul(wt));
+                }));
+                for (t, p) in t_int.iter_mut().zip(&packed) {
+                    *t = (*t).min(best_within(budget, || {
+                        gemm_u8(black_box(&a), m, 3, p, &bias, &mut out).expect("valid shapes");
+                        black_box(&out);
+                    }));
+                }
+            }
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
+            print!(
+                "{:<32} {:>8.1}µs",
+                format!("{name} ({m}x{k}->{n})"),
+                us(t_f32)
+            );
+            for (t, total) in t_int.iter().zip(total.iter_mut()) {
+                print!(
+                    " {:>9.1}µs {:>6.2}x",
+                    us(*t),
+                    t.as_secs_f64() / t_f32.as_secs_f64()
+                );
+                if name.starts_with("MLP") {
+                    let batch = usize::from(m == 360);
+                    if batch == 0 {
+                        total.0 += *t;
+                    } else {
+                        total.1 += *t;
+                    }
+                }
+            }
+            if name.starts_with("MLP") {
+                total_f32[usize::from(m == 360)] += t_f32;
+            }
+            println!();
+        }
+        for (batch, i) in [(64, 0), (360, 1)] {
+            let us = |d: Duration| d.as_secs_f64() * 1e6;
+            print!(
+                "{:<32} {:>8.1}µs",
+                format!("MLP's 3 products, batch {batch}"),
+                us(total_f32[i])
+            );
+            for t in &total {
+                let t = if i == 0 { t.0 } else { t.1 };
+                print!(
+                    " {:>9.1}µs {:>6.2}x",
+                    us(t),
+                    t.as_secs_f64() / total_f32[i].as_secs_f64()
+                );
+            }
+            println!();
+        }
+    }
+
+    println!();
+    println!(
+        "requantization, one thread: time of Requantizer::run (i32 accumulators -> u8 codes) / \
+         time of a memcpy of the accumulators (4 bytes per value)"
+    );
+    print!("{:<32} {:>10}", "accumulators [rows, channels]", "memcpy");
+    for isa in &paths {
+        print!(" {:>20}", isa.name());
+    }
+    println!();
+    for (rows, n, rounding) in [
+        (360, 256, RoundingPolicy::HalfEven),
+        (64 * 64, 32, RoundingPolicy::HalfEven),
+        (360, 256, RoundingPolicy::Floor),
+    ] {
+        let acc = codes(rows * n, 4, -200_000, 200_000);
+        let multipliers: Vec<(i64, u32)> = (0..n)
+            .map(|o| fixed_point_multiplier(0.0004 + o as f64 * 1e-6).expect("positive"))
+            .collect();
+        let mut copy = vec![0i32; acc.len()];
+        let mut out = vec![0u8; acc.len()];
+        let requantizers: Vec<Requantizer> = paths
+            .iter()
+            .map(|isa| {
+                Requantizer::new(&multipliers, 128, 0, 255, rounding)
+                    .and_then(|q| q.with_isa(*isa))
+                    .expect("valid parameters")
+            })
+            .collect();
+        let mut t_copy = Duration::MAX;
+        let mut t_q = vec![Duration::MAX; paths.len()];
+        for _ in 0..3 {
+            t_copy = t_copy.min(best_within(budget, || {
+                copy.copy_from_slice(black_box(&acc));
+                black_box(&copy);
+            }));
+            for (t, q) in t_q.iter_mut().zip(&requantizers) {
+                *t = (*t).min(best_within(budget, || {
+                    q.run(black_box(&acc), &mut out).expect("valid lengths");
+                    black_box(&out);
+                }));
+            }
+        }
+        let us = |d: Duration| d.as_secs_f64() * 1e6;
+        print!(
+            "{:<32} {:>8.1}µs",
+            format!("[{rows}, {n}] {rounding:?}"),
+            us(t_copy)
+        );
+        for t in &t_q {
+            print!(
+                " {:>9.1}µs {:>6.2}x",
+                us(*t),
+                t.as_secs_f64() / t_copy.as_secs_f64()
+            );
+        }
+        println!();
+    }
+}
+
+/// The detected path's `gemm_u8` on the largest shapes, on one thread and on rayon's default
+/// pool (products of at least `PARALLEL_MACS` multiply-adds are split by rows).
+fn int8_threads(one: &rayon::ThreadPool, all: &rayon::ThreadPool) {
+    let budget = Duration::from_millis(60);
+    println!();
+    println!(
+        "int8 GEMM on {} threads against one thread ({} path)",
+        all.current_num_threads(),
+        Isa::detected()
+    );
+    for (name, m, k, n) in [
+        ("MLP fc2, batch 360", 360, 256, 256),
+        ("CNN conv 3x3x16->32, batch 64", 64 * 64, 144, 32),
+    ] {
+        let a: Vec<u8> = codes(m * k, 1, 0, 255).iter().map(|c| *c as u8).collect();
+        let w = PackedMatrix::new(&codes(n * k, 2, -127, 127), n, k).expect("valid weights");
+        let bias = codes(n, 3, -1000, 1000);
+        let mut out = vec![0i32; m * n];
+        let mut run = || {
+            gemm_u8(black_box(&a), m, 3, &w, &bias, &mut out).expect("valid shapes");
+            black_box(&out);
+        };
+        let (mut t1, mut tn) = (Duration::MAX, Duration::MAX);
+        for _ in 0..3 {
+            t1 = t1.min(one.install(|| best_within(budget, &mut run)));
+            tn = tn.min(all.install(|| best_within(budget, &mut run)));
+        }
+        println!(
+            "{:<32} {:>8.1}µs on 1 thread, {:>8.1}µs on {}: {:.2}x",
+            format!("{name} ({m}x{k}->{n})"),
+            t1.as_secs_f64() * 1e6,
+            tn.as_secs_f64() * 1e6,
+            all.current_num_threads(),
+            tn.as_secs_f64() / t1.as_secs_f64()
+        );
+    }
 }

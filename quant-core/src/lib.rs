@@ -5,7 +5,9 @@
 //! [`IntegerGrid`]), how a quantizer trains ([`TrainingMethod`]), how values round
 //! ([`RoundingPolicy`]), quantization parameters ([`QParams`]), exact fake-quantization
 //! [`kernels`] on slices, differentiable dfdx [`ops`], the [`TrainableQuantizer`] trait, the
-//! [`InferableQuantizer`] a trained quantizer becomes, and the quantizer [`registry`].
+//! [`InferableQuantizer`] a trained quantizer becomes, the quantizer [`registry`], and the
+//! exact [`int8`] kernels (matrix product, requantization, im2col, pooling) that integer
+//! inference runs on, with the widest instructions the CPU has.
 //!
 //! ```
 //! use quant_core::kernels::fake_quantize_per_tensor_affine;
@@ -31,6 +33,7 @@ pub mod config;
 pub mod error;
 pub mod grid;
 pub mod inferable;
+pub mod int8;
 pub mod kernels;
 pub mod ops;
 pub mod quantizer;

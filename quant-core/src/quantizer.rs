@@ -155,7 +155,7 @@ impl<'a> ParamBank<'a> {
     /// # Errors
     /// `channels == 0` or a length that is not a multiple of `channels`.
     pub fn new(data: &'a [f32], channels: usize) -> Result<Self> {
-        if channels == 0 || data.len() % channels != 0 {
+        if channels == 0 || !data.len().is_multiple_of(channels) {
             return Err(QuantError::LengthMismatch {
                 what: "parameter bank".into(),
                 expected: channels.max(1) * MAX_PARAMETERS,
@@ -209,7 +209,7 @@ impl<'a> ParamBankMut<'a> {
     /// # Errors
     /// `channels == 0` or a length that is not a multiple of `channels`.
     pub fn new(data: &'a mut [f32], channels: usize) -> Result<Self> {
-        if channels == 0 || data.len() % channels != 0 {
+        if channels == 0 || !data.len().is_multiple_of(channels) {
             return Err(QuantError::LengthMismatch {
                 what: "parameter bank".into(),
                 expected: channels.max(1) * MAX_PARAMETERS,

@@ -1,0 +1,424 @@
+//! Requantization: `i32` accumulators into the next layer's `u8` codes with a fixed-point
+//! multiplier per output channel, rounded once, exactly, with any [`RoundingPolicy`].
+
+use super::{check_len, Isa};
+use crate::error::{QuantError, Result};
+use crate::vocab::RoundingPolicy;
+
+/// Largest right shift of a fixed-point multiplier: `|acc · m| < 2^62` and the rounding
+/// offset `2^(shift-1)` then stay inside `i64`.
+pub const MAX_SHIFT: u32 = 62;
+
+/// `m · 2^-shift ≈ multiplier`, with `m` in `[2^30, 2^31)` (smaller only when the shift would
+/// exceed [`MAX_SHIFT`], for multipliers below about `2^-32`, which round every accumulator to
+/// zero anyway).
+///
+/// # Errors
+/// A multiplier that is not finite and positive, or `2^31` or more (scales of consecutive
+/// layers this far apart cannot be requantized).
+pub fn fixed_point_multiplier(multiplier: f64) -> Result<(i64, u32)> {
+    if !(multiplier.is_finite() && multiplier > 0.0) {
+        return Err(QuantError::NonFinite {
+            what: "requantization multiplier".into(),
+            value: multiplier,
+        });
+    }
+    // multiplier = f · 2^e with f in [0.5, 1).
+    let mut e = multiplier.log2().floor() as i32 + 1;
+    let mut f = multiplier / 2f64.powi(e);
+    if f >= 1.0 {
+        f /= 2.0;
+        e += 1;
+    }
+    if f < 0.5 {
+        f *= 2.0;
+        e -= 1;
+    }
+    let mut m = (f * 2f64.powi(31)).round() as i64;
+    if m == 1 << 31 {
+        m = 1 << 30;
+        e += 1;
+    }
+    let shift = 31 - e;
+    if shift < 0 {
+        return Err(QuantError::InvalidValue {
+            what: "requantization multiplier".into(),
+            value: multiplier.to_string(),
+            expected: "a value below 2^31 (scales of consecutive layers this far apart cannot be requantized)".into(),
+        });
+    }
+    if shift > MAX_SHIFT as i32 {
+        // So small that every product rounds to zero; keep the shift representable.
+        return Ok((m >> (shift - MAX_SHIFT as i32).min(63), MAX_SHIFT));
+    }
+    Ok((m, shift as u32))
+}
+
+/// `round(n / 2^shift)` with `policy`, in exact integer arithmetic.
+#[inline]
+pub fn rounding_shift(n: i64, shift: u32, policy: RoundingPolicy) -> i64 {
+    if shift == 0 {
+        return n;
+    }
+    let q = n >> shift;
+    let rem = n - (q << shift);
+    let half = 1i64 << (shift - 1);
+    let up = match policy {
+        RoundingPolicy::HalfEven => rem > half || (rem == half && q & 1 == 1),
+        RoundingPolicy::HalfUp => rem >= half,
+        RoundingPolicy::HalfDown => rem > half,
+        RoundingPolicy::HalfAwayFromZero => {
+            if n >= 0 {
+                rem >= half
+            } else {
+                rem > half
+            }
+        }
+        RoundingPolicy::HalfTowardZero => {
+            if n >= 0 {
+                rem > half
+            } else {
+                rem >= half
+            }
+        }
+        RoundingPolicy::Floor => false,
+        RoundingPolicy::Ceil => rem > 0,
+    };
+    q + up as i64
+}
+
+/// Requantizes accumulators `[rows, n]` (channel = column) into `u8` codes:
+/// `out = clamp(rounding_shift(acc · m[o], shift[o], rounding) + zero_point, lo, hi)`, all in
+/// stored (`u8`) units: a signed grid is stored offset by 128, its zero point and bounds
+/// alike; a fused ReLU raises `lo` to the zero point. Exact for every policy; a layer that
+/// requantizes every batch should build a [`Requantizer`] once instead.
+///
+/// # Errors
+/// `multipliers.len() != n`, `acc` not whole rows of `n`, `out` not as long as `acc`, a
+/// multiplier outside `[0, 2^31)` or a shift above [`MAX_SHIFT`], or bounds outside
+/// `0 <= lo <= hi <= 255`. Nothing is written then.
+#[allow(clippy::too_many_arguments)]
+pub fn requantize_u8(
+    acc: &[i32],
+    n: usize,
+    multipliers: &[(i64, u32)],
+    zero_point: i32,
+    lo: i32,
+    hi: i32,
+    rounding: RoundingPolicy,
+    out: &mut [u8],
+) -> Result<()> {
+    check_len("requantization multipliers", n, multipliers.len())?;
+    Requantizer::new(multipliers, zero_point, lo, hi, rounding)?.run(acc, out)
+}
+
+/// [`requantize_u8`] prepared once for a layer: validated multipliers and the per-channel
+/// constants of the branch-free and vectorised paths, on a chosen instruction set.
+///
+/// Every policy is one formula, `round(p / 2^s) = (p + base + adjust(p)) >> s` with an
+/// arithmetic shift of the exact product `p = acc · m`: `base` is 0 (floor), `2^s - 1`
+/// (ceiling), `2^(s-1)` (half up) or `2^(s-1) - 1` (the other halves), and `adjust` is, for
+/// halves to even, the parity bit `(p >> s) & 1`; away from zero, 1 when `p >= 0`; toward
+/// zero, 1 when `p < 0` (all 0 when `s = 0`).
+#[derive(Debug, Clone)]
+pub struct Requantizer {
+    isa: Isa,
+    multipliers: Vec<(i64, u32)>,
+    /// Per channel, as `i64` lanes: `m`, `s`, `base`, and 1 (0 when `s` is 0) for `adjust`.
+    m: Vec<i64>,
+    shift: Vec<i64>,
+    base: Vec<i64>,
+    unit: Vec<i64>,
+    adjust: Adjust,
+    zero_point: i32,
+    lo: i32,
+    hi: i32,
+}
+
+/// The data-dependent part of a rounding policy (see [`Requantizer`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Adjust {
+    None = 0,
+    Parity = 1,
+    NonNegative = 2,
+    Negative = 3,
+}
+
+impl Requantizer {
+    /// Validates and prepares the constants for the fastest path this CPU has.
+    ///
+    /// # Errors
+    /// See [`requantize_u8`].
+    pub fn new(
+        multipliers: &[(i64, u32)],
+        zero_point: i32,
+        lo: i32,
+        hi: i32,
+        rounding: RoundingPolicy,
+    ) -> Result<Requantizer> {
+        for (o, (m, shift)) in multipliers.iter().enumerate() {
+            if !(0..1i64 << 31).contains(m) || *shift > MAX_SHIFT {
+                return Err(QuantError::InvalidValue {
+                    what: format!("requantization multiplier of channel {o}"),
+                    value: format!("({m}, {shift})"),
+                    expected: format!(
+                        "m in [0, 2^31) and a shift of at most {MAX_SHIFT} (see fixed_point_multiplier)"
+                    ),
+                });
+            }
+        }
+        if !(0 <= lo && lo <= hi && hi <= 255) {
+            return Err(QuantError::InvalidRange {
+                quant_min: lo,
+                quant_max: hi,
+                reason:
+                    "u8 codes need 0 <= lo <= hi <= 255 (signed grids are stored offset by 128)",
+            });
+        }
+        let (adjust, base): (Adjust, fn(i64, i64) -> i64) = match rounding {
+            // (half = 2^(s-1), unit = 1 or 0 when s = 0)
+            RoundingPolicy::Floor => (Adjust::None, |_, _| 0),
+            RoundingPolicy::Ceil => (Adjust::None, |half, _| 2 * half - (half > 0) as i64),
+            RoundingPolicy::HalfUp => (Adjust::None, |half, _| half),
+            RoundingPolicy::HalfDown => (Adjust::None, |half, unit| half - unit),
+            RoundingPolicy::HalfEven => (Adjust::Parity, |half, unit| half - unit),
+            RoundingPolicy::HalfAwayFromZero => (Adjust::NonNegative, |half, unit| half - unit),
+            RoundingPolicy::HalfTowardZero => (Adjust::Negative, |half, unit| half - unit),
+        };
+        let half = |s: u32| if s == 0 { 0 } else { 1i64 << (s - 1) };
+        let per = |f: &dyn Fn(i64, u32) -> i64| -> Vec<i64> {
+            multipliers.iter().map(|(m, s)| f(*m, *s)).collect()
+        };
+        Ok(Requantizer {
+            isa: Isa::detected(),
+            multipliers: multipliers.to_vec(),
+            m: per(&|m, _| m),
+            shift: per(&|_, s| s as i64),
+            base: per(&|_, s| base(half(s), (s > 0) as i64)),
+            unit: per(&|_, s| (s > 0) as i64),
+            adjust,
+            zero_point,
+            lo,
+            hi,
+        })
+    }
+
+    /// The same requantizer on the path `isa` (tests and benchmarks use it to force a path).
+    ///
+    /// # Errors
+    /// A path this CPU cannot run.
+    pub fn with_isa(mut self, isa: Isa) -> Result<Requantizer> {
+        self.isa = isa.check_available()?;
+        Ok(self)
+    }
+
+    /// The path it runs on.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
+    /// Output channels (columns of the accumulators).
+    pub fn channels(&self) -> usize {
+        self.multipliers.len()
+    }
+
+    /// Requantizes `acc` (whole rows of [`Requantizer::channels`]) into `out`.
+    ///
+    /// # Errors
+    /// `acc` not whole rows, or `out` not as long as `acc`; nothing is written then.
+    pub fn run(&self, acc: &[i32], out: &mut [u8]) -> Result<()> {
+        let n = self.channels();
+        if (n == 0 && !acc.is_empty()) || (n > 0 && !acc.len().is_multiple_of(n)) {
+            return Err(QuantError::LengthMismatch {
+                what: format!("accumulators (whole rows of {n} channels)"),
+                expected: acc.len().next_multiple_of(n.max(1)),
+                actual: acc.len(),
+            });
+        }
+        check_len("requantized codes", acc.len(), out.len())?;
+        if n == 0 {
+            return Ok(());
+        }
+        match self.adjust {
+            Adjust::None => self.rows::<0>(acc, out),
+            Adjust::Parity => self.rows::<1>(acc, out),
+            Adjust::NonNegative => self.rows::<2>(acc, out),
+            Adjust::Negative => self.rows::<3>(acc, out),
+        }
+        Ok(())
+    }
+
+    /// Every row: whole vectors on the vector path, the rest with the same formula in scalar
+    /// code. `ADJUST` is an [`Adjust`] as a number.
+    fn rows<const ADJUST: u8>(&self, acc: &[i32], out: &mut [u8]) {
+        let n = self.channels();
+        for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {
+            let done = match self.isa {
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx512Bw | Isa::Avx512Vnni => {
+                    // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW; the
+                    // constants have one entry per channel, as many as `acc` and `out` hold.
+                    unsafe { x86::row_avx512::<ADJUST>(self, acc, out) }
+                }
+                #[cfg(target_arch = "x86_64")]
+                Isa::Avx2 | Isa::AvxVnni => {
+                    // SAFETY: as above, for AVX2.
+                    unsafe { x86::row_avx2::<ADJUST>(self, acc, out) }
+                }
+                _ => 0,
+            };
+            self.scalar::<ADJUST>(&acc[done..], &mut out[done..], done);
+        }
+    }
+
+    /// Channels `first..` of one row, branch-free.
+    #[inline]
+    fn scalar<const ADJUST: u8>(&self, acc: &[i32], out: &mut [u8], first: usize) {
+        let (zp, lo, hi) = (self.zero_point as i64, self.lo as i64, self.hi as i64);
+        let constants = self.m[first..]
+            .iter()
+            .zip(&self.shift[first..])
+            .zip(self.base[first..].iter().zip(&self.unit[first..]));
+        for ((code, a), ((m, s), (base, unit))) in out.iter_mut().zip(acc).zip(constants) {
+            let p = *a as i64 * m;
+            let sign = (p >> 63) & 1;
+            let adjust = match ADJUST {
+                1 => (p >> s) & unit,
+                2 => unit & !sign,
+                3 => unit & sign,
+                _ => 0,
+            };
+            let r = (p + base + adjust) >> s;
+            *code = (r + zp).clamp(lo, hi) as u8;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64::*;
+
+    use super::Requantizer;
+
+    /// One row on AVX-512, 16 channels at a time (`vpmuldq` for the exact 64-bit products,
+    /// `vpsravq` for the shifts): returns how many channels it did.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW; `acc` and `out` hold one row of `q.channels()` or fewer.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn row_avx512<const ADJUST: u8>(
+        q: &Requantizer,
+        acc: &[i32],
+        out: &mut [u8],
+    ) -> usize {
+        let n = acc.len().min(out.len()).min(q.m.len());
+        let whole = n - n % 16;
+        let bounds = [
+            _mm512_set1_epi64(q.zero_point as i64),
+            _mm512_set1_epi64(q.lo as i64),
+            _mm512_set1_epi64(q.hi as i64),
+        ];
+        let mut o = 0;
+        while o < whole {
+            let a = _mm512_loadu_si512(acc.as_ptr().add(o) as *const __m512i);
+            let first = eight::<ADJUST>(q, o, _mm512_castsi512_si256(a), bounds);
+            let second = eight::<ADJUST>(q, o + 8, _mm512_extracti64x4_epi64::<1>(a), bounds);
+            _mm_storeu_si128(
+                out.as_mut_ptr().add(o) as *mut __m128i,
+                _mm_unpacklo_epi64(first, second),
+            );
+            o += 16;
+        }
+        whole
+    }
+
+    /// Channels `o..o + 8` of [`row_avx512`] (`bounds`: zero point, lo, hi): 8 codes in the
+    /// low 64 bits.
+    #[inline(always)]
+    unsafe fn eight<const ADJUST: u8>(
+        q: &Requantizer,
+        o: usize,
+        a: __m256i,
+        [zp, lo, hi]: [__m512i; 3],
+    ) -> __m128i {
+        let load = |v: &[i64]| _mm512_loadu_si512(v.as_ptr().add(o) as *const __m512i);
+        let (m, s, base, unit) = (load(&q.m), load(&q.shift), load(&q.base), load(&q.unit));
+        // m < 2^31 and a sign-extended i32: the low halves multiply exactly.
+        let p = _mm512_mul_epi32(_mm512_cvtepi32_epi64(a), m);
+        let sign = _mm512_srli_epi64::<63>(p);
+        let adjust = match ADJUST {
+            1 => _mm512_and_si512(_mm512_srav_epi64(p, s), unit),
+            2 => _mm512_andnot_si512(sign, unit),
+            3 => _mm512_and_si512(sign, unit),
+            _ => _mm512_setzero_si512(),
+        };
+        let r = _mm512_srav_epi64(_mm512_add_epi64(_mm512_add_epi64(p, base), adjust), s);
+        let c = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(r, zp), lo), hi);
+        _mm512_cvtepi64_epi8(c)
+    }
+
+    /// `a >> s` per 64-bit lane, arithmetic (AVX2 has only the logical `vpsrlvq`).
+    #[inline(always)]
+    unsafe fn sra64(a: __m256i, s: __m256i) -> __m256i {
+        let sign = _mm256_cmpgt_epi64(_mm256_setzero_si256(), a);
+        _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(a, sign), s), sign)
+    }
+
+    /// One row on AVX2, 8 channels at a time: returns how many channels it did.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `acc` and `out` hold one row of `q.channels()` or fewer.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_avx2<const ADJUST: u8>(
+        q: &Requantizer,
+        acc: &[i32],
+        out: &mut [u8],
+    ) -> usize {
+        let n = acc.len().min(out.len()).min(q.m.len());
+        let whole = n - n % 8;
+        let bounds = [
+            _mm256_set1_epi64x(q.zero_point as i64),
+            _mm256_set1_epi64x(q.lo as i64),
+            _mm256_set1_epi64x(q.hi as i64),
+        ];
+        let mut o = 0;
+        while o < whole {
+            let a = _mm256_loadu_si256(acc.as_ptr().add(o) as *const __m256i);
+            let first = four::<ADJUST>(q, o, _mm256_castsi256_si128(a), bounds);
+            let second = four::<ADJUST>(q, o + 4, _mm256_extracti128_si256::<1>(a), bounds);
+            // Every value is in [0, 255]: the saturating packs only narrow.
+            let words = _mm_packus_epi32(first, second);
+            let bytes = _mm_packus_epi16(words, words);
+            _mm_storel_epi64(out.as_mut_ptr().add(o) as *mut __m128i, bytes);
+            o += 8;
+        }
+        whole
+    }
+
+    /// Channels `o..o + 4` of [`row_avx2`] (`bounds`: zero point, lo, hi): 4 codes as `i32`.
+    #[inline(always)]
+    unsafe fn four<const ADJUST: u8>(
+        q: &Requantizer,
+        o: usize,
+        a: __m128i,
+        [zp, lo, hi]: [__m256i; 3],
+    ) -> __m128i {
+        let load = |v: &[i64]| _mm256_loadu_si256(v.as_ptr().add(o) as *const __m256i);
+        let (m, s, base, unit) = (load(&q.m), load(&q.shift), load(&q.base), load(&q.unit));
+        let p = _mm256_mul_epi32(_mm256_cvtepi32_epi64(a), m);
+        let sign = _mm256_srli_epi64::<63>(p);
+        let adjust = match ADJUST {
+            1 => _mm256_and_si256(sra64(p, s), unit),
+            2 => _mm256_andnot_si256(sign, unit),
+            3 => _mm256_and_si256(sign, unit),
+            _ => _mm256_setzero_si256(),
+        };
+        let r = sra64(_mm256_add_epi64(_mm256_add_epi64(p, base), adjust), s);
+        let c = _mm256_add_epi64(r, zp);
+        let c = _mm256_blendv_epi8(c, lo, _mm256_cmpgt_epi64(lo, c));
+        let c = _mm256_blendv_epi8(c, hi, _mm256_cmpgt_epi64(c, hi));
+        // The low halves of the four lanes, in order, in the low 128 bits.
+        let evens = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c, evens))
+    }
+}

@@ -1,0 +1,449 @@
+//! The x86-64 micro-kernels of [`super::gemm_u8`].
+//!
+//! One generic tile ([`tile`]) keeps `R` rows × `B` panels of output channels in registers and
+//! walks the fan-in one group (4 `u8 × i8` or 2 `i16 × i16` products per `i32` lane) at a
+//! time: load `B` weight vectors, then for each row broadcast its group of activations and
+//! add the dot products. [`Simd`] says how one instruction set does each step; the generic
+//! code is inlined into one `#[target_feature]` entry per instruction set and weight form, so
+//! every intrinsic compiles to its instruction in place.
+
+use std::arch::x86_64::*;
+
+use super::gemm::{Form, PackedMatrix};
+use super::Isa;
+
+/// One vector instruction set with one dot-product form.
+trait Simd {
+    type V: Copy;
+    /// `i32` lanes per register: output channels per panel.
+    const LANES: usize;
+    unsafe fn zero() -> Self::V;
+    /// Every lane set to one group of activations.
+    unsafe fn splat(x: i32) -> Self::V;
+    /// One group of weights for every lane (`4 · LANES` bytes).
+    unsafe fn load(p: *const u8) -> Self::V;
+    unsafe fn load_i32(p: *const i32) -> Self::V;
+    /// `acc` plus, in each lane, the dot product of the activations' and the weights' group.
+    unsafe fn dot(acc: Self::V, a: Self::V, w: Self::V) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn store(p: *mut i32, v: Self::V);
+    /// Stores the first `count` (< `LANES`) lanes.
+    unsafe fn store_first(p: *mut i32, v: Self::V, count: usize);
+}
+
+macro_rules! simd256 {
+    ($(#[$doc:meta])* $name:ident, |$acc:ident, $a:ident, $w:ident| $dot:expr) => {
+        $(#[$doc])*
+        struct $name;
+        impl Simd for $name {
+            type V = __m256i;
+            const LANES: usize = 8;
+            #[inline(always)]
+            unsafe fn zero() -> __m256i {
+                _mm256_setzero_si256()
+            }
+            #[inline(always)]
+            unsafe fn splat(x: i32) -> __m256i {
+                _mm256_set1_epi32(x)
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const u8) -> __m256i {
+                _mm256_loadu_si256(p as *const __m256i)
+            }
+            #[inline(always)]
+            unsafe fn load_i32(p: *const i32) -> __m256i {
+                _mm256_loadu_si256(p as *const __m256i)
+            }
+            #[inline(always)]
+            unsafe fn dot($acc: __m256i, $a: __m256i, $w: __m256i) -> __m256i {
+                $dot
+            }
+            #[inline(always)]
+            unsafe fn add(a: __m256i, b: __m256i) -> __m256i {
+                _mm256_add_epi32(a, b)
+            }
+            #[inline(always)]
+            unsafe fn store(p: *mut i32, v: __m256i) {
+                _mm256_storeu_si256(p as *mut __m256i, v)
+            }
+            #[inline(always)]
+            unsafe fn store_first(p: *mut i32, v: __m256i, count: usize) {
+                let mut lanes = [0i32; 8];
+                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, v);
+                std::ptr::copy_nonoverlapping(lanes.as_ptr(), p, count.min(8));
+            }
+        }
+    };
+}
+
+macro_rules! simd512 {
+    ($(#[$doc:meta])* $name:ident, |$acc:ident, $a:ident, $w:ident| $dot:expr) => {
+        $(#[$doc])*
+        struct $name;
+        impl Simd for $name {
+            type V = __m512i;
+            const LANES: usize = 16;
+            #[inline(always)]
+            unsafe fn zero() -> __m512i {
+                _mm512_setzero_si512()
+            }
+            #[inline(always)]
+            unsafe fn splat(x: i32) -> __m512i {
+                _mm512_set1_epi32(x)
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const u8) -> __m512i {
+                _mm512_loadu_si512(p as *const __m512i)
+            }
+            #[inline(always)]
+            unsafe fn load_i32(p: *const i32) -> __m512i {
+                _mm512_loadu_si512(p as *const __m512i)
+            }
+            #[inline(always)]
+            unsafe fn dot($acc: __m512i, $a: __m512i, $w: __m512i) -> __m512i {
+                $dot
+            }
+            #[inline(always)]
+            unsafe fn add(a: __m512i, b: __m512i) -> __m512i {
+                _mm512_add_epi32(a, b)
+            }
+            #[inline(always)]
+            unsafe fn store(p: *mut i32, v: __m512i) {
+                _mm512_storeu_si512(p as *mut __m512i, v)
+            }
+            #[inline(always)]
+            unsafe fn store_first(p: *mut i32, v: __m512i, count: usize) {
+                let mask = ((1u32 << count.min(16)) - 1) as __mmask16;
+                _mm512_mask_storeu_epi32(p, mask, v)
+            }
+        }
+    };
+}
+
+simd256!(
+    /// AVX2, weights within ±64: `vpmaddubsw` (exact: `2 · 255 · 64 < 2^15`), then `vpmaddwd`
+    /// by ones into `i32`.
+    Avx2Quads,
+    |acc, a, w| _mm256_add_epi32(
+        acc,
+        _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), _mm256_set1_epi16(1))
+    )
+);
+simd256!(
+    /// AVX2, `i16` weights and activations: `vpmaddwd`.
+    Avx2Pairs,
+    |acc, a, w| _mm256_add_epi32(acc, _mm256_madd_epi16(a, w))
+);
+simd256!(
+    /// AVX-VNNI, `i8` weights: `vpdpbusd`.
+    AvxVnniQuads,
+    |acc, a, w| _mm256_dpbusd_avx_epi32(acc, a, w)
+);
+simd256!(
+    /// AVX-VNNI, `i16` weights and activations: `vpdpwssd`.
+    AvxVnniPairs,
+    |acc, a, w| _mm256_dpwssd_avx_epi32(acc, a, w)
+);
+simd512!(
+    /// AVX-512 BW, weights within ±64: `vpmaddubsw` then `vpmaddwd` by ones.
+    Avx512Quads,
+    |acc, a, w| _mm512_add_epi32(
+        acc,
+        _mm512_madd_epi16(_mm512_maddubs_epi16(a, w), _mm512_set1_epi16(1))
+    )
+);
+simd512!(
+    /// AVX-512 BW, `i16` weights and activations: `vpmaddwd`.
+    Avx512Pairs,
+    |acc, a, w| _mm512_add_epi32(acc, _mm512_madd_epi16(a, w))
+);
+simd512!(
+    /// AVX-512 VNNI, `i8` weights: `vpdpbusd`.
+    Vnni512Quads,
+    |acc, a, w| _mm512_dpbusd_epi32(acc, a, w)
+);
+simd512!(
+    /// AVX-512 VNNI, `i16` weights and activations: `vpdpwssd`.
+    Vnni512Pairs,
+    |acc, a, w| _mm512_dpwssd_epi32(acc, a, w)
+);
+
+/// Where one tile reads and writes.
+struct Tile {
+    /// Activation groups of the tile's first row (`i32`, unaligned).
+    a: *const i32,
+    /// Groups from one row to the next.
+    a_stride: usize,
+    groups: usize,
+    /// The tile's first weight panel.
+    w: *const u8,
+    panel_bytes: usize,
+    /// Per-channel constants (bias minus the zero point's share) of the first panel.
+    columns: *const i32,
+    /// The tile's first output.
+    out: *mut i32,
+    out_stride: usize,
+    /// Output channels the tile writes (the last panel may be partly padding).
+    cols: usize,
+}
+
+/// `R` rows × `B` panels of outputs.
+///
+/// # Safety
+/// The CPU runs `S`; `t` addresses `R` rows of `groups` activation groups, `B` panels of
+/// weights, `B · LANES` constants and `R` rows of `cols` outputs.
+#[inline(always)]
+unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
+    let mut acc = [[S::zero(); B]; R];
+    for g in 0..t.groups {
+        let mut w = [S::zero(); B];
+        for (b, w) in w.iter_mut().enumerate() {
+            *w = S::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4));
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let a = S::splat(t.a.add(r * t.a_stride + g).read_unaligned());
+            for (acc, w) in acc.iter_mut().zip(&w) {
+                *acc = S::dot(*acc, a, *w);
+            }
+        }
+    }
+    for (r, acc) in acc.iter().enumerate() {
+        for (b, acc) in acc.iter().enumerate() {
+            let first = b * S::LANES;
+            if first >= t.cols {
+                break;
+            }
+            let v = S::add(*acc, S::load_i32(t.columns.add(first)));
+            let out = t.out.add(r * t.out_stride + first);
+            if first + S::LANES <= t.cols {
+                S::store(out, v);
+            } else {
+                S::store_first(out, v, t.cols - first);
+            }
+        }
+    }
+}
+
+/// [`tile`] for `rows` (at most `MR`) rows and `panels` (1 or `NB`) panels.
+#[inline(always)]
+unsafe fn dispatch<S: Simd, const MR: usize, const NB: usize>(
+    rows: usize,
+    panels: usize,
+    t: &Tile,
+) {
+    macro_rules! by_rows {
+        ($b:expr) => {
+            match rows {
+                1 => tile::<S, 1, $b>(t),
+                2 => tile::<S, 2, $b>(t),
+                3 => tile::<S, 3, $b>(t),
+                4 => tile::<S, 4, $b>(t),
+                5 if MR >= 5 => tile::<S, 5, $b>(t),
+                6 if MR >= 6 => tile::<S, 6, $b>(t),
+                7 if MR >= 7 => tile::<S, 7, $b>(t),
+                8 if MR >= 8 => tile::<S, 8, $b>(t),
+                _ => unreachable!("tiles have at most {MR} rows"),
+            }
+        };
+    }
+    if panels == NB {
+        by_rows!(NB)
+    } else {
+        by_rows!(1)
+    }
+}
+
+/// Groups of one row of activations, zero-padded to whole groups: 4 bytes (`Quads`) or 2
+/// bytes widened to `i16` (`Pairs`) per `i32`.
+#[inline(always)]
+fn pack_row(a: &[u8], form: Form, out: &mut [i32]) {
+    match form {
+        Form::Pairs => {
+            for (g, pair) in out.iter_mut().zip(a.chunks(2)) {
+                let hi = pair.get(1).copied().unwrap_or(0) as i32;
+                *g = pair[0] as i32 | hi << 16;
+            }
+        }
+        _ => {
+            for (g, quad) in out.iter_mut().zip(a.chunks(4)) {
+                let mut bytes = [0u8; 4];
+                bytes[..quad.len()].copy_from_slice(quad);
+                *g = i32::from_le_bytes(bytes);
+            }
+        }
+    }
+}
+
+/// `rows` rows of the product on `S` with tiles of up to `MR` rows × `NB` panels.
+///
+/// # Safety
+/// The CPU runs `S`, and `w` is packed for it (`w.lanes() == S::LANES`); `a` holds `rows`
+/// rows of `w.k()` codes, `out` `rows · w.n()` outputs, `columns` one constant per packed
+/// output channel.
+#[inline(always)]
+unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
+    a: &[u8],
+    rows: usize,
+    w: &PackedMatrix,
+    columns: &[i32],
+    out: &mut [i32],
+) {
+    let (n, k, groups) = (w.n(), w.k(), w.groups());
+    debug_assert_eq!(w.lanes(), S::LANES);
+    let panels = n.div_ceil(S::LANES);
+    debug_assert!(columns.len() >= panels * S::LANES && a.len() >= rows * k);
+    debug_assert!(out.len() >= rows * n);
+    // Whole groups of bytes are read where they lie; anything else is packed a tile of rows
+    // at a time.
+    let in_place = w.form() == Form::Quads && k % 4 == 0;
+    let mut packed = if in_place {
+        Vec::new()
+    } else {
+        vec![0i32; MR * groups]
+    };
+    let mut r0 = 0;
+    while r0 < rows {
+        let mr = (rows - r0).min(MR);
+        let a_tile = if in_place {
+            a.as_ptr().add(r0 * k) as *const i32
+        } else {
+            for (r, row) in packed.chunks_mut(groups.max(1)).take(mr).enumerate() {
+                pack_row(&a[(r0 + r) * k..(r0 + r + 1) * k], w.form(), row);
+            }
+            packed.as_ptr()
+        };
+        let mut p = 0;
+        while p < panels {
+            let nb = (panels - p).min(NB);
+            let t = Tile {
+                a: a_tile,
+                a_stride: groups,
+                groups,
+                w: w.packed_bytes().add(p * w.panel_bytes()),
+                panel_bytes: w.panel_bytes(),
+                columns: columns.as_ptr().add(p * S::LANES),
+                out: out.as_mut_ptr().add(r0 * n + p * S::LANES),
+                out_stride: n,
+                cols: (n - p * S::LANES).min(nb * S::LANES),
+            };
+            dispatch::<S, MR, NB>(mr, nb, &t);
+            p += nb;
+        }
+        r0 += mr;
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $features:literal, $simd:ty, $mr:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
+            run::<$simd, $mr, 2>(a, rows, w, columns, out)
+        }
+    };
+}
+
+entry!(avx2_quads, "avx2", Avx2Quads, 4);
+entry!(avx2_pairs, "avx2", Avx2Pairs, 4);
+entry!(avxvnni_quads, "avx2,avxvnni", AvxVnniQuads, 6);
+entry!(avxvnni_pairs, "avx2,avxvnni", AvxVnniPairs, 6);
+entry!(avx512_quads, "avx512f,avx512bw", Avx512Quads, 8);
+entry!(avx512_pairs, "avx512f,avx512bw", Avx512Pairs, 8);
+entry!(
+    vnni512_quads,
+    "avx512f,avx512bw,avx512vnni",
+    Vnni512Quads,
+    8
+);
+entry!(
+    vnni512_pairs,
+    "avx512f,avx512bw,avx512vnni",
+    Vnni512Pairs,
+    8
+);
+
+/// `rows` rows of the product on the path `w` is packed for (not [`Isa::Portable`]).
+pub(super) fn run_rows(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
+    // SAFETY: `PackedMatrix::with_isa` checked that this CPU runs `w.isa()` and packed `w` for
+    // it; `gemm_u8` checked the lengths of `a` and `out` and padded `columns` to whole panels.
+    unsafe {
+        match (w.isa(), w.form()) {
+            (Isa::Avx2, Form::Quads) => avx2_quads(a, rows, w, columns, out),
+            (Isa::Avx2, _) => avx2_pairs(a, rows, w, columns, out),
+            (Isa::AvxVnni, Form::Quads) => avxvnni_quads(a, rows, w, columns, out),
+            (Isa::AvxVnni, _) => avxvnni_pairs(a, rows, w, columns, out),
+            (Isa::Avx512Bw, Form::Quads) => avx512_quads(a, rows, w, columns, out),
+            (Isa::Avx512Bw, _) => avx512_pairs(a, rows, w, columns, out),
+            (Isa::Avx512Vnni, Form::Quads) => vnni512_quads(a, rows, w, columns, out),
+            (Isa::Avx512Vnni, _) => vnni512_pairs(a, rows, w, columns, out),
+            (Isa::Portable, _) => unreachable!("the portable path has its own kernel"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The AVX-VNNI path's kernels (256-bit registers, 6-row tiles) on CPUs without AVX-VNNI:
+    //! the same instructions in their AVX-512 VL encoding (`_mm256_dpbusd_epi32`) run the same
+    //! tiles on the same packing, so everything but the instruction encoding is checked on
+    //! AVX-512 VNNI machines too.
+    use super::*;
+    use crate::int8::gemm_u8;
+
+    simd256!(
+        /// AVX-VNNI's `vpdpbusd` in its EVEX encoding.
+        EvexQuads,
+        |acc, a, w| _mm256_dpbusd_epi32(acc, a, w)
+    );
+    simd256!(
+        /// AVX-VNNI's `vpdpwssd` in its EVEX encoding.
+        EvexPairs,
+        |acc, a, w| _mm256_dpwssd_epi32(acc, a, w)
+    );
+    entry!(evex_quads, "avx2,avx512f,avx512vl,avx512vnni", EvexQuads, 6);
+    entry!(evex_pairs, "avx2,avx512f,avx512vl,avx512vnni", EvexPairs, 6);
+
+    #[test]
+    fn avx_vnni_tiles_match_the_portable_path() {
+        let has = |f: &str| match f {
+            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
+            _ => std::arch::is_x86_feature_detected!("avx512vnni"),
+        };
+        if !(Isa::Avx2.is_available() && has("avx512vl") && has("avx512vnni")) {
+            eprintln!("note: no AVX-512 VNNI + VL: the AVX-VNNI tiles are not checked here");
+            return;
+        }
+        for (max_w, k, m, n) in [
+            (64, 37, 13, 19),
+            (64, 144, 6, 8),
+            (300, 33, 7, 17),
+            (127, 9, 1, 1),
+        ] {
+            let w: Vec<i32> = (0..n * k)
+                .map(|i| (i as i32 * 7919) % (2 * max_w + 1) - max_w)
+                .collect();
+            let a: Vec<u8> = (0..m * k).map(|i| (i * 104_729 % 256) as u8).collect();
+            let bias: Vec<i32> = (0..n as i32).map(|o| o * 31 - 100).collect();
+            let portable = crate::int8::PackedMatrix::with_isa(&w, n, k, Isa::Portable).unwrap();
+            let mut expected = vec![0; m * n];
+            gemm_u8(&a, m, 5, &portable, &bias, &mut expected).unwrap();
+            // AVX2 packs 8-lane panels: quads for |w| <= 64, pairs beyond, as AVX-VNNI does.
+            let packed = crate::int8::PackedMatrix::with_isa(&w, n, k, Isa::Avx2).unwrap();
+            let columns: Vec<i32> = (0..n.div_ceil(8) * 8)
+                .map(|o| match (bias.get(o), packed.row_sums().get(o)) {
+                    (Some(b), Some(s)) => b.wrapping_sub(5i32.wrapping_mul(*s)),
+                    _ => 0,
+                })
+                .collect();
+            let mut out = vec![0; m * n];
+            // SAFETY: the CPU runs AVX2 and AVX-512 VNNI + VL (checked above); the lengths are
+            // those gemm_u8 passes.
+            unsafe {
+                match packed.form() {
+                    Form::Quads => evex_quads(&a, m, &packed, &columns, &mut out),
+                    _ => evex_pairs(&a, m, &packed, &columns, &mut out),
+                }
+            }
+            assert_eq!(out, expected, "|w| <= {max_w}, k = {k}, {m}x{n}");
+        }
+    }
+}

@@ -1,0 +1,516 @@
+//! LSQ's backward (PyTorch's `_fake_quantize_learnable_per_{tensor,channel}_affine_backward`):
+//! the input gradient and the scale and zero-point gradient sums.
+
+use std::marker::PhantomData;
+
+#[cfg(target_arch = "x86_64")]
+use super::driver::use_avx2;
+use super::driver::{
+    drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Sums, Walk,
+    BLOCK, CHUNK, LANES,
+};
+use super::params::{affines, check_len, check_range, fast_path, Affine};
+use super::round::{clamp, Round};
+use super::torch::Torch;
+use crate::error::{QuantError, Result};
+use crate::quantizer::ChannelLayout;
+use crate::vocab::RoundingPolicy;
+
+/// Sums of one channel's scale and zero-point gradient terms, before the gradient factor.
+#[derive(Debug, Clone, Copy, Default)]
+struct LsqSums {
+    dscale: f64,
+    dzero: f64,
+}
+
+impl Sums for LsqSums {
+    fn add(&mut self, o: LsqSums) {
+        self.dscale += o.dscale;
+        self.dzero += o.dzero;
+    }
+}
+
+impl LsqSums {
+    fn is_nan(&self) -> bool {
+        self.dscale.is_nan() || self.dzero.is_nan()
+    }
+}
+
+/// One element of LSQ's backward: what it adds to `dx`, to the scale sum and to the
+/// zero-point sum (before `grad_factor`).
+struct LsqTerms {
+    dx: f32,
+    ds: f32,
+    dz: f32,
+}
+
+/// PyTorch's `fake_quantize_learnable_*_grad_kernel_cpu` for one element, with `R` rounding:
+/// `q = R(x * (1/s) + z)`; inside the grid `dx = dy`, `ds = dy * ((q - z) * s - x) * (1/s)`;
+/// outside `dx = 0`, `ds = dy * (clamp(q) - z)`, `dz = dy` (negated and scaled by the caller).
+/// A NaN `x` makes `ds` NaN here: the callers recompute such sums with
+/// [`lsq_sums_skipping_nan`], which leaves it out.
+#[inline(always)]
+fn lsq_terms<R: Round>(x: f32, dy: f32, p: &Affine) -> LsqTerms {
+    // PyTorch's backward adds z before rounding (its forward adds it after).
+    let w = x * p.inv + p.zero_point;
+    // No clamp before rounding, as in `ste_span`: only `inside` and `rc` depend on `r`, and
+    // both are exact wherever the fast rounding is not.
+    let r = R::round(w);
+    let rc = clamp(r, p.quant_min, p.quant_max);
+    let inside = r == rc;
+    let k = rc - p.zero_point;
+    let term = if inside { (k * p.scale - x) * p.inv } else { k };
+    LsqTerms {
+        dx: if inside { dy } else { 0.0 },
+        ds: dy * term,
+        dz: if inside { 0.0 } else { dy },
+    }
+}
+
+/// The gradient sums of a span, element by element in `f64`, leaving out NaN inputs.
+fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums {
+    let mut sums = LsqSums::default();
+    for (xi, dyi) in x.iter().zip(dy).filter(|(xi, _)| !xi.is_nan()) {
+        let t = lsq_terms::<R>(*xi, *dyi, p);
+        sums.dscale += t.ds as f64;
+        sums.dzero += t.dz as f64;
+    }
+    sums
+}
+
+/// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
+#[inline(always)]
+fn lsq_span<R: Round, O: GradOut>(x: &[f32], dy: &[f32], dx: &mut [O], p: &Affine) -> LsqSums {
+    let n = x.len().min(dy.len()).min(dx.len());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
+    let mut ds_wide = [0f64; LANES];
+    let mut dz_wide = [0f64; LANES];
+    let mut sums = LsqSums::default();
+    #[cfg(target_arch = "x86_64")]
+    if R::HALF_EVEN && use_avx2() {
+        let whole = n - n % BLOCK;
+        // SAFETY: the CPU supports AVX2, checked just above; the slices are `whole` long.
+        unsafe {
+            avx2::lsq_blocks_half_even(
+                &x[..whole],
+                &dy[..whole],
+                &mut dx[..whole],
+                p,
+                &mut ds_wide,
+                &mut dz_wide,
+            );
+        }
+        // The tail, then the lanes, in the order the portable code below adds them: the two
+        // paths give the same bits.
+        for ((x, dy), g) in x[whole..].iter().zip(&dy[whole..]).zip(&mut dx[whole..]) {
+            let t = lsq_terms::<R>(*x, *dy, p);
+            g.add(t.dx);
+            sums.dscale += t.ds as f64;
+            sums.dzero += t.dz as f64;
+        }
+        sums.dscale += ds_wide.iter().sum::<f64>();
+        sums.dzero += dz_wide.iter().sum::<f64>();
+        if sums.is_nan() {
+            sums = lsq_sums_skipping_nan::<R>(x, dy, p);
+        }
+        return sums;
+    }
+    let mut ts = [0f32; CHUNK];
+    let mut tz = [0f32; CHUNK];
+    for ((x, dy), g) in x
+        .chunks(CHUNK)
+        .zip(dy.chunks(CHUNK))
+        .zip(dx.chunks_mut(CHUNK))
+    {
+        let m = x.len().min(dy.len()).min(g.len()).min(CHUNK);
+        let (x, dy, g, ts, tz) = (&x[..m], &dy[..m], &mut g[..m], &mut ts[..m], &mut tz[..m]);
+        // Phase 1, element-wise: the input gradient, and each element's terms.
+        for i in 0..m {
+            let t = lsq_terms::<R>(x[i], dy[i], p);
+            g[i].add(t.dx);
+            ts[i] = t.ds;
+            tz[i] = t.dz;
+        }
+        // Phase 2: whole blocks in f32 lanes then f64; a short tail straight into f64.
+        let whole = m - m % BLOCK;
+        reduce_blocks(&ts[..whole], &mut ds_wide);
+        reduce_blocks(&tz[..whole], &mut dz_wide);
+        for (s, z) in ts[whole..].iter().zip(&tz[whole..]) {
+            sums.dscale += *s as f64;
+            sums.dzero += *z as f64;
+        }
+    }
+    sums.dscale += ds_wide.iter().sum::<f64>();
+    sums.dzero += dz_wide.iter().sum::<f64>();
+    if sums.is_nan() {
+        // Rare: a NaN input or gradient. Recompute the sums with NaN inputs left out.
+        sums = lsq_sums_skipping_nan::<R>(x, dy, p);
+    }
+    sums
+}
+
+/// Hand-written AVX2 kernels, where LLVM's vectoriser needs help.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Affine, GradOut, BLOCK, LANES};
+    use crate::kernels::round::MAGIC;
+    use std::arch::x86_64::*;
+
+    /// [`super::lsq_terms`] with round half to even, over whole blocks of [`BLOCK`] elements,
+    /// 8 lanes at a time, in one pass (the portable code needs two): adds into `dx` (see
+    /// [`GradOut`]), and each
+    /// block's sums, in `f32` lanes over its 4 vectors, into the `f64` lanes of `ds`, `dz`.
+    /// Lane for lane the same operations, in the same order, as the portable code.
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `x`, `dy` and `dx` must have the same length, a multiple of
+    /// [`BLOCK`].
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut>(
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [O],
+        p: &Affine,
+        ds: &mut [f64; LANES],
+        dz: &mut [f64; LANES],
+    ) {
+        let n = x.len().min(dy.len()).min(dx.len());
+        // `O` is `f32` or `MaybeUninit<f32>`, laid out as an `f32`. Fresh storage is only
+        // written, never read.
+        let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr() as *mut f32);
+        let inv = _mm256_set1_ps(p.inv);
+        let zp = _mm256_set1_ps(p.zero_point);
+        let scale = _mm256_set1_ps(p.scale);
+        let (qmin, qmax) = (_mm256_set1_ps(p.quant_min), _mm256_set1_ps(p.quant_max));
+        let magic = _mm256_set1_ps(MAGIC);
+        let (mut ds_lo, mut ds_hi) = (
+            _mm256_loadu_pd(ds.as_ptr()),
+            _mm256_loadu_pd(ds.as_ptr().add(4)),
+        );
+        let (mut dz_lo, mut dz_hi) = (
+            _mm256_loadu_pd(dz.as_ptr()),
+            _mm256_loadu_pd(dz.as_ptr().add(4)),
+        );
+        let mut i = 0;
+        while i + BLOCK <= n {
+            let mut s_acc = _mm256_setzero_ps();
+            let mut z_acc = _mm256_setzero_ps();
+            for _ in 0..BLOCK / 8 {
+                // SAFETY (all pointer reads and writes): i + 8 <= n, the length of each slice.
+                let xv = _mm256_loadu_ps(xp.add(i));
+                let dyv = _mm256_loadu_ps(yp.add(i));
+                // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp`.
+                let w = _mm256_add_ps(_mm256_mul_ps(xv, inv), zp);
+                let r = _mm256_sub_ps(_mm256_add_ps(w, magic), magic);
+                let rc = _mm256_min_ps(qmax, _mm256_max_ps(qmin, r));
+                let inside = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, rc);
+                let k = _mm256_sub_ps(rc, zp);
+                let t_in = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(k, scale), xv), inv);
+                let term = _mm256_blendv_ps(k, t_in, inside);
+                s_acc = _mm256_add_ps(s_acc, _mm256_mul_ps(dyv, term));
+                z_acc = _mm256_add_ps(z_acc, _mm256_andnot_ps(inside, dyv));
+                let before = if O::ACCUMULATE {
+                    _mm256_loadu_ps(gp.add(i))
+                } else {
+                    _mm256_setzero_ps()
+                };
+                let g = _mm256_add_ps(before, _mm256_and_ps(inside, dyv));
+                _mm256_storeu_ps(gp.add(i), g);
+                i += 8;
+            }
+            ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
+            ds_hi = _mm256_add_pd(ds_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s_acc)));
+            dz_lo = _mm256_add_pd(dz_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(z_acc)));
+            dz_hi = _mm256_add_pd(dz_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(z_acc)));
+        }
+        _mm256_storeu_pd(ds.as_mut_ptr(), ds_lo);
+        _mm256_storeu_pd(ds.as_mut_ptr().add(4), ds_hi);
+        _mm256_storeu_pd(dz.as_mut_ptr(), dz_lo);
+        _mm256_storeu_pd(dz.as_mut_ptr().add(4), dz_hi);
+    }
+}
+
+/// LSQ's backward over whole periods of short rows: per-element `f32` accumulators over at
+/// most 4 periods, added element-wise into per-element `f64` accumulators (vectorises, unlike
+/// a sum per channel, whose dependency chain cost more than the kernel), which are summed per
+/// channel once at the end. The same error bound as the lanes of [`lsq_span`].
+#[inline(always)]
+fn lsq_periods<R: Round, O: GradOut>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [O],
+    e: &Expanded,
+    sums: &mut [LsqSums],
+) {
+    const FLUSH: usize = 4;
+    let period = e.period();
+    let constants = e.per_element();
+    let inner = e.inner.max(1);
+    let mut acc_s = vec![0f32; period];
+    let mut acc_z = vec![0f32; period];
+    let mut wide_s = vec![0f64; period];
+    let mut wide_z = vec![0f64; period];
+    let flush = |acc: &mut [f32], wide: &mut [f64]| {
+        for (w, a) in wide.iter_mut().zip(acc.iter_mut()) {
+            *w += *a as f64;
+            *a = 0.0;
+        }
+    };
+    let periods = dx
+        .chunks_mut(period)
+        .zip(x.chunks(period))
+        .zip(dy.chunks(period));
+    for (k, ((g, x), dy)) in periods.enumerate() {
+        let n = x.len().min(dy.len()).min(g.len()).min(period);
+        let (x, dy, g) = (&x[..n], &dy[..n], &mut g[..n]);
+        let c = constants.prefix(n);
+        let (acc_sn, acc_zn) = (&mut acc_s[..n], &mut acc_z[..n]);
+        for i in 0..n {
+            let t = lsq_terms::<R>(x[i], dy[i], &c.at(i));
+            g[i].add(t.dx);
+            acc_sn[i] += t.ds;
+            acc_zn[i] += t.dz;
+        }
+        if k % FLUSH == FLUSH - 1 {
+            flush(&mut acc_s, &mut wide_s);
+            flush(&mut acc_z, &mut wide_z);
+        }
+    }
+    flush(&mut acc_s, &mut wide_s);
+    flush(&mut acc_z, &mut wide_z);
+    for (sum, (s, z)) in sums
+        .iter_mut()
+        .zip(wide_s.chunks(inner).zip(wide_z.chunks(inner)))
+    {
+        sum.dscale += s.iter().sum::<f64>();
+        sum.dzero += z.iter().sum::<f64>();
+    }
+    if sums.iter().any(LsqSums::is_nan) {
+        // Rare: a NaN input or gradient. Recompute the sums with NaN inputs left out.
+        sums.iter_mut().for_each(|s| *s = LsqSums::default());
+        let period = period.max(1);
+        for (i, (xi, dyi)) in x
+            .iter()
+            .zip(dy)
+            .enumerate()
+            .filter(|(_, (xi, _))| !xi.is_nan())
+        {
+            let k = i % period;
+            let t = lsq_terms::<R>(*xi, *dyi, &constants.at(k));
+            if let Some(sum) = sums.get_mut(k / inner) {
+                sum.dscale += t.ds as f64;
+                sum.dzero += t.dz as f64;
+            }
+        }
+    }
+}
+
+/// LSQ's backward as a kernel of the element driver: `dx += dy·[inside]`, and the sums of the
+/// scale and zero-point gradient terms per channel.
+struct Lsq<R>(PhantomData<R>);
+
+impl<R: Round, O: GradOut> ElementKernel<(&[f32], &[f32], &mut [O])> for Lsq<R> {
+    type Sums = LsqSums;
+    #[inline(always)]
+    fn span(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), p: &Affine) -> LsqSums {
+        lsq_span::<R, O>(x, dy, dx, p)
+    }
+    #[inline(always)]
+    fn periods(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), e: &Expanded, sums: &mut [LsqSums]) {
+        lsq_periods::<R, O>(x, dy, dx, e, sums)
+    }
+}
+
+/// The exact path for grids too wide for the fast rounding.
+fn lsq_slow<O: GradOut>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [O],
+    layout: ChannelLayout,
+    params: &[Affine],
+    torch: Torch,
+) -> Vec<LsqSums> {
+    let mut sums = vec![LsqSums::default(); layout.channels];
+    for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
+        let c = layout.channel_of(i);
+        match torch.lsq(*xi, &params[c]) {
+            Some((inside, ds, dz)) => {
+                g.add(if inside { *dyi } else { 0.0 });
+                sums[c].dscale += (*dyi * ds) as f64;
+                sums[c].dzero += (*dyi * dz) as f64;
+            }
+            None => g.add_nothing(),
+        }
+    }
+    sums
+}
+
+/// Rounds a learnable (floating) zero point the way PyTorch does before use:
+/// `round_half_even(clamp(zero_point, quant_min, quant_max))`.
+///
+/// # Errors
+/// A NaN zero point, or `quant_min > quant_max`.
+pub fn round_zero_point(zero_point: f32, quant_min: i32, quant_max: i32) -> Result<i32> {
+    check_range(quant_min, quant_max)?;
+    if zero_point.is_nan() {
+        return Err(QuantError::NonFinite {
+            what: "zero_point".into(),
+            value: f64::NAN,
+        });
+    }
+    Ok(zero_point
+        .clamp(quant_min as f32, quant_max as f32)
+        .round_ties_even() as i32)
+}
+
+/// PyTorch's `_fake_quantize_learnable_per_tensor_affine_backward`, the LSQ gradient: returns
+/// `(dx, dscale, dzero_point)` for the forward `fake_quantize_per_tensor_affine(x, scale,
+/// round(zero_point), ...)`, with `grad_factor` (LSQ's `g = 1/sqrt(numel * quant_max)`)
+/// applied to the scale and zero-point gradients. With `q = round(x * (1/scale) + z)` (the
+/// zero point added before rounding, as PyTorch's backward does) and `z` the zero point
+/// rounded as the forward rounds it (see the module docs for where PyTorch differs):
+///
+/// ```text
+/// inside:      dx = dy,  dscale = dy * (x_fq - x) / scale * g,               dzero = 0
+/// below/above: dx = 0,   dscale = dy * (quant_min|quant_max - z) * g,   dzero = -dy * scale * g
+/// ```
+///
+/// ```
+/// use quant_core::kernels::fake_quantize_learnable_per_tensor_affine_backward;
+/// let (dx, ds, dz) =
+///     fake_quantize_learnable_per_tensor_affine_backward(&[0.3, 5.0], &[1.0, 1.0], 0.5, 0.0, -4, 3, 1.0).unwrap();
+/// assert_eq!(dx, vec![1.0, 0.0]);
+/// assert!((ds - ((0.5 - 0.3) / 0.5 + 3.0)).abs() < 1e-6);
+/// assert_eq!(dz, -0.5);
+/// ```
+///
+/// # Errors
+/// See [`fake_quantize_per_tensor_affine`](super::fake_quantize_per_tensor_affine); also `dy` not
+/// as long as `x`, a NaN zero point, or a grad factor that is not finite.
+pub fn fake_quantize_learnable_per_tensor_affine_backward(
+    x: &[f32],
+    dy: &[f32],
+    scale: f32,
+    zero_point: f32,
+    quant_min: i32,
+    quant_max: i32,
+    grad_factor: f32,
+) -> Result<(Vec<f32>, f32, f32)> {
+    let mut ds = [0.0];
+    let mut dz = [0.0];
+    let dx = uninit_vec(x.len(), |dx| {
+        lsq_backward_to(
+            x,
+            dy,
+            dx,
+            ChannelLayout::per_tensor(x.len()),
+            &[scale],
+            &[zero_point],
+            quant_min,
+            quant_max,
+            grad_factor,
+            RoundingPolicy::HalfEven,
+            &mut ds,
+            &mut dz,
+        )
+    })?;
+    Ok((dx, ds[0], dz[0]))
+}
+
+/// The LSQ gradient for any layout: adds into `dx`, and into `dscales`/`dzero_points` (one per
+/// channel). Zero points are learnable floats, rounded as [`round_zero_point`] says. Per
+/// channel this is PyTorch's `_fake_quantize_learnable_per_channel_affine_backward`.
+///
+/// # Errors
+/// See [`fake_quantize_learnable_per_tensor_affine_backward`]; also buffers whose lengths do
+/// not match the layout.
+#[allow(clippy::too_many_arguments)]
+pub fn fake_quantize_learnable_affine_backward_into(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    layout: ChannelLayout,
+    scales: &[f32],
+    zero_points: &[f32],
+    quant_min: i32,
+    quant_max: i32,
+    grad_factor: f32,
+    rounding: RoundingPolicy,
+    dscales: &mut [f32],
+    dzero_points: &mut [f32],
+) -> Result<()> {
+    lsq_backward_to(
+        x,
+        dy,
+        dx,
+        layout,
+        scales,
+        zero_points,
+        quant_min,
+        quant_max,
+        grad_factor,
+        rounding,
+        dscales,
+        dzero_points,
+    )
+}
+
+/// [`fake_quantize_learnable_affine_backward_into`] into a caller's buffer or fresh storage:
+/// on `Ok`, every element of `dx` is written.
+#[allow(clippy::too_many_arguments)]
+fn lsq_backward_to<O: GradOut>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [O],
+    layout: ChannelLayout,
+    scales: &[f32],
+    zero_points: &[f32],
+    quant_min: i32,
+    quant_max: i32,
+    grad_factor: f32,
+    rounding: RoundingPolicy,
+    dscales: &mut [f32],
+    dzero_points: &mut [f32],
+) -> Result<()> {
+    check_len("x", layout.numel(), x.len())?;
+    check_len("dy", x.len(), dy.len())?;
+    check_len("dx", x.len(), dx.len())?;
+    check_len("dscales", layout.channels, dscales.len())?;
+    check_len("dzero_points", layout.channels, dzero_points.len())?;
+    check_len("zero_points", layout.channels, zero_points.len())?;
+    check_range(quant_min, quant_max)?;
+    if !grad_factor.is_finite() {
+        return Err(QuantError::NonFinite {
+            what: "grad_factor".into(),
+            value: grad_factor as f64,
+        });
+    }
+    let zps = zero_points
+        .iter()
+        .map(|z| round_zero_point(*z, quant_min, quant_max))
+        .collect::<Result<Vec<i32>>>()?;
+    let params = affines(scales, &zps, quant_min, quant_max, layout.channels)?;
+    if x.is_empty() {
+        return Ok(());
+    }
+    let sums = if fast_path(&params, quant_min, quant_max) {
+        let walk = Walk::new(layout, &params);
+        with_rounding!(rounding, R => {
+            drive(&Lsq::<R>(PhantomData), (x, dy, dx), &walk, layout.channels)
+        })
+    } else {
+        lsq_slow(
+            x,
+            dy,
+            dx,
+            layout,
+            &params,
+            Torch::new(layout, quant_min, quant_max, rounding),
+        )
+    };
+    for (c, s) in sums.iter().enumerate() {
+        dscales[c] += (s.dscale * grad_factor as f64) as f32;
+        dzero_points[c] += (-s.dzero * params[c].scale as f64 * grad_factor as f64) as f32;
+    }
+    Ok(())
+}

@@ -1,0 +1,124 @@
+//! Rounding to an integer on the fast paths: the `1.5 * 2^23` trick and one zero-sized type per
+//! [`RoundingPolicy`], so each kernel is compiled once per policy without a branch per element.
+
+/// `1.5 * 2^23`: adding and subtracting it rounds to the nearest integer, ties to even, for
+/// any `|v| <= 2^22`.
+pub(super) const MAGIC: f32 = 12_582_912.0;
+/// The bit pattern of [`MAGIC`]: for an integer-valued `|v| < 2^22`, the bits of `v + MAGIC`
+/// are `MAGIC_BITS + v`, an exact float-to-integer conversion that vectorises on SSE2.
+const MAGIC_BITS: i32 = 0x4B40_0000;
+
+#[inline(always)]
+fn rne(v: f32) -> f32 {
+    (v + MAGIC) - MAGIC
+}
+
+/// An integer-valued `f32` with `|v| < 2^22` as `i32`, exactly: vectorises where `as i32` on
+/// a float (a saturating conversion) does not.
+#[inline(always)]
+pub(super) fn small_int(v: f32) -> i32 {
+    (v + MAGIC).to_bits() as i32 - MAGIC_BITS
+}
+
+#[inline(always)]
+pub(super) fn clamp(v: f32, lo: f32, hi: f32) -> f32 {
+    // Comparisons, not f32::max/min: they vectorise to compare + select (maxps/minps) and let
+    // NaN through.
+    let v = if v < lo { lo } else { v };
+    if v > hi {
+        hi
+    } else {
+        v
+    }
+}
+
+/// Rounding to an integer, valid for `|v| <= 2^22` (and NaN, which it propagates).
+pub(super) trait Round: Send + Sync + 'static {
+    /// Round half to even (PyTorch's rounding), which has a hand-written AVX2 LSQ backward.
+    const HALF_EVEN: bool = false;
+    fn round(v: f32) -> f32;
+}
+
+macro_rules! rounding {
+    ($name:ident, |$v:ident, $r:ident, $d:ident| $body:expr) => {
+        rounding!($name, false, |$v, $r, $d| $body);
+    };
+    ($name:ident, $half_even:literal, |$v:ident, $r:ident, $d:ident| $body:expr) => {
+        pub(super) struct $name;
+        impl Round for $name {
+            const HALF_EVEN: bool = $half_even;
+            #[inline(always)]
+            fn round($v: f32) -> f32 {
+                let $r = rne($v);
+                // Exact: |v - r| <= 0.5 and both are close (Sterbenz).
+                let $d = $v - $r;
+                $body
+            }
+        }
+    };
+}
+
+rounding!(HalfEven, true, |v, r, d| {
+    let _ = (v, d);
+    r
+});
+rounding!(HalfAwayFromZero, |v, r, d| {
+    r + if d == 0.5 && v > 0.0 { 1.0 } else { 0.0 } - if d == -0.5 && v < 0.0 { 1.0 } else { 0.0 }
+});
+rounding!(HalfUp, |v, r, d| {
+    let _ = v;
+    r + if d == 0.5 { 1.0 } else { 0.0 }
+});
+rounding!(HalfDown, |v, r, d| {
+    let _ = v;
+    r - if d == -0.5 { 1.0 } else { 0.0 }
+});
+rounding!(HalfTowardZero, |v, r, d| {
+    r + if d == 0.5 && v < 0.0 { 1.0 } else { 0.0 } - if d == -0.5 && v > 0.0 { 1.0 } else { 0.0 }
+});
+rounding!(Floor, |v, r, d| {
+    let _ = v;
+    r - if d < 0.0 { 1.0 } else { 0.0 }
+});
+rounding!(Ceil, |v, r, d| {
+    let _ = v;
+    r + if d > 0.0 { 1.0 } else { 0.0 }
+});
+
+/// Evaluates `$body` with the type alias `$r` naming the zero-sized rounding type of `$policy`:
+/// `with_rounding!(policy, R => drive(&FakeQuant::<R, _>::new(..), ..))`.
+macro_rules! with_rounding {
+    ($policy:expr, $r:ident => $body:expr) => {{
+        use $crate::kernels::round as r;
+        match $policy {
+            RoundingPolicy::HalfEven => {
+                type $r = r::HalfEven;
+                $body
+            }
+            RoundingPolicy::HalfAwayFromZero => {
+                type $r = r::HalfAwayFromZero;
+                $body
+            }
+            RoundingPolicy::HalfUp => {
+                type $r = r::HalfUp;
+                $body
+            }
+            RoundingPolicy::HalfDown => {
+                type $r = r::HalfDown;
+                $body
+            }
+            RoundingPolicy::HalfTowardZero => {
+                type $r = r::HalfTowardZero;
+                $body
+            }
+            RoundingPolicy::Floor => {
+                type $r = r::Floor;
+                $body
+            }
+            RoundingPolicy::Ceil => {
+                type $r = r::Ceil;
+                $body
+            }
+        }
+    }};
+}

@@ -1,0 +1,487 @@
+//! The int8 kernels against their definitions, on every instruction-set path this CPU has
+//! (paths it lacks are skipped with a note): random shapes (fan-in not a multiple of the
+//! vector width, one row, one output channel), extreme codes (0 and 255 activations, ±64,
+//! -128/127 and i16 weights, where `vpmaddubsw` would saturate), any zero point and bias, all
+//! seven rounding policies. Every path must give the reference's bits.
+
+use std::sync::Once;
+
+use proptest::prelude::*;
+use quant_core::int8::{
+    fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, requantize_u8, rounding_shift, Isa,
+    PackedMatrix, Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
+};
+use quant_core::{QuantError, RoundingPolicy};
+
+const POLICIES: [RoundingPolicy; 7] = [
+    RoundingPolicy::HalfEven,
+    RoundingPolicy::HalfAwayFromZero,
+    RoundingPolicy::HalfUp,
+    RoundingPolicy::HalfDown,
+    RoundingPolicy::HalfTowardZero,
+    RoundingPolicy::Floor,
+    RoundingPolicy::Ceil,
+];
+
+/// The paths to test: every one this CPU runs; a note for each it cannot.
+fn paths() -> Vec<Isa> {
+    static NOTE: Once = Once::new();
+    NOTE.call_once(|| {
+        for isa in Isa::ALL {
+            if !isa.is_available() {
+                eprintln!("note: this CPU lacks the {isa} path; its int8 tests are skipped");
+            }
+        }
+    });
+    Isa::available()
+}
+
+/// `bias[o] + Σ (a - a_zero) · w[o][i]`, exactly, then modulo 2^32 (the contract: exact
+/// whenever the true value fits i32).
+fn gemm_reference(
+    a: &[u8],
+    m: usize,
+    a_zero: i32,
+    w: &[i32],
+    n: usize,
+    k: usize,
+    bias: &[i32],
+) -> Vec<i32> {
+    let mut out = vec![0i32; m * n];
+    for r in 0..m {
+        for o in 0..n {
+            let mut sum = bias[o] as i64;
+            for i in 0..k {
+                sum += (a[r * k + i] as i64 - a_zero as i64) * w[o * k + i] as i64;
+            }
+            out[r * n + o] = sum as i32;
+        }
+    }
+    out
+}
+
+/// `round(n / 2^shift)` by `policy` in i128, from the definition of each policy.
+fn rounding_reference(n: i64, shift: u32, policy: RoundingPolicy) -> i64 {
+    let d = 1i128 << shift;
+    let n = n as i128;
+    let floor = n.div_euclid(d);
+    let rem = n.rem_euclid(d); // n = floor · d + rem, 0 <= rem < d
+    let twice = 2 * rem;
+    let up = match policy {
+        RoundingPolicy::Floor => false,
+        RoundingPolicy::Ceil => rem > 0,
+        _ if twice != d => twice > d, // not a tie: to the nearest
+        RoundingPolicy::HalfEven => floor % 2 != 0,
+        RoundingPolicy::HalfUp => true,
+        RoundingPolicy::HalfDown => false,
+        RoundingPolicy::HalfAwayFromZero => n > 0,
+        RoundingPolicy::HalfTowardZero => n < 0,
+    };
+    (floor + up as i128) as i64
+}
+
+fn code() -> impl Strategy<Value = u8> {
+    prop_oneof![4 => any::<u8>(), 1 => Just(0u8), 2 => Just(255u8), 1 => Just(127u8), 1 => Just(128u8)]
+}
+
+/// Centered weights of one of the three ranges the kernels treat differently.
+fn weight(range: u8) -> BoxedStrategy<i32> {
+    match range {
+        0 => prop_oneof![4 => -64i32..=64, 1 => Just(64), 1 => Just(-64)].boxed(),
+        1 => {
+            prop_oneof![4 => -128i32..=127, 1 => Just(127), 1 => Just(-128), 1 => Just(65)].boxed()
+        }
+        _ => prop_oneof![
+            4 => -32768i32..=32767,
+            1 => Just(32767),
+            1 => Just(-32768),
+            1 => Just(-129),
+            1 => -3i32..=3
+        ]
+        .boxed(),
+    }
+}
+
+/// Fixed-point multipliers, with plenty of exact ties: powers of two (scale `2^-j`) and tiny
+/// `m` and shifts.
+fn multiplier() -> impl Strategy<Value = (i64, u32)> {
+    prop_oneof![
+        2 => (0i64..1 << 31, 0u32..=MAX_SHIFT),
+        2 => (Just(1i64 << 30), 31u32..=36),
+        1 => (0i64..8, 0u32..=3),
+        1 => (Just((1i64 << 31) - 1), 0u32..=MAX_SHIFT),
+    ]
+}
+
+/// `(m, n, k, activations, a_zero, weights, bias)`.
+type GemmCase = (usize, usize, usize, Vec<u8>, i32, Vec<i32>, Vec<i32>);
+
+fn gemm_case() -> impl Strategy<Value = GemmCase> {
+    let dims = (
+        prop_oneof![1 => Just(1usize), 3 => 1usize..30],
+        prop_oneof![1 => Just(1usize), 1 => Just(10usize), 3 => 1usize..70],
+        prop_oneof![1 => Just(0usize), 1 => Just(1usize), 4 => 1usize..150, 1 => Just(144usize)],
+        0u8..3,
+    );
+    dims.prop_flat_map(|(m, n, k, range)| {
+        (
+            Just(m),
+            Just(n),
+            Just(k),
+            prop::collection::vec(code(), m * k),
+            prop_oneof![3 => 0i32..=255, 1 => Just(0), 1 => Just(128), 1 => -1000i32..1000],
+            prop::collection::vec(weight(range), n * k),
+            prop::collection::vec(prop_oneof![3 => -100_000i32..100_000, 1 => any::<i32>()], n),
+        )
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn gemm_matches_the_definition_on_every_path((m, n, k, a, a_zero, w, bias) in gemm_case()) {
+        let expected = gemm_reference(&a, m, a_zero, &w, n, k, &bias);
+        for isa in paths() {
+            let packed = PackedMatrix::with_isa(&w, n, k, isa).unwrap();
+            prop_assert_eq!(packed.isa(), isa);
+            let mut out = vec![i32::MIN; m * n];
+            gemm_u8(&a, m, a_zero, &packed, &bias, &mut out).unwrap();
+            prop_assert_eq!(&out, &expected, "{} m={} n={} k={}", isa, m, n, k);
+        }
+    }
+
+    #[test]
+    fn requantization_matches_the_definition_on_every_path(
+        rows in 1usize..4,
+        n in prop_oneof![1 => Just(1usize), 3 => 1usize..40],
+        seed_acc in prop::collection::vec(prop_oneof![2 => -600i32..600, 2 => -1_000_000i32..1_000_000, 1 => any::<i32>()], 160),
+        raw in prop::collection::vec(multiplier(), 40),
+        scales in prop::collection::vec(prop_oneof![1e-7f64..20.0, 1e-3f64..1.0], 40),
+        from_scales in any::<bool>(),
+        zero_point in prop_oneof![3 => 0i32..=255, 1 => -1000i32..1000],
+        bounds in prop_oneof![2 => Just((0i32, 255i32)), 1 => (0i32..=255, 0i32..=255)],
+        policy in 0usize..7,
+    ) {
+        let rounding = POLICIES[policy];
+        let (lo, hi) = (bounds.0.min(bounds.1), bounds.0.max(bounds.1));
+        let acc: Vec<i32> = seed_acc.iter().copied().cycle().take(rows * n).collect();
+        let multipliers: Vec<(i64, u32)> = if from_scales {
+            scales[..n].iter().map(|s| fixed_point_multiplier(*s).unwrap()).collect()
+        } else {
+            raw[..n].to_vec()
+        };
+        let expected: Vec<u8> = acc
+            .iter()
+            .enumerate()
+            .map(|(i, a)| {
+                let (m, shift) = multipliers[i % n];
+                let r = rounding_reference(*a as i64 * m, shift, rounding);
+                (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
+            })
+            .collect();
+        for isa in paths() {
+            let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding).unwrap().with_isa(isa).unwrap();
+            let mut out = vec![7u8; acc.len()];
+            q.run(&acc, &mut out).unwrap();
+            prop_assert_eq!(&out, &expected, "{} {:?}", isa, rounding);
+        }
+        let mut out = vec![7u8; acc.len()];
+        requantize_u8(&acc, n, &multipliers, zero_point, lo, hi, rounding, &mut out).unwrap();
+        prop_assert_eq!(&out, &expected);
+    }
+
+    #[test]
+    fn rounding_shift_follows_its_definition(n in any::<i64>().prop_map(|v| v >> 2), shift in 0u32..=MAX_SHIFT, policy in 0usize..7) {
+        prop_assert_eq!(rounding_shift(n, shift, POLICIES[policy]), rounding_reference(n, shift, POLICIES[policy]));
+    }
+
+    #[test]
+    fn im2col_and_pooling_match_naive_loops(
+        h in 1usize..7,
+        w in 1usize..7,
+        c in prop_oneof![Just(1usize), Just(3usize), 1usize..20],
+        kernel in (1usize..4, 1usize..4),
+        stride in (1usize..3, 1usize..3),
+        padding in (0usize..3, 0usize..3),
+        pad in any::<u8>(),
+        seed in any::<u64>(),
+    ) {
+        let input: Vec<u8> = (0..h * w * c).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 17) as u8).collect();
+        let window = Window { kernel: [kernel.0, kernel.1], stride: [stride.0, stride.1], padding: [padding.0, padding.1] };
+        let at = |y: isize, x: isize, ch: usize| -> Option<u8> {
+            (y >= 0 && x >= 0 && (y as usize) < h && (x as usize) < w).then(|| input[(y as usize * w + x as usize) * c + ch])
+        };
+        let Some([oh, ow]) = window.output_size(h, w) else {
+            let mut out = vec![0u8; 4];
+            prop_assert!(im2col_u8(&input, [h, w, c], window, pad, &mut out).is_err());
+            return Ok(());
+        };
+        let row = kernel.0 * kernel.1 * c;
+        let mut rows = vec![0u8; oh * ow * row];
+        prop_assert_eq!(im2col_u8(&input, [h, w, c], window, pad, &mut rows).unwrap(), [oh, ow]);
+        let mut pooled = vec![0u8; oh * ow * c];
+        let pooling = max_pool_u8(&input, [h, w, c], window, &mut pooled);
+        let pool_ok = padding.0 * 2 <= kernel.0 && padding.1 * 2 <= kernel.1;
+        prop_assert_eq!(pooling.is_ok(), pool_ok, "{:?}", pooling);
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for ky in 0..kernel.0 {
+                    for kx in 0..kernel.1 {
+                        for ch in 0..c {
+                            let y = (oy * stride.0 + ky) as isize - padding.0 as isize;
+                            let x = (ox * stride.1 + kx) as isize - padding.1 as isize;
+                            let got = rows[(oy * ow + ox) * row + (ky * kernel.1 + kx) * c + ch];
+                            prop_assert_eq!(got, at(y, x, ch).unwrap_or(pad));
+                        }
+                    }
+                }
+                if pool_ok {
+                    for ch in 0..c {
+                        let mut best = None::<u8>;
+                        for ky in 0..kernel.0 {
+                            for kx in 0..kernel.1 {
+                                let y = (oy * stride.0 + ky) as isize - padding.0 as isize;
+                                let x = (ox * stride.1 + kx) as isize - padding.1 as isize;
+                                if let Some(v) = at(y, x, ch) {
+                                    best = Some(best.map_or(v, |b| b.max(v)));
+                                }
+                            }
+                        }
+                        prop_assert_eq!(Some(pooled[(oy * ow + ox) * c + ch]), best);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn saturating_pairs_stay_exact_on_every_path() {
+    // 255 · 127 · 2 > 32767: `vpmaddubsw` would saturate on these; 255 · 64 · 2 would not.
+    for (w, k) in [
+        (127, 64),
+        (-128, 64),
+        (64, 64),
+        (-64, 33),
+        (-32768, 17),
+        (32767, 3),
+    ] {
+        let (m, n) = (9, 35);
+        let weights = vec![w; n * k];
+        let a = vec![255u8; m * k];
+        let bias: Vec<i32> = (0..n as i32).collect();
+        let expected = gemm_reference(&a, m, 0, &weights, n, k, &bias);
+        for isa in paths() {
+            let packed = PackedMatrix::with_isa(&weights, n, k, isa).unwrap();
+            let mut out = vec![0; m * n];
+            gemm_u8(&a, m, 0, &packed, &bias, &mut out).unwrap();
+            assert_eq!(out, expected, "{isa} w = {w}, k = {k}");
+        }
+    }
+}
+
+#[test]
+fn large_products_split_across_threads_give_the_same_integers() {
+    // The shapes of the benchmarks: the digits MLP's hidden layer and a CNN's im2col rows.
+    for (m, n, k) in [(360, 256, 256), (64 * 64, 32, 144), (333, 70, 199)] {
+        assert!(m * n * k >= PARALLEL_MACS, "{m}x{n}x{k} should be split");
+        let a: Vec<u8> = (0..m * k).map(|i| (i * 7919 % 256) as u8).collect();
+        let w: Vec<i32> = (0..n * k)
+            .map(|i| (i * 104_729 % 255) as i32 - 127)
+            .collect();
+        let bias: Vec<i32> = (0..n).map(|o| o as i32 * 1000 - 5000).collect();
+        let expected = gemm_reference(&a, m, 3, &w, n, k, &bias);
+        for isa in paths() {
+            let packed = PackedMatrix::with_isa(&w, n, k, isa).unwrap();
+            for threads in [1, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                let mut out = vec![0; m * n];
+                pool.install(|| gemm_u8(&a, m, 3, &packed, &bias, &mut out))
+                    .unwrap();
+                assert!(out == expected, "{isa} {m}x{n}x{k} on {threads} threads");
+            }
+        }
+    }
+}
+
+#[test]
+fn bad_arguments_are_errors_that_write_nothing() {
+    let w = PackedMatrix::new(&[1, 2, 3, 4, 5, 6], 2, 3).unwrap();
+    assert_eq!((w.n(), w.k()), (2, 3));
+    assert_eq!(w.row_sums(), &[6, 15]);
+    assert_eq!(w.isa(), Isa::detected());
+    assert!(Isa::available().contains(&Isa::Portable));
+    assert!(Isa::detected().is_available());
+    let mut out = [7i32; 4];
+    for (a, bias, out_len) in [
+        (&[1u8; 5][..], &[0, 0][..], 4),
+        (&[1u8; 6][..], &[0][..], 4),
+        (&[1u8; 6][..], &[0, 0][..], 3),
+    ] {
+        let err = gemm_u8(a, 2, 0, &w, bias, &mut out[..out_len]).unwrap_err();
+        assert!(matches!(err, QuantError::LengthMismatch { .. }), "{err}");
+        assert_eq!(out, [7; 4]);
+    }
+    let err = PackedMatrix::new(&[1, 40_000], 1, 2).unwrap_err();
+    assert!(err.to_string().contains("[0][1]"), "{err}");
+    assert!(PackedMatrix::new(&[1, 2, 3], 2, 2).is_err());
+    assert!(PackedMatrix::new(&[], usize::MAX, 2).is_err());
+    for isa in Isa::ALL.into_iter().filter(|i| !i.is_available()) {
+        let err = PackedMatrix::with_isa(&[1], 1, 1, isa).unwrap_err();
+        assert!(err.to_string().contains(isa.name()), "{err}");
+        assert!(
+            Requantizer::new(&[(1 << 30, 31)], 0, 0, 255, RoundingPolicy::HalfEven)
+                .unwrap()
+                .with_isa(isa)
+                .is_err()
+        );
+    }
+
+    let m = fixed_point_multiplier(0.5).unwrap();
+    let mut codes = [9u8; 4];
+    let half_even = RoundingPolicy::HalfEven;
+    assert!(requantize_u8(&[1, 2, 3, 4], 3, &[m; 3], 0, 0, 255, half_even, &mut codes).is_err());
+    assert!(requantize_u8(&[1, 2, 3, 4], 2, &[m; 3], 0, 0, 255, half_even, &mut codes).is_err());
+    assert!(requantize_u8(
+        &[1, 2, 3, 4],
+        2,
+        &[m; 2],
+        0,
+        0,
+        255,
+        half_even,
+        &mut codes[..3]
+    )
+    .is_err());
+    assert!(requantize_u8(&[1, 2, 3, 4], 2, &[m; 2], 0, 10, 5, half_even, &mut codes).is_err());
+    assert!(requantize_u8(&[1, 2, 3, 4], 2, &[m; 2], 0, 0, 256, half_even, &mut codes).is_err());
+    assert!(requantize_u8(
+        &[1, 2, 3, 4],
+        2,
+        &[(1 << 31, 31); 2],
+        0,
+        0,
+        255,
+        half_even,
+        &mut codes
+    )
+    .is_err());
+    assert!(requantize_u8(
+        &[1, 2, 3, 4],
+        2,
+        &[(1 << 30, 63); 2],
+        0,
+        0,
+        255,
+        half_even,
+        &mut codes
+    )
+    .is_err());
+    assert_eq!(codes, [9; 4]);
+    requantize_u8(
+        &[1, 2, 3, -5],
+        2,
+        &[m; 2],
+        10,
+        0,
+        255,
+        half_even,
+        &mut codes,
+    )
+    .unwrap();
+    assert_eq!(codes, [10, 11, 12, 8]); // 0.5 → 0, 1.5 → 2, -2.5 → -2: ties to even
+
+    let mut rows = [0u8; 4];
+    assert!(im2col_u8(&[1, 2, 3], [2, 2, 1], Window::square(2, 1, 0), 0, &mut rows).is_err());
+    assert!(im2col_u8(
+        &[1, 2, 3, 4],
+        [2, 2, 1],
+        Window::square(3, 1, 0),
+        0,
+        &mut rows
+    )
+    .is_err());
+    assert!(im2col_u8(
+        &[1, 2, 3, 4],
+        [2, 2, 1],
+        Window::square(2, 0, 0),
+        0,
+        &mut rows
+    )
+    .is_err());
+    assert!(im2col_u8(
+        &[1, 2, 3, 4],
+        [2, 2, 1],
+        Window::square(2, 1, 0),
+        0,
+        &mut rows[..3]
+    )
+    .is_err());
+    assert_eq!(rows, [0; 4]);
+    assert!(max_pool_u8(&[1, 2, 3, 4], [2, 2, 1], Window::square(2, 2, 2), &mut rows).is_err());
+}
+
+#[test]
+fn fixed_point_multipliers_are_accurate() {
+    for m in [0.5, 0.75, 1.0, 3.0e-4, 0.123456789, 1234.5, 1e-12] {
+        let (q, shift) = fixed_point_multiplier(m).unwrap();
+        assert!(shift <= MAX_SHIFT);
+        assert!((0..1i64 << 31).contains(&q));
+        let back = q as f64 / 2f64.powi(shift as i32);
+        assert!(
+            ((back - m) / m).abs() < 1e-9 || m < 1e-10,
+            "{m}: {q} >> {shift} = {back}"
+        );
+    }
+    assert!(fixed_point_multiplier(0.0).is_err());
+    assert!(fixed_point_multiplier(f64::NAN).is_err());
+    assert!(fixed_point_multiplier(1e12).is_err());
+}
+
+#[test]
+fn requantization_ties_on_every_path() {
+    // Every accumulator from -700 to 700 against multipliers that make exact ties common:
+    // 2^-j scales (m = 2^30, shift 31 + j) and small m with small shifts (0 included), in
+    // rows of 40 channels (32 vectorised on AVX-512, 40 on AVX2).
+    let n = 40;
+    let multipliers: Vec<(i64, u32)> = (0..n)
+        .map(|o| match o % 4 {
+            0 | 1 => (1i64 << 30, 31 + (o as u32 / 4) % 7),
+            2 => (3 + o as i64 % 5, (o as u32 / 4) % 4),
+            _ => (((1i64 << 31) - 1) - o as i64, 33),
+        })
+        .collect();
+    let acc: Vec<i32> = (-700..700)
+        .flat_map(|a| [a; 40])
+        .map(|a: i32| a * 7 % 701)
+        .collect();
+    for rounding in POLICIES {
+        for (zero_point, lo, hi) in [(128, 0, 255), (0, 0, 255), (200, 150, 220)] {
+            let expected: Vec<u8> = acc
+                .iter()
+                .enumerate()
+                .map(|(i, a)| {
+                    let (m, shift) = multipliers[i % n];
+                    let r = rounding_reference(*a as i64 * m, shift, rounding);
+                    (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
+                })
+                .collect();
+            for isa in paths() {
+                let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding)
+                    .unwrap()
+                    .with_isa(isa)
+                    .unwrap();
+                let mut out = vec![0u8; acc.len()];
+                q.run(&acc, &mut out).unwrap();
+                assert!(
+                    out == expected,
+                    "{isa} {rounding:?} zero point {zero_point}"
+                );
+            }
+        }
+    }
+}
