@@ -3,7 +3,7 @@
 
 use quant_core::InferableQuantizer;
 
-use super::kernels::{fixed_point_multiplier, PackedMatrix};
+use super::kernels::{fixed_point_multiplier, PackedMatrix, Requantizer};
 use super::{
     IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
 };
@@ -29,13 +29,12 @@ pub(super) enum Quantize {
         quantizer: InferableQuantizer,
         offset: i32,
     },
-    /// Accumulators or codes: requantize.
+    /// Accumulators or codes: requantize, per channel (the last stored axis) or with one
+    /// multiplier.
     Requantize {
-        /// Per channel (the last stored axis) or one.
-        multipliers: Vec<(i64, u32)>,
+        requantizer: Requantizer,
         /// The stored zero point of codes read (subtracted first); `None` for accumulators.
         input_zero: Option<i32>,
-        grid: StoredGrid,
     },
 }
 
@@ -171,14 +170,12 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                         offset,
                     },
                     Rep::Acc { scales, .. } => Quantize::Requantize {
-                        multipliers: multipliers(name, scales, grid.scale)?,
+                        requantizer: requantizer(name, scales, &grid)?,
                         input_zero: None,
-                        grid,
                     },
                     Rep::Codes(g) => Quantize::Requantize {
-                        multipliers: multipliers(name, &[g.scale], grid.scale)?,
+                        requantizer: requantizer(name, &[g.scale], &grid)?,
                         input_zero: Some(g.zero),
-                        grid,
                     },
                 });
                 (Rep::Codes(grid), lay_a)
@@ -471,13 +468,20 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
     })
 }
 
-/// Fixed-point multipliers `scale[o] / to` for each channel.
-fn multipliers(node: &str, scales: &[f64], to: f64) -> Result<Vec<(i64, u32)>, ExportError> {
-    scales
+/// The requantization of values at `scales` (per channel, or one) into `grid`.
+fn requantizer(node: &str, scales: &[f64], grid: &StoredGrid) -> Result<Requantizer, ExportError> {
+    let multipliers = scales
         .iter()
-        .map(|s| fixed_point_multiplier(s / to))
+        .map(|s| fixed_point_multiplier(s / grid.scale))
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| unsupported(node, format!("requantizing into this grid: {e}")))
+        .map_err(|e| unsupported(node, format!("requantizing into this grid: {e}")))?;
+    Ok(Requantizer::new(
+        &multipliers,
+        grid.zero,
+        grid.lo,
+        grid.hi,
+        grid.rounding,
+    )?)
 }
 
 /// Weight codes (at most [`MAX_BITS`]), their zero points and scales.

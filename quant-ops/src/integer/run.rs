@@ -2,7 +2,7 @@
 
 use quant_core::{QuantError, Result};
 
-use super::kernels::{gemm_u8, im2col_u8, max_pool, requantize_u8};
+use super::kernels::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
 use super::prepare::{Quantize, Weighted};
 use super::{IntegerModel, Layout, Rep};
 use crate::graph::Op;
@@ -94,15 +94,16 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 match values[a].as_ref() {
                     Some(Buf::U8(v)) => {
                         let mut y = vec![0u8; n * per_out];
+                        let window = Window::square(p.kernel, p.stride, p.padding);
                         for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
-                            max_pool(xs, (h, w, c), p.kernel, p.stride, p.padding, (oh, ow), ys);
+                            max_pool_u8(xs, [h, w, c], window, ys)?;
                         }
                         Buf::U8(y)
                     }
                     Some(Buf::I32(v)) => {
                         let mut y = vec![0i32; n * per_out];
                         for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
-                            max_pool(xs, (h, w, c), p.kernel, p.stride, p.padding, (oh, ow), ys);
+                            max_pool_i32(xs, (h, w, c), p.kernel, p.stride, p.padding, (oh, ow), ys);
                         }
                         Buf::I32(y)
                     }
@@ -158,9 +159,8 @@ fn quantize(q: &Quantize, x: Option<&Buf>, layout: Layout) -> Result<Buf> {
         }
         (
             Quantize::Requantize {
-                multipliers,
+                requantizer,
                 input_zero,
-                grid,
             },
             Some(buf),
         ) => {
@@ -174,16 +174,7 @@ fn quantize(q: &Quantize, x: Option<&Buf>, layout: Layout) -> Result<Buf> {
                 _ => return Err(internal("quantize")),
             };
             let mut out = vec![0u8; acc.len()];
-            requantize_u8(
-                acc,
-                multipliers.len(),
-                multipliers,
-                grid.zero,
-                grid.lo,
-                grid.hi,
-                grid.rounding,
-                &mut out,
-            )?;
+            requantizer.run(acc, &mut out)?;
             Ok(Buf::U8(out))
         }
         _ => Err(internal("quantize")),
@@ -221,11 +212,12 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let mut out = vec![0i32; n * positions * w.out];
     if groups == 1 {
         let mut patches = vec![0u8; n * positions * w.fan_in];
+        let window = Window::square(g.kernel, g.stride, g.padding);
         for (xs, ps) in codes
             .chunks(h * wd * c)
             .zip(patches.chunks_mut(positions * w.fan_in))
         {
-            im2col_u8(xs, (h, wd, c), g.kernel, g.stride, g.padding, (oh, ow), pad, ps);
+            im2col_u8(xs, [h, wd, c], window, pad, ps)?;
         }
         gemm_u8(
             &patches,
@@ -246,7 +238,13 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
             for (p, dst) in sample.chunks_mut(cg).enumerate() {
                 dst.copy_from_slice(&xs[p * c + gi * cg..p * c + (gi + 1) * cg]);
             }
-            im2col_u8(&sample, (h, wd, cg), g.kernel, g.stride, g.padding, (oh, ow), pad, &mut patches);
+            im2col_u8(
+                &sample,
+                [h, wd, cg],
+                Window::square(g.kernel, g.stride, g.padding),
+                pad,
+                &mut patches,
+            )?;
             gemm_u8(&patches, positions, w.input_zero, &w.groups[gi], &w.biases[gi], &mut acc)?;
             for p in 0..positions {
                 out[(b * positions + p) * w.out + gi * og..][..og]
