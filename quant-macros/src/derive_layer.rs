@@ -289,6 +289,7 @@ fn generate(info: &StructInfo) -> TokenStream {
                             name: #slot_names,
                             target: #sup::QuantizationTarget::Weights,
                             per_channel: #per_channel,
+                            optional: false,
                         },
                         quantizer: &mut self.#qf,
                     })?;

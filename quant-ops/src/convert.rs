@@ -22,8 +22,10 @@
 use std::fmt;
 
 use dfdx::nn::modules::{
-    AccurateGeLU, BatchNorm1D, BatchNorm2D, Dropout, DropoutOneIn, FastGeLU, LeakyReLU, Linear,
-    ReLU, Sigmoid, Softmax, Tanh,
+    Abs, AccurateGeLU, AddInto, AvgPoolGlobal, BatchNorm1D, BatchNorm2D, Cos, Dropout,
+    DropoutOneIn, Embedding, Exp, FastGeLU, GeneralizedResidual, LayerNorm1D, LeakyReLU,
+    Linear, Ln, LogSoftmax, MaxPoolGlobal, MinPoolGlobal, ReLU, Repeated,
+    Residual, Sigmoid, Sin, Softmax, SplitInto, Sqrt, Square, Tanh,
 };
 use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -32,7 +34,8 @@ use quant_core::{QuantError, Result};
 
 use crate::graph::{Op, Parameter, PoolGeometry};
 use crate::layers::{
-    Float, QConv2d, QLinear, QuantInput, QuantizedModule, QuantizerSpec, Slot,
+    AddQuantizer, Float, QAddInto, QConv2d, QEmbedding, QGeneralizedResidual, QLinear, QRepeated,
+    QResidual, QSplitInto, QuantInput, QuantizedModule, QuantizerSpec, Slot,
 };
 use crate::nn::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
 
@@ -49,6 +52,18 @@ pub enum LayerKind {
     AvgPool2d,
     /// Flattening: slot `input`.
     Flatten,
+    /// The add of a residual connection (dfdx's `Residual`, `GeneralizedResidual`,
+    /// `AddInto`): slot `input` quantizes both inputs on one grid, optional slot `output` the
+    /// sum.
+    Add,
+    /// Global average pooling (dfdx's `AvgPoolGlobal`): slot `input`.
+    GlobalAvgPool,
+    /// Global max pooling (dfdx's `MaxPoolGlobal`): slot `input`.
+    GlobalMaxPool,
+    /// Layer normalisation (dfdx's `LayerNorm1D`): slot `input`; the normalisation stays float.
+    LayerNorm,
+    /// An embedding table (dfdx's `Embedding`): slot `weights`, per row.
+    Embedding,
     /// A user's own layer wrapped by `#[derive(QuantizedLayer)]`: one weights slot per
     /// quantized field (named like the field), and `input` when it quantizes its input.
     Custom,
@@ -56,12 +71,17 @@ pub enum LayerKind {
 
 impl LayerKind {
     /// Every kind.
-    pub const ALL: [LayerKind; 6] = [
+    pub const ALL: [LayerKind; 11] = [
         LayerKind::Linear,
         LayerKind::Conv2d,
         LayerKind::MaxPool2d,
         LayerKind::AvgPool2d,
         LayerKind::Flatten,
+        LayerKind::Add,
+        LayerKind::GlobalAvgPool,
+        LayerKind::GlobalMaxPool,
+        LayerKind::LayerNorm,
+        LayerKind::Embedding,
         LayerKind::Custom,
     ];
 
@@ -69,7 +89,14 @@ impl LayerKind {
     pub fn slots(self) -> &'static [Slot] {
         match self {
             LayerKind::Linear | LayerKind::Conv2d => &[Slot::WEIGHTS, Slot::INPUT],
-            LayerKind::MaxPool2d | LayerKind::AvgPool2d | LayerKind::Flatten => &[Slot::INPUT],
+            LayerKind::MaxPool2d
+            | LayerKind::AvgPool2d
+            | LayerKind::Flatten
+            | LayerKind::GlobalAvgPool
+            | LayerKind::GlobalMaxPool
+            | LayerKind::LayerNorm => &[Slot::INPUT],
+            LayerKind::Add => &[Slot::INPUT, Slot::OUTPUT],
+            LayerKind::Embedding => &[Slot::WEIGHTS],
             LayerKind::Custom => &[],
         }
     }
@@ -83,10 +110,11 @@ impl LayerKind {
                 .any(|s| s.target == quant_core::QuantizationTarget::Weights)
     }
 
-    /// Whether a policy's defaults (`[weights]`, `[input]`) apply to its slots; the slots of
+    /// Whether a policy's defaults (`[weights]`, `[input]`) apply to its (non-optional) slots:
+    /// layers with weights, and adds (an integer add needs its inputs quantized); the slots of
     /// other kinds stay float unless their kind's table or an override turns them on.
     pub fn quantized_by_default(self) -> bool {
-        self.has_weights()
+        self.has_weights() || self == LayerKind::Add
     }
 }
 
@@ -112,6 +140,12 @@ impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy 
 }
 
 /// A float module that converts into its quantized twin.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` has no quantized twin: quant cannot convert it",
+    label = "this layer cannot be converted",
+    note = "quant converts dfdx's Linear, LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_ops::nn's Conv2d, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
+    note = "for a layer of your own, derive `QuantizedLayer` on it (its tensors become quantizer slots), or implement `Convert` for it"
+)]
 pub trait Convert {
     /// The quantized twin's type.
     type Quantized: QuantizedModule;
@@ -217,7 +251,7 @@ macro_rules! input_only {
             impl<$($g)*> Convert for $ty {
                 type Quantized = QuantInput<$ty>;
                 fn convert(&self) -> Self::Quantized {
-                    QuantInput::new(*self, &Cpu::default())
+                    QuantInput::new(self.clone(), &Cpu::default())
                 }
             }
             impl<$($g)*> InputOnly for $ty {
@@ -238,6 +272,13 @@ input_only!(
     AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::AvgPool2d,
         |_m| Op::AvgPool2d(PoolGeometry { kernel: K, stride: S, padding: P });
     Flatten<N> where [const N: usize] => LayerKind::Flatten, |_m| Op::Flatten;
+    AvgPoolGlobal where [] => LayerKind::GlobalAvgPool, |_m| Op::GlobalAvgPool;
+    MaxPoolGlobal where [] => LayerKind::GlobalMaxPool, |_m| Op::GlobalMaxPool;
+    LayerNorm1D<M, f32, Cpu> where [const M: usize] => LayerKind::LayerNorm, |m| Op::LayerNorm {
+        scale: Parameter::float("gamma", m.gamma.as_vec()),
+        shift: Parameter::float("beta", m.beta.as_vec()),
+        epsilon: m.epsilon,
+    };
 );
 
 /// Float modules that stay float: `Convert` into `Float<Self>` (a copy), and their graph op.
@@ -262,7 +303,7 @@ macro_rules! stays_float {
 
 fn no_graph_op(what: &str) -> std::result::Result<Option<Op>, String> {
     Err(format!(
-        "{what} has no graph op yet: leave it out of models you export, or replace it by one that has (ReLU, Tanh, Sigmoid)"
+        "{what} has no graph op yet, so the model cannot be exported: replace it by an activation that has one (ReLU, Tanh, Sigmoid)"
     ))
 }
 
@@ -273,7 +314,18 @@ stays_float!(
     FastGeLU => |_m| no_graph_op("FastGeLU");
     AccurateGeLU => |_m| no_graph_op("AccurateGeLU");
     Softmax => |_m| no_graph_op("Softmax");
+    LogSoftmax => |_m| no_graph_op("LogSoftmax");
     LeakyReLU<f32> => |_m| no_graph_op("LeakyReLU");
+    dfdx::nn::prelu::PReLU<f32, Cpu> => |_m| no_graph_op("PReLU");
+    dfdx::nn::prelu::PReLU1D<C, f32, Cpu> where [C: ConstDim] => |_m| no_graph_op("PReLU1D");
+    Sin => |_m| no_graph_op("Sin");
+    Cos => |_m| no_graph_op("Cos");
+    Ln => |_m| no_graph_op("Ln");
+    Exp => |_m| no_graph_op("Exp");
+    Square => |_m| no_graph_op("Square");
+    Sqrt => |_m| no_graph_op("Sqrt");
+    Abs => |_m| no_graph_op("Abs");
+    MinPoolGlobal => |_m| no_graph_op("MinPoolGlobal");
     Dropout => |_m| Ok(None);
     DropoutOneIn<N> where [const N: usize] => |_m| Ok(None);
     BatchNorm1D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(
@@ -303,6 +355,77 @@ fn batch_norm(gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32], epsilon: f
         shift: Parameter::float("shift", shift),
     }
 }
+
+impl<const V: usize, const M: usize> Convert for Embedding<V, M, f32, Cpu> {
+    type Quantized = QEmbedding<V, M>;
+
+    fn convert(&self) -> Self::Quantized {
+        QEmbedding::from_embedding(self)
+    }
+}
+
+impl<F: Convert> Convert for Residual<F> {
+    type Quantized = QResidual<F::Quantized>;
+
+    fn convert(&self) -> Self::Quantized {
+        QResidual {
+            module: self.0.convert(),
+            add: AddQuantizer::new(&Cpu::default()),
+        }
+    }
+}
+
+impl<F: Convert, R: Convert> Convert for GeneralizedResidual<F, R> {
+    type Quantized = QGeneralizedResidual<F::Quantized, R::Quantized>;
+
+    fn convert(&self) -> Self::Quantized {
+        QGeneralizedResidual {
+            f: self.f.convert(),
+            r: self.r.convert(),
+            add: AddQuantizer::new(&Cpu::default()),
+        }
+    }
+}
+
+impl<T: Convert, const N: usize> Convert for Repeated<T, N> {
+    type Quantized = QRepeated<T::Quantized, N>;
+
+    fn convert(&self) -> Self::Quantized {
+        QRepeated {
+            modules: self.modules.iter().map(Convert::convert).collect(),
+        }
+    }
+}
+
+/// dfdx's `SplitInto` and `AddInto` over tuples of 2 to 4 modules.
+macro_rules! split_add_convert {
+    ($($name:ident $idx:tt),+) => {
+        impl<$($name: Convert),+> Convert for SplitInto<($($name,)+)>
+        where
+            QSplitInto<($($name::Quantized,)+)>: QuantizedModule,
+        {
+            type Quantized = QSplitInto<($($name::Quantized,)+)>;
+            fn convert(&self) -> Self::Quantized {
+                QSplitInto(($(self.0.$idx.convert(),)+))
+            }
+        }
+        impl<$($name: Convert),+> Convert for AddInto<($($name,)+)>
+        where
+            QAddInto<($($name::Quantized,)+)>: QuantizedModule,
+        {
+            type Quantized = QAddInto<($($name::Quantized,)+)>;
+            fn convert(&self) -> Self::Quantized {
+                QAddInto {
+                    modules: ($(self.0.$idx.convert(),)+),
+                    add: AddQuantizer::new(&Cpu::default()),
+                }
+            }
+        }
+    };
+}
+split_add_convert!(A 0, B 1);
+split_add_convert!(A 0, B 1, C 2);
+split_add_convert!(A 0, B 1, C 2, D 3);
 
 macro_rules! tuple_convert {
     ($($name:ident $idx:tt),+) => {

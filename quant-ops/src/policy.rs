@@ -274,16 +274,18 @@ pub struct LayerSettings {
     pub slots: BTreeMap<String, SlotSetting>,
 }
 
-/// The settings of a table that apply to `slot`, in order: its target's group, then its name.
+/// The settings of a table that apply to `slot`, in order: its target's group (not for an
+/// optional slot), then its name.
 fn steps<'a>(
     weights: &'a Option<SlotSetting>,
     input: &'a Option<SlotSetting>,
     slots: &'a BTreeMap<String, SlotSetting>,
     slot: Slot,
 ) -> [Option<&'a SlotSetting>; 2] {
-    let group = match slot.target {
-        QuantizationTarget::Weights => weights.as_ref(),
-        QuantizationTarget::Activation => input.as_ref(),
+    let group = match (slot.optional, slot.target) {
+        (true, _) => None,
+        (false, QuantizationTarget::Weights) => weights.as_ref(),
+        (false, QuantizationTarget::Activation) => input.as_ref(),
     };
     [group, slots.get(slot.name)]
 }
@@ -517,7 +519,7 @@ impl Policy {
             QuantizationTarget::Weights => default_w,
             QuantizationTarget::Activation => default_i,
         };
-        let mut acc = if kind.quantized_by_default() {
+        let mut acc = if kind.quantized_by_default() && !slot.optional {
             defaults.clone()
         } else {
             None

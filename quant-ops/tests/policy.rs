@@ -112,6 +112,7 @@ fn a_slot_is_addressed_by_name_after_its_group() {
         name: "gate",
         target: QuantizationTarget::Weights,
         per_channel: false,
+        optional: false,
     };
     assert_eq!(
         bits(&p.resolve("mix", LayerKind::Custom, gate).unwrap().unwrap().config),

@@ -160,8 +160,24 @@ impl GraphBuilder {
         quantizer: &dyn QuantizerControl,
         x: ValueId,
     ) -> Result<ValueId, ExportError> {
+        self.quantize_as(slot, slot, quantizer, x)
+    }
+
+    /// [`GraphBuilder::quantize`] with a node name of its own: a quantizer that quantizes
+    /// several values (an add's two inputs) adds one node per value, `node`, all of slot
+    /// `slot`.
+    ///
+    /// # Errors
+    /// See [`GraphBuilder::quantize`].
+    pub fn quantize_as(
+        &mut self,
+        node: &str,
+        slot: &str,
+        quantizer: &dyn QuantizerControl,
+        x: ValueId,
+    ) -> Result<ValueId, ExportError> {
         match exported_quantizer(slot, quantizer)? {
-            Some(q) => self.add(slot, Op::Quantize { quantizer: q }, &[x]),
+            Some(q) => self.add(node, Op::Quantize { quantizer: q }, &[x]),
             None => Ok(x),
         }
     }

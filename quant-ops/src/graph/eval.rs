@@ -85,6 +85,38 @@ pub fn evaluate(
             Op::Tanh => xs.iter().map(|v| v.tanh()).collect(),
             Op::Sigmoid => xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
             Op::Flatten => xs.to_vec(),
+            Op::GlobalAvgPool | Op::GlobalMaxPool => {
+                let plane: usize = in_shape[1..].iter().product();
+                xs.chunks_exact(plane.max(1))
+                    .map(|p| match node.op {
+                        Op::GlobalAvgPool => p.iter().sum::<f32>() / plane as f32,
+                        _ => p.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+                    })
+                    .collect()
+            }
+            Op::LayerNorm {
+                scale,
+                shift,
+                epsilon,
+            } => {
+                let (ParamValues::Float(g), ParamValues::Float(b)) = (&scale.values, &shift.values)
+                else {
+                    return Err(QuantError::InvalidValue {
+                        what: "LayerNorm parameters".into(),
+                        value: node.name.clone(),
+                        expected: "float values".into(),
+                    });
+                };
+                let f = g.len().max(1);
+                let mut y = Vec::with_capacity(xs.len());
+                for row in xs.chunks_exact(f) {
+                    let mean = row.iter().sum::<f32>() / f as f32;
+                    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / f as f32;
+                    let inv = 1.0 / (var + *epsilon as f32).sqrt();
+                    y.extend(row.iter().zip(g).zip(b).map(|((v, g), b)| (v - mean) * inv * g + b));
+                }
+                y
+            }
             Op::Add => {
                 let b = values[inputs[i][1]].as_deref().unwrap_or(&[]);
                 xs.iter().zip(b).map(|(x, y)| x + y).collect()

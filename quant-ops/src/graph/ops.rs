@@ -119,6 +119,20 @@ pub enum Op {
     Flatten,
     /// The elementwise sum of two values of one shape (a residual connection).
     Add,
+    /// The mean of each channel of `[channels, height, width]` maps, giving `[channels]`.
+    GlobalAvgPool,
+    /// The maximum of each channel of `[channels, height, width]` maps, giving `[channels]`.
+    GlobalMaxPool,
+    /// Layer normalisation over the last axis: `(x − mean) / √(var + epsilon) · scale + shift`
+    /// (the biased variance, as dfdx and PyTorch compute it).
+    LayerNorm {
+        /// One factor per feature of the last axis.
+        scale: Parameter,
+        /// One offset per feature of the last axis.
+        shift: Parameter,
+        /// Added to the variance.
+        epsilon: f64,
+    },
 }
 
 /// Output positions along one axis, `None` when the window does not fit (or sizes overflow).
@@ -161,6 +175,9 @@ impl Op {
             Op::AvgPool2d(_) => "AvgPool2d",
             Op::Flatten => "Flatten",
             Op::Add => "Add",
+            Op::GlobalAvgPool => "GlobalAvgPool",
+            Op::GlobalMaxPool => "GlobalMaxPool",
+            Op::LayerNorm { .. } => "LayerNorm",
         }
     }
 
@@ -184,7 +201,7 @@ impl Op {
                 (weight, geometry.weight_shape().to_vec()),
                 (bias, vec![geometry.out_channels]),
             ],
-            Op::ChannelAffine { scale, shift } => {
+            Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. } => {
                 let c = scale.values.len();
                 vec![(scale, vec![c]), (shift, vec![c])]
             }
@@ -213,7 +230,9 @@ impl Op {
                 (weight, Some(geometry.weight_shape().to_vec())),
                 (bias, Some(vec![geometry.out_channels])),
             ],
-            Op::ChannelAffine { scale, shift } => vec![(scale, None), (shift, None)],
+            Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. } => {
+                vec![(scale, None), (shift, None)]
+            }
             _ => Vec::new(),
         }
     }
@@ -255,6 +274,26 @@ impl Op {
             Op::Flatten => {
                 let x = single(inputs, "Flatten")?;
                 Ok(vec![checked_numel(x).ok_or("the input is too large")?])
+            }
+            Op::GlobalAvgPool | Op::GlobalMaxPool => {
+                let (c, _, _) = maps(inputs, self.name())?;
+                Ok(vec![c])
+            }
+            Op::LayerNorm {
+                scale,
+                shift,
+                epsilon,
+            } => {
+                let x = single(inputs, "LayerNorm")?;
+                let features = x.last().copied().unwrap_or(0);
+                if !(epsilon.is_finite() && *epsilon > 0.0) {
+                    return Err(format!("epsilon {epsilon} must be finite and positive"));
+                }
+                if values {
+                    check_parameter(scale, "scale", features, features, &["float"])?;
+                    check_parameter(shift, "shift", features, features, &["float"])?;
+                }
+                Ok(x.to_vec())
             }
             Op::Add => match inputs {
                 [a, b] if a == b => Ok(a.to_vec()),

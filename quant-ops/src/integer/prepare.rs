@@ -384,7 +384,36 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                     Layout::Maps { c, h: oh, w: ow },
                 )
             }
-            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => {
+            Op::GlobalAvgPool | Op::GlobalMaxPool => {
+                let Layout::Maps { c, h, w } = lay_a else {
+                    return Err(unsupported(name, "its input is not feature maps"));
+                };
+                let plane = (h * w) as u64;
+                cost = numels[a] as u64;
+                let rep = match (&node.op, &rep_a) {
+                    (Op::GlobalMaxPool, r) => r.clone(),
+                    // The sum of centered values; the scale carries the division.
+                    (_, Rep::Codes(g)) => Rep::Acc {
+                        scales: vec![g.scale / plane as f64],
+                        bound: reach(g).saturating_mul(plane as i64),
+                    },
+                    (_, Rep::Acc { scales, bound }) => Rep::Acc {
+                        scales: scales.iter().map(|s| s / plane as f64).collect(),
+                        bound: bound.saturating_mul(plane as i64),
+                    },
+                    (_, Rep::Float) => unreachable!("float inputs are refused above"),
+                };
+                if let Rep::Acc { bound, .. } = &rep {
+                    if *bound > i64::from(i32::MAX) {
+                        return Err(unsupported(
+                            name,
+                            format!("a sum of up to {bound} could overflow an i32 accumulator"),
+                        ));
+                    }
+                }
+                (rep, Layout::Flat { features: c })
+            }
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } | Op::LayerNorm { .. } => {
                 return Err(unsupported(
                     name,
                     format!(

@@ -126,7 +126,28 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 };
                 Buf::I32(sum_pool(&centered, n, (h, w, c), p, (oh, ow)))
             }
-            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => {
+            Op::GlobalAvgPool | Op::GlobalMaxPool => {
+                let Layout::Maps { c, h, w } = m.layouts[a] else {
+                    return Err(internal(&node.name));
+                };
+                let avg = matches!(node.op, Op::GlobalAvgPool);
+                match (values[a].as_ref(), &m.reps[a]) {
+                    (Some(Buf::U8(v)), Rep::Codes(g)) if avg => {
+                        Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| s + (*q as i32 - g.zero)))
+                    }
+                    (Some(Buf::U8(v)), _) => {
+                        Buf::U8(channel_reduce(v, c, h * w, u8::MIN, |s, q| s.max(*q)))
+                    }
+                    (Some(Buf::I32(v)), _) if avg => {
+                        Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| s + q))
+                    }
+                    (Some(Buf::I32(v)), _) => {
+                        Buf::I32(channel_reduce(v, c, h * w, i32::MIN, |s, q| s.max(*q)))
+                    }
+                    _ => return Err(internal(&node.name)),
+                }
+            }
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } | Op::LayerNorm { .. } => {
                 return Err(internal(&node.name))
             }
         };
@@ -253,6 +274,27 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
         }
     }
     Ok(out)
+}
+
+/// Per sample and channel, `f` folded over the `plane` positions of NHWC values from `init`.
+fn channel_reduce<T: Copy, A: Copy>(
+    x: &[T],
+    c: usize,
+    plane: usize,
+    init: A,
+    f: impl Fn(A, &T) -> A,
+) -> Vec<A> {
+    let mut out = Vec::with_capacity(x.len() / plane.max(1));
+    for sample in x.chunks_exact((c * plane).max(1)) {
+        let mut acc = vec![init; c];
+        for pos in sample.chunks_exact(c.max(1)) {
+            for (a, v) in acc.iter_mut().zip(pos) {
+                *a = f(*a, v);
+            }
+        }
+        out.extend(acc);
+    }
+    out
 }
 
 /// Window sums of NHWC values (padding counts as zero).

@@ -16,6 +16,7 @@
 //! export and integer inference.
 
 mod conv;
+mod embedding;
 #[doc(hidden)]
 pub mod derive;
 mod float;
@@ -23,12 +24,17 @@ mod input;
 mod linear;
 mod param;
 mod quantizer;
+mod residual;
 
 pub use conv::QConv2d;
+pub use embedding::QEmbedding;
 pub use float::Float;
 pub use input::QuantInput;
 pub use linear::QLinear;
 pub use param::{fake_quantize_param, fake_quantize_param_mut, LayerInput};
+pub use residual::{
+    AddQuantizer, QAddInto, QGeneralizedResidual, QRepeated, QResidual, QSplitInto,
+};
 pub use quantizer::{
     QuantizerControl, QuantizerDescription, QuantizerMode, QuantizerSpec, TensorQuantizer,
 };
@@ -205,6 +211,9 @@ pub struct Slot {
     /// Whether the quantized tensor has output channels along axis 0, so per-channel settings
     /// apply; otherwise it quantizes per tensor whatever the settings say.
     pub per_channel: bool,
+    /// An optional slot stays float unless a table names it (`slots.<name>`): the policy's
+    /// defaults and the `weights` / `input` groups leave it alone.
+    pub optional: bool,
 }
 
 impl Slot {
@@ -213,12 +222,22 @@ impl Slot {
         name: "weights",
         target: QuantizationTarget::Weights,
         per_channel: true,
+        optional: false,
     };
-    /// A layer's input activation, per tensor.
+    /// A layer's input activation, per tensor (both inputs of an add, on one grid).
     pub const INPUT: Slot = Slot {
         name: "input",
         target: QuantizationTarget::Activation,
         per_channel: false,
+        optional: false,
+    };
+    /// A layer's output activation, per tensor: optional (the next layer's input quantizer
+    /// usually quantizes it).
+    pub const OUTPUT: Slot = Slot {
+        name: "output",
+        target: QuantizationTarget::Activation,
+        per_channel: false,
+        optional: true,
     };
 }
 
@@ -265,6 +284,27 @@ pub trait QuantizedModule {
     /// # Errors
     /// A part with no graph form, a quantizer still calibrating, a shape that does not fit.
     fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> std::result::Result<ValueId, ExportError>;
+
+    /// [`lower`](Self::lower) for modules that take or give several values (a tuple: dfdx's
+    /// `SplitInto` gives one per branch, `AddInto` takes one per branch). By default one value
+    /// in, one out.
+    ///
+    /// # Errors
+    /// As [`lower`](Self::lower); a number of values the module does not take.
+    fn lower_values(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        xs: &[ValueId],
+    ) -> std::result::Result<Vec<ValueId>, ExportError> {
+        match xs {
+            [x] => Ok(vec![self.lower(name, g, *x)?]),
+            _ => Err(ExportError::Unsupported {
+                layer: name.to_string(),
+                reason: format!("takes one value; it receives {} (a tuple)", xs.len()),
+            }),
+        }
+    }
 }
 
 /// Lowers a layer with weights: its input quantizer (a quantize node named `<name>.input`), its
@@ -323,8 +363,18 @@ macro_rules! tuple_quantized_module {
                 Ok(())
             }
             fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> std::result::Result<ValueId, ExportError> {
-                $(let x = self.$idx.lower(&join_name(name, stringify!($idx)), g, x)?;)+
-                Ok(x)
+                match self.lower_values(name, g, &[x])?.as_slice() {
+                    [y] => Ok(*y),
+                    ys => Err(ExportError::Unsupported {
+                        layer: name.to_string(),
+                        reason: format!("gives {} values (a tuple) where one is expected", ys.len()),
+                    }),
+                }
+            }
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> std::result::Result<Vec<ValueId>, ExportError> {
+                let xs = xs.to_vec();
+                $(let xs = self.$idx.lower_values(&join_name(name, stringify!($idx)), g, &xs)?;)+
+                Ok(xs)
             }
         }
     };

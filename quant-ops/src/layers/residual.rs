@@ -1,0 +1,596 @@
+//! The twins of dfdx's composite modules: residual connections ([`QResidual`],
+//! [`QGeneralizedResidual`]), [`QAddInto`], [`QSplitInto`] and [`QRepeated`], and the
+//! [`AddQuantizer`] of their adds.
+//!
+//! An integer add needs both of its inputs on one grid (TensorRT's and OpenVINO's rule): the
+//! add's `input` slot is one quantizer that quantizes both inputs, so calibration sees both
+//! and they share a scale and zero point; the integer runtime then adds centered codes exactly.
+//! The optional `output` slot quantizes the sum.
+
+use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
+use dfdx::prelude::*;
+
+use quant_core::{QuantError, Result};
+
+use super::{join_name, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use crate::convert::LayerKind;
+use crate::export::ExportError;
+use crate::graph::{GraphBuilder, Op, ValueId};
+
+/// The quantizers of an add: `input` (both operands, one grid) and the optional `output`.
+#[derive(Debug, Clone)]
+pub struct AddQuantizer<E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// Quantizes both inputs of the add.
+    pub input_quantizer: TensorQuantizer<1, E, D>,
+    /// Quantizes the sum (optional slot `output`).
+    pub output_quantizer: TensorQuantizer<1, E, D>,
+}
+
+impl AddQuantizer {
+    /// Unconfigured (pass-through) quantizers.
+    pub fn new(dev: &Cpu) -> Self {
+        AddQuantizer {
+            input_quantizer: TensorQuantizer::new(dev),
+            output_quantizer: TensorQuantizer::new(dev),
+        }
+    }
+
+    /// `q(a) + q(b)`, then the output quantizer: the fake-quantized add.
+    ///
+    /// # Errors
+    /// The quantizers' errors.
+    pub fn add<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
+        &self,
+        a: Tensor<S, f32, Cpu, T>,
+        b: Tensor<S, f32, Cpu, T>,
+    ) -> Result<Tensor<S, f32, Cpu, T>> {
+        let a = self.input_quantizer.fake_quantize(a)?;
+        let b = self.input_quantizer.fake_quantize(b)?;
+        self.output_quantizer.fake_quantize(a.try_add(b)?)
+    }
+
+    /// [`AddQuantizer::add`] for `forward_mut`: calibrating quantizers observe both inputs (one
+    /// range covers both) and the sum.
+    ///
+    /// # Errors
+    /// The quantizers' errors.
+    pub fn add_mut<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
+        &mut self,
+        a: Tensor<S, f32, Cpu, T>,
+        b: Tensor<S, f32, Cpu, T>,
+    ) -> Result<Tensor<S, f32, Cpu, T>> {
+        let a = self.input_quantizer.fake_quantize_mut(a)?;
+        let b = self.input_quantizer.fake_quantize_mut(b)?;
+        self.output_quantizer.fake_quantize_mut(a.try_add(b)?)
+    }
+
+    /// Visits the two slots of the add of layer `name` (kind [`LayerKind::Add`]).
+    ///
+    /// # Errors
+    /// The first error of `f`.
+    pub fn visit_slots(
+        &mut self,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+    ) -> Result<()> {
+        f(SlotRef {
+            layer: name,
+            kind: LayerKind::Add,
+            slot: Slot::INPUT,
+            quantizer: &mut self.input_quantizer,
+        })?;
+        f(SlotRef {
+            layer: name,
+            kind: LayerKind::Add,
+            slot: Slot::OUTPUT,
+            quantizer: &mut self.output_quantizer,
+        })
+    }
+
+    /// Lowers the add of `a` and `b` as node `name`: a quantize node per input
+    /// (`<name>.input.0`, `<name>.input.1`, both with the input quantizer), the add, and the
+    /// output quantizer (`<name>.output`).
+    ///
+    /// # Errors
+    /// A quantizer still calibrating, inputs of different shapes.
+    pub fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        a: ValueId,
+        b: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        let input = join_name(name, Slot::INPUT.name);
+        let a = g.quantize_as(&join_name(&input, "0"), &input, &self.input_quantizer, a)?;
+        let b = g.quantize_as(&join_name(&input, "1"), &input, &self.input_quantizer, b)?;
+        let sum = g.add(name, Op::Add, &[a, b])?;
+        g.quantize(
+            &join_name(name, Slot::OUTPUT.name),
+            &self.output_quantizer,
+            sum,
+        )
+    }
+}
+
+impl<E: Dtype, D: Device<E>> TensorCollection<E, D> for AddQuantizer<E, D> {
+    type To<E2: Dtype, D2: Device<E2>> = AddQuantizer<E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::module(
+                    "input_quantizer",
+                    |s| &s.input_quantizer,
+                    |s| &mut s.input_quantizer,
+                ),
+                Self::module(
+                    "output_quantizer",
+                    |s| &s.output_quantizer,
+                    |s| &mut s.output_quantizer,
+                ),
+            ),
+            |(input_quantizer, output_quantizer)| AddQuantizer {
+                input_quantizer,
+                output_quantizer,
+            },
+        )
+    }
+}
+
+/// The twin of dfdx's `Residual<F>`: `x + F(x)`, the add quantized by an [`AddQuantizer`].
+/// Names follow dfdx's: the module is `<name>.0`; the add is the layer `<name>`.
+#[derive(Debug, Clone)]
+pub struct QResidual<F, E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// The residual branch.
+    pub module: F,
+    /// The add's quantizers.
+    pub add: AddQuantizer<E, D>,
+}
+
+/// The twin of dfdx's `GeneralizedResidual<F, R>`: `F(x) + R(x)` (R a projection shortcut),
+/// the add quantized by an [`AddQuantizer`]. Names follow dfdx's: `<name>.f`, `<name>.r`; the
+/// add is the layer `<name>`.
+#[derive(Debug, Clone)]
+pub struct QGeneralizedResidual<F, R, E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// The main branch.
+    pub f: F,
+    /// The shortcut.
+    pub r: R,
+    /// The add's quantizers.
+    pub add: AddQuantizer<E, D>,
+}
+
+impl<E: Dtype, D: Device<E>, F: TensorCollection<E, D>> TensorCollection<E, D>
+    for QResidual<F, E, D>
+{
+    type To<E2: Dtype, D2: Device<E2>> = QResidual<F::To<E2, D2>, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::module("0", |s| &s.module, |s| &mut s.module),
+                Self::module("add", |s| &s.add, |s| &mut s.add),
+            ),
+            |(module, add)| QResidual { module, add },
+        )
+    }
+}
+
+impl<E: Dtype, D: Device<E>, F: TensorCollection<E, D>, R: TensorCollection<E, D>>
+    TensorCollection<E, D> for QGeneralizedResidual<F, R, E, D>
+{
+    type To<E2: Dtype, D2: Device<E2>> =
+        QGeneralizedResidual<F::To<E2, D2>, R::To<E2, D2>, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::module("f", |s| &s.f, |s| &mut s.f),
+                Self::module("r", |s| &s.r, |s| &mut s.r),
+                Self::module("add", |s| &s.add, |s| &mut s.add),
+            ),
+            |(f, r, add)| QGeneralizedResidual { f, r, add },
+        )
+    }
+}
+
+impl<S: Shape, T, F> Module<Tensor<S, f32, Cpu, T>> for QResidual<F>
+where
+    T: Tape<f32, Cpu> + Merge<T> + Default,
+    F: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>>,
+    F::Error: Into<QuantError>,
+{
+    type Output = Tensor<S, f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        let y = self
+            .module
+            .try_forward(x.with_empty_tape())
+            .map_err(Into::into)?;
+        self.add.add(x, y)
+    }
+}
+
+impl<S: Shape, T, F> ModuleMut<Tensor<S, f32, Cpu, T>> for QResidual<F>
+where
+    T: Tape<f32, Cpu> + Merge<T> + Default,
+    F: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>>,
+    F::Error: Into<QuantError>,
+{
+    type Output = Tensor<S, f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        let y = self
+            .module
+            .try_forward_mut(x.with_empty_tape())
+            .map_err(Into::into)?;
+        self.add.add_mut(x, y)
+    }
+}
+
+impl<S: Shape, O: Shape, T, F, R> Module<Tensor<S, f32, Cpu, T>> for QGeneralizedResidual<F, R>
+where
+    T: Tape<f32, Cpu> + Merge<T> + Default,
+    F: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
+    R: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
+    F::Error: Into<QuantError>,
+    R::Error: Into<QuantError>,
+{
+    type Output = Tensor<O, f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        let f = self.f.try_forward(x.with_empty_tape()).map_err(Into::into)?;
+        let r = self.r.try_forward(x).map_err(Into::into)?;
+        self.add.add(f, r)
+    }
+}
+
+impl<S: Shape, O: Shape, T, F, R> ModuleMut<Tensor<S, f32, Cpu, T>>
+    for QGeneralizedResidual<F, R>
+where
+    T: Tape<f32, Cpu> + Merge<T> + Default,
+    F: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
+    R: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
+    F::Error: Into<QuantError>,
+    R::Error: Into<QuantError>,
+{
+    type Output = Tensor<O, f32, Cpu, T>;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        let f = self
+            .f
+            .try_forward_mut(x.with_empty_tape())
+            .map_err(Into::into)?;
+        let r = self.r.try_forward_mut(x).map_err(Into::into)?;
+        self.add.add_mut(f, r)
+    }
+}
+
+impl<F: QuantizedModule> QuantizedModule for QResidual<F> {
+    fn visit_slots(
+        &mut self,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.module.visit_slots(&join_name(name, "0"), f)?;
+        self.add.visit_slots(name, f)
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        let y = self.module.lower(&join_name(name, "0"), g, x)?;
+        self.add.lower(name, g, x, y)
+    }
+}
+
+impl<F: QuantizedModule, R: QuantizedModule> QuantizedModule for QGeneralizedResidual<F, R> {
+    fn visit_slots(
+        &mut self,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+    ) -> Result<()> {
+        self.f.visit_slots(&join_name(name, "f"), f)?;
+        self.r.visit_slots(&join_name(name, "r"), f)?;
+        self.add.visit_slots(name, f)
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        let a = self.f.lower(&join_name(name, "f"), g, x)?;
+        let b = self.r.lower(&join_name(name, "r"), g, x)?;
+        self.add.lower(name, g, a, b)
+    }
+}
+
+/// The twin of dfdx's `Repeated<T, N>`: `N` modules in sequence, named `<name>.0` to
+/// `<name>.{N-1}` as dfdx names them.
+#[derive(Debug, Clone)]
+pub struct QRepeated<T, const N: usize> {
+    /// The modules, in order.
+    pub modules: Vec<T>,
+}
+
+impl<E: Dtype, D: Device<E>, T: TensorCollection<E, D>, const N: usize> TensorCollection<E, D>
+    for QRepeated<T, N>
+{
+    type To<E2: Dtype, D2: Device<E2>> = QRepeated<T::To<E2, D2>, N>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        let names: Vec<String> = (0..N).map(|i| i.to_string()).collect();
+        visitor.visit_fields(
+            names
+                .iter()
+                .enumerate()
+                .map(|(i, name)| {
+                    Self::module(name, move |s| &s.modules[i], move |s| &mut s.modules[i])
+                })
+                .collect::<Vec<_>>(),
+            |modules| QRepeated { modules },
+        )
+    }
+}
+
+impl<X, T: Module<X, Output = X>, const N: usize> Module<X> for QRepeated<T, N>
+where
+    T::Error: Into<QuantError>,
+{
+    type Output = X;
+    type Error = QuantError;
+
+    fn try_forward(&self, mut x: X) -> Result<X> {
+        for m in &self.modules {
+            x = m.try_forward(x).map_err(Into::into)?;
+        }
+        Ok(x)
+    }
+}
+
+impl<X, T: ModuleMut<X, Output = X>, const N: usize> ModuleMut<X> for QRepeated<T, N>
+where
+    T::Error: Into<QuantError>,
+{
+    type Output = X;
+    type Error = QuantError;
+
+    fn try_forward_mut(&mut self, mut x: X) -> Result<X> {
+        for m in &mut self.modules {
+            x = m.try_forward_mut(x).map_err(Into::into)?;
+        }
+        Ok(x)
+    }
+}
+
+impl<T: QuantizedModule, const N: usize> QuantizedModule for QRepeated<T, N> {
+    fn visit_slots(
+        &mut self,
+        name: &str,
+        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+    ) -> Result<()> {
+        for (i, m) in self.modules.iter_mut().enumerate() {
+            m.visit_slots(&join_name(name, &i.to_string()), f)?;
+        }
+        Ok(())
+    }
+
+    fn lower(
+        &self,
+        name: &str,
+        g: &mut GraphBuilder,
+        mut x: ValueId,
+    ) -> std::result::Result<ValueId, ExportError> {
+        for (i, m) in self.modules.iter().enumerate() {
+            x = m.lower(&join_name(name, &i.to_string()), g, x)?;
+        }
+        Ok(x)
+    }
+}
+
+/// The twin of dfdx's `SplitInto<T>`: each module of the tuple `T` on the same input, giving
+/// the tuple of their outputs. Names follow dfdx's: `<name>.0.<i>`.
+#[derive(Debug, Clone)]
+pub struct QSplitInto<T>(pub T);
+
+/// The twin of dfdx's `AddInto<T>`: module `i` of the tuple `T` on element `i` of a tuple
+/// input, the outputs added with one [`AddQuantizer`] (all of them on its grid). Names follow
+/// dfdx's: `<name>.0.<i>`; the add is the layer `<name>`.
+#[derive(Debug, Clone)]
+pub struct QAddInto<T, E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// The modules.
+    pub modules: T,
+    /// The add's quantizers.
+    pub add: AddQuantizer<E, D>,
+}
+
+impl<E: Dtype, D: Device<E>, T: TensorCollection<E, D>> TensorCollection<E, D> for QSplitInto<T> {
+    type To<E2: Dtype, D2: Device<E2>> = QSplitInto<T::To<E2, D2>>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(Self::module("0", |s| &s.0, |s| &mut s.0), QSplitInto)
+    }
+}
+
+impl<E: Dtype, D: Device<E>, T: TensorCollection<E, D>> TensorCollection<E, D>
+    for QAddInto<T, E, D>
+{
+    type To<E2: Dtype, D2: Device<E2>> = QAddInto<T::To<E2, D2>, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        visitor.visit_fields(
+            (
+                Self::module("0", |s| &s.modules, |s| &mut s.modules),
+                Self::module("add", |s| &s.add, |s| &mut s.add),
+            ),
+            |(modules, add)| QAddInto { modules, add },
+        )
+    }
+}
+
+macro_rules! split_add_impls {
+    ($n:literal; $([$m:ident $i:tt $x:ident])+) => {
+        impl<X: WithEmptyTape, $($m: Module<X>),+> Module<X> for QSplitInto<($($m,)+)>
+        where
+            $($m::Error: Into<QuantError>,)+
+        {
+            type Output = ($($m::Output,)+);
+            type Error = QuantError;
+
+            fn try_forward(&self, x: X) -> Result<Self::Output> {
+                Ok(($(self.0.$i.try_forward(x.with_empty_tape()).map_err(Into::into)?,)+))
+            }
+        }
+
+        impl<X: WithEmptyTape, $($m: ModuleMut<X>),+> ModuleMut<X> for QSplitInto<($($m,)+)>
+        where
+            $($m::Error: Into<QuantError>,)+
+        {
+            type Output = ($($m::Output,)+);
+            type Error = QuantError;
+
+            fn try_forward_mut(&mut self, x: X) -> Result<Self::Output> {
+                Ok(($(self.0.$i.try_forward_mut(x.with_empty_tape()).map_err(Into::into)?,)+))
+            }
+        }
+
+        impl<$($m: QuantizedModule),+> QuantizedModule for QSplitInto<($($m,)+)> {
+            fn visit_slots(
+                &mut self,
+                name: &str,
+                f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+            ) -> Result<()> {
+                $(self.0.$i.visit_slots(&join_name(name, concat!("0.", stringify!($i))), f)?;)+
+                Ok(())
+            }
+
+            fn lower(
+                &self,
+                name: &str,
+                _g: &mut GraphBuilder,
+                _x: ValueId,
+            ) -> std::result::Result<ValueId, ExportError> {
+                Err(tuple_value(name, "SplitInto gives", $n))
+            }
+
+            fn lower_values(
+                &self,
+                name: &str,
+                g: &mut GraphBuilder,
+                xs: &[ValueId],
+            ) -> std::result::Result<Vec<ValueId>, ExportError> {
+                let [x] = xs else {
+                    return Err(tuple_value(name, "SplitInto takes one value; it receives", xs.len()));
+                };
+                Ok(vec![$(self.0.$i.lower(&join_name(name, concat!("0.", stringify!($i))), g, *x)?,)+])
+            }
+        }
+
+        impl<S: Shape, T: Tape<f32, Cpu> + Merge<T>, $($x,)+ $($m),+> Module<($($x,)+)>
+            for QAddInto<($($m,)+)>
+        where
+            $($m: Module<$x, Output = Tensor<S, f32, Cpu, T>>, $m::Error: Into<QuantError>,)+
+        {
+            type Output = Tensor<S, f32, Cpu, T>;
+            type Error = QuantError;
+
+            fn try_forward(&self, x: ($($x,)+)) -> Result<Self::Output> {
+                let ys = ($(self.modules.$i.try_forward(x.$i).map_err(Into::into)?,)+);
+                add_all!(self.add, add, ys, $($i)+)
+            }
+        }
+
+        impl<S: Shape, T: Tape<f32, Cpu> + Merge<T>, $($x,)+ $($m),+> ModuleMut<($($x,)+)>
+            for QAddInto<($($m,)+)>
+        where
+            $($m: ModuleMut<$x, Output = Tensor<S, f32, Cpu, T>>, $m::Error: Into<QuantError>,)+
+        {
+            type Output = Tensor<S, f32, Cpu, T>;
+            type Error = QuantError;
+
+            fn try_forward_mut(&mut self, x: ($($x,)+)) -> Result<Self::Output> {
+                let ys = ($(self.modules.$i.try_forward_mut(x.$i).map_err(Into::into)?,)+);
+                add_all!(self.add, add_mut, ys, $($i)+)
+            }
+        }
+
+        impl<$($m: QuantizedModule),+> QuantizedModule for QAddInto<($($m,)+)> {
+            fn visit_slots(
+                &mut self,
+                name: &str,
+                f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+            ) -> Result<()> {
+                $(self.modules.$i.visit_slots(&join_name(name, concat!("0.", stringify!($i))), f)?;)+
+                self.add.visit_slots(name, f)
+            }
+
+            fn lower(
+                &self,
+                name: &str,
+                _g: &mut GraphBuilder,
+                _x: ValueId,
+            ) -> std::result::Result<ValueId, ExportError> {
+                Err(tuple_value(name, "AddInto takes", $n))
+            }
+
+            fn lower_values(
+                &self,
+                name: &str,
+                g: &mut GraphBuilder,
+                xs: &[ValueId],
+            ) -> std::result::Result<Vec<ValueId>, ExportError> {
+                if xs.len() != $n {
+                    return Err(tuple_value(name, "AddInto takes", $n));
+                }
+                let ys = [$(self.modules.$i.lower(&join_name(name, concat!("0.", stringify!($i))), g, xs[$i])?,)+];
+                let mut sum = ys[0];
+                for (k, y) in ys.iter().enumerate().skip(1) {
+                    let node = if k + 1 == ys.len() { name.to_string() } else { join_name(name, &format!("sum{k}")) };
+                    sum = self.add.lower(&node, g, sum, *y)?;
+                }
+                Ok(vec![sum])
+            }
+        }
+    };
+}
+
+/// `q(y0) + q(y1) + ...` with the add's quantizers, left to right.
+macro_rules! add_all {
+    ($add:expr, $method:ident, $ys:ident, $first:tt $($rest:tt)+) => {{
+        let sum = $ys.$first;
+        $(let sum = $add.$method(sum, $ys.$rest)?;)+
+        Ok(sum)
+    }};
+}
+
+fn tuple_value(name: &str, what: &str, n: usize) -> ExportError {
+    ExportError::Unsupported {
+        layer: name.to_string(),
+        reason: format!("{what} {n} values; lower it inside a tuple that gives it what it takes (SplitInto then AddInto)"),
+    }
+}
+
+split_add_impls!(2; [A 0 XA] [B 1 XB]);
+split_add_impls!(3; [A 0 XA] [B 1 XB] [C 2 XC]);
+split_add_impls!(4; [A 0 XA] [B 1 XB] [C 2 XC] [D 3 XD]);
