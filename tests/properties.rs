@@ -302,6 +302,18 @@ type CnnBuilder = (
     dfdx::nn::builders::Linear<16, 5>,
 );
 
+/// A residual CNN: a depthwise block, a block with a strided projection shortcut, global
+/// average pooling.
+type ResnetBuilder = (
+    (builders::Conv2d<2, 4, 3, 1, 1>, ReLU),
+    dfdx::nn::builders::Residual<(builders::DepthwiseConv2d<4, 3, 1, 1>, ReLU, builders::Conv2d<4, 4, 1>)>,
+    dfdx::nn::builders::GeneralizedResidual<
+        (builders::Conv2d<4, 6, 3, 2, 1>, ReLU),
+        builders::Conv2d<4, 6, 1, 2>,
+    >,
+    (ReLU, dfdx::nn::builders::AvgPoolGlobal, dfdx::nn::builders::Linear<6, 5>),
+);
+
 /// The policy of one random model: the same widths and methods in every layer.
 fn policy(
     w_bits: u32,
@@ -312,7 +324,7 @@ fn policy(
     rounding: RoundingPolicy,
 ) -> impl Fn(&str, LayerKind, Slot) -> quant::Result<Option<QuantizerSpec>> {
     move |_, kind, slot| {
-        if !kind.has_weights() {
+        if !kind.quantized_by_default() || slot.optional {
             return Ok(None);
         }
         let config = match slot.target {
@@ -435,5 +447,23 @@ proptest! {
         let x = dev.sample_normal_like(&(4usize, Const::<2>, Const::<6>, Const::<6>));
         let (int, fq) = compare(&model, &p, &dev, calib, x, &[2, 6, 6]);
         assert_within_tolerance(&int, &fq, &format!("CNN W{w_bits}A{a_bits} {id} per-channel {per_channel}"))?;
+    }
+
+    #[test]
+    fn integer_resnet_matches_the_fake_quantized_resnet(
+        seed in any::<u64>(),
+        w_bits in 2u32..=8,
+        a_bits in 2u32..=8,
+        lsq in any::<bool>(),
+        per_channel in any::<bool>(),
+    ) {
+        let dev = Cpu::seed_from_u64(seed);
+        let model = dev.build_module::<ResnetBuilder, f32>();
+        let id = if lsq { TrainingMethod::Lsq } else { TrainingMethod::Ste };
+        let p = policy(w_bits, a_bits, QuantizationMethod::Symmetric, id, per_channel, RoundingPolicy::HalfEven);
+        let calib = dev.sample_normal_like(&(8usize, Const::<2>, Const::<6>, Const::<6>));
+        let x = dev.sample_normal_like(&(4usize, Const::<2>, Const::<6>, Const::<6>));
+        let (int, fq) = compare(&model, &p, &dev, calib, x, &[2, 6, 6]);
+        assert_within_tolerance(&int, &fq, &format!("ResNet W{w_bits}A{a_bits} {id} per-channel {per_channel}"))?;
     }
 }

@@ -90,7 +90,7 @@ case("run/negative_epochs.toml", "run", ["`float.epochs`"], RUN + "[float]\nepoc
 case("run/no_seeds.toml", "run", ["`run.seeds`"], RUN + "[run]\nseeds = []\n")
 case("run/nan_lr.toml", "run", ["`qat.lr`", "NaN"], RUN + "[qat]\nlr = nan\n")
 case("run/missing_model.toml", "run", ["missing_model.toml", "model"], RUN.replace('[model]\nkind = "mlp"\n', ""))
-case("run/unknown_model.toml", "run", ["`model.kind`", "resnet"], RUN.replace('"mlp"', '"resnet"'))
+case("run/unknown_model.toml", "run", ["`model.kind`", "vgg", "resnet"], RUN.replace('"mlp"', '"vgg"'))
 case("run/bad_policy.toml", "run", ["`quantization.weights`", "bits = 1"],
      RUN.replace("bits = 4", "bits = 1", 1))
 case("run/truncated.toml", "run", ["truncated.toml"], RUN[: len(RUN) // 2])
@@ -435,6 +435,35 @@ export("activation_explosion", ["layer `0`", "values"],
        metadata=meta(CNN_NODES[:2], input_shape=(1, 8192, 8192)), tensors=CONV_T)
 export("conv_on_flat_input", ["model.json", "node `0`", "receives [16]"],
        metadata=meta(CNN_NODES[:2], input_shape=(16,)), tensors=CONV_T)
+# Residual graphs: an add of two branches on one grid, and what a hostile file can do to it.
+RES_NODES = [quantize("0.input", "input"), linear("0", "0.input", 4, 3), simple("1", "0", "Relu"),
+             quantize("2.input.0", "1"), quantize("2.input.1", "0"),
+             simple("2", "2.input.0", "Add"), quantize("3.input", "2"), linear("3", "3.input", 3, 2)]
+RES_NODES[5]["inputs"] = ["2.input.0", "2.input.1"]
+RES_T = [VALID_TENSORS[0], VALID_TENSORS[1], ("3.weight", "I8", [2, 3], i8(W1)), ("3.bias", "I32", [2], i32(B1))]
+export("valid_residual", [], metadata=meta(RES_NODES), tensors=RES_T)
+export("add_shape_mismatch", ["model.json", "node `2`", "shapes [3] and [4]"],
+       metadata=meta(RES_NODES[:5] + [dict(simple("2", "2.input.0", "Add"), inputs=["2.input.0", "0.input"])]
+                     + RES_NODES[6:]),
+       tensors=RES_T)
+export("add_one_input", ["model.json", "node `2`", "takes two inputs"],
+       metadata=meta(RES_NODES[:5] + [simple("2", "2.input.0", "Add")] + RES_NODES[6:]), tensors=RES_T)
+export("add_on_two_grids", ["layer `2`", "one grid"],
+       metadata=meta(RES_NODES[:4]
+                     + [quantize("2.input.1", "0", quantizer("Uniform", 8, False, [0.05], [3]))]
+                     + RES_NODES[5:]),
+       tensors=RES_T)
+export("add_cycle", ["model.json", "node `2.input.0`", "`2`", "cyclic"],
+       metadata=meta(RES_NODES[:3] + [quantize("2.input.0", "2")] + RES_NODES[4:]), tensors=RES_T)
+export("global_pool_on_features", ["model.json", "node `g`", "receives [3]"],
+       metadata=meta(VALID_NODES[:3] + [simple("g", "1", "GlobalAvgPool")]), tensors=VALID_TENSORS[:2])
+export("depthwise_valid", [],
+       metadata=meta([CNN_NODES[0], conv("0", "0.input", 1, 2, 3, 1, 1), simple("1", "0", "Relu"),
+                      quantize("2.input", "1"), conv("2", "2.input", 2, 2, 3, 1, 1, groups=2),
+                      simple("3", "2", "GlobalAvgPool"), quantize("4.input", "3"), linear("4", "4.input", 2, 2)],
+                     input_shape=(1, 4, 4)),
+       tensors=CONV_T + [("2.weight", "I8", [2, 1, 3, 3], i8(list(range(-9, 9)))), ("2.bias", "I32", [2], i32([5, -5])),
+                         ("4.weight", "I8", [2, 2], i8([3, -4, 5, 6])), ("4.bias", "I32", [2], i32([0, 1]))])
 # An 80x80 kernel with padding 79 on an 8x8 image: 87x87 positions of 6400 values each. A valid
 # model (the runtime bounds its memory by running a batch in chunks); a small file.
 export("conv_kernel_80_padding_79", [],

@@ -2,7 +2,8 @@
 //!
 //! ```toml
 //! [model]
-//! kind = "mlp"                  # "mlp" (64-256-256-10) or "cnn" (conv + BatchNorm, folded)
+//! kind = "mlp"                  # "mlp" (64-256-256-10), "cnn" (conv + BatchNorm, folded) or
+//!                               # "resnet" (residual blocks, depthwise conv, projection shortcut)
 //!
 //! [data]
 //! # path = "my_digits.csv.gz"   # default: the bundled file
@@ -61,6 +62,10 @@ pub enum ModelKind {
     /// A small CNN on the 8×8 images: two conv + BatchNorm + ReLU + max-pool stages and a
     /// Linear head. BatchNorm is folded into the convolutions before quantization.
     Cnn,
+    /// A small residual CNN on the 8×8 images: a stem convolution, a residual block with a
+    /// depthwise convolution, a block with a strided 1x1 projection shortcut, global average
+    /// pooling and a Linear head. BatchNorm is folded into the convolutions before quantization.
+    Resnet,
 }
 
 impl std::fmt::Display for ModelKind {
@@ -68,6 +73,7 @@ impl std::fmt::Display for ModelKind {
         f.write_str(match self {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
+            ModelKind::Resnet => "resnet",
         })
     }
 }

@@ -186,6 +186,7 @@ pub fn run_staged(
     match cfg.model.kind {
         ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data, export, on_seed),
         ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data, export, on_seed),
+        ModelKind::Resnet => run_net::<nets::ResnetNet>(cfg, opts, &data, export, on_seed),
     }
 }
 

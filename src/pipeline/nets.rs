@@ -194,3 +194,118 @@ impl Net for CnnNet {
         )
     }
 }
+
+/// The residual CNN, as builders: a stem (3x3 conv to 16 channels, BatchNorm, ReLU), a residual
+/// block on 16 channels whose branch is a depthwise 3x3 conv and a 1x1 conv (MobileNet's
+/// separable convolution), a block down to 4x4 and 32 channels with a strided 1x1 projection
+/// shortcut, global average pooling and a Linear head. Every convolution has its BatchNorm.
+pub type ResnetBuilder = (
+    (
+        quant_ops::nn::builders::Conv2d<1, 16, 3, 1, 1>,
+        dfdx::nn::builders::BatchNorm2D<16>,
+        ReLU,
+    ),
+    (
+        dfdx::nn::builders::Residual<(
+            quant_ops::nn::builders::DepthwiseConv2d<16, 3, 1, 1>,
+            dfdx::nn::builders::BatchNorm2D<16>,
+            ReLU,
+            quant_ops::nn::builders::Conv2d<16, 16, 1>,
+            dfdx::nn::builders::BatchNorm2D<16>,
+        )>,
+        ReLU,
+    ),
+    (
+        dfdx::nn::builders::GeneralizedResidual<
+            (
+                quant_ops::nn::builders::Conv2d<16, 32, 3, 2, 1>,
+                dfdx::nn::builders::BatchNorm2D<32>,
+                ReLU,
+                quant_ops::nn::builders::Conv2d<32, 32, 3, 1, 1>,
+                dfdx::nn::builders::BatchNorm2D<32>,
+            ),
+            (
+                quant_ops::nn::builders::Conv2d<16, 32, 1, 2>,
+                dfdx::nn::builders::BatchNorm2D<32>,
+            ),
+        >,
+        ReLU,
+    ),
+    (
+        dfdx::nn::builders::AvgPoolGlobal,
+        dfdx::nn::builders::Linear<32, 10>,
+    ),
+);
+/// The built residual CNN.
+pub type Resnet = <ResnetBuilder as BuildOnDevice<Cpu, f32>>::Built;
+
+type Conv<const I: usize, const O: usize, const K: usize, const S: usize = 1, const P: usize = 0> =
+    quant_ops::nn::Conv2d<I, O, K, S, P, 1, I, f32, Cpu>;
+
+/// The residual CNN with every BatchNorm folded into its convolution.
+pub type FoldedResnet = (
+    (Conv<1, 16, 3, 1, 1>, ReLU),
+    (
+        dfdx::nn::modules::Residual<(
+            quant_ops::nn::DepthwiseConv2d<16, 3, 1, 1>,
+            ReLU,
+            Conv<16, 16, 1>,
+        )>,
+        ReLU,
+    ),
+    (
+        dfdx::nn::modules::GeneralizedResidual<
+            (Conv<16, 32, 3, 2, 1>, ReLU, Conv<32, 32, 3, 1, 1>),
+            Conv<16, 32, 1, 2>,
+        >,
+        ReLU,
+    ),
+    (
+        dfdx::nn::modules::AvgPoolGlobal,
+        dfdx::nn::modules::Linear<32, 10, f32, Cpu>,
+    ),
+);
+/// The quantized residual CNN.
+pub type QResnet = <FoldedResnet as Convert>::Quantized;
+
+/// The residual CNN.
+pub struct ResnetNet;
+
+impl Net for ResnetNet {
+    const KIND: ModelKind = ModelKind::Resnet;
+    const INPUT_SHAPE: &'static [usize] = &[1, 8, 8];
+    type Input = (usize, Const<1>, Const<8>, Const<8>);
+    type Float = Resnet;
+    type Deploy = FoldedResnet;
+    type Quantized = QResnet;
+
+    fn build(dev: &Cpu) -> Resnet {
+        dev.build_module::<ResnetBuilder, f32>()
+    }
+
+    fn deploy(float: &Resnet) -> FoldedResnet {
+        let ((c0, bn0, r0), (block1, r1), (block2, r2), head) = float.clone();
+        let (dw, bn_dw, relu, pw, bn_pw) = block1.0;
+        let (c1, bn1, relu1, c2, bn2) = block2.f;
+        let (proj, bn_proj) = block2.r;
+        (
+            (fold_batchnorm(&c0, &bn0), r0),
+            (
+                dfdx::nn::modules::Residual((
+                    fold_batchnorm(&dw, &bn_dw),
+                    relu,
+                    fold_batchnorm(&pw, &bn_pw),
+                )),
+                r1,
+            ),
+            (
+                dfdx::nn::modules::GeneralizedResidual {
+                    f: (fold_batchnorm(&c1, &bn1), relu1, fold_batchnorm(&c2, &bn2)),
+                    r: fold_batchnorm(&proj, &bn_proj),
+                },
+                r2,
+            ),
+            head,
+        )
+    }
+}

@@ -414,13 +414,16 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 (rep, Layout::Flat { features: c })
             }
             Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } | Op::LayerNorm { .. } => {
-                return Err(unsupported(
-                    name,
-                    format!(
-                        "{} has no integer form; fold it into the layer before (BatchNorm) or leave it out of the integer model",
-                        node.op.name()
-                    ),
-                ))
+                let reason = match &node.op {
+                    Op::ChannelAffine { .. } => {
+                        "an unfolded BatchNorm has no integer form: fold it into the convolution or Linear layer before it"
+                    }
+                    Op::LayerNorm { .. } => {
+                        "LayerNorm has no integer form in this runtime: keep it out of models that run on integers"
+                    }
+                    _ => "this activation has no integer form: integer inference supports ReLU",
+                };
+                return Err(unsupported(name, format!("{}: {reason}", node.op.name())));
             }
         };
         macs = match macs.checked_add(cost) {
