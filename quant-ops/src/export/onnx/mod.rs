@@ -83,15 +83,17 @@ pub const IR_VERSION: i64 = 7;
 /// the samples where every activation gets the same code in both.
 ///
 /// Both compute the same float operators on the same dequantized values, so the logits differ
-/// by the order of `f32` sums only (a runtime's GEMM blocks and vectorises them), about `1e-6`
-/// of the range. An activation code can differ, by one level, in two cases: a value within
-/// `f32` rounding of a rounding boundary, where the two sums round to different sides; and an
-/// exact tie, because ONNX's `QuantizeLinear` *divides* by the scale where quant (like
-/// PyTorch) multiplies by the `f32` reciprocal of the scale, and `x / s` and `x · (1/s)` can
-/// fall on different sides of a half-way point. Such a sample's logits differ by that level's
-/// contribution, which no relative bound covers: tests therefore require this tolerance on
-/// almost every sample, and agreement of predictions (the argmax) with quant's integer model
-/// on at least 99.7% of them.
+/// by the order of `f32` sums only (a runtime's GEMM blocks and vectorises them): below `1e-6`
+/// of the range on the committed configs, a margin of 100 here. An activation code can
+/// differ, by one level, in two cases: a value within `f32` rounding of a rounding boundary,
+/// where the two sums round to different sides; and an exact tie, because ONNX's
+/// `QuantizeLinear` *divides* by the scale where quant (like PyTorch, and tract per tensor)
+/// multiplies by the `f32` reciprocal of the scale, and `x / s` and `x · (1/s)` can fall on
+/// different sides of the half-way point. Such a sample's logits differ by that level's
+/// contribution, which no relative bound covers. tests/onnx.rs therefore requires this
+/// tolerance on at least 99% of the samples (all but at most one of the 360 digits test
+/// samples, measured), and predictions (the argmax) that agree with quant's integer model on
+/// at least 99.7% of them (all, measured).
 pub const LOGIT_TOLERANCE: f32 = 1e-4;
 
 /// The quantization layout an ONNX export follows: which deployment runtime it is written for.
