@@ -70,7 +70,9 @@ fn guarded<T>(path: &Path, f: impl FnOnce() -> TractResult<T>) -> Result<T, Onnx
     match catch_unwind(AssertUnwindSafe(f)) {
         Ok(Ok(v)) => Ok(v),
         Ok(Err(e)) => Err(model_error(format!("{e:#}"))),
-        Err(_) => Err(model_error("the ONNX runtime (tract) panicked on this model".into())),
+        Err(_) => Err(model_error(
+            "the ONNX runtime (tract) panicked on this model".into(),
+        )),
     }
 }
 
@@ -78,7 +80,10 @@ fn guarded<T>(path: &Path, f: impl FnOnce() -> TractResult<T>) -> Result<T, Onnx
 fn sample_dims(fact: &TypedFact) -> TractResult<Vec<usize>> {
     let dims: Vec<TDim> = fact.shape.iter().cloned().collect();
     if dims.len() < 2 {
-        bail!("expects a batch axis and at least one more; its shape is {:?}", fact.shape);
+        bail!(
+            "expects a batch axis and at least one more; its shape is {:?}",
+            fact.shape
+        );
     }
     dims[1..]
         .iter()
@@ -155,7 +160,7 @@ impl OnnxModel {
     /// `x` is not a whole number of samples, or tract fails.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>, OnnxRunError> {
         let per = self.input_features();
-        if per == 0 || x.len() % per != 0 {
+        if per == 0 || !x.len().is_multiple_of(per) {
             return Err(OnnxRunError::Model {
                 path: self.path.clone(),
                 message: format!(
@@ -170,7 +175,11 @@ impl OnnxModel {
         guarded(&self.path, || {
             let input = Tensor::from_shape(&shape, x)?;
             let out = self.plan.run(tvec!(input.into_tvalue()))?;
-            Ok(out[0].to_plain_array_view::<f32>()?.iter().copied().collect())
+            Ok(out[0]
+                .to_plain_array_view::<f32>()?
+                .iter()
+                .copied()
+                .collect())
         })
     }
 

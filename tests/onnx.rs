@@ -17,8 +17,8 @@ use tract_onnx::pb;
 use quant::digits;
 use quant::export::{self, onnx::LOGIT_TOLERANCE, OnnxConvention, OnnxFormat};
 use quant::graph::{
-    evaluate, Conv2dGeometry, ExportedQuantizer, Graph, GraphBuilder, Op, ParamValues,
-    Parameter, PoolGeometry, QuantizerOrigin,
+    evaluate, Conv2dGeometry, ExportedQuantizer, Graph, GraphBuilder, Op, ParamValues, Parameter,
+    PoolGeometry, QuantizerOrigin,
 };
 use quant::integer::{argmax_rows, IntegerModel};
 use quant::onnx_runtime::OnnxModel;
@@ -65,7 +65,9 @@ fn run(mut cfg: RunConfig, name: &str) -> (RunReport, PathBuf) {
 }
 
 fn config(name: &str) -> RunConfig {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("configs").join(name);
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("configs")
+        .join(name);
     RunConfig::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
 }
 
@@ -108,7 +110,9 @@ fn compare(dir: &Path) -> Comparison {
         .zip(&int_predictions)
         .filter(|(a, b)| a == b)
         .count();
-    let fake_quantized = evaluate(&graph, &test.images, &|_, _| false).unwrap().output;
+    let fake_quantized = evaluate(&graph, &test.images, &|_, _| false)
+        .unwrap()
+        .output;
     let (within_tolerance, max_relative) = compare_logits(&logits, &fake_quantized, 10);
     Comparison {
         agreement: same as f64 / test.len() as f64,
@@ -149,14 +153,29 @@ fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
         let model = decode(&dir);
         let g = model.graph.as_ref().unwrap();
         let (input, output) = (&g.input[0], &g.output[0]);
-        assert_eq!((input.name.as_str(), output.name.as_str()), ("input", "logits"));
-        let expected_input = if kind == "cnn" { vec!["N", "1", "8", "8"] } else { vec!["N", "64"] };
+        assert_eq!(
+            (input.name.as_str(), output.name.as_str()),
+            ("input", "logits")
+        );
+        let expected_input = if kind == "cnn" {
+            vec!["N", "1", "8", "8"]
+        } else {
+            vec!["N", "64"]
+        };
         assert_eq!(dims(input), expected_input, "{name}");
         assert_eq!(dims(output), ["N", "10"], "{name}");
         // One QuantizeLinear per quantized activation of the graph.
         let graph = export::load(&dir).unwrap();
-        let quantize_nodes = graph.nodes.iter().filter(|n| matches!(n.op, Op::Quantize { .. })).count();
-        let q_ops = g.node.iter().filter(|n| n.op_type == "QuantizeLinear").count();
+        let quantize_nodes = graph
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Quantize { .. }))
+            .count();
+        let q_ops = g
+            .node
+            .iter()
+            .filter(|n| n.op_type == "QuantizeLinear")
+            .count();
         assert_eq!(q_ops, quantize_nodes, "{name}");
 
         let c = compare(&dir);
@@ -186,10 +205,16 @@ fn platform_config(kind: &str, platform: &str) -> RunConfig {
 fn platform_presets_export_the_layout_their_runtime_documents() {
     // TensorRT on the CNN (convolutions and a Gemm), OpenVINO on the MLP.
     for (kind, platform) in [("cnn", "TensorRtInt8"), ("mlp", "OpenVinoInt8")] {
-        let (report, dir) = run(platform_config(kind, platform), &format!("{platform}-{kind}"));
+        let (report, dir) = run(
+            platform_config(kind, platform),
+            &format!("{platform}-{kind}"),
+        );
         assert_eq!(report.no_onnx_model, None, "{platform}");
         let model = decode(&dir);
-        let convention = model.metadata_props.iter().find(|p| p.key == "quant.onnx_convention");
+        let convention = model
+            .metadata_props
+            .iter()
+            .find(|p| p.key == "quant.onnx_convention");
         let expected = OnnxConvention::for_platform(Some(platform)).name();
         assert_eq!(convention.map(|p| p.value.as_str()), Some(expected));
         let g = model.graph.as_ref().unwrap();
@@ -200,10 +225,18 @@ fn platform_presets_export_the_layout_their_runtime_documents() {
                 let zero = initializer(g, &n.input[2]).expect("zero points are initializers");
                 let from_initializer = initializer(g, &n.input[0]).is_some();
                 let zeros_are_zero = zero.raw_data.iter().all(|b| *b == 0);
-                assert_ne!(zero.data_type, pb::tensor_proto::DataType::Int32 as i32, "{platform}: biases are float");
+                assert_ne!(
+                    zero.data_type,
+                    pb::tensor_proto::DataType::Int32 as i32,
+                    "{platform}: biases are float"
+                );
                 if platform == "TensorRtInt8" || from_initializer {
                     // TensorRT: every Q/DQ; OpenVINO: the weights. int8, zero point 0.
-                    assert_eq!(zero.data_type, pb::tensor_proto::DataType::Int8 as i32, "{platform}: {n:?}");
+                    assert_eq!(
+                        zero.data_type,
+                        pb::tensor_proto::DataType::Int8 as i32,
+                        "{platform}: {n:?}"
+                    );
                     assert!(zeros_are_zero, "{platform}: {n:?}");
                 }
                 if from_initializer {
@@ -217,7 +250,11 @@ fn platform_presets_export_the_layout_their_runtime_documents() {
             if n.op_type == "Conv" || n.op_type == "Gemm" {
                 // Q/DQ on the inputs of every quantizable op: activation and weights.
                 for input in &n.input[..2] {
-                    assert_eq!(producer(input).map(|p| p.op_type.as_str()), Some("DequantizeLinear"), "{platform}: {n:?}");
+                    assert_eq!(
+                        producer(input).map(|p| p.op_type.as_str()),
+                        Some("DequantizeLinear"),
+                        "{platform}: {n:?}"
+                    );
                 }
             }
         }
@@ -225,7 +262,10 @@ fn platform_presets_export_the_layout_their_runtime_documents() {
         let c = compare(&dir);
         eprintln!("{platform}: {c:?}");
         assert!(c.agreement >= 0.997, "{platform}: {c:?}");
-        assert!(c.within_tolerance >= MIN_WITHIN_TOLERANCE, "{platform}: {c:?}");
+        assert!(
+            c.within_tolerance >= MIN_WITHIN_TOLERANCE,
+            "{platform}: {c:?}"
+        );
     }
 }
 
@@ -233,10 +273,15 @@ fn platform_presets_export_the_layout_their_runtime_documents() {
 fn a_policy_onnx_cannot_express_still_exports_quants_files_and_the_report_says_why() {
     let mut cfg = config("mlp_w4a4.toml");
     let text = "[model]\nkind = \"mlp\"\n[quantization.weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n[quantization.input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\nrounding = \"HalfUp\"\n";
-    cfg.quantization = RunConfig::from_toml_str(text, "halfup").unwrap().quantization;
+    cfg.quantization = RunConfig::from_toml_str(text, "halfup")
+        .unwrap()
+        .quantization;
     let (report, dir) = run(cfg, "halfup");
     let why = report.no_onnx_model.clone().expect("no model.onnx");
-    assert!(why.starts_with("layer `0.input`: ") && why.contains("HalfUp"), "{why}");
+    assert!(
+        why.starts_with("layer `0.input`: ") && why.contains("HalfUp"),
+        "{why}"
+    );
     assert!(report.table().contains(&format!("no model.onnx: {why}")));
     assert!(dir.join("model.json").is_file() && dir.join("model.safetensors").is_file());
     assert!(!dir.join("model.onnx").exists());
@@ -246,7 +291,8 @@ fn a_policy_onnx_cannot_express_still_exports_quants_files_and_the_report_says_w
 
 fn quantizer(method: QuantizationMethod, grid: IntegerGrid, qparams: QParams) -> ExportedQuantizer {
     ExportedQuantizer {
-        inferable: InferableQuantizer::new(method, grid, RoundingPolicy::HalfEven, qparams).unwrap(),
+        inferable: InferableQuantizer::new(method, grid, RoundingPolicy::HalfEven, qparams)
+            .unwrap(),
         origin: QuantizerOrigin {
             training_method: "Ste".into(),
             quantizer: None,
@@ -258,10 +304,14 @@ fn quantizer(method: QuantizationMethod, grid: IntegerGrid, qparams: QParams) ->
 
 /// Deterministic pseudo-random values in `[-1, 1)`.
 fn noise(n: usize, seed: u64) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
     (0..n)
         .map(|_| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
         })
         .collect()
@@ -285,9 +335,17 @@ fn codes_for(q: &ExportedQuantizer, values: &[f32], shape: &[usize]) -> Paramete
 fn every_op_graph(signed_activations: bool) -> Graph {
     let act = |bits: u32, s: f32, z: i32| {
         if signed_activations {
-            quantizer(QuantizationMethod::Symmetric, IntegerGrid::new(bits, true, true).unwrap(), QParams::per_tensor(s, 0).unwrap())
+            quantizer(
+                QuantizationMethod::Symmetric,
+                IntegerGrid::new(bits, true, true).unwrap(),
+                QParams::per_tensor(s, 0).unwrap(),
+            )
         } else {
-            quantizer(QuantizationMethod::Uniform, IntegerGrid::new(bits, false, false).unwrap(), QParams::per_tensor(s, z).unwrap())
+            quantizer(
+                QuantizationMethod::Uniform,
+                IntegerGrid::new(bits, false, false).unwrap(),
+                QParams::per_tensor(s, z).unwrap(),
+            )
         }
     };
     // Activation scales in no simple ratio: with `s2 = 2·s1`, a value quantized on `s1` and
@@ -295,8 +353,23 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     // quant's f32 reference may round differently (see LOGIT_TOLERANCE).
     let mut g = GraphBuilder::new(&[2, 6, 6]).unwrap();
     let x = g.input();
-    let q = g.add("conv.input", Op::Quantize { quantizer: act(4, 0.15, 7) }, &[x]).unwrap();
-    let geometry = Conv2dGeometry { in_channels: 2, out_channels: 4, kernel: 3, stride: 1, padding: 1, groups: 2 };
+    let q = g
+        .add(
+            "conv.input",
+            Op::Quantize {
+                quantizer: act(4, 0.15, 7),
+            },
+            &[x],
+        )
+        .unwrap();
+    let geometry = Conv2dGeometry {
+        in_channels: 2,
+        out_channels: 4,
+        kernel: 3,
+        stride: 1,
+        padding: 1,
+        groups: 2,
+    };
     let wq = quantizer(
         QuantizationMethod::Symmetric,
         IntegerGrid::new(4, true, false).unwrap(),
@@ -304,19 +377,76 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     );
     let mut weight = codes_for(&wq, &noise(36, 1), &[4, 1, 3, 3]);
     weight.tensor = "conv.weight".into();
-    let bias = Parameter { tensor: "conv.bias".into(), values: ParamValues::Accumulator(vec![40, -25, 3, 0]) };
-    let y = g.add("conv", Op::Conv2d { geometry, weight, bias }, &[q]).unwrap();
+    let bias = Parameter {
+        tensor: "conv.bias".into(),
+        values: ParamValues::Accumulator(vec![40, -25, 3, 0]),
+    };
+    let y = g
+        .add(
+            "conv",
+            Op::Conv2d {
+                geometry,
+                weight,
+                bias,
+            },
+            &[q],
+        )
+        .unwrap();
     let affine = Op::ChannelAffine {
         scale: Parameter::float("bn.scale", vec![1.5, 0.5, -1.0, 2.0]),
         shift: Parameter::float("bn.shift", vec![0.1, -0.2, 0.3, 0.0]),
     };
     let y = g.add("bn", affine, &[y]).unwrap();
     let y = g.add("relu", Op::Relu, &[y]).unwrap();
-    let y = g.add("pool.input", Op::Quantize { quantizer: act(8, 0.0123, 0) }, &[y]).unwrap();
-    let a = g.add("max", Op::MaxPool2d(PoolGeometry { kernel: 3, stride: 2, padding: 1 }), &[y]).unwrap();
-    let b = g.add("avg", Op::AvgPool2d(PoolGeometry { kernel: 3, stride: 2, padding: 1 }), &[y]).unwrap();
-    let a = g.add("add.a", Op::Quantize { quantizer: act(8, 0.0217, 3) }, &[a]).unwrap();
-    let b = g.add("add.b", Op::Quantize { quantizer: act(8, 0.0217, 3) }, &[b]).unwrap();
+    let y = g
+        .add(
+            "pool.input",
+            Op::Quantize {
+                quantizer: act(8, 0.0123, 0),
+            },
+            &[y],
+        )
+        .unwrap();
+    let a = g
+        .add(
+            "max",
+            Op::MaxPool2d(PoolGeometry {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            }),
+            &[y],
+        )
+        .unwrap();
+    let b = g
+        .add(
+            "avg",
+            Op::AvgPool2d(PoolGeometry {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            }),
+            &[y],
+        )
+        .unwrap();
+    let a = g
+        .add(
+            "add.a",
+            Op::Quantize {
+                quantizer: act(8, 0.0217, 3),
+            },
+            &[a],
+        )
+        .unwrap();
+    let b = g
+        .add(
+            "add.b",
+            Op::Quantize {
+                quantizer: act(8, 0.0217, 3),
+            },
+            &[b],
+        )
+        .unwrap();
     let y = g.add("add", Op::Add, &[a, b]).unwrap();
     let y = g.add("tanh", Op::Tanh, &[y]).unwrap();
     let rows = Op::Linear {
@@ -327,7 +457,15 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     };
     let y = g.add("rows", rows, &[y]).unwrap();
     let y = g.add("flat", Op::Flatten, &[y]).unwrap();
-    let y = g.add("fc.input", Op::Quantize { quantizer: act(8, 0.0531, 128) }, &[y]).unwrap();
+    let y = g
+        .add(
+            "fc.input",
+            Op::Quantize {
+                quantizer: act(8, 0.0531, 128),
+            },
+            &[y],
+        )
+        .unwrap();
     let wq = quantizer(
         QuantizationMethod::Symmetric,
         IntegerGrid::new(8, true, true).unwrap(),
@@ -335,8 +473,22 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     );
     let mut weight = codes_for(&wq, &noise(3 * 60, 4), &[3, 60]);
     weight.tensor = "fc.weight".into();
-    let bias = Parameter { tensor: "fc.bias".into(), values: ParamValues::Accumulator(vec![100, -100, 7]) };
-    let y = g.add("fc", Op::Linear { in_features: 60, out_features: 3, weight, bias }, &[y]).unwrap();
+    let bias = Parameter {
+        tensor: "fc.bias".into(),
+        values: ParamValues::Accumulator(vec![100, -100, 7]),
+    };
+    let y = g
+        .add(
+            "fc",
+            Op::Linear {
+                in_features: 60,
+                out_features: 3,
+                weight,
+                bias,
+            },
+            &[y],
+        )
+        .unwrap();
     let y = g.add("sigmoid", Op::Sigmoid, &[y]).unwrap();
     g.finish(y, Default::default()).unwrap()
 }
@@ -359,6 +511,9 @@ fn every_op_runs_in_tract_as_the_float_reference_computes_it() {
         let reference = evaluate(&graph, &x, &|_, _| false).unwrap().output;
         let (within, max_relative) = compare_logits(&onnx.forward(&x).unwrap(), &reference, 3);
         eprintln!("{convention:?}: {within} within tolerance, largest {max_relative}");
-        assert!(within >= MIN_WITHIN_TOLERANCE, "{convention:?}: {within} within tolerance, largest {max_relative}");
+        assert!(
+            within >= MIN_WITHIN_TOLERANCE,
+            "{convention:?}: {within} within tolerance, largest {max_relative}"
+        );
     }
 }

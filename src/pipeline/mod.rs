@@ -514,7 +514,9 @@ fn run_net<N: Net>(
                 // Written beside the target; put in place only when every seed has succeeded.
                 // model.onnx too, unless ONNX cannot express the model (the report says why).
                 let onnx = OnnxFormat::for_platform(cfg.quantization.platform.as_deref());
-                for (_, why) in export::save_with_optional(graph, staged.path(), &[&QuantFormat], &[&onnx])? {
+                for (_, why) in
+                    export::save_with_optional(graph, staged.path(), &[&QuantFormat], &[&onnx])?
+                {
                     no_onnx = Some(why.to_string());
                 }
                 // Prove the files load and reproduce the in-memory model.

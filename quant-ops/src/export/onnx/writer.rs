@@ -7,9 +7,9 @@ use std::collections::{HashMap, HashSet};
 use prost::Message;
 
 use super::proto::{
-    attribute_type, data_type, AttributeProto, Dimension, DimensionValue, GraphProto,
-    ModelProto, NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto,
-    TensorShapeProto, TensorTypeProto, TypeProto, ValueInfoProto,
+    attribute_type, data_type, AttributeProto, Dimension, DimensionValue, GraphProto, ModelProto,
+    NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto,
+    TensorTypeProto, TypeProto, ValueInfoProto,
 };
 use super::{OnnxConvention, Role, IR_VERSION, OPSET};
 use crate::export::ExportError;
@@ -36,7 +36,13 @@ pub(super) fn write(graph: &Graph, convention: OnnxConvention) -> Result<Vec<u8>
     }
     if graph.output == graph.input.name {
         // A graph that returns its input: ONNX outputs need a node of their own.
-        w.op("Identity", &graph.output, &[INPUT.into()], OUTPUT.into(), Vec::new());
+        w.op(
+            "Identity",
+            &graph.output,
+            &[INPUT.into()],
+            OUTPUT.into(),
+            Vec::new(),
+        );
     }
     let model = w.finish();
     let len = model.encoded_len();
@@ -215,7 +221,15 @@ impl<'g> Writer<'g> {
                 out_features,
                 weight,
                 bias,
-            } => self.linear(node, [*in_features, *out_features], weight, bias, x, in_shape, out)?,
+            } => self.linear(
+                node,
+                [*in_features, *out_features],
+                weight,
+                bias,
+                x,
+                in_shape,
+                out,
+            )?,
             Op::Conv2d {
                 geometry,
                 weight,
@@ -233,9 +247,7 @@ impl<'g> Writer<'g> {
                 let attrs = vec![int_attr("count_include_pad", 1)];
                 self.pool("AveragePool", node, p, x, out, attrs)
             }
-            Op::Flatten => {
-                self.op("Flatten", &node.name, &[x], out, vec![int_attr("axis", 1)])
-            }
+            Op::Flatten => self.op("Flatten", &node.name, &[x], out, vec![int_attr("axis", 1)]),
             Op::Add => {
                 let y = self.input(node, 1);
                 self.op("Add", &node.name, &[x, y], out, Vec::new())
@@ -379,7 +391,13 @@ impl<'g> Writer<'g> {
             let lo = self.floats(&format!("{}.min", node.name), &[], &[lo]);
             let hi = self.floats(&format!("{}.max", node.name), &[], &[hi]);
             let clipped = self.value(&format!("{}.clipped", node.name));
-            self.op("Clip", &node.name, &[x, lo, hi], clipped.clone(), Vec::new());
+            self.op(
+                "Clip",
+                &node.name,
+                &[x, lo, hi],
+                clipped.clone(),
+                Vec::new(),
+            );
             x = clipped;
         }
         let codes = self.value(&format!("{}.codes", node.name));
@@ -425,7 +443,8 @@ impl<'g> Writer<'g> {
                 Ok(self.floats(&p.tensor, &stored_shape, &values))
             }
             ParamValues::Codes { codes, quantizer } => {
-                self.convention.check(&node.name, Role::Weights, quantizer)?;
+                self.convention
+                    .check(&node.name, Role::Weights, quantizer)?;
                 let code = CodeType::of(quantizer);
                 let stored = if transpose {
                     transposed(codes, shape[0], shape[1])
@@ -476,8 +495,7 @@ impl<'g> Writer<'g> {
                 })
             }
         };
-        let (Some(input), Some(w)) = (self.input_quantizer(node), weight.values.quantizer())
-        else {
+        let (Some(input), Some(w)) = (self.input_quantizer(node), weight.values.quantizer()) else {
             return Err(ExportError::Invalid {
                 node: node.name.clone(),
                 reason: "an accumulator bias needs a quantized input and quantized weights".into(),
@@ -491,7 +509,10 @@ impl<'g> Writer<'g> {
         }
         // The scale of each output's accumulator, rounded once to f32 (the float reference
         // computes `acc · (s_in · s_w)` in f64).
-        let scales: Vec<f32> = s_w.iter().map(|s| (s_in as f64 * *s as f64) as f32).collect();
+        let scales: Vec<f32> = s_w
+            .iter()
+            .map(|s| (s_in as f64 * *s as f64) as f32)
+            .collect();
         let per_channel = scales.len() > 1;
         let dims: Vec<usize> = if per_channel { vec![out] } else { Vec::new() };
         let zeros = vec![0i32; dims.first().copied().unwrap_or(1)];
@@ -541,7 +562,13 @@ impl<'g> Writer<'g> {
         let w = self.weight(node, weight, &[out_features, in_features], !gemm)?;
         let b = self.bias(node, bias, weight, out_features)?;
         if gemm {
-            self.op("Gemm", &node.name, &[x, w, b], out, vec![int_attr("transB", 1)]);
+            self.op(
+                "Gemm",
+                &node.name,
+                &[x, w, b],
+                out,
+                vec![int_attr("transB", 1)],
+            );
         } else {
             let product = self.value(&format!("{}.matmul", node.name));
             self.op("MatMul", &node.name, &[x, w], product.clone(), Vec::new());
