@@ -113,7 +113,9 @@ pub enum OnnxConvention {
     /// zero point 0 (TensorRT's Q/DQ layers are symmetric int8 only), per-channel weights on
     /// the output axis, biases as float initializers (TensorRT refuses a `DequantizeLinear` of
     /// int32 and quantizes the bias itself). A quantizer that is unsigned or has a non-zero
-    /// zero point is refused, naming its node.
+    /// zero point is refused, naming its node. The `TensorRtInt8` preset's activations are
+    /// narrow-range (`[-127, 127]`), so each gets a `Clip` before its `QuantizeLinear`, which
+    /// TensorRT runs as a pointwise op.
     TensorRt,
     /// OpenVINO's QDQ import (its ONNX frontend turns each activation Q/DQ pair into a
     /// `FakeQuantize` and each weight `DequantizeLinear` into int8 constants with a

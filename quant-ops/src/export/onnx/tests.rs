@@ -461,6 +461,19 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
     assert_eq!(gr.node.last().unwrap().output[0], "logits");
     assert_eq!(node(&m, "Tanh", "q.codes").input[0], "logits_2");
 
+    // Parameters with empty tensor names (ONNX reads an empty name as "no input").
+    let mut g = GraphBuilder::new(&[2]).unwrap();
+    let x = g.input();
+    let op = Op::Linear {
+        in_features: 2,
+        out_features: 1,
+        weight: Parameter::float("", vec![1.0, 2.0]),
+        bias: Parameter::float("", vec![0.5]),
+    };
+    let y = g.add("fc", op, &[x]).unwrap();
+    let m = decode(&g.finish(y, Default::default()).unwrap(), OnnxConvention::Standard);
+    assert_eq!(node(&m, "Gemm", "logits").input, ["input", "value", "value_2"]);
+
     let graph = GraphBuilder::new(&[3]).unwrap();
     let x = graph.input();
     let m = decode(

@@ -147,6 +147,8 @@ struct Names(HashSet<String>);
 
 impl Names {
     fn fresh(&mut self, base: &str) -> String {
+        // An empty name means "no value" to ONNX (a tensor name read from a file may be empty).
+        let base = if base.is_empty() { "value" } else { base };
         let mut name = base.to_string();
         let mut k = 1;
         while !self.0.insert(name.clone()) {
