@@ -32,6 +32,8 @@ pub use quant_ops;
 pub use quant_ops::*;
 
 pub mod digits;
+#[cfg(feature = "onnx-runtime")]
+pub mod onnx_runtime;
 pub mod pipeline;
 
 /// dfdx, as this crate uses it.

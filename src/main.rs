@@ -7,10 +7,12 @@
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
 use quant::fs::{check_export_dir, check_output_file, resolve, StagedFile};
+use quant::integer::IntegerModel;
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
 #[derive(Parser)]
@@ -58,13 +60,34 @@ enum Command {
     },
     /// List every registered trainable quantizer: target, methods, id, where it is defined.
     List,
-    /// Run an exported integer model on the digits test split.
+    /// Run an exported integer model, an ONNX file, or both, on the digits test split.
+    ///
+    /// `quant eval DIR` runs quant's integer model; `quant eval --onnx FILE` runs an ONNX file
+    /// with tract, a pure-Rust ONNX runtime; with both, it also prints how often their
+    /// predictions agree. `--repeat N` also times the forward pass (the median of N runs on
+    /// the same batch; set RAYON_NUM_THREADS=1 for one thread): tools/bench_onnxruntime.py
+    /// compares it with onnxruntime.
     Eval {
         /// The export directory (holding model.json and model.safetensors).
-        dir: PathBuf,
+        #[arg(required_unless_present = "onnx")]
+        dir: Option<PathBuf>,
+        /// An ONNX file to run with tract (for example DIR/model.onnx).
+        #[arg(long)]
+        onnx: Option<PathBuf>,
         /// A digits data file (default: the bundled one).
         #[arg(long)]
         data: Option<PathBuf>,
+        /// Time the forward pass: the median of this many runs.
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        repeat: Option<u32>,
+        /// Samples per timed batch (default: the whole test split), cycling through the test
+        /// split.
+        #[arg(long, requires = "repeat", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        batch: Option<u32>,
+        /// Also print each test sample's predicted class, on one line per model (for
+        /// tools/check_onnx.py).
+        #[arg(long)]
+        predictions: bool,
     },
 }
 
@@ -84,7 +107,7 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", bounded(e.to_string()));
-            let mut source = std::error::Error::source(&e);
+            let mut source = e.source();
             while let Some(s) = source {
                 eprintln!("  caused by: {}", bounded(s.to_string()));
                 source = s.source();
@@ -153,7 +176,7 @@ fn seed_line(d: SeedDone<'_>) {
     );
 }
 
-fn run(cli: Cli) -> Result<(), RunError> {
+fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Run {
             config,
@@ -223,14 +246,151 @@ fn run(cli: Cli) -> Result<(), RunError> {
             }
             Ok(())
         }
-        Command::Eval { dir, data } => {
-            let (acc, n) = pipeline::eval_export(&dir, data.as_deref())?;
-            println!(
-                "{}: integer model accuracy {:.2}% on {n} test samples",
-                dir.display(),
-                100.0 * acc
-            );
-            Ok(())
+        Command::Eval {
+            dir,
+            onnx,
+            data,
+            repeat,
+            batch,
+            predictions,
+        } => eval(
+            dir.as_deref(),
+            onnx.as_deref(),
+            data.as_deref(),
+            Timing { repeat, batch },
+            predictions,
+        ),
+    }
+}
+
+/// `quant eval --repeat N [--batch B]`.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    repeat: Option<u32>,
+    batch: Option<u32>,
+}
+
+/// One line listing `predicted`, for scripts.
+fn print_predictions(label: &str, predicted: &[usize]) {
+    let list: Vec<String> = predicted.iter().map(usize::to_string).collect();
+    println!("{label} predictions: {}", list.join(" "));
+}
+
+/// The median time of `repeat` calls of `f`, in milliseconds.
+fn median_ms<E>(repeat: u32, mut f: impl FnMut() -> Result<(), E>) -> Result<f64, E> {
+    let mut times = Vec::with_capacity(repeat as usize);
+    for _ in 0..repeat {
+        let t = Instant::now();
+        f()?;
+        times.push(t.elapsed().as_secs_f64() * 1e3);
+    }
+    times.sort_by(f64::total_cmp);
+    Ok(times[times.len() / 2])
+}
+
+/// `quant eval`: accuracy of the integer model of `dir` and of the ONNX file `onnx` on the test
+/// split, their agreement, and with `repeat` the median time of a forward pass of each.
+fn eval(
+    dir: Option<&Path>,
+    onnx: Option<&Path>,
+    data: Option<&Path>,
+    Timing { repeat, batch }: Timing,
+    show_predictions: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let test = match data {
+        Some(path) => quant::digits::load(path)?,
+        None => quant::digits::bundled()?,
+    }
+    .test;
+    // The timed batch: `batch` samples cycling through the test split.
+    let timed: Vec<f32> = match batch {
+        Some(b) => (0..b as usize)
+            .flat_map(|i| test.gather(&[i % test.len()]).0)
+            .collect(),
+        None => test.images.clone(),
+    };
+    let samples = timed.len() / quant::digits::PIXELS;
+    let mut integer_predictions = None;
+    if let Some(dir) = dir {
+        let (acc, n) = pipeline::eval_export(dir, data)?;
+        println!(
+            "{}: integer model accuracy {:.2}% on {n} test samples",
+            dir.display(),
+            100.0 * acc
+        );
+        if repeat.is_some() || onnx.is_some() || show_predictions {
+            let model = IntegerModel::new(&quant::export::load(dir)?)?;
+            let predicted = model.predict(&test.images)?;
+            if show_predictions {
+                print_predictions("integer", &predicted);
+            }
+            integer_predictions = Some(predicted);
+            if let Some(r) = repeat {
+                let ms = median_ms(r, || model.forward(&timed).map(|_| ()))?;
+                println!("integer runtime: {ms:.4} ms per batch of {samples} (median of {r} runs)");
+            }
         }
     }
+    if let Some(path) = onnx {
+        eval_onnx(
+            path,
+            data,
+            repeat,
+            &timed,
+            integer_predictions.as_deref(),
+            show_predictions,
+        )?;
+    }
+    Ok(())
+}
+
+#[cfg(feature = "onnx-runtime")]
+fn eval_onnx(
+    path: &Path,
+    data: Option<&Path>,
+    repeat: Option<u32>,
+    timed: &[f32],
+    integer_predictions: Option<&[usize]>,
+    show_predictions: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    use quant::onnx_runtime::{eval_onnx, OnnxModel};
+    let (acc, n, predicted) = eval_onnx(path, data)?;
+    println!(
+        "{}: ONNX model (tract) accuracy {:.2}% on {n} test samples",
+        path.display(),
+        100.0 * acc
+    );
+    if show_predictions {
+        print_predictions("ONNX", &predicted);
+    }
+    if let Some(int) = integer_predictions {
+        let same = int.iter().zip(&predicted).filter(|(a, b)| a == b).count();
+        println!(
+            "ONNX (tract) = integer model on {:.2}% of the test samples",
+            100.0 * same as f64 / n.max(1) as f64
+        );
+    }
+    if let Some(r) = repeat {
+        let model = OnnxModel::load(path)?;
+        let ms = median_ms(r, || model.forward(timed).map(|_| ()))?;
+        let samples = timed.len() / quant::digits::PIXELS;
+        println!("tract: {ms:.4} ms per batch of {samples} (median of {r} runs)");
+    }
+    Ok(())
+}
+
+#[cfg(not(feature = "onnx-runtime"))]
+fn eval_onnx(
+    path: &Path,
+    _: Option<&Path>,
+    _: Option<u32>,
+    _: &[f32],
+    _: Option<&[usize]>,
+    _: bool,
+) -> Result<(), Box<dyn std::error::Error>> {
+    Err(format!(
+        "{}: this quant was built without the `onnx-runtime` feature, which runs ONNX files; rebuild with default features",
+        path.display()
+    )
+    .into())
 }

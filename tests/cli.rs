@@ -127,7 +127,43 @@ fn run_writes_the_report_and_an_export_that_eval_reproduces() {
         "{} vs {expected}",
         stdout(&o)
     );
+    assert!(json["no_onnx_model"].is_null(), "{json}");
+    eval_onnx_agrees(&export);
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `quant eval DIR --onnx DIR/model.onnx`: tract runs the export's ONNX model, whose
+/// predictions agree with the integer model's on at least 99.7% of the test samples.
+fn eval_onnx_agrees(export: &Path) {
+    let onnx = export.join("model.onnx");
+    assert!(onnx.is_file(), "quant run writes model.onnx");
+    if !cfg!(feature = "onnx-runtime") {
+        return;
+    }
+    let o = quant(&[
+        "eval",
+        export.to_str().unwrap(),
+        "--onnx",
+        onnx.to_str().unwrap(),
+        "--predictions",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("ONNX model (tract) accuracy"), "{out}");
+    let agreement: f64 = out
+        .lines()
+        .find_map(|l| l.strip_prefix("ONNX (tract) = integer model on "))
+        .and_then(|l| l.split('%').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no agreement line in {out}"));
+    assert!(agreement >= 99.7, "{out}");
+    for label in ["integer", "ONNX"] {
+        let line = out
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{label} predictions: ")))
+            .unwrap_or_else(|| panic!("no {label} predictions in {out}"));
+        assert_eq!(line.split(' ').count(), 360, "{label}");
+    }
 }
 
 #[test]
@@ -153,6 +189,7 @@ fn the_cnn_runs_end_to_end_with_batchnorm_folded() {
         !meta.contains("BatchNorm"),
         "the exported model has no BatchNorm left"
     );
+    eval_onnx_agrees(&export);
     std::fs::remove_dir_all(&dir).ok();
 }
 
@@ -216,6 +253,17 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("r.json"), "{}", stderr(&o));
     assert!(!export.exists(), "nothing is exported when the run fails");
+
+    // ONNX files that are missing or not ONNX name the file.
+    if cfg!(feature = "onnx-runtime") {
+        let not_onnx = dir.join("not.onnx");
+        std::fs::write(&not_onnx, "this is not protobuf").unwrap();
+        for path in ["no/such/model.onnx", not_onnx.to_str().unwrap()] {
+            let o = quant(&["eval", "--onnx", path]);
+            assert!(!o.status.success());
+            assert!(stderr(&o).contains(path), "{}", stderr(&o));
+        }
+    }
 
     // A corrupted export names its file.
     std::fs::create_dir_all(&export).unwrap();

@@ -19,7 +19,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 
 use quant_core::QuantError;
 use quant_ops::convert::convert_model;
-use quant_ops::export::{self, export_model, ExportError, QuantFormat};
+use quant_ops::export::{self, export_model, ExportError, OnnxFormat, QuantFormat};
 pub use quant_ops::fs::OutputError;
 use quant_ops::fs::{check_output_file, StagedDir, StagedFile};
 use quant_ops::integer::IntegerModel;
@@ -340,6 +340,7 @@ fn run_net<N: Net>(
     let mut exported_dir = None;
     let mut staged_export = None;
     let mut no_integer: Option<String> = None;
+    let mut no_onnx: Option<String> = None;
     for (i, &seed) in cfg.run.seeds.iter().enumerate() {
         let dev = Cpu::seed_from_u64(seed);
         let eval_batch = 256;
@@ -512,7 +513,13 @@ fn run_net<N: Net>(
             first_layers = layer_report(&qat, N::INPUT_SHAPE, &pixels)?;
             if let (Some(staged), Some((graph, int_predictions))) = (export.take(), &integer) {
                 // Written beside the target; put in place only when every seed has succeeded.
-                export::save(graph, staged.path(), &[&QuantFormat])?;
+                // model.onnx too, unless ONNX cannot express the model (the report says why).
+                let onnx = OnnxFormat::for_platform(cfg.quantization.platform.as_deref());
+                for (_, why) in
+                    export::save_with_optional(graph, staged.path(), &[&QuantFormat], &[&onnx])?
+                {
+                    no_onnx = Some(why.to_string());
+                }
                 // Prove the files load and reproduce the in-memory model.
                 let reloaded = IntegerModel::new(&export::load(staged.path())?)?;
                 if reloaded.predict(&data.test.images)? != *int_predictions {
@@ -545,16 +552,18 @@ fn run_net<N: Net>(
             });
         }
     }
+    let mut report = RunReport::new(
+        cfg.model.kind.to_string(),
+        opts.policy_name.clone(),
+        recipe(cfg),
+        results,
+        first_layers,
+        exported_dir,
+        no_integer,
+    );
+    report.no_onnx_model = no_onnx;
     Ok(StagedRun {
-        report: RunReport::new(
-            cfg.model.kind.to_string(),
-            opts.policy_name.clone(),
-            recipe(cfg),
-            results,
-            first_layers,
-            exported_dir,
-            no_integer,
-        ),
+        report,
         export: staged_export,
     })
 }

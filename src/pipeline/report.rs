@@ -53,6 +53,9 @@ pub struct RunReport {
     pub integer_agreement: Option<f64>,
     /// Why there is no integer model, when there is none.
     pub no_integer_model: Option<String>,
+    /// Why the export has no `model.onnx` (a model ONNX cannot express, naming the node), when
+    /// it has quant's files but not that one.
+    pub no_onnx_model: Option<String>,
     /// The training recipe, in words.
     pub recipe: String,
     /// Per seed.
@@ -95,6 +98,7 @@ impl RunReport {
             integer_accuracy: mean_some(runs.iter().map(|r| r.integer_accuracy)),
             integer_agreement: mean_some(runs.iter().map(|r| r.integer_agreement)),
             no_integer_model,
+            no_onnx_model: None,
             recipe,
             runs,
             layers,
@@ -145,6 +149,9 @@ impl RunReport {
         }
         if let Some(dir) = &self.export_dir {
             let _ = writeln!(s, "\nexported integer model (seed {}): {dir}", self.seed);
+        }
+        if let Some(why) = &self.no_onnx_model {
+            let _ = writeln!(s, "no model.onnx: {why}");
         }
         s
     }

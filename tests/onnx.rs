@@ -1,0 +1,519 @@
+//! The ONNX export checked by a runtime that is not quant's: tract (pure Rust) loads the
+//! `model.onnx` that `quant run` writes for every committed config kind, and its predictions
+//! agree with quant's integer model on at least 99.7% of the digits test split, and its logits
+//! with the fake-quantized model (the graph's float reference) within
+//! `quant_ops::export::onnx::LOGIT_TOLERANCE` on at least 99% of the samples (see that
+//! constant for why a few samples may differ by one activation level).
+//!
+//! The configs train with short schedules here (3 float epochs, 1 QAT epoch, one seed): what
+//! the export must express is each config's quantization policy, not its accuracy, which
+//! tests/accuracy.rs checks with the full schedules.
+
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use tract_onnx::pb;
+
+use quant::digits;
+use quant::export::{self, onnx::LOGIT_TOLERANCE, OnnxConvention, OnnxFormat};
+use quant::graph::{
+    evaluate, Conv2dGeometry, ExportedQuantizer, Graph, GraphBuilder, Op, ParamValues, Parameter,
+    PoolGeometry, QuantizerOrigin,
+};
+use quant::integer::{argmax_rows, IntegerModel};
+use quant::onnx_runtime::OnnxModel;
+use quant::pipeline::{self, RunConfig, RunOptions, RunReport};
+use quant::{InferableQuantizer, IntegerGrid, QParams, QuantizationMethod, RoundingPolicy};
+
+/// Every committed config kind; a new model kind (the ResNet) is one more line.
+const CONFIGS: &[&str] = &[
+    "mlp_w8a8.toml",
+    "mlp_w4a4.toml",
+    "mlp_w2a2.toml",
+    "mlp_w2a2_8bit_ends.toml",
+    "cnn_w4a4.toml",
+];
+
+/// Fraction of samples whose logits must lie within `LOGIT_TOLERANCE` of the fake-quantized
+/// model's: the others hold an activation one level apart, at a value within f32 rounding of
+/// a rounding boundary (1 of the 360 test samples of one config, at most, on the machines
+/// this was measured on).
+const MIN_WITHIN_TOLERANCE: f64 = 0.99;
+
+/// A scratch directory shared by this file's tests (float checkpoints are cached in it).
+fn scratch() -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quant-onnx-tests-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// Runs `cfg` with a short schedule and exports it to `<scratch>/<name>`.
+fn run(mut cfg: RunConfig, name: &str) -> (RunReport, PathBuf) {
+    cfg.run.seeds = vec![0];
+    cfg.float.epochs = 3;
+    cfg.qat.epochs = cfg.qat.epochs.min(1);
+    let dir = scratch().join(name);
+    let _ = std::fs::remove_dir_all(&dir);
+    let opts = RunOptions {
+        cache_dir: Some(scratch().join("cache")),
+        export_dir: Some(dir.clone()),
+        progress: false,
+        policy_name: name.to_string(),
+    };
+    let report = pipeline::run(&cfg, &opts).unwrap_or_else(|e| panic!("{name}: {e}"));
+    (report, dir)
+}
+
+fn config(name: &str) -> RunConfig {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("configs")
+        .join(name);
+    RunConfig::from_file(&path).unwrap_or_else(|e| panic!("{name}: {e}"))
+}
+
+/// How tract's run of an export's `model.onnx` compares with quant's models of it.
+#[derive(Debug)]
+struct Comparison {
+    /// Fraction of test samples where tract predicts what the integer model predicts.
+    agreement: f64,
+    /// Fraction of test samples whose logits all lie within the tolerance of the
+    /// fake-quantized model's.
+    within_tolerance: f64,
+    /// Largest |tract - fake-quantized| over the largest |fake-quantized logit| (printed).
+    #[allow(dead_code)]
+    max_relative: f32,
+}
+
+fn compare_logits(onnx: &[f32], reference: &[f32], cols: usize) -> (f64, f32) {
+    let range = reference.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let mut within = 0;
+    let mut max_relative = 0f32;
+    for (o, r) in onnx.chunks(cols).zip(reference.chunks(cols)) {
+        let worst = o.iter().zip(r).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        max_relative = max_relative.max(worst / range);
+        within += usize::from(worst <= LOGIT_TOLERANCE * range);
+    }
+    (within as f64 / (onnx.len() / cols) as f64, max_relative)
+}
+
+fn compare(dir: &Path) -> Comparison {
+    let graph = export::load(dir).unwrap();
+    let integer = IntegerModel::new(&graph).unwrap();
+    let onnx = OnnxModel::load(&dir.join("model.onnx")).unwrap();
+    assert_eq!(onnx.input_shape(), graph.input.shape.as_slice());
+    let test = digits::bundled().unwrap().test;
+    let int_predictions = integer.predict(&test.images).unwrap();
+    let logits = onnx.forward(&test.images).unwrap();
+    let predictions = argmax_rows(&logits, 10);
+    let same = predictions
+        .iter()
+        .zip(&int_predictions)
+        .filter(|(a, b)| a == b)
+        .count();
+    let fake_quantized = evaluate(&graph, &test.images, &|_, _| false)
+        .unwrap()
+        .output;
+    let (within_tolerance, max_relative) = compare_logits(&logits, &fake_quantized, 10);
+    Comparison {
+        agreement: same as f64 / test.len() as f64,
+        within_tolerance,
+        max_relative,
+    }
+}
+
+/// `model.onnx` decoded with tract's full ONNX schema (not the writer's own messages).
+fn decode(dir: &Path) -> pb::ModelProto {
+    pb::ModelProto::decode(std::fs::read(dir.join("model.onnx")).unwrap().as_slice()).unwrap()
+}
+
+fn dims(v: &pb::ValueInfoProto) -> Vec<String> {
+    let Some(pb::type_proto::Value::TensorType(t)) = &v.r#type.as_ref().unwrap().value else {
+        panic!("{v:?}")
+    };
+    t.shape
+        .as_ref()
+        .unwrap()
+        .dim
+        .iter()
+        .map(|d| match &d.value {
+            Some(pb::tensor_shape_proto::dimension::Value::DimValue(v)) => v.to_string(),
+            Some(pb::tensor_shape_proto::dimension::Value::DimParam(p)) => p.clone(),
+            None => "?".into(),
+        })
+        .collect()
+}
+
+#[test]
+fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
+    for name in CONFIGS {
+        let cfg = config(name);
+        let kind = cfg.model.kind.to_string();
+        let (report, dir) = run(cfg, name);
+        assert_eq!(report.no_onnx_model, None, "{name}");
+        let model = decode(&dir);
+        let g = model.graph.as_ref().unwrap();
+        let (input, output) = (&g.input[0], &g.output[0]);
+        assert_eq!(
+            (input.name.as_str(), output.name.as_str()),
+            ("input", "logits")
+        );
+        let expected_input = if kind == "cnn" {
+            vec!["N", "1", "8", "8"]
+        } else {
+            vec!["N", "64"]
+        };
+        assert_eq!(dims(input), expected_input, "{name}");
+        assert_eq!(dims(output), ["N", "10"], "{name}");
+        // One QuantizeLinear per quantized activation of the graph.
+        let graph = export::load(&dir).unwrap();
+        let quantize_nodes = graph
+            .nodes
+            .iter()
+            .filter(|n| matches!(n.op, Op::Quantize { .. }))
+            .count();
+        let q_ops = g
+            .node
+            .iter()
+            .filter(|n| n.op_type == "QuantizeLinear")
+            .count();
+        assert_eq!(q_ops, quantize_nodes, "{name}");
+
+        let c = compare(&dir);
+        eprintln!("{name}: {c:?}");
+        assert!(c.agreement >= 0.997, "{name}: {c:?}");
+        assert!(c.within_tolerance >= MIN_WITHIN_TOLERANCE, "{name}: {c:?}");
+    }
+}
+
+/// The initializer named `name`.
+fn initializer<'m>(g: &'m pb::GraphProto, name: &str) -> Option<&'m pb::TensorProto> {
+    g.initializer.iter().find(|t| t.name == name)
+}
+
+fn attr(n: &pb::NodeProto, name: &str) -> Option<i64> {
+    n.attribute.iter().find(|a| a.name == name).map(|a| a.i)
+}
+
+fn platform_config(kind: &str, platform: &str) -> RunConfig {
+    let text = format!(
+        "[model]\nkind = \"{kind}\"\n[calibration]\nbatches = 4\n[qat]\nepochs = 0\n[quantization]\nplatform = \"{platform}\"\n"
+    );
+    RunConfig::from_toml_str(&text, platform).unwrap()
+}
+
+#[test]
+fn platform_presets_export_the_layout_their_runtime_documents() {
+    // TensorRT on the CNN (convolutions and a Gemm), OpenVINO on the MLP.
+    for (kind, platform) in [("cnn", "TensorRtInt8"), ("mlp", "OpenVinoInt8")] {
+        let (report, dir) = run(
+            platform_config(kind, platform),
+            &format!("{platform}-{kind}"),
+        );
+        assert_eq!(report.no_onnx_model, None, "{platform}");
+        let model = decode(&dir);
+        let convention = model
+            .metadata_props
+            .iter()
+            .find(|p| p.key == "quant.onnx_convention");
+        let expected = OnnxConvention::for_platform(Some(platform)).name();
+        assert_eq!(convention.map(|p| p.value.as_str()), Some(expected));
+        let g = model.graph.as_ref().unwrap();
+        let producer = |value: &str| g.node.iter().find(|n| n.output[0] == value);
+        let mut weights = 0;
+        for n in &g.node {
+            if n.op_type == "QuantizeLinear" || n.op_type == "DequantizeLinear" {
+                let zero = initializer(g, &n.input[2]).expect("zero points are initializers");
+                let from_initializer = initializer(g, &n.input[0]).is_some();
+                let zeros_are_zero = zero.raw_data.iter().all(|b| *b == 0);
+                assert_ne!(
+                    zero.data_type,
+                    pb::tensor_proto::DataType::Int32 as i32,
+                    "{platform}: biases are float"
+                );
+                if platform == "TensorRtInt8" || from_initializer {
+                    // TensorRT: every Q/DQ; OpenVINO: the weights. int8, zero point 0.
+                    assert_eq!(
+                        zero.data_type,
+                        pb::tensor_proto::DataType::Int8 as i32,
+                        "{platform}: {n:?}"
+                    );
+                    assert!(zeros_are_zero, "{platform}: {n:?}");
+                }
+                if from_initializer {
+                    // Weights: per channel on the output axis.
+                    weights += 1;
+                    let codes = initializer(g, &n.input[0]).unwrap();
+                    assert_eq!(attr(n, "axis"), Some(0), "{platform}: {n:?}");
+                    assert_eq!(initializer(g, &n.input[1]).unwrap().dims, [codes.dims[0]]);
+                }
+            }
+            if n.op_type == "Conv" || n.op_type == "Gemm" {
+                // Q/DQ on the inputs of every quantizable op: activation and weights.
+                for input in &n.input[..2] {
+                    assert_eq!(
+                        producer(input).map(|p| p.op_type.as_str()),
+                        Some("DequantizeLinear"),
+                        "{platform}: {n:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(weights, 3, "{platform}: three layers with weights");
+        let c = compare(&dir);
+        eprintln!("{platform}: {c:?}");
+        assert!(c.agreement >= 0.997, "{platform}: {c:?}");
+        assert!(
+            c.within_tolerance >= MIN_WITHIN_TOLERANCE,
+            "{platform}: {c:?}"
+        );
+    }
+}
+
+#[test]
+fn a_policy_onnx_cannot_express_still_exports_quants_files_and_the_report_says_why() {
+    let mut cfg = config("mlp_w4a4.toml");
+    let text = "[model]\nkind = \"mlp\"\n[quantization.weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n[quantization.input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 4\nrounding = \"HalfUp\"\n";
+    cfg.quantization = RunConfig::from_toml_str(text, "halfup")
+        .unwrap()
+        .quantization;
+    let (report, dir) = run(cfg, "halfup");
+    let why = report.no_onnx_model.clone().expect("no model.onnx");
+    assert!(
+        why.starts_with("layer `0.input`: ") && why.contains("HalfUp"),
+        "{why}"
+    );
+    assert!(report.table().contains(&format!("no model.onnx: {why}")));
+    assert!(dir.join("model.json").is_file() && dir.join("model.safetensors").is_file());
+    assert!(!dir.join("model.onnx").exists());
+    // The integer model still runs.
+    assert!(report.integer_accuracy.is_some());
+}
+
+fn quantizer(method: QuantizationMethod, grid: IntegerGrid, qparams: QParams) -> ExportedQuantizer {
+    ExportedQuantizer {
+        inferable: InferableQuantizer::new(method, grid, RoundingPolicy::HalfEven, qparams)
+            .unwrap(),
+        origin: QuantizerOrigin {
+            training_method: "Ste".into(),
+            quantizer: None,
+            bits: grid.bits(),
+            method,
+        },
+    }
+}
+
+/// Deterministic pseudo-random values in `[-1, 1)`.
+fn noise(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    (0..n)
+        .map(|_| {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+fn codes_for(q: &ExportedQuantizer, values: &[f32], shape: &[usize]) -> Parameter {
+    Parameter {
+        tensor: String::new(),
+        values: ParamValues::Codes {
+            codes: q.inferable.quantize::<i32>(values, shape).unwrap(),
+            quantizer: q.clone(),
+        },
+    }
+}
+
+/// A graph with every op and every parameter encoding: grouped convolution with per-channel
+/// 4-bit weights and an accumulator bias, BatchNorm-style affine, both poolings with padding,
+/// a residual add of two quantized branches, a Linear over the last axis of maps (MatMul), a
+/// flattening, a Linear with per-tensor weights (Gemm), tanh and sigmoid; asymmetric 4-bit and
+/// narrow 8-bit activations.
+fn every_op_graph(signed_activations: bool) -> Graph {
+    let act = |bits: u32, s: f32, z: i32| {
+        if signed_activations {
+            quantizer(
+                QuantizationMethod::Symmetric,
+                IntegerGrid::new(bits, true, true).unwrap(),
+                QParams::per_tensor(s, 0).unwrap(),
+            )
+        } else {
+            quantizer(
+                QuantizationMethod::Uniform,
+                IntegerGrid::new(bits, false, false).unwrap(),
+                QParams::per_tensor(s, z).unwrap(),
+            )
+        }
+    };
+    // Activation scales in no simple ratio: with `s2 = 2·s1`, a value quantized on `s1` and
+    // requantized on `s2` lands on exact ties, where a runtime that requantizes in integers and
+    // quant's f32 reference may round differently (see LOGIT_TOLERANCE).
+    let mut g = GraphBuilder::new(&[2, 6, 6]).unwrap();
+    let x = g.input();
+    let q = g
+        .add(
+            "conv.input",
+            Op::Quantize {
+                quantizer: act(4, 0.15, 7),
+            },
+            &[x],
+        )
+        .unwrap();
+    let geometry = Conv2dGeometry {
+        in_channels: 2,
+        out_channels: 4,
+        kernel: 3,
+        stride: 1,
+        padding: 1,
+        groups: 2,
+    };
+    let wq = quantizer(
+        QuantizationMethod::Symmetric,
+        IntegerGrid::new(4, true, false).unwrap(),
+        QParams::per_channel(0, vec![0.05, 0.1, 0.07, 0.2], vec![0; 4]).unwrap(),
+    );
+    let mut weight = codes_for(&wq, &noise(36, 1), &[4, 1, 3, 3]);
+    weight.tensor = "conv.weight".into();
+    let bias = Parameter {
+        tensor: "conv.bias".into(),
+        values: ParamValues::Accumulator(vec![40, -25, 3, 0]),
+    };
+    let y = g
+        .add(
+            "conv",
+            Op::Conv2d {
+                geometry,
+                weight,
+                bias,
+            },
+            &[q],
+        )
+        .unwrap();
+    let affine = Op::ChannelAffine {
+        scale: Parameter::float("bn.scale", vec![1.5, 0.5, -1.0, 2.0]),
+        shift: Parameter::float("bn.shift", vec![0.1, -0.2, 0.3, 0.0]),
+    };
+    let y = g.add("bn", affine, &[y]).unwrap();
+    let y = g.add("relu", Op::Relu, &[y]).unwrap();
+    let y = g
+        .add(
+            "pool.input",
+            Op::Quantize {
+                quantizer: act(8, 0.0123, 0),
+            },
+            &[y],
+        )
+        .unwrap();
+    let a = g
+        .add(
+            "max",
+            Op::MaxPool2d(PoolGeometry {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            }),
+            &[y],
+        )
+        .unwrap();
+    let b = g
+        .add(
+            "avg",
+            Op::AvgPool2d(PoolGeometry {
+                kernel: 3,
+                stride: 2,
+                padding: 1,
+            }),
+            &[y],
+        )
+        .unwrap();
+    let a = g
+        .add(
+            "add.a",
+            Op::Quantize {
+                quantizer: act(8, 0.0217, 3),
+            },
+            &[a],
+        )
+        .unwrap();
+    let b = g
+        .add(
+            "add.b",
+            Op::Quantize {
+                quantizer: act(8, 0.0217, 3),
+            },
+            &[b],
+        )
+        .unwrap();
+    let y = g.add("add", Op::Add, &[a, b]).unwrap();
+    let y = g.add("tanh", Op::Tanh, &[y]).unwrap();
+    let rows = Op::Linear {
+        in_features: 3,
+        out_features: 5,
+        weight: Parameter::float("rows.weight", noise(15, 2)),
+        bias: Parameter::float("rows.bias", noise(5, 3)),
+    };
+    let y = g.add("rows", rows, &[y]).unwrap();
+    let y = g.add("flat", Op::Flatten, &[y]).unwrap();
+    let y = g
+        .add(
+            "fc.input",
+            Op::Quantize {
+                quantizer: act(8, 0.0531, 128),
+            },
+            &[y],
+        )
+        .unwrap();
+    let wq = quantizer(
+        QuantizationMethod::Symmetric,
+        IntegerGrid::new(8, true, true).unwrap(),
+        QParams::per_tensor(0.01, 0).unwrap(),
+    );
+    let mut weight = codes_for(&wq, &noise(3 * 60, 4), &[3, 60]);
+    weight.tensor = "fc.weight".into();
+    let bias = Parameter {
+        tensor: "fc.bias".into(),
+        values: ParamValues::Accumulator(vec![100, -100, 7]),
+    };
+    let y = g
+        .add(
+            "fc",
+            Op::Linear {
+                in_features: 60,
+                out_features: 3,
+                weight,
+                bias,
+            },
+            &[y],
+        )
+        .unwrap();
+    let y = g.add("sigmoid", Op::Sigmoid, &[y]).unwrap();
+    g.finish(y, Default::default()).unwrap()
+}
+
+#[test]
+fn every_op_runs_in_tract_as_the_float_reference_computes_it() {
+    let dir = scratch().join("every-op");
+    std::fs::create_dir_all(&dir).unwrap();
+    let x = noise(256 * 72, 5);
+    for (signed, convention) in [
+        (false, OnnxConvention::Standard),
+        (false, OnnxConvention::OpenVino),
+        (true, OnnxConvention::TensorRt),
+    ] {
+        let graph = every_op_graph(signed);
+        let path = dir.join(format!("{}.onnx", convention.name()));
+        std::fs::write(&path, OnnxFormat::new(convention).to_bytes(&graph).unwrap()).unwrap();
+        let onnx = OnnxModel::load(&path).unwrap();
+        assert_eq!(onnx.input_shape(), [2, 6, 6]);
+        let reference = evaluate(&graph, &x, &|_, _| false).unwrap().output;
+        let (within, max_relative) = compare_logits(&onnx.forward(&x).unwrap(), &reference, 3);
+        eprintln!("{convention:?}: {within} within tolerance, largest {max_relative}");
+        assert!(
+            within >= MIN_WITHIN_TOLERANCE,
+            "{convention:?}: {within} within tolerance, largest {max_relative}"
+        );
+    }
+}
