@@ -25,13 +25,15 @@ use quant::onnx_runtime::OnnxModel;
 use quant::pipeline::{self, RunConfig, RunOptions, RunReport};
 use quant::{InferableQuantizer, IntegerGrid, QParams, QuantizationMethod, RoundingPolicy};
 
-/// Every committed config kind; a new model kind (the ResNet) is one more line.
+/// Every committed config; a new model kind is one more line.
 const CONFIGS: &[&str] = &[
     "mlp_w8a8.toml",
     "mlp_w4a4.toml",
     "mlp_w2a2.toml",
     "mlp_w2a2_8bit_ends.toml",
     "cnn_w4a4.toml",
+    "resnet_w8a8.toml",
+    "resnet_w4a4.toml",
 ];
 
 /// Fraction of samples whose logits must lie within `LOGIT_TOLERANCE` of the fake-quantized
@@ -157,7 +159,7 @@ fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
             (input.name.as_str(), output.name.as_str()),
             ("input", "logits")
         );
-        let expected_input = if kind == "cnn" {
+        let expected_input = if kind != "mlp" {
             vec!["N", "1", "8", "8"]
         } else {
             vec!["N", "64"]

@@ -254,6 +254,30 @@ impl<'g> Writer<'g> {
                 let y = self.input(node, 1);
                 self.op("Add", &node.name, &[x, y], out, Vec::new())
             }
+            // `[N, C, H, W]` → `[N, C, 1, 1]`, flattened to the graph's `[N, C]`.
+            Op::GlobalAvgPool | Op::GlobalMaxPool => {
+                let op_type = match node.op {
+                    Op::GlobalAvgPool => "GlobalAveragePool",
+                    _ => "GlobalMaxPool",
+                };
+                let pooled = self.value(&format!("{}.pooled", node.name));
+                self.op(op_type, &node.name, &[x], pooled.clone(), Vec::new());
+                self.op(
+                    "Flatten",
+                    &node.name,
+                    &[pooled],
+                    out,
+                    vec![int_attr("axis", 1)],
+                );
+            }
+            Op::LayerNorm { .. } => {
+                return Err(ExportError::Unsupported {
+                    layer: node.name.clone(),
+                    reason: format!(
+                        "LayerNorm: opset {OPSET} has no LayerNormalization (it came with opset 17), and the exporter writes opset {OPSET}"
+                    ),
+                })
+            }
         }
         Ok(())
     }
