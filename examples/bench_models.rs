@@ -13,7 +13,8 @@ use dfdx::optim::{Adam, AdamConfig, Optimizer};
 use dfdx::prelude::*;
 use quant::digits;
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
-use quant::pipeline::train::{calibrate, input};
+use quant::pipeline::train::{calibration_inputs, input};
+use quant_ops::calibration::calibrate;
 use quant_ops::convert::convert_model;
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
@@ -70,8 +71,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "bench policy",
     )?;
     let mut qmlp: QMlp = convert_model(&float, &policy)?;
-    calibrate::<QMlp, X>(&dev, &mut qmlp, &data.train, 4, 64, 0)?;
-    qmlp.finish_calibration()?;
+    calibrate(
+        &mut qmlp,
+        calibration_inputs::<X>(&dev, &data.train, 4, 64, 0)?,
+    )?;
 
     let single = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     let idx: Vec<usize> = (0..64).collect();

@@ -11,9 +11,9 @@ use dfdx::prelude::*;
 use quant::digits;
 use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
-use quant::pipeline::train::{accuracy, calibrate, logits, predictions, train, Phase};
+use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
+use quant_ops::calibration::calibrate;
 use quant_ops::convert::convert_model;
-use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::policy::Policy;
 use quant_ops::report::layer_report;
 
@@ -69,8 +69,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 "calibration policy",
             )?;
             let mut q: QMlp = convert_model(&float, &policy)?;
-            calibrate::<QMlp, X>(&dev, &mut q, &data.train, 8, 64, 1)?;
-            q.finish_calibration()?;
+            calibrate(
+                &mut q,
+                calibration_inputs::<X>(&dev, &data.train, 8, 64, 1)?,
+            )?;
             let acc = accuracy(
                 &predictions(&logits::<QMlp, X>(&dev, &q, &data.test, 256)?),
                 &data.test.labels,

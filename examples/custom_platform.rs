@@ -9,10 +9,10 @@ use std::collections::BTreeMap;
 use dfdx::prelude::*;
 use quant::digits;
 use quant::pipeline::nets::{Mlp, MlpBuilder};
-use quant::pipeline::train::{accuracy, calibrate, logits, predictions};
+use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions};
 use quant::{QuantizationMethod, RoundingPolicy, TrainingMethod};
+use quant_ops::calibration::calibrate;
 use quant_ops::convert::convert_model;
-use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::observers::ObserverConfig;
 use quant_ops::platform::{find_platform, platform_names, Platform};
 use quant_ops::policy::{Policy, QuantizerSettings};
@@ -83,8 +83,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for platform in ["MyDspInt8", "TensorRtInt8"] {
         let policy = Policy::from_toml_str(&format!("platform = \"{platform}\""), "inline policy")?;
         let mut q = convert_model(&float, &policy)?;
-        calibrate::<_, (usize, Const<64>)>(&dev, &mut q, &data.train, 8, 64, 0)?;
-        q.finish_calibration()?;
+        let batches = calibration_inputs::<(usize, Const<64>)>(&dev, &data.train, 8, 64, 0)?;
+        calibrate(&mut q, batches)?;
         let acc = accuracy(
             &predictions(&logits::<_, (usize, Const<64>)>(&dev, &q, &data.test, 256)?),
             &data.test.labels,

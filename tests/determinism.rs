@@ -5,13 +5,15 @@
 //! exports the calibrated parameters themselves.
 //!
 //! With more threads: the runs are also compared across pool sizes (1, 2 and 3 threads); see
-//! `results_do_not_depend_on_the_number_of_threads`.
+//! `results_do_not_depend_on_the_number_of_threads`. Seeds run in parallel on the pool's
+//! threads: `seeds_in_parallel_give_what_one_thread_gives` runs three seeds (one listed twice,
+//! so that its second listing loads the first's cached float model) on 1, 2 and 3 threads.
 
 #![allow(clippy::result_large_err)]
 
 use std::path::{Path, PathBuf};
 
-use quant::pipeline::{run, RunConfig, RunOptions, RunReport};
+use quant::pipeline::{run_staged, RunConfig, RunOptions, RunReport};
 
 const QUANTIZATION: &str = r#"
 [quantization.weights]
@@ -35,10 +37,11 @@ fn config(model: &str, qat_epochs: usize, init: &str) -> RunConfig {
     RunConfig::from_toml_str(&text, "determinism.toml").unwrap()
 }
 
-/// Everything a run leaves: the float checkpoint's bytes, the export's files, the report.
+/// Everything a run leaves: the float checkpoints (file names and bytes), the export's files,
+/// the report.
 #[derive(Debug, PartialEq)]
 struct Outcome {
-    checkpoint: Vec<u8>,
+    checkpoints: Vec<(String, Vec<u8>)>,
     export: Vec<(String, Vec<u8>)>,
     report: RunReport,
 }
@@ -67,6 +70,18 @@ fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
 
 /// One run in a pool of `threads` threads, in its own directories.
 fn run_in_pool(cfg: &RunConfig, threads: usize, name: &str) -> Outcome {
+    let outcome = run_seeds_in_pool(cfg, threads, name).0;
+    assert_eq!(outcome.checkpoints.len(), 1, "one float checkpoint");
+    outcome
+}
+
+/// One run in a pool of `threads` threads, in its own directories; also what the run said
+/// after each seed: `(seed, done, total)`, in the order it said it.
+fn run_seeds_in_pool(
+    cfg: &RunConfig,
+    threads: usize,
+    name: &str,
+) -> (Outcome, Vec<(u64, usize, usize)>) {
     let dir = scratch(name);
     let opts = RunOptions {
         cache_dir: Some(dir.join("cache")),
@@ -80,22 +95,28 @@ fn run_in_pool(cfg: &RunConfig, threads: usize, name: &str) -> Outcome {
         .unwrap();
     // The policy keeps a RefCell (layers seen), so the config moves into the pool.
     let cfg = cfg.clone();
-    let mut report = pool.install(move || run(&cfg, &opts)).unwrap();
+    let (mut report, said) = pool.install(move || {
+        let mut said = Vec::new();
+        let staged = run_staged(&cfg, &opts, &mut |d| {
+            said.push((d.result.seed, d.done, d.total))
+        })
+        .unwrap();
+        staged.export.unwrap().commit().unwrap();
+        (staged.report, said)
+    });
     report.export_dir = None;
-    let cache = files(&dir.join("cache"));
-    assert_eq!(cache.len(), 1, "one float checkpoint");
     let outcome = Outcome {
-        checkpoint: cache.into_iter().next().unwrap().1,
+        checkpoints: files(&dir.join("cache")),
         export: files(&dir.join("export")),
         report,
     };
     std::fs::remove_dir_all(&dir).ok();
-    outcome
+    (outcome, said)
 }
 
 fn assert_same(a: &Outcome, b: &Outcome, what: &str) {
     assert!(
-        a.checkpoint == b.checkpoint,
+        a.checkpoints == b.checkpoints,
         "{what}: the float models differ"
     );
     assert_eq!(
@@ -130,7 +151,7 @@ fn same_seed_same_float_model_calibration_and_qat_in_one_thread() {
     other.run.seeds = vec![6];
     let a = run_in_pool(&config("mlp", 0, "ptq"), 1, "seed-5");
     let b = run_in_pool(&other, 1, "seed-6");
-    assert!(a.checkpoint != b.checkpoint);
+    assert!(a.checkpoints[0].1 != b.checkpoints[0].1);
 }
 
 #[test]
@@ -142,6 +163,45 @@ fn results_do_not_depend_on_the_number_of_threads() {
             let many = run_in_pool(&cfg, threads, &format!("{model}-threads-{threads}"));
             assert_same(&one, &many, &format!("{model}: 1 vs {threads} threads"));
         }
+    }
+}
+
+#[test]
+fn seeds_in_parallel_give_what_one_thread_gives() {
+    let mut cfg = config("mlp", 1, "ptq");
+    cfg.run.seeds = vec![5, 6, 5];
+    let (one, said) = run_seeds_in_pool(&cfg, 1, "seeds-1");
+    // In seed order, whatever order they finished in; the second listing of seed 5 found its
+    // float model in the cache, where the first had written it.
+    let runs = &one.report.runs;
+    assert_eq!(runs.iter().map(|r| r.seed).collect::<Vec<_>>(), [5, 6, 5]);
+    assert_eq!(
+        runs.iter().map(|r| r.float_from_cache).collect::<Vec<_>>(),
+        [false, false, true]
+    );
+    // Loaded or trained, seed 5's float model is the same, and so is everything after it.
+    let mut again = runs[2].clone();
+    again.float_from_cache = false;
+    assert_eq!(runs[0], again);
+    assert_eq!(
+        one.checkpoints.len(),
+        2,
+        "one float checkpoint per distinct seed"
+    );
+    // One thread: seed by seed, as a plain loop.
+    assert_eq!(said, [(5, 1, 3), (6, 2, 3), (5, 3, 3)]);
+    for threads in [2, 3] {
+        let (many, said) = run_seeds_in_pool(&cfg, threads, &format!("seeds-{threads}"));
+        assert_same(&one, &many, &format!("3 seeds: 1 vs {threads} threads"));
+        // One line per finished seed, counting up, in the order they finished.
+        let mut seeds: Vec<u64> = said.iter().map(|s| s.0).collect();
+        seeds.sort();
+        assert_eq!(seeds, [5, 5, 6], "{threads} threads: {said:?}");
+        assert_eq!(
+            said.iter().map(|s| (s.1, s.2)).collect::<Vec<_>>(),
+            [(1, 3), (2, 3), (3, 3)],
+            "{threads} threads"
+        );
     }
 }
 

@@ -50,9 +50,11 @@
 
 extern crate self as quant_ops;
 
+pub mod calibration;
 pub mod checkpoint;
 pub mod convert;
 pub mod export;
+pub mod fold;
 pub mod fs;
 pub mod graph;
 pub mod integer;

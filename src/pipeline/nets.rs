@@ -4,6 +4,8 @@ use dfdx::prelude::*;
 
 use quant_core::QuantError;
 use quant_ops::convert::Convert;
+/// BatchNorm folding, now in the library ([`quant_ops::fold`]).
+pub use quant_ops::fold::fold_batchnorm;
 use quant_ops::layers::QuantizedModule;
 
 use super::config::ModelKind;
@@ -125,50 +127,6 @@ pub type FoldedCnn = (
 );
 /// The quantized CNN.
 pub type QCnn = <FoldedCnn as Convert>::Quantized;
-
-/// Folds an inference-mode BatchNorm into the convolution before it:
-/// `W' = W·γ/√(σ²+ε)` per output channel and `b' = (b − μ)·γ/√(σ²+ε) + β`, so the folded
-/// convolution computes exactly what convolution then BatchNorm compute in evaluation mode
-/// (up to float rounding), and the exported integer model has no BatchNorm left.
-pub fn fold_batchnorm<
-    const C: usize,
-    const O: usize,
-    const K: usize,
-    const S: usize,
-    const P: usize,
-    const G: usize,
-    const CG: usize,
->(
-    conv: &quant_ops::nn::Conv2d<C, O, K, S, P, G, CG, f32, Cpu>,
-    bn: &dfdx::nn::modules::BatchNorm2D<O, f32, Cpu>,
-) -> quant_ops::nn::Conv2d<C, O, K, S, P, G, CG, f32, Cpu> {
-    let gamma = bn.scale.as_vec();
-    let beta = bn.bias.as_vec();
-    let mean = bn.running_mean.as_vec();
-    let var = bn.running_var.as_vec();
-    let factor: Vec<f64> = (0..O)
-        .map(|o| gamma[o] as f64 / (var[o] as f64 + bn.epsilon).sqrt())
-        .collect();
-    let per_out = CG * K * K;
-    let weight: Vec<f32> = conv
-        .weight
-        .as_vec()
-        .iter()
-        .enumerate()
-        .map(|(i, w)| (*w as f64 * factor[i / per_out]) as f32)
-        .collect();
-    let bias: Vec<f32> = conv
-        .bias
-        .as_vec()
-        .iter()
-        .enumerate()
-        .map(|(o, b)| ((*b as f64 - mean[o] as f64) * factor[o] + beta[o] as f64) as f32)
-        .collect();
-    let mut folded = conv.clone();
-    folded.weight.copy_from(&weight);
-    folded.bias.copy_from(&bias);
-    folded
-}
 
 /// The small CNN with BatchNorm.
 pub struct CnnNet;

@@ -7,6 +7,8 @@ use serde::Serialize;
 
 use quant_ops::report::LayerReport;
 
+use super::RunConfig;
+
 /// Figures of one seed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SeedResult {
@@ -155,4 +157,55 @@ impl RunReport {
         }
         s
     }
+}
+
+/// The training recipe of a run file, in words (the report's `recipe`).
+pub(crate) fn recipe(cfg: &RunConfig) -> String {
+    let q = &cfg.qat;
+    let mut s = format!(
+        "float: {:?} lr {} ({:?}), {} epochs, batch {}; PTQ: {} calibration batches of {}; QAT: {:?} lr {} ({:?}), {} epochs, batch {}, init {:?}",
+        cfg.float.optimizer,
+        cfg.float.lr,
+        cfg.float.schedule,
+        cfg.float.epochs,
+        cfg.float.batch_size,
+        cfg.calibration.batches,
+        cfg.calibration.batch_size,
+        q.optimizer,
+        q.lr,
+        q.schedule,
+        q.epochs,
+        q.batch_size,
+        q.init
+    );
+    if cfg.float.shift > 0 || q.shift > 0 {
+        s.push_str(&format!(
+            "; random shifts of up to {} px (float) / {} px (QAT)",
+            cfg.float.shift, q.shift
+        ));
+    }
+    if let Some(d) = q.distillation {
+        s.push_str(&format!(
+            ", distillation from the float model (weight {}, temperature {})",
+            d.weight, d.temperature
+        ));
+    }
+    for (phase, wd, ls) in [
+        ("float", cfg.float.weight_decay, cfg.float.label_smoothing),
+        ("QAT", q.weight_decay, q.label_smoothing),
+    ] {
+        if wd > 0.0 {
+            s.push_str(&format!("; {phase} weight decay {wd}"));
+        }
+        if ls > 0.0 {
+            s.push_str(&format!("; {phase} label smoothing {ls}"));
+        }
+    }
+    if let Some(h) = cfg.data.holdout {
+        s.push_str(&format!(
+            "; HOLD-OUT MODE: trained without fold {} of {} of the training split, figures on that fold (not the test split)",
+            h.fold, h.folds
+        ));
+    }
+    s
 }

@@ -1,4 +1,5 @@
-//! Training, evaluation and calibration loops, generic over the model (float or quantized).
+//! Training and evaluation loops, generic over the model (float or quantized), and the digits'
+//! calibration batches.
 
 use dfdx::nn::tensor_collection::{
     RecursiveWalker, TensorOptions, TensorVisitor, ViewTensorMut, ViewTensorName,
@@ -12,6 +13,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use quant_core::{QuantError, Result};
+use quant_ops::calibration::BatchPlan;
 use quant_ops::integer::argmax_rows;
 
 use super::config::{Distillation, Optimizer, Schedule};
@@ -350,29 +352,32 @@ pub fn accuracy(predicted: &[usize], labels: &[usize]) -> f64 {
     hits as f64 / labels.len().max(1) as f64
 }
 
-/// Shows `batches` shuffled training batches to a model in Calibrating mode (`forward_mut`).
-pub fn calibrate<M, S>(
+/// Mixed into a seed for the calibration batches' shuffle, so that calibration does not see
+/// the rows in the order of the first training epoch.
+pub const CALIBRATION_SEED_SALT: u64 = 0xca11_b4a7;
+
+/// The input tensors of `batches` shuffled training batches of `batch_size` rows, for
+/// [`quant_ops::calibration::calibrate`]: the rows of [`BatchPlan`] with the seed
+/// `seed ^` [`CALIBRATION_SEED_SALT`].
+///
+/// # Errors
+/// `batches` or `batch_size` is 0, or `data` has no rows.
+pub fn calibration_inputs<S: InputShape>(
     dev: &Cpu,
-    model: &mut M,
     data: &Split,
     batches: usize,
     batch_size: usize,
     seed: u64,
-) -> Result<()>
-where
-    S: InputShape,
-    M: ModuleMut<Tensor<S, f32, Cpu>, Output = Logits<NoneTape>>,
-    M::Error: Into<QuantError>,
-{
-    let mut rng = StdRng::seed_from_u64(seed ^ 0xca11_b4a7);
-    let mut order: Vec<usize> = (0..data.len()).collect();
-    order.shuffle(&mut rng);
-    for idx in order.chunks(batch_size).take(batches.max(1)) {
-        let (pixels, _) = data.gather(idx);
-        let x: Tensor<S, f32, Cpu> = input(dev, pixels, idx.len())?;
-        model.try_forward_mut(x).map_err(Into::into)?;
-    }
-    Ok(())
+) -> Result<Vec<Tensor<S, f32, Cpu>>> {
+    let plan = BatchPlan {
+        batches,
+        batch_size,
+        seed: seed ^ CALIBRATION_SEED_SALT,
+    };
+    plan.rows(data.len())?
+        .iter()
+        .map(|idx| input(dev, data.gather(idx).0, idx.len()))
+        .collect()
 }
 
 #[cfg(test)]
