@@ -15,7 +15,8 @@ use dfdx::prelude::*;
 
 use quant::digits;
 use quant::pipeline::config::{Optimizer, Schedule};
-use quant::pipeline::train::{accuracy, calibrate, logits, predictions, train, Phase};
+use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
+use quant::quant_ops::calibration::calibrate;
 use quant::quant_ops::convert::convert_model;
 use quant::quant_ops::export::export_model;
 use quant::quant_ops::integer::IntegerModel;
@@ -84,8 +85,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         );
     }
 
-    calibrate::<_, X>(&dev, &mut q, &data.train, 8, 64, 0)?;
-    q.finish_calibration()?;
+    calibrate(
+        &mut q,
+        calibration_inputs::<X>(&dev, &data.train, 8, 64, 0)?,
+    )?;
     let ptq = test_accuracy(logits::<_, X>(&dev, &q, &data.test, 256)?);
     q.set_mode("*", QuantizerMode::Training)?;
     train::<_, X>(&dev, &mut q, &data.train, &phase(5), 1, None, &hidden)?;
@@ -105,7 +108,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let graph = export_model(&q, &[64], Default::default())?;
     println!("\nthe graph ({} nodes):", graph.nodes.len());
     for node in &graph.nodes {
-        println!("  {:<12} {:<10} <- {}", node.name, node.op.name(), node.inputs.join(", "));
+        println!(
+            "  {:<12} {:<10} <- {}",
+            node.name,
+            node.op.name(),
+            node.inputs.join(", ")
+        );
     }
     match IntegerModel::new(&graph) {
         Ok(_) => println!("\nruns on integers"),
