@@ -93,11 +93,10 @@ impl InferableQuantizer {
         if method == QuantizationMethod::PowerOfTwo {
             for (i, s) in qparams.scales().iter().enumerate() {
                 if s.to_bits() & 0x007f_ffff != 0 {
-                    return Err(QuantError::InvalidScale {
-                        what: format!(
-                            "scales[{i}] of a PowerOfTwo quantizer (must be a power of two)"
-                        ),
-                        value: *s,
+                    return Err(QuantError::InvalidValue {
+                        what: format!("scales[{i}] of a PowerOfTwo quantizer"),
+                        value: s.to_string(),
+                        expected: "a power of two (such as 0.25, 0.5, 1 or 2)".into(),
                     });
                 }
             }
