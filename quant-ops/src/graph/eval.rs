@@ -7,7 +7,7 @@
 
 use quant_core::{QuantError, Result};
 
-use super::ops::out_len;
+use super::ops::{out_len, taps};
 use super::{Conv2dGeometry, Graph, Op, ParamValues, Parameter, PoolGeometry};
 
 /// The result of [`evaluate`].
@@ -45,19 +45,7 @@ pub fn evaluate(
     let n = x.len() / in_numel;
     // Value 0 is the input, value i + 1 node i's output; freed after their last use.
     let count = graph.nodes.len() + 1;
-    let index = |name: &str| -> usize {
-        if name == graph.input.name {
-            0
-        } else {
-            graph.node_index(name).map_or(0, |i| i + 1)
-        }
-    };
-    let inputs: Vec<Vec<usize>> = graph
-        .nodes
-        .iter()
-        .map(|node| node.inputs.iter().map(|s| index(s)).collect())
-        .collect();
-    let output = index(&graph.output);
+    let (inputs, output) = graph.value_numbers();
     let mut last_use = vec![0usize; count];
     for (i, ins) in inputs.iter().enumerate() {
         for &v in ins {
@@ -69,16 +57,9 @@ pub fn evaluate(
     values[0] = Some(x.to_vec());
     let mut kept = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
-        let shape_of = |v: usize| -> &[usize] {
-            if v == 0 {
-                &shapes.input
-            } else {
-                &shapes.nodes[v - 1]
-            }
-        };
         let a = inputs[i][0];
         let xs = values[a].as_deref().unwrap_or(&[]);
-        let in_shape = shape_of(a);
+        let in_shape = shapes.of_value(a);
         let y = match &node.op {
             Op::Quantize { quantizer } => quantizer.inferable.fake_quantize(xs, &[xs.len()])?,
             Op::Relu => xs.iter().map(|v| v.max(0.0)).collect(),
@@ -138,7 +119,7 @@ pub fn evaluate(
             } => {
                 let w = dequantized(weight, &geometry.weight_shape())?;
                 let b = bias_values(graph, &inputs[i], bias, weight)?;
-                conv2d(xs, n, in_shape, shape_of(i + 1), geometry, &w, &b)
+                conv2d(xs, n, in_shape, shapes.of_value(i + 1), geometry, &w, &b)
             }
             Op::ChannelAffine { scale, shift } => {
                 let (ParamValues::Float(s), ParamValues::Float(t)) = (&scale.values, &shift.values)
@@ -159,8 +140,8 @@ pub fn evaluate(
                     })
                     .collect()
             }
-            Op::MaxPool2d(p) => pool(xs, n, in_shape, shape_of(i + 1), p, true),
-            Op::AvgPool2d(p) => pool(xs, n, in_shape, shape_of(i + 1), p, false),
+            Op::MaxPool2d(p) => pool(xs, n, in_shape, shapes.of_value(i + 1), p, true),
+            Op::AvgPool2d(p) => pool(xs, n, in_shape, shapes.of_value(i + 1), p, false),
         };
         if keep(i, &node.op) {
             kept.push((node.name.clone(), y.clone()));
@@ -264,18 +245,9 @@ fn conv2d(
                     let mut acc = 0f32;
                     for ci in 0..cg {
                         let ch = group * cg + ci;
-                        for ky in 0..k {
-                            let iy = (oy * s + ky) as isize - p as isize;
-                            if iy < 0 || iy as usize >= h {
-                                continue;
-                            }
-                            for kx in 0..k {
-                                let ix = (ox * s + kx) as isize - p as isize;
-                                if ix < 0 || ix as usize >= wd {
-                                    continue;
-                                }
-                                acc += xs[(ch * h + iy as usize) * wd + ix as usize]
-                                    * wk[(ci * k + ky) * k + kx];
+                        for (ky, iy) in taps(oy, k, s, p, h) {
+                            for (kx, ix) in taps(ox, k, s, p, wd) {
+                                acc += xs[(ch * h + iy) * wd + ix] * wk[(ci * k + ky) * k + kx];
                             }
                         }
                     }
@@ -306,18 +278,11 @@ fn pool(
             for ox in 0..ow {
                 let mut best = f32::NEG_INFINITY;
                 let mut sum = 0f32;
-                for ky in 0..k {
-                    let iy = (oy * s + ky) as isize - p as isize;
-                    if iy < 0 || iy as usize >= h {
-                        continue;
-                    }
-                    for kx in 0..k {
-                        let ix = (ox * s + kx) as isize - p as isize;
-                        if ix >= 0 && (ix as usize) < w {
-                            let v = plane[iy as usize * w + ix as usize];
-                            best = best.max(v);
-                            sum += v;
-                        }
+                for (_, iy) in taps(oy, k, s, p, h) {
+                    for (_, ix) in taps(ox, k, s, p, w) {
+                        let v = plane[iy * w + ix];
+                        best = best.max(v);
+                        sum += v;
                     }
                 }
                 y.push(if max { best } else { sum / (k * k) as f32 });
