@@ -137,64 +137,58 @@ pub fn max_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
     stride: usize,
     padding: usize,
 ) -> Result<FeatureMaps<B, C, T>> {
-    pool(
-        "max_pool2d",
-        x,
-        [kernel, stride, padding],
-        |win, data| {
-            let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
-            let mut y = vec![0.0f32; win.batch * C * plane_out];
-            // The flat input index each output took its value from, for the backward pass.
-            let mut arg = vec![0usize; y.len()];
-            let pool_plane = |p: usize, y_plane: &mut [f32], arg_plane: &mut [usize]| {
-                let base = p * plane_in;
-                let src = &data[base..][..plane_in];
-                for oy in 0..win.oh {
-                    let (y0, y1) = span(oy, win, win.h);
-                    for ox in 0..win.ow {
-                        let (x0, x1) = span(ox, win, win.w);
-                        let mut best_at = y0 * win.w + x0;
-                        let mut best = src[best_at];
-                        for iy in y0..y1 {
-                            for (ix, &v) in src[iy * win.w..][..x1].iter().enumerate().skip(x0) {
-                                // Strict `>` keeps the first of tied maxima; a NaN beats any
-                                // number.
-                                if v > best || (v.is_nan() && !best.is_nan()) {
-                                    best = v;
-                                    best_at = iy * win.w + ix;
-                                }
+    pool("max_pool2d", x, [kernel, stride, padding], |win, data| {
+        let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
+        let mut y = vec![0.0f32; win.batch * C * plane_out];
+        // The flat input index each output took its value from, for the backward pass.
+        let mut arg = vec![0usize; y.len()];
+        let pool_plane = |p: usize, y_plane: &mut [f32], arg_plane: &mut [usize]| {
+            let base = p * plane_in;
+            let src = &data[base..][..plane_in];
+            for oy in 0..win.oh {
+                let (y0, y1) = span(oy, win, win.h);
+                for ox in 0..win.ow {
+                    let (x0, x1) = span(ox, win, win.w);
+                    let mut best_at = y0 * win.w + x0;
+                    let mut best = src[best_at];
+                    for iy in y0..y1 {
+                        for (ix, &v) in src[iy * win.w..][..x1].iter().enumerate().skip(x0) {
+                            // Strict `>` keeps the first of tied maxima; a NaN beats any number.
+                            if v > best || (v.is_nan() && !best.is_nan()) {
+                                best = v;
+                                best_at = iy * win.w + ix;
                             }
                         }
-                        y_plane[oy * win.ow + ox] = best;
-                        arg_plane[oy * win.ow + ox] = base + best_at;
                     }
-                }
-            };
-            if plane_out > 0 {
-                if y.len() >= PARALLEL_MIN_LEN {
-                    y.par_chunks_mut(plane_out)
-                        .zip(arg.par_chunks_mut(plane_out))
-                        .enumerate()
-                        .for_each(|(p, (yp, ap))| pool_plane(p, yp, ap));
-                } else {
-                    for (p, (yp, ap)) in y
-                        .chunks_mut(plane_out)
-                        .zip(arg.chunks_mut(plane_out))
-                        .enumerate()
-                    {
-                        pool_plane(p, yp, ap);
-                    }
+                    y_plane[oy * win.ow + ox] = best;
+                    arg_plane[oy * win.ow + ox] = base + best_at;
                 }
             }
-            let backward = move |dy: &[f32], dx: &mut [f32]| {
-                for (&i, &g) in arg.iter().zip(dy) {
-                    dx[i] += g;
+        };
+        if plane_out > 0 {
+            if y.len() >= PARALLEL_MIN_LEN {
+                y.par_chunks_mut(plane_out)
+                    .zip(arg.par_chunks_mut(plane_out))
+                    .enumerate()
+                    .for_each(|(p, (yp, ap))| pool_plane(p, yp, ap));
+            } else {
+                for (p, (yp, ap)) in y
+                    .chunks_mut(plane_out)
+                    .zip(arg.chunks_mut(plane_out))
+                    .enumerate()
+                {
+                    pool_plane(p, yp, ap);
                 }
-                Ok(())
-            };
-            (y, backward)
-        },
-    )
+            }
+        }
+        let backward = move |dy: &[f32], dx: &mut [f32]| {
+            for (&i, &g) in arg.iter().zip(dy) {
+                dx[i] += g;
+            }
+            Ok(())
+        };
+        (y, backward)
+    })
 }
 
 /// 2-D average pooling, PyTorch's `avg_pool2d(x, kernel, stride, padding)` with its defaults
@@ -226,52 +220,47 @@ pub fn avg_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
     stride: usize,
     padding: usize,
 ) -> Result<FeatureMaps<B, C, T>> {
-    pool(
-        "avg_pool2d",
-        x,
-        [kernel, stride, padding],
-        |win, data| {
-            let win = *win;
-            let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
-            let inv_area = 1.0 / (win.k * win.k) as f32;
-            let mut y = vec![0.0f32; win.batch * C * plane_out];
-            for_each_plane(&mut y, plane_out, |p, y_plane| {
-                let src = &data[p * plane_in..][..plane_in];
+    pool("avg_pool2d", x, [kernel, stride, padding], |win, data| {
+        let win = *win;
+        let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
+        let inv_area = 1.0 / (win.k * win.k) as f32;
+        let mut y = vec![0.0f32; win.batch * C * plane_out];
+        for_each_plane(&mut y, plane_out, |p, y_plane| {
+            let src = &data[p * plane_in..][..plane_in];
+            for oy in 0..win.oh {
+                let (y0, y1) = span(oy, &win, win.h);
+                for ox in 0..win.ow {
+                    let (x0, x1) = span(ox, &win, win.w);
+                    let sum: f32 = (y0..y1)
+                        .map(|iy| src[iy * win.w + x0..iy * win.w + x1].iter().sum::<f32>())
+                        .sum();
+                    y_plane[oy * win.ow + ox] = sum * inv_area;
+                }
+            }
+        });
+        let backward = move |dy: &[f32], dx: &mut [f32]| {
+            if dx.len() != win.batch * C * plane_in {
+                return Err(CpuError::WrongNumElements);
+            }
+            for_each_plane(dx, plane_in, |p, dx_plane| {
+                let g_plane = &dy[p * plane_out..][..plane_out];
                 for oy in 0..win.oh {
                     let (y0, y1) = span(oy, &win, win.h);
                     for ox in 0..win.ow {
                         let (x0, x1) = span(ox, &win, win.w);
-                        let sum: f32 = (y0..y1)
-                            .map(|iy| src[iy * win.w + x0..iy * win.w + x1].iter().sum::<f32>())
-                            .sum();
-                        y_plane[oy * win.ow + ox] = sum * inv_area;
-                    }
-                }
-            });
-            let backward = move |dy: &[f32], dx: &mut [f32]| {
-                if dx.len() != win.batch * C * plane_in {
-                    return Err(CpuError::WrongNumElements);
-                }
-                for_each_plane(dx, plane_in, |p, dx_plane| {
-                    let g_plane = &dy[p * plane_out..][..plane_out];
-                    for oy in 0..win.oh {
-                        let (y0, y1) = span(oy, &win, win.h);
-                        for ox in 0..win.ow {
-                            let (x0, x1) = span(ox, &win, win.w);
-                            let g = g_plane[oy * win.ow + ox] * inv_area;
-                            for iy in y0..y1 {
-                                for d in &mut dx_plane[iy * win.w + x0..iy * win.w + x1] {
-                                    *d += g;
-                                }
+                        let g = g_plane[oy * win.ow + ox] * inv_area;
+                        for iy in y0..y1 {
+                            for d in &mut dx_plane[iy * win.w + x0..iy * win.w + x1] {
+                                *d += g;
                             }
                         }
                     }
-                });
-                Ok(())
-            };
-            (y, backward)
-        },
-    )
+                }
+            });
+            Ok(())
+        };
+        (y, backward)
+    })
 }
 
 /// Max pooling layer, PyTorch's `nn.MaxPool2d(K, stride=S, padding=P)`; the stride defaults to
