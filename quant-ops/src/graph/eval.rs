@@ -80,14 +80,7 @@ pub fn evaluate(
                 shift,
                 epsilon,
             } => {
-                let (ParamValues::Float(g), ParamValues::Float(b)) = (&scale.values, &shift.values)
-                else {
-                    return Err(QuantError::InvalidValue {
-                        what: "LayerNorm parameters".into(),
-                        value: node.name.clone(),
-                        expected: "float values".into(),
-                    });
-                };
+                let (g, b) = float_pair("LayerNorm", &node.name, scale, shift)?;
                 let f = g.len().max(1);
                 let mut y = Vec::with_capacity(xs.len());
                 for row in xs.chunks_exact(f) {
@@ -122,14 +115,7 @@ pub fn evaluate(
                 conv2d(xs, n, in_shape, shapes.of_value(i + 1), geometry, &w, &b)
             }
             Op::ChannelAffine { scale, shift } => {
-                let (ParamValues::Float(s), ParamValues::Float(t)) = (&scale.values, &shift.values)
-                else {
-                    return Err(QuantError::InvalidValue {
-                        what: "ChannelAffine parameters".into(),
-                        value: node.name.clone(),
-                        expected: "float values".into(),
-                    });
-                };
+                let (s, t) = float_pair("ChannelAffine", &node.name, scale, shift)?;
                 let c = in_shape[0];
                 let per: usize = in_shape[1..].iter().product();
                 xs.iter()
@@ -157,6 +143,24 @@ pub fn evaluate(
         output: values[output].take().unwrap_or_default(),
         kept,
     })
+}
+
+/// The float values of an op's `(scale, shift)` parameters (ChannelAffine, LayerNorm); an
+/// error naming the op and node when either is not float.
+fn float_pair<'a>(
+    op: &str,
+    node: &str,
+    scale: &'a Parameter,
+    shift: &'a Parameter,
+) -> Result<(&'a [f32], &'a [f32])> {
+    match (&scale.values, &shift.values) {
+        (ParamValues::Float(s), ParamValues::Float(t)) => Ok((s, t)),
+        _ => Err(QuantError::InvalidValue {
+            what: format!("{op} parameters"),
+            value: node.to_string(),
+            expected: "float values".into(),
+        }),
+    }
 }
 
 /// The values a weight computes with: float values, or dequantized codes.
