@@ -575,14 +575,21 @@ pub fn resolve(path: &Path) -> PathBuf {
 mod staged;
 pub use staged::{replace_dir, write_atomic, StagedDir, StagedFile};
 
+/// A fresh, empty directory for one test: `quant-{name}-{process id}` in the system's
+/// temporary directory.
+#[cfg(test)]
+pub(crate) fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quant-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("quant-fs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        scratch_dir(&format!("fs-{name}"))
     }
 
     #[test]

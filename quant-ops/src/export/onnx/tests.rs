@@ -485,10 +485,7 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
 }
 
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("quant-onnx-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::fs::scratch_dir(&format!("onnx-{name}"))
 }
 
 #[test]
