@@ -153,6 +153,19 @@ fn settings(
     }
 }
 
+/// Symmetric signed 8-bit weights per output channel on `[-127, 127]` (narrow range),
+/// calibrated by min/max: the weights both TensorRT and OpenVINO take.
+fn narrow_int8_channel_weights() -> QuantizerSettings {
+    settings(
+        QuantizationMethod::Symmetric,
+        8,
+        true,
+        true,
+        Some(true),
+        ObserverConfig::MinMax,
+    )
+}
+
 fn academic() -> Platform {
     Platform {
         name: "Academic".into(),
@@ -192,14 +205,7 @@ fn tensorrt_int8() -> Platform {
             "TensorRT INT8: symmetric per-channel weights on [-127, 127] (amax/127), symmetric \
                       per-tensor activations calibrated by entropy (KL), ties to even"
                 .into(),
-        weights: settings(
-            QuantizationMethod::Symmetric,
-            8,
-            true,
-            true,
-            Some(true),
-            ObserverConfig::MinMax,
-        ),
+        weights: narrow_int8_channel_weights(),
         input: settings(
             QuantizationMethod::Symmetric,
             8,
@@ -226,14 +232,7 @@ fn openvino_int8() -> Platform {
             "OpenVINO INT8: symmetric per-channel weights on [-127, 127], symmetric per-tensor \
                       activations (unsigned after ReLU), moving-average min/max"
                 .into(),
-        weights: settings(
-            QuantizationMethod::Symmetric,
-            8,
-            true,
-            true,
-            Some(true),
-            ObserverConfig::MinMax,
-        ),
+        weights: narrow_int8_channel_weights(),
         input: settings(
             QuantizationMethod::Symmetric,
             8,

@@ -174,32 +174,25 @@ pub fn describe_size(bytes: u64) -> String {
 /// What kind of file system object `meta` describes, with its article: `a FIFO (named pipe)`.
 pub fn kind_of(meta: &Metadata) -> &'static str {
     let t = meta.file_type();
-    if t.is_file() {
-        return "a regular file";
-    }
-    if t.is_dir() {
-        return "a directory";
-    }
-    if t.is_symlink() {
-        return "a symbolic link";
-    }
+    let mut kinds = vec![
+        (t.is_file(), "a regular file"),
+        (t.is_dir(), "a directory"),
+        (t.is_symlink(), "a symbolic link"),
+    ];
     #[cfg(unix)]
     {
         use std::os::unix::fs::FileTypeExt;
-        if t.is_fifo() {
-            return "a FIFO (named pipe)";
-        }
-        if t.is_char_device() {
-            return "a character device";
-        }
-        if t.is_block_device() {
-            return "a block device";
-        }
-        if t.is_socket() {
-            return "a socket";
-        }
+        kinds.extend([
+            (t.is_fifo(), "a FIFO (named pipe)"),
+            (t.is_char_device(), "a character device"),
+            (t.is_block_device(), "a block device"),
+            (t.is_socket(), "a socket"),
+        ]);
     }
-    "not a regular file"
+    kinds
+        .into_iter()
+        .find(|(is, _)| *is)
+        .map_or("not a regular file", |(_, kind)| kind)
 }
 
 // ----- reading -------------------------------------------------------------------------------
@@ -575,14 +568,21 @@ pub fn resolve(path: &Path) -> PathBuf {
 mod staged;
 pub use staged::{replace_dir, write_atomic, StagedDir, StagedFile};
 
+/// A fresh, empty directory for one test: `quant-{name}-{process id}` in the system's
+/// temporary directory.
+#[cfg(test)]
+pub(crate) fn scratch_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quant-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("quant-fs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        scratch_dir(&format!("fs-{name}"))
     }
 
     #[test]

@@ -408,10 +408,7 @@ pub fn replace_dir(dir: &Path, files: &[(&str, &[u8])]) -> Result<(), OutputErro
 mod tests {
     use super::*;
     fn scratch(name: &str) -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("quant-fs-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        dir
+        crate::fs::scratch_dir(&format!("fs-{name}"))
     }
 
     const META: &[u8] = br#"{"format": "quant-integer-model"}"#;

@@ -7,7 +7,7 @@
 
 use quant_core::{QuantError, Result};
 
-use super::ops::out_len;
+use super::ops::{out_len, taps};
 use super::{Conv2dGeometry, Graph, Op, ParamValues, Parameter, PoolGeometry};
 
 /// The result of [`evaluate`].
@@ -45,19 +45,7 @@ pub fn evaluate(
     let n = x.len() / in_numel;
     // Value 0 is the input, value i + 1 node i's output; freed after their last use.
     let count = graph.nodes.len() + 1;
-    let index = |name: &str| -> usize {
-        if name == graph.input.name {
-            0
-        } else {
-            graph.node_index(name).map_or(0, |i| i + 1)
-        }
-    };
-    let inputs: Vec<Vec<usize>> = graph
-        .nodes
-        .iter()
-        .map(|node| node.inputs.iter().map(|s| index(s)).collect())
-        .collect();
-    let output = index(&graph.output);
+    let (inputs, output) = graph.value_numbers();
     let mut last_use = vec![0usize; count];
     for (i, ins) in inputs.iter().enumerate() {
         for &v in ins {
@@ -69,16 +57,9 @@ pub fn evaluate(
     values[0] = Some(x.to_vec());
     let mut kept = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
-        let shape_of = |v: usize| -> &[usize] {
-            if v == 0 {
-                &shapes.input
-            } else {
-                &shapes.nodes[v - 1]
-            }
-        };
         let a = inputs[i][0];
         let xs = values[a].as_deref().unwrap_or(&[]);
-        let in_shape = shape_of(a);
+        let in_shape = shapes.of_value(a);
         let y = match &node.op {
             Op::Quantize { quantizer } => quantizer.inferable.fake_quantize(xs, &[xs.len()])?,
             Op::Relu => xs.iter().map(|v| v.max(0.0)).collect(),
@@ -99,14 +80,7 @@ pub fn evaluate(
                 shift,
                 epsilon,
             } => {
-                let (ParamValues::Float(g), ParamValues::Float(b)) = (&scale.values, &shift.values)
-                else {
-                    return Err(QuantError::InvalidValue {
-                        what: "LayerNorm parameters".into(),
-                        value: node.name.clone(),
-                        expected: "float values".into(),
-                    });
-                };
+                let (g, b) = float_pair("LayerNorm", &node.name, scale, shift)?;
                 let f = g.len().max(1);
                 let mut y = Vec::with_capacity(xs.len());
                 for row in xs.chunks_exact(f) {
@@ -138,17 +112,10 @@ pub fn evaluate(
             } => {
                 let w = dequantized(weight, &geometry.weight_shape())?;
                 let b = bias_values(graph, &inputs[i], bias, weight)?;
-                conv2d(xs, n, in_shape, shape_of(i + 1), geometry, &w, &b)
+                conv2d(xs, n, in_shape, shapes.of_value(i + 1), geometry, &w, &b)
             }
             Op::ChannelAffine { scale, shift } => {
-                let (ParamValues::Float(s), ParamValues::Float(t)) = (&scale.values, &shift.values)
-                else {
-                    return Err(QuantError::InvalidValue {
-                        what: "ChannelAffine parameters".into(),
-                        value: node.name.clone(),
-                        expected: "float values".into(),
-                    });
-                };
+                let (s, t) = float_pair("ChannelAffine", &node.name, scale, shift)?;
                 let c = in_shape[0];
                 let per: usize = in_shape[1..].iter().product();
                 xs.iter()
@@ -159,8 +126,8 @@ pub fn evaluate(
                     })
                     .collect()
             }
-            Op::MaxPool2d(p) => pool(xs, n, in_shape, shape_of(i + 1), p, true),
-            Op::AvgPool2d(p) => pool(xs, n, in_shape, shape_of(i + 1), p, false),
+            Op::MaxPool2d(p) => pool(xs, n, in_shape, shapes.of_value(i + 1), p, true),
+            Op::AvgPool2d(p) => pool(xs, n, in_shape, shapes.of_value(i + 1), p, false),
         };
         if keep(i, &node.op) {
             kept.push((node.name.clone(), y.clone()));
@@ -176,6 +143,24 @@ pub fn evaluate(
         output: values[output].take().unwrap_or_default(),
         kept,
     })
+}
+
+/// The float values of an op's `(scale, shift)` parameters (ChannelAffine, LayerNorm); an
+/// error naming the op and node when either is not float.
+fn float_pair<'a>(
+    op: &str,
+    node: &str,
+    scale: &'a Parameter,
+    shift: &'a Parameter,
+) -> Result<(&'a [f32], &'a [f32])> {
+    match (&scale.values, &shift.values) {
+        (ParamValues::Float(s), ParamValues::Float(t)) => Ok((s, t)),
+        _ => Err(QuantError::InvalidValue {
+            what: format!("{op} parameters"),
+            value: node.to_string(),
+            expected: "float values".into(),
+        }),
+    }
 }
 
 /// The values a weight computes with: float values, or dequantized codes.
@@ -264,18 +249,9 @@ fn conv2d(
                     let mut acc = 0f32;
                     for ci in 0..cg {
                         let ch = group * cg + ci;
-                        for ky in 0..k {
-                            let iy = (oy * s + ky) as isize - p as isize;
-                            if iy < 0 || iy as usize >= h {
-                                continue;
-                            }
-                            for kx in 0..k {
-                                let ix = (ox * s + kx) as isize - p as isize;
-                                if ix < 0 || ix as usize >= wd {
-                                    continue;
-                                }
-                                acc += xs[(ch * h + iy as usize) * wd + ix as usize]
-                                    * wk[(ci * k + ky) * k + kx];
+                        for (ky, iy) in taps(oy, k, s, p, h) {
+                            for (kx, ix) in taps(ox, k, s, p, wd) {
+                                acc += xs[(ch * h + iy) * wd + ix] * wk[(ci * k + ky) * k + kx];
                             }
                         }
                     }
@@ -306,18 +282,11 @@ fn pool(
             for ox in 0..ow {
                 let mut best = f32::NEG_INFINITY;
                 let mut sum = 0f32;
-                for ky in 0..k {
-                    let iy = (oy * s + ky) as isize - p as isize;
-                    if iy < 0 || iy as usize >= h {
-                        continue;
-                    }
-                    for kx in 0..k {
-                        let ix = (ox * s + kx) as isize - p as isize;
-                        if ix >= 0 && (ix as usize) < w {
-                            let v = plane[iy as usize * w + ix as usize];
-                            best = best.max(v);
-                            sum += v;
-                        }
+                for (_, iy) in taps(oy, k, s, p, h) {
+                    for (_, ix) in taps(ox, k, s, p, w) {
+                        let v = plane[iy * w + ix];
+                        best = best.max(v);
+                        sum += v;
                     }
                 }
                 y.push(if max { best } else { sum / (k * k) as f32 });

@@ -29,6 +29,7 @@ mod params;
 pub use builder::{bias_parameter, exported_quantizer, weight_parameter, GraphBuilder, ValueId};
 pub use eval::{evaluate, Evaluation};
 pub use ops::{Conv2dGeometry, Op, PoolGeometry};
+pub(crate) use ops::taps;
 pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
 
 use std::collections::{BTreeMap, HashMap};
@@ -95,6 +96,17 @@ pub struct Shapes {
     pub input: Vec<usize>,
     /// Per-sample shape of each node's output, in node order.
     pub nodes: Vec<Vec<usize>>,
+}
+
+impl Shapes {
+    /// The per-sample shape of value `v`, numbered as [`Graph::value_numbers`] does.
+    pub(crate) fn of_value(&self, v: usize) -> &[usize] {
+        if v == 0 {
+            &self.input
+        } else {
+            &self.nodes[v - 1]
+        }
+    }
 }
 
 /// A problem with one node (or the graph as a whole, named `(graph)`), as text.
@@ -215,6 +227,25 @@ impl Graph {
     /// The index of the node producing `name` (`None` for the graph input or an unknown name).
     pub fn node_index(&self, name: &str) -> Option<usize> {
         self.nodes.iter().position(|n| n.name == name)
+    }
+
+    /// The values numbered as the interpreters number them (0 the input, `i + 1` the output of
+    /// node `i`): each node's inputs, and the graph's output. For a checked graph, where every
+    /// name resolves (an unknown one would read as the input).
+    pub(crate) fn value_numbers(&self) -> (Vec<Vec<usize>>, usize) {
+        let number = |name: &str| -> usize {
+            if name == self.input.name {
+                0
+            } else {
+                self.node_index(name).map_or(0, |i| i + 1)
+            }
+        };
+        let inputs = self
+            .nodes
+            .iter()
+            .map(|node| node.inputs.iter().map(|s| number(s)).collect())
+            .collect();
+        (inputs, number(&self.output))
     }
 }
 

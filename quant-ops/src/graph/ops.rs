@@ -143,6 +143,23 @@ pub(crate) fn out_len(len: usize, kernel: usize, stride: usize, padding: usize) 
         .map(|d| d + 1)
 }
 
+/// The taps of a window that land inside the input along one axis: for output position `o` of
+/// a `kernel`-tap window with `stride` and zero `padding` over `len` inputs, each tap `t` whose
+/// input `o * stride + t - padding` lies in `0..len`, as `(t, input)` in tap order (the
+/// reference loops of the interpreters, which skip padding).
+pub(crate) fn taps(
+    o: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    len: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    (0..kernel).filter_map(move |t| {
+        let i = (o * stride + t) as isize - padding as isize;
+        (i >= 0 && (i as usize) < len).then_some((t, i as usize))
+    })
+}
+
 fn maps(inputs: &[&[usize]], what: &str) -> Result<(usize, usize, usize), String> {
     match inputs {
         [[c, h, w]] => Ok((*c, *h, *w)),

@@ -2,6 +2,8 @@
 //! im2col and max pooling on `u8` codes, with run-time instruction-set dispatch), plus max
 //! pooling of `i32` accumulators.
 
+use crate::graph::taps;
+
 pub use quant_core::int8::{
     fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, rounding_shift, PackedMatrix,
     Requantizer, Window,
@@ -23,17 +25,9 @@ pub fn max_pool_i32(
         for ox in 0..ow {
             let dst = &mut out[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
             dst.fill(i32::MIN);
-            for ky in 0..k {
-                let iy = (oy * stride + ky) as isize - padding as isize;
-                if iy < 0 || iy as usize >= h {
-                    continue;
-                }
-                for kx in 0..k {
-                    let ix = (ox * stride + kx) as isize - padding as isize;
-                    if ix < 0 || ix as usize >= w {
-                        continue;
-                    }
-                    let src = &x[(iy as usize * w + ix as usize) * c..][..c];
+            for (_, iy) in taps(oy, k, stride, padding, h) {
+                for (_, ix) in taps(ox, k, stride, padding, w) {
+                    let src = &x[(iy * w + ix) * c..][..c];
                     for (d, s) in dst.iter_mut().zip(src) {
                         *d = (*d).max(*s);
                     }

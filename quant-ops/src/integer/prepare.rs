@@ -70,6 +70,18 @@ fn unsupported(node: &str, reason: impl Into<String>) -> ExportError {
     }
 }
 
+/// Rejects a quantizer wider than [`MAX_BITS`]; `what` starts the reason ("it uses").
+fn check_bits(node: &str, what: &str, q: &InferableQuantizer) -> Result<(), ExportError> {
+    let bits = q.grid().bits();
+    if bits > MAX_BITS {
+        return Err(unsupported(
+            node,
+            format!("{what} {bits} bits; integer inference supports up to {MAX_BITS}"),
+        ));
+    }
+    Ok(())
+}
+
 fn stored_grid(q: &InferableQuantizer) -> (StoredGrid, i32) {
     let g = q.grid();
     let offset = if g.signed() { 128 } else { 0 };
@@ -93,31 +105,12 @@ fn reach(g: &StoredGrid) -> i64 {
 pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
     let shapes = graph.check()?;
     let n_values = graph.nodes.len() + 1;
-    let index = |name: &str| -> usize {
-        if name == graph.input.name {
-            0
-        } else {
-            graph.node_index(name).map_or(0, |i| i + 1)
-        }
-    };
-    let inputs: Vec<Vec<usize>> = graph
-        .nodes
-        .iter()
-        .map(|n| n.inputs.iter().map(|s| index(s)).collect())
-        .collect();
-    let output = index(&graph.output);
-    let shape_of = |v: usize| -> &[usize] {
-        if v == 0 {
-            &shapes.input
-        } else {
-            &shapes.nodes[v - 1]
-        }
-    };
+    let (inputs, output) = graph.value_numbers();
     let numels: Vec<usize> = (0..n_values)
-        .map(|v| shape_of(v).iter().product())
+        .map(|v| shapes.of_value(v).iter().product())
         .collect();
     let mut reps = vec![Rep::Float];
-    let mut layouts = vec![match shape_of(0) {
+    let mut layouts = vec![match shapes.of_value(0) {
         [c, h, w] => Layout::Maps {
             c: *c,
             h: *h,
@@ -154,15 +147,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
         let (rep, layout) = match &node.op {
             Op::Quantize { quantizer } => {
                 let q = &quantizer.inferable;
-                if q.grid().bits() > MAX_BITS {
-                    return Err(unsupported(
-                        name,
-                        format!(
-                            "it uses {} bits; integer inference supports up to {MAX_BITS}",
-                            q.grid().bits()
-                        ),
-                    ));
-                }
+                check_bits(name, "it uses", q)?;
                 let (grid, offset) = stored_grid(q);
                 step.quantize = Some(match &rep_a {
                     Rep::Float => Quantize::Float {
@@ -246,7 +231,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 let Layout::Maps { c, h, w } = lay_a else {
                     return Err(unsupported(name, "its input is not feature maps"));
                 };
-                let (o, oh, ow) = match shape_of(i + 1) {
+                let (o, oh, ow) = match shapes.of_value(i + 1) {
                     [o, oh, ow] => (*o, *oh, *ow),
                     _ => return Err(unsupported(name, "its output is not feature maps")),
                 };
@@ -353,7 +338,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 let Layout::Maps { c, .. } = lay_a else {
                     return Err(unsupported(name, "its input is not feature maps"));
                 };
-                let (oh, ow) = (shape_of(i + 1)[1], shape_of(i + 1)[2]);
+                let (oh, ow) = (shapes.of_value(i + 1)[1], shapes.of_value(i + 1)[2]);
                 cost = (numels[i + 1] as u64) * (p.kernel as u64) * (p.kernel as u64);
                 (rep_a, Layout::Maps { c, h: oh, w: ow })
             }
@@ -361,7 +346,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 let Layout::Maps { c, .. } = lay_a else {
                     return Err(unsupported(name, "its input is not feature maps"));
                 };
-                let (oh, ow) = (shape_of(i + 1)[1], shape_of(i + 1)[2]);
+                let (oh, ow) = (shapes.of_value(i + 1)[1], shapes.of_value(i + 1)[2]);
                 let window = (p.kernel * p.kernel) as u64;
                 cost = (numels[i + 1] as u64) * window;
                 let (scales, bound) = match &rep_a {
@@ -524,15 +509,7 @@ fn weight_codes<'a>(
     match &weight.values {
         ParamValues::Codes { codes, quantizer } => {
             let q = &quantizer.inferable;
-            if q.grid().bits() > MAX_BITS {
-                return Err(unsupported(
-                    node,
-                    format!(
-                        "its weights use {} bits; integer inference supports up to {MAX_BITS}",
-                        q.grid().bits()
-                    ),
-                ));
-            }
+            check_bits(node, "its weights use", q)?;
             Ok((
                 codes,
                 q.qparams().zero_points().to_vec(),

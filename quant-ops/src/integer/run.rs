@@ -85,11 +85,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 }
             }
             Op::MaxPool2d(p) => {
-                let (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) =
-                    (m.layouts[a], m.layouts[i + 1])
-                else {
-                    return Err(internal(&node.name));
-                };
+                let ((c, h, w), (oh, ow)) = pool_dims(m, a, i + 1, &node.name)?;
                 let (per_in, per_out) = (h * w * c, oh * ow * c);
                 match values[a].as_ref() {
                     Some(Buf::U8(v)) => {
@@ -111,11 +107,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 }
             }
             Op::AvgPool2d(p) => {
-                let (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) =
-                    (m.layouts[a], m.layouts[i + 1])
-                else {
-                    return Err(internal(&node.name));
-                };
+                let ((c, h, w), (oh, ow)) = pool_dims(m, a, i + 1, &node.name)?;
                 // Window sums of centered values; the scale carries the division.
                 let centered: Vec<i32> = match (values[a].as_ref(), &m.reps[a]) {
                     (Some(Buf::U8(v)), Rep::Codes(g)) => {
@@ -157,6 +149,20 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
         }
     }
     output(m, values[m.output].take(), n)
+}
+
+/// The `(channels, height, width)` of a pooling node's input maps (value `a`) and the
+/// `(height, width)` of its output maps (value `y`).
+fn pool_dims(
+    m: &IntegerModel,
+    a: usize,
+    y: usize,
+    node: &str,
+) -> Result<((usize, usize, usize), (usize, usize))> {
+    match (m.layouts[a], m.layouts[y]) {
+        (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) => Ok(((c, h, w), (oh, ow))),
+        _ => Err(internal(node)),
+    }
 }
 
 fn internal(node: &str) -> QuantError {

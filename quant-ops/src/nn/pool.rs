@@ -69,6 +69,44 @@ fn for_each_plane(out: &mut [f32], plane: usize, f: impl Fn(usize, &mut [f32]) +
     }
 }
 
+/// What every pooling op shares: checks the window (see [`pool_window`]), makes the input
+/// contiguous, computes the output with `forward(window, input)` (which also returns the
+/// backward pass `backward(dy, dx)`, adding into the input's gradient) and records that
+/// backward pass on the tape.
+fn pool<B, const C: usize, H, W, T, Forward, Backward>(
+    op: &str,
+    x: Tensor<(B, Const<C>, H, W), f32, Cpu, T>,
+    [kernel, stride, padding]: [usize; 3],
+    forward: Forward,
+) -> Result<FeatureMaps<B, C, T>>
+where
+    B: Dim,
+    H: Dim,
+    W: Dim,
+    T: Tape<f32, Cpu>,
+    Forward: FnOnce(&Window, &[f32]) -> (Vec<f32>, Backward),
+    Backward: 'static + FnOnce(&[f32], &mut [f32]) -> std::result::Result<(), CpuError>,
+{
+    let (batch, _, h, w) = *x.shape();
+    let win = pool_window(
+        op,
+        [batch.size(), C, h.size(), w.size()],
+        kernel,
+        stride,
+        padding,
+    )?;
+    let (x, mut tape) = x.try_contiguous()?.split_tape();
+    let (y, backward) = forward(&win, &read(&x));
+    let out = x
+        .device()
+        .try_tensor_from_vec(y, (batch, Const::<C>, win.oh, win.ow))?;
+    let x_ghost = x.ghost();
+    record(&out, &mut tape, move |dy, grads| {
+        backward(dy, grads.get_or_alloc_mut(&x_ghost)?)
+    });
+    Ok(out.put_tape(tape))
+}
+
 /// 2-D max pooling, PyTorch's `max_pool2d(x, kernel, stride, padding)` (no dilation, floor
 /// output size): `(batch, C, h, w)` to `(batch, C, oh, ow)` with
 /// `oh = (h + 2 * padding - kernel) / stride + 1`.
@@ -99,71 +137,58 @@ pub fn max_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
     stride: usize,
     padding: usize,
 ) -> Result<FeatureMaps<B, C, T>> {
-    let (batch, _, h, w) = *x.shape();
-    let win = pool_window(
-        "max_pool2d",
-        [batch.size(), C, h.size(), w.size()],
-        kernel,
-        stride,
-        padding,
-    )?;
-    let (x, mut tape) = x.try_contiguous()?.split_tape();
-    let data = read(&x);
-    let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
-    let mut y = vec![0.0f32; win.batch * C * plane_out];
-    // The flat input index each output took its value from, for the backward pass.
-    let mut arg = vec![0usize; y.len()];
-    let pool_plane = |p: usize, y_plane: &mut [f32], arg_plane: &mut [usize]| {
-        let base = p * plane_in;
-        let src = &data[base..][..plane_in];
-        for oy in 0..win.oh {
-            let (y0, y1) = span(oy, &win, win.h);
-            for ox in 0..win.ow {
-                let (x0, x1) = span(ox, &win, win.w);
-                let mut best_at = y0 * win.w + x0;
-                let mut best = src[best_at];
-                for iy in y0..y1 {
-                    for (ix, &v) in src[iy * win.w..][..x1].iter().enumerate().skip(x0) {
-                        // Strict `>` keeps the first of tied maxima; a NaN beats any number.
-                        if v > best || (v.is_nan() && !best.is_nan()) {
-                            best = v;
-                            best_at = iy * win.w + ix;
+    pool("max_pool2d", x, [kernel, stride, padding], |win, data| {
+        let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
+        let mut y = vec![0.0f32; win.batch * C * plane_out];
+        // The flat input index each output took its value from, for the backward pass.
+        let mut arg = vec![0usize; y.len()];
+        let pool_plane = |p: usize, y_plane: &mut [f32], arg_plane: &mut [usize]| {
+            let base = p * plane_in;
+            let src = &data[base..][..plane_in];
+            for oy in 0..win.oh {
+                let (y0, y1) = span(oy, win, win.h);
+                for ox in 0..win.ow {
+                    let (x0, x1) = span(ox, win, win.w);
+                    let mut best_at = y0 * win.w + x0;
+                    let mut best = src[best_at];
+                    for iy in y0..y1 {
+                        for (ix, &v) in src[iy * win.w..][..x1].iter().enumerate().skip(x0) {
+                            // Strict `>` keeps the first of tied maxima; a NaN beats any number.
+                            if v > best || (v.is_nan() && !best.is_nan()) {
+                                best = v;
+                                best_at = iy * win.w + ix;
+                            }
                         }
                     }
+                    y_plane[oy * win.ow + ox] = best;
+                    arg_plane[oy * win.ow + ox] = base + best_at;
                 }
-                y_plane[oy * win.ow + ox] = best;
-                arg_plane[oy * win.ow + ox] = base + best_at;
+            }
+        };
+        if plane_out > 0 {
+            if y.len() >= PARALLEL_MIN_LEN {
+                y.par_chunks_mut(plane_out)
+                    .zip(arg.par_chunks_mut(plane_out))
+                    .enumerate()
+                    .for_each(|(p, (yp, ap))| pool_plane(p, yp, ap));
+            } else {
+                for (p, (yp, ap)) in y
+                    .chunks_mut(plane_out)
+                    .zip(arg.chunks_mut(plane_out))
+                    .enumerate()
+                {
+                    pool_plane(p, yp, ap);
+                }
             }
         }
-    };
-    if plane_out > 0 {
-        if y.len() >= PARALLEL_MIN_LEN {
-            y.par_chunks_mut(plane_out)
-                .zip(arg.par_chunks_mut(plane_out))
-                .enumerate()
-                .for_each(|(p, (yp, ap))| pool_plane(p, yp, ap));
-        } else {
-            for (p, (yp, ap)) in y
-                .chunks_mut(plane_out)
-                .zip(arg.chunks_mut(plane_out))
-                .enumerate()
-            {
-                pool_plane(p, yp, ap);
+        let backward = move |dy: &[f32], dx: &mut [f32]| {
+            for (&i, &g) in arg.iter().zip(dy) {
+                dx[i] += g;
             }
-        }
-    }
-    let out = x
-        .device()
-        .try_tensor_from_vec(y, (batch, Const::<C>, win.oh, win.ow))?;
-    let x_ghost = x.ghost();
-    record(&out, &mut tape, move |dy, grads| {
-        let dx = grads.get_or_alloc_mut(&x_ghost)?;
-        for (&i, &g) in arg.iter().zip(dy) {
-            dx[i] += g;
-        }
-        Ok(())
-    });
-    Ok(out.put_tape(tape))
+            Ok(())
+        };
+        (y, backward)
+    })
 }
 
 /// 2-D average pooling, PyTorch's `avg_pool2d(x, kernel, stride, padding)` with its defaults
@@ -195,59 +220,47 @@ pub fn avg_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
     stride: usize,
     padding: usize,
 ) -> Result<FeatureMaps<B, C, T>> {
-    let (batch, _, h, w) = *x.shape();
-    let win = pool_window(
-        "avg_pool2d",
-        [batch.size(), C, h.size(), w.size()],
-        kernel,
-        stride,
-        padding,
-    )?;
-    let (x, mut tape) = x.try_contiguous()?.split_tape();
-    let data = read(&x);
-    let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
-    let inv_area = 1.0 / (win.k * win.k) as f32;
-    let mut y = vec![0.0f32; win.batch * C * plane_out];
-    for_each_plane(&mut y, plane_out, |p, y_plane| {
-        let src = &data[p * plane_in..][..plane_in];
-        for oy in 0..win.oh {
-            let (y0, y1) = span(oy, &win, win.h);
-            for ox in 0..win.ow {
-                let (x0, x1) = span(ox, &win, win.w);
-                let sum: f32 = (y0..y1)
-                    .map(|iy| src[iy * win.w + x0..iy * win.w + x1].iter().sum::<f32>())
-                    .sum();
-                y_plane[oy * win.ow + ox] = sum * inv_area;
-            }
-        }
-    });
-    let out = x
-        .device()
-        .try_tensor_from_vec(y, (batch, Const::<C>, win.oh, win.ow))?;
-    let x_ghost = x.ghost();
-    record(&out, &mut tape, move |dy, grads| {
-        let dx = grads.get_or_alloc_mut(&x_ghost)?;
-        if dx.len() != win.batch * C * plane_in {
-            return Err(CpuError::WrongNumElements);
-        }
-        for_each_plane(dx, plane_in, |p, dx_plane| {
-            let g_plane = &dy[p * plane_out..][..plane_out];
+    pool("avg_pool2d", x, [kernel, stride, padding], |win, data| {
+        let win = *win;
+        let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
+        let inv_area = 1.0 / (win.k * win.k) as f32;
+        let mut y = vec![0.0f32; win.batch * C * plane_out];
+        for_each_plane(&mut y, plane_out, |p, y_plane| {
+            let src = &data[p * plane_in..][..plane_in];
             for oy in 0..win.oh {
                 let (y0, y1) = span(oy, &win, win.h);
                 for ox in 0..win.ow {
                     let (x0, x1) = span(ox, &win, win.w);
-                    let g = g_plane[oy * win.ow + ox] * inv_area;
-                    for iy in y0..y1 {
-                        for d in &mut dx_plane[iy * win.w + x0..iy * win.w + x1] {
-                            *d += g;
-                        }
-                    }
+                    let sum: f32 = (y0..y1)
+                        .map(|iy| src[iy * win.w + x0..iy * win.w + x1].iter().sum::<f32>())
+                        .sum();
+                    y_plane[oy * win.ow + ox] = sum * inv_area;
                 }
             }
         });
-        Ok(())
-    });
-    Ok(out.put_tape(tape))
+        let backward = move |dy: &[f32], dx: &mut [f32]| {
+            if dx.len() != win.batch * C * plane_in {
+                return Err(CpuError::WrongNumElements);
+            }
+            for_each_plane(dx, plane_in, |p, dx_plane| {
+                let g_plane = &dy[p * plane_out..][..plane_out];
+                for oy in 0..win.oh {
+                    let (y0, y1) = span(oy, &win, win.h);
+                    for ox in 0..win.ow {
+                        let (x0, x1) = span(ox, &win, win.w);
+                        let g = g_plane[oy * win.ow + ox] * inv_area;
+                        for iy in y0..y1 {
+                            for d in &mut dx_plane[iy * win.w + x0..iy * win.w + x1] {
+                                *d += g;
+                            }
+                        }
+                    }
+                }
+            });
+            Ok(())
+        };
+        (y, backward)
+    })
 }
 
 /// Max pooling layer, PyTorch's `nn.MaxPool2d(K, stride=S, padding=P)`; the stride defaults to

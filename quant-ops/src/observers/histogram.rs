@@ -13,7 +13,7 @@ use quant_core::{
 use super::config::{HistogramBins, ObserverConfig, Percentile};
 use super::kernel::{batch_stats, block_stats, finite, MIN_BLOCK};
 use super::minmax::ranges_of;
-use super::{collect_qparams, not_initialized, LayoutGuard, Observer};
+use super::{collect_qparams, not_initialized, observer_statistics, LayoutGuard, Observer};
 
 /// Smallest range a histogram with nonzero data takes, so `bins / range` stays a finite `f32`
 /// for every bin count. Scales this small are floored at `MIN_SCALE` anyway.
@@ -384,6 +384,10 @@ impl HistogramState {
         Ok(())
     }
 
+    fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
     fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
         let (mins, maxs): (Vec<f32>, Vec<f32>) = self
             .hists
@@ -432,27 +436,18 @@ fn from_threshold_or_range(
     }
 }
 
+/// The `Observer` methods the histogram observers share: all but `qparams` and `config`.
 macro_rules! histogram_observer_common {
     () => {
         fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
             self.state.observe(x, layout)
         }
 
-        fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
-            self.state.ranges()
-        }
-
-        fn skipped(&self) -> u64 {
-            self.state.skipped
-        }
-
         fn reset(&mut self) {
             self.state = HistogramState::new(self.state.bins);
         }
 
-        fn box_clone(&self) -> Box<dyn Observer> {
-            Box::new(self.clone())
-        }
+        observer_statistics!(state);
     };
 }
 

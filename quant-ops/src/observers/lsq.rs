@@ -6,9 +6,8 @@ use quant_core::{
 };
 
 use super::config::ObserverConfig;
-use super::kernel::batch_stats;
-use super::minmax::ranges_of;
-use super::{collect_qparams, not_initialized, seen_or_zero, LayoutGuard, Observer};
+use super::minmax::Extremes;
+use super::{collect_qparams, not_initialized, observer_statistics, seen_or_zero, Observer};
 
 /// The initial step size of learned step-size quantization (Esser et al. 2020; mmrazor's
 /// `LSQObserver` / `LSQPerChannelObserver`), per channel:
@@ -39,12 +38,9 @@ use super::{collect_qparams, not_initialized, seen_or_zero, LayoutGuard, Observe
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct LsqInitObserver {
-    guard: LayoutGuard,
-    mins: Vec<f32>,
-    maxs: Vec<f32>,
+    extremes: Extremes,
     abs_sums: Vec<f64>,
     counts: Vec<u64>,
-    skipped: u64,
 }
 
 impl LsqInitObserver {
@@ -102,21 +98,18 @@ fn lsq_qparams(
 
 impl Observer for LsqInitObserver {
     fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
-        self.guard.check(x, layout)?;
-        let st = batch_stats(x, layout, true);
-        if self.mins.len() != layout.channels {
-            self.mins = vec![f32::INFINITY; layout.channels];
-            self.maxs = vec![f32::NEG_INFINITY; layout.channels];
+        let st = self.extremes.observe(x, layout, true, |lo, hi, s| {
+            *lo = lo.min(s.min);
+            *hi = hi.max(s.max);
+        })?;
+        if self.abs_sums.len() != layout.channels {
             self.abs_sums = vec![0.0; layout.channels];
             self.counts = vec![0; layout.channels];
         }
         for (c, s) in st.channels.iter().enumerate() {
-            self.mins[c] = self.mins[c].min(s.min);
-            self.maxs[c] = self.maxs[c].max(s.max);
             self.abs_sums[c] += s.abs_sum;
             self.counts[c] += st.finite_count(c);
         }
-        self.skipped += st.nonfinite();
         Ok(())
     }
 
@@ -128,32 +121,22 @@ impl Observer for LsqInitObserver {
     ) -> Result<QParams> {
         let means = self
             .mean_abs()
-            .ok_or_else(|| not_initialized("LsqInit", self.skipped))?;
+            .ok_or_else(|| not_initialized("LsqInit", self.extremes.skipped()))?;
         let pairs = means
             .iter()
-            .zip(self.mins.iter().zip(&self.maxs))
+            .zip(self.extremes.channels())
             .map(|(m, (lo, hi))| {
-                let (lo, hi) = seen_or_zero(*lo, *hi);
+                let (lo, hi) = seen_or_zero(lo, hi);
                 lsq_qparams(*m, lo, hi, method, grid)
             })
             .collect::<Result<Vec<_>>>()?;
-        collect_qparams(pairs, self.guard.axis())
+        collect_qparams(pairs, self.extremes.axis())
     }
 
-    fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
-        ranges_of(&self.mins, &self.maxs)
-    }
-
-    fn skipped(&self) -> u64 {
-        self.skipped
-    }
+    observer_statistics!(extremes);
 
     fn reset(&mut self) {
         *self = LsqInitObserver::default();
-    }
-
-    fn box_clone(&self) -> Box<dyn Observer> {
-        Box::new(self.clone())
     }
 
     fn config(&self) -> ObserverConfig {

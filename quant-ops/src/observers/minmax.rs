@@ -3,8 +3,8 @@
 use quant_core::{ChannelLayout, IntegerGrid, QParams, QuantizationMethod, Result, RoundingPolicy};
 
 use super::config::{Momentum, ObserverConfig};
-use super::kernel::batch_stats;
-use super::{not_initialized, seen_or_zero, LayoutGuard, Observer};
+use super::kernel::{batch_stats, BatchStats, BlockStats};
+use super::{not_initialized, observer_statistics, seen_or_zero, LayoutGuard, Observer};
 
 /// The running minimum and maximum of every finite value seen, per channel (PyTorch's
 /// `MinMaxObserver` / `PerChannelMinMaxObserver`, MCT's and PPQ's `minmax`).
@@ -25,11 +25,7 @@ use super::{not_initialized, seen_or_zero, LayoutGuard, Observer};
 /// ```
 #[derive(Debug, Clone, Default)]
 pub struct MinMaxObserver {
-    guard: LayoutGuard,
-    /// `+Inf` / `-Inf` for channels without finite values.
-    mins: Vec<f32>,
-    maxs: Vec<f32>,
-    skipped: u64,
+    extremes: Extremes,
 }
 
 impl MinMaxObserver {
@@ -39,26 +35,74 @@ impl MinMaxObserver {
     }
 }
 
-/// Shared by the min/max-based observers: parameters from per-channel ranges, or the
-/// not-initialised error when no channel has a finite value.
-pub(crate) fn qparams_from_ranges(
-    name: &str,
-    mins: &[f32],
-    maxs: &[f32],
+/// The per-channel extremes behind the min/max-based observers (MinMax, MovingAverageMinMax,
+/// LsqInit): the layout they committed to, each channel's `[min, max]` (`+Inf` / `-Inf` for
+/// channels without finite values) and the count of skipped NaN/Inf values.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extremes {
+    guard: LayoutGuard,
+    mins: Vec<f32>,
+    maxs: Vec<f32>,
     skipped: u64,
-    axis: Option<usize>,
-    method: QuantizationMethod,
-    grid: IntegerGrid,
-) -> Result<QParams> {
-    if !mins.iter().zip(maxs).any(|(lo, hi)| lo <= hi) {
-        return Err(not_initialized(name, skipped));
+}
+
+impl Extremes {
+    /// Checks a batch against the committed layout, then folds each channel's batch extremes
+    /// into its running ones with `update(min, max, batch_stats)` and counts the skipped
+    /// values. Returns the batch's statistics (with `|x|` sums when `with_abs_sum`).
+    pub(crate) fn observe(
+        &mut self,
+        x: &[f32],
+        layout: ChannelLayout,
+        with_abs_sum: bool,
+        mut update: impl FnMut(&mut f32, &mut f32, &BlockStats),
+    ) -> Result<BatchStats> {
+        self.guard.check(x, layout)?;
+        let st = batch_stats(x, layout, with_abs_sum);
+        if self.mins.len() != layout.channels {
+            self.mins = vec![f32::INFINITY; layout.channels];
+            self.maxs = vec![f32::NEG_INFINITY; layout.channels];
+        }
+        for ((lo, hi), s) in self.mins.iter_mut().zip(&mut self.maxs).zip(&st.channels) {
+            update(lo, hi, s);
+        }
+        self.skipped += st.nonfinite();
+        Ok(st)
     }
-    let (lo, hi): (Vec<f32>, Vec<f32>) = mins
-        .iter()
-        .zip(maxs)
-        .map(|(l, h)| seen_or_zero(*l, *h))
-        .unzip();
-    QParams::from_ranges(method, grid, &lo, &hi, axis)
+
+    /// Parameters from the per-channel ranges, or the not-initialised error (naming the
+    /// observer `name`) when no channel has a finite value.
+    pub(crate) fn qparams(
+        &self,
+        name: &str,
+        method: QuantizationMethod,
+        grid: IntegerGrid,
+    ) -> Result<QParams> {
+        let (lo, hi) = self
+            .ranges()
+            .ok_or_else(|| not_initialized(name, self.skipped))?;
+        QParams::from_ranges(method, grid, &lo, &hi, self.axis())
+    }
+
+    /// The per-channel ranges, `None` when no channel has a finite value.
+    pub(crate) fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
+        ranges_of(&self.mins, &self.maxs)
+    }
+
+    /// Each channel's `[min, max]` (`+Inf` / `-Inf` where nothing finite was seen).
+    pub(crate) fn channels(&self) -> impl Iterator<Item = (f32, f32)> + '_ {
+        self.mins.iter().copied().zip(self.maxs.iter().copied())
+    }
+
+    /// NaN/Inf values skipped so far.
+    pub(crate) fn skipped(&self) -> u64 {
+        self.skipped
+    }
+
+    /// The channel axis of the observed layout.
+    pub(crate) fn axis(&self) -> Option<usize> {
+        self.guard.axis()
+    }
 }
 
 /// The per-channel ranges, `None` when no channel has a finite value.
@@ -76,17 +120,10 @@ pub(crate) fn ranges_of(mins: &[f32], maxs: &[f32]) -> Option<(Vec<f32>, Vec<f32
 
 impl Observer for MinMaxObserver {
     fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
-        self.guard.check(x, layout)?;
-        let st = batch_stats(x, layout, false);
-        if self.mins.len() != layout.channels {
-            self.mins = vec![f32::INFINITY; layout.channels];
-            self.maxs = vec![f32::NEG_INFINITY; layout.channels];
-        }
-        for ((lo, hi), s) in self.mins.iter_mut().zip(&mut self.maxs).zip(&st.channels) {
+        self.extremes.observe(x, layout, false, |lo, hi, s| {
             *lo = lo.min(s.min);
             *hi = hi.max(s.max);
-        }
-        self.skipped += st.nonfinite();
+        })?;
         Ok(())
     }
 
@@ -96,31 +133,13 @@ impl Observer for MinMaxObserver {
         grid: IntegerGrid,
         _rounding: RoundingPolicy,
     ) -> Result<QParams> {
-        qparams_from_ranges(
-            "MinMax",
-            &self.mins,
-            &self.maxs,
-            self.skipped,
-            self.guard.axis(),
-            method,
-            grid,
-        )
+        self.extremes.qparams("MinMax", method, grid)
     }
 
-    fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
-        ranges_of(&self.mins, &self.maxs)
-    }
-
-    fn skipped(&self) -> u64 {
-        self.skipped
-    }
+    observer_statistics!(extremes);
 
     fn reset(&mut self) {
         *self = MinMaxObserver::default();
-    }
-
-    fn box_clone(&self) -> Box<dyn Observer> {
-        Box::new(self.clone())
     }
 
     fn config(&self) -> ObserverConfig {
@@ -147,10 +166,7 @@ impl Observer for MinMaxObserver {
 #[derive(Debug, Clone)]
 pub struct MovingAverageMinMaxObserver {
     momentum: Momentum,
-    guard: LayoutGuard,
-    mins: Vec<f32>,
-    maxs: Vec<f32>,
-    skipped: u64,
+    extremes: Extremes,
 }
 
 impl MovingAverageMinMaxObserver {
@@ -158,10 +174,7 @@ impl MovingAverageMinMaxObserver {
     pub fn new(momentum: Momentum) -> MovingAverageMinMaxObserver {
         MovingAverageMinMaxObserver {
             momentum,
-            guard: LayoutGuard::default(),
-            mins: Vec::new(),
-            maxs: Vec::new(),
-            skipped: 0,
+            extremes: Extremes::default(),
         }
     }
 
@@ -179,25 +192,18 @@ impl Default for MovingAverageMinMaxObserver {
 
 impl Observer for MovingAverageMinMaxObserver {
     fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
-        self.guard.check(x, layout)?;
-        let st = batch_stats(x, layout, false);
-        if self.mins.len() != layout.channels {
-            self.mins = vec![f32::INFINITY; layout.channels];
-            self.maxs = vec![f32::NEG_INFINITY; layout.channels];
-        }
         let c = self.momentum.get();
         let ema = |v: f32, cur: f32| (f64::from(v) + c * (f64::from(cur) - f64::from(v))) as f32;
-        for ((lo, hi), s) in self.mins.iter_mut().zip(&mut self.maxs).zip(&st.channels) {
-            if s.min > s.max {
-                continue; // no finite value of this channel in this batch
+        self.extremes.observe(x, layout, false, |lo, hi, s| {
+            // A channel without finite values in this batch is left alone.
+            if s.min <= s.max {
+                if *lo > *hi {
+                    (*lo, *hi) = (s.min, s.max);
+                } else {
+                    (*lo, *hi) = (ema(*lo, s.min), ema(*hi, s.max));
+                }
             }
-            if *lo > *hi {
-                (*lo, *hi) = (s.min, s.max);
-            } else {
-                (*lo, *hi) = (ema(*lo, s.min), ema(*hi, s.max));
-            }
-        }
-        self.skipped += st.nonfinite();
+        })?;
         Ok(())
     }
 
@@ -207,31 +213,13 @@ impl Observer for MovingAverageMinMaxObserver {
         grid: IntegerGrid,
         _rounding: RoundingPolicy,
     ) -> Result<QParams> {
-        qparams_from_ranges(
-            "MovingAverageMinMax",
-            &self.mins,
-            &self.maxs,
-            self.skipped,
-            self.guard.axis(),
-            method,
-            grid,
-        )
+        self.extremes.qparams("MovingAverageMinMax", method, grid)
     }
 
-    fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
-        ranges_of(&self.mins, &self.maxs)
-    }
-
-    fn skipped(&self) -> u64 {
-        self.skipped
-    }
+    observer_statistics!(extremes);
 
     fn reset(&mut self) {
         *self = MovingAverageMinMaxObserver::new(self.momentum);
-    }
-
-    fn box_clone(&self) -> Box<dyn Observer> {
-        Box::new(self.clone())
     }
 
     fn config(&self) -> ObserverConfig {

@@ -124,6 +124,25 @@ impl Clone for Box<dyn Observer> {
     }
 }
 
+/// The `Observer` methods every observer implements alike over its statistics field `$state`
+/// (a type with `ranges()` and `skipped()`): `ranges`, `skipped` and `box_clone`.
+macro_rules! observer_statistics {
+    ($state:ident) => {
+        fn ranges(&self) -> Option<(Vec<f32>, Vec<f32>)> {
+            self.$state.ranges()
+        }
+
+        fn skipped(&self) -> u64 {
+            self.$state.skipped()
+        }
+
+        fn box_clone(&self) -> Box<dyn Observer> {
+            Box::new(self.clone())
+        }
+    };
+}
+use observer_statistics;
+
 /// Most channels an empty batch may claim (a non-empty one has at most one per value).
 const MAX_EMPTY_BATCH_CHANNELS: usize = 1 << 20;
 

@@ -3,13 +3,12 @@
 //! so the sharpness α and the range `[l, u]` all learn.
 
 use quant_core::{
-    kernels, ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank, ParamBankMut,
-    ParamDecl, QParams, QuantizerConfig, QuantizerInput, Result, TrainableQuantizer,
-    WeightsQuantizer, WeightsQuantizerConfig,
+    kernels, IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams, QuantizerConfig,
+    QuantizerInput, Result, TrainableQuantizer,
 };
 use quant_macros::mark_quantizer;
 
-use super::{affine_range, axis_of, delegate_trainable};
+use super::{add_param_grads, affine_range, axis_of, engine_quantizer};
 
 /// The shared engine: slot 0 α, slot 1 the lower end `l`, slot 2 the upper end `u`, all
 /// trainable. The grid is Uniform over `[l, u]` nudged so 0 is on it
@@ -126,35 +125,19 @@ impl TrainableQuantizer for Dsq {
             &mut dl,
             &mut du,
         );
-        for (k, d) in [(0, &da), (1, &dl), (2, &du)] {
-            for (g, v) in dparams.slot_mut(k).iter_mut().zip(d.iter()) {
-                *g += v;
-            }
-        }
+        add_param_grads(dparams, &[(0, &da), (1, &dl), (2, &du)]);
     }
 }
 
-/// DSQ weights quantizer (per channel by default). Option `alpha` sets the initial sharpness
-/// (default 0.2).
-#[mark_quantizer(target = Weights, method = [Uniform], id = Dsq)]
-#[derive(Debug, Clone)]
-pub struct DsqWeightsQuantizer(Dsq);
-
-impl WeightsQuantizer for DsqWeightsQuantizer {
-    fn from_config(config: &WeightsQuantizerConfig) -> Result<Self> {
-        Ok(DsqWeightsQuantizer(Dsq::new(config.clone().into())?))
-    }
+engine_quantizer! {
+    /// DSQ weights quantizer (per channel by default). Option `alpha` sets the initial sharpness
+    /// (default 0.2).
+    #[mark_quantizer(target = Weights, method = [Uniform], id = Dsq)]
+    pub struct DsqWeightsQuantizer(Dsq) for Weights;
 }
-delegate_trainable!(DsqWeightsQuantizer);
 
-/// DSQ activation quantizer (per tensor). Option `alpha` as for weights.
-#[mark_quantizer(target = Activation, method = [Uniform], id = Dsq)]
-#[derive(Debug, Clone)]
-pub struct DsqActivationQuantizer(Dsq);
-
-impl ActivationQuantizer for DsqActivationQuantizer {
-    fn from_config(config: &ActivationQuantizerConfig) -> Result<Self> {
-        Ok(DsqActivationQuantizer(Dsq::new(config.clone().into())?))
-    }
+engine_quantizer! {
+    /// DSQ activation quantizer (per tensor). Option `alpha` as for weights.
+    #[mark_quantizer(target = Activation, method = [Uniform], id = Dsq)]
+    pub struct DsqActivationQuantizer(Dsq) for Activation;
 }
-delegate_trainable!(DsqActivationQuantizer);

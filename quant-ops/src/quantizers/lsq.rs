@@ -2,14 +2,15 @@
 //! point, are trained with the gradient of PyTorch's `_fake_quantize_learnable_*_affine`.
 
 use quant_core::{
-    kernels, ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank, ParamBankMut,
-    ParamDecl, QParams, QuantizationMethod, QuantizerConfig, QuantizerInput, Result,
-    TrainableQuantizer, WeightsQuantizer, WeightsQuantizerConfig, MIN_SCALE,
+    kernels, IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams, QuantizationMethod,
+    QuantizerConfig, QuantizerInput, Result, TrainableQuantizer, MIN_SCALE,
 };
 use quant_macros::mark_quantizer;
 
-use super::delegate_trainable;
-use super::ste::write_affine;
+use super::{
+    add_param_grads, affine_parameters, axis_of, engine_quantizer, forward_affine,
+    optional_positive_option, read_zero_points, write_affine,
+};
 
 /// The shared engine: slot 0 the scale, slot 1 the zero point (a learnable float for Uniform,
 /// rounded before use as PyTorch does), both trainable.
@@ -23,16 +24,14 @@ impl Lsq {
     fn new(config: QuantizerConfig) -> Result<Lsq> {
         config.check_option_keys("Lsq", &["grad_factor"])?;
         config.grid(false)?;
-        let g = config.option("grad_factor", 0.0, |v| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err("a finite value >= 0 (0 = LSQ's 1/sqrt(numel * quant_max))".into())
-            }
-        })?;
+        let grad_factor = optional_positive_option(
+            &config,
+            "grad_factor",
+            "a finite value >= 0 (0 = LSQ's 1/sqrt(numel * quant_max))",
+        )?;
         Ok(Lsq {
-            grad_factor: (g > 0.0).then_some(g as f32),
             config,
+            grad_factor,
         })
     }
 
@@ -56,16 +55,7 @@ impl TrainableQuantizer for Lsq {
     }
 
     fn parameters(&self) -> Vec<ParamDecl> {
-        vec![
-            ParamDecl {
-                name: "scale",
-                trainable: true,
-            },
-            ParamDecl {
-                name: "zero_point",
-                trainable: self.learn_zero_point(),
-            },
-        ]
+        affine_parameters(true, self.learn_zero_point())
     }
 
     fn set_qparams(
@@ -83,17 +73,16 @@ impl TrainableQuantizer for Lsq {
         grid: IntegerGrid,
         axis: Option<usize>,
     ) -> Result<QParams> {
-        let zero_points = params
-            .values(1, axis)
-            .iter()
-            .map(|z| kernels::round_zero_point(*z, grid.quant_min(), grid.quant_max()))
-            .collect::<Result<Vec<i32>>>()?;
-        QParams::new(self.scales(params, axis), zero_points, axis)
+        QParams::new(
+            self.scales(params, axis),
+            read_zero_points(params, grid, axis)?,
+            axis,
+        )
     }
 
     fn forward(&self, x: QuantizerInput<'_>, params: &ParamBank<'_>, y: &mut [f32]) -> Result<()> {
-        let q = self.qparams(params, x.grid, super::axis_of(&x))?;
-        super::forward_affine(x, &q, &self.config, y)
+        let q = self.qparams(params, x.grid, axis_of(&x))?;
+        forward_affine(x, &q, &self.config, y)
     }
 
     fn backward(
@@ -104,7 +93,7 @@ impl TrainableQuantizer for Lsq {
         dx: &mut [f32],
         dparams: &mut ParamBankMut<'_>,
     ) {
-        let axis = super::axis_of(&x);
+        let axis = axis_of(&x);
         let scales = self.scales(params, axis);
         let zero_points = params.values(1, axis).to_vec();
         let g = self
@@ -128,41 +117,25 @@ impl TrainableQuantizer for Lsq {
         )
         .is_ok()
         {
-            for (d, v) in dparams.slot_mut(0).iter_mut().zip(&ds) {
-                *d += v;
-            }
+            add_param_grads(dparams, &[(0, &ds)]);
             if self.learn_zero_point() {
-                for (d, v) in dparams.slot_mut(1).iter_mut().zip(&dz) {
-                    *d += v;
-                }
+                add_param_grads(dparams, &[(1, &dz)]);
             }
         }
     }
 }
 
-/// LSQ weights quantizer: per-channel (default) or per-tensor learned step sizes, initialised
-/// from the weights (min/max, or the `LsqInit` observer `2·mean|w|/sqrt(qmax)` when the policy
-/// says so). Option `grad_factor` overrides LSQ's gradient scale `1/sqrt(numel·qmax)`.
-#[mark_quantizer(target = Weights, method = [Symmetric, Uniform], id = Lsq)]
-#[derive(Debug, Clone)]
-pub struct LsqWeightsQuantizer(Lsq);
-
-impl WeightsQuantizer for LsqWeightsQuantizer {
-    fn from_config(config: &WeightsQuantizerConfig) -> Result<Self> {
-        Ok(LsqWeightsQuantizer(Lsq::new(config.clone().into())?))
-    }
+engine_quantizer! {
+    /// LSQ weights quantizer: per-channel (default) or per-tensor learned step sizes, initialised
+    /// from the weights (min/max, or the `LsqInit` observer `2·mean|w|/sqrt(qmax)` when the policy
+    /// says so). Option `grad_factor` overrides LSQ's gradient scale `1/sqrt(numel·qmax)`.
+    #[mark_quantizer(target = Weights, method = [Symmetric, Uniform], id = Lsq)]
+    pub struct LsqWeightsQuantizer(Lsq) for Weights;
 }
-delegate_trainable!(LsqWeightsQuantizer);
 
-/// LSQ activation quantizer: a per-tensor learned step size (and zero point for Uniform),
-/// initialised from the first batch. Option `grad_factor` as for weights.
-#[mark_quantizer(target = Activation, method = [Symmetric, Uniform], id = Lsq)]
-#[derive(Debug, Clone)]
-pub struct LsqActivationQuantizer(Lsq);
-
-impl ActivationQuantizer for LsqActivationQuantizer {
-    fn from_config(config: &ActivationQuantizerConfig) -> Result<Self> {
-        Ok(LsqActivationQuantizer(Lsq::new(config.clone().into())?))
-    }
+engine_quantizer! {
+    /// LSQ activation quantizer: a per-tensor learned step size (and zero point for Uniform),
+    /// initialised from the first batch. Option `grad_factor` as for weights.
+    #[mark_quantizer(target = Activation, method = [Symmetric, Uniform], id = Lsq)]
+    pub struct LsqActivationQuantizer(Lsq) for Activation;
 }
-delegate_trainable!(LsqActivationQuantizer);

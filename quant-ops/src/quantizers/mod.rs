@@ -23,7 +23,10 @@ pub use lsq::{LsqActivationQuantizer, LsqWeightsQuantizer};
 pub use pact::PactActivationQuantizer;
 pub use ste::{SteActivationQuantizer, SteWeightsQuantizer};
 
-use quant_core::{kernels, IntegerGrid, QParams, QuantizerConfig, QuantizerInput, Result};
+use quant_core::{
+    kernels, power_of_two_scale, IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams,
+    QuantizationMethod, QuantizerConfig, QuantizerInput, Result,
+};
 
 /// Fake-quantizes `x` into `y` with fixed `qparams` (one per channel of `x.layout`, or one).
 pub(crate) fn forward_affine(
@@ -83,10 +86,113 @@ pub(crate) fn axis_of(x: &QuantizerInput<'_>) -> Option<usize> {
     }
 }
 
-/// Implements `TrainableQuantizer` for a target-specific wrapper by delegating to its inner
-/// engine (`self.0`), so weights and activation quantizers share one implementation.
-macro_rules! delegate_trainable {
-    ($name:ident) => {
+/// The parameter slots of an affine engine: slot 0 the scale, slot 1 the zero point (read
+/// with [`read_zero_points`], written with [`write_affine`]).
+pub(crate) fn affine_parameters(
+    scale_trainable: bool,
+    zero_point_trainable: bool,
+) -> Vec<ParamDecl> {
+    vec![
+        ParamDecl {
+            name: "scale",
+            trainable: scale_trainable,
+        },
+        ParamDecl {
+            name: "zero_point",
+            trainable: zero_point_trainable,
+        },
+    ]
+}
+
+/// The zero points kept in slot 1 (as floats), rounded onto `grid`.
+pub(crate) fn read_zero_points(
+    params: &ParamBank<'_>,
+    grid: IntegerGrid,
+    axis: Option<usize>,
+) -> Result<Vec<i32>> {
+    params
+        .values(1, axis)
+        .iter()
+        .map(|z| kernels::round_zero_point(*z, grid.quant_min(), grid.quant_max()))
+        .collect()
+}
+
+/// Stores `qparams` as (scale, zero point) slots, adjusted to `method`: Symmetric zeroes the
+/// zero point, PowerOfTwo also rounds the threshold up to a power of two.
+pub(crate) fn write_affine(
+    qparams: &QParams,
+    method: QuantizationMethod,
+    grid: IntegerGrid,
+    params: &mut ParamBankMut<'_>,
+) -> Result<()> {
+    qparams.check_zero_points(grid)?;
+    let scales: Vec<f32> = match method {
+        QuantizationMethod::PowerOfTwo => qparams
+            .scales()
+            .iter()
+            .map(|s| power_of_two_scale(s * grid.power_of_two_divisor(), grid))
+            .collect::<Result<Vec<f32>>>()?,
+        _ => qparams.scales().to_vec(),
+    };
+    let zero_points: Vec<f32> = match method {
+        QuantizationMethod::Uniform => qparams.zero_points().iter().map(|z| *z as f32).collect(),
+        _ => vec![0.0; qparams.channels()],
+    };
+    params.set(0, &scales)?;
+    params.set(1, &zero_points)
+}
+
+/// Reads an option that is off when absent or 0: `Some(v)` for a finite `v > 0`, `None` for 0.
+/// `expected` says what a valid value is (the error's last part).
+pub(crate) fn optional_positive_option(
+    config: &QuantizerConfig,
+    key: &str,
+    expected: &str,
+) -> Result<Option<f32>> {
+    let v = config.option(key, 0.0, |v| {
+        if v.is_finite() && v >= 0.0 {
+            Ok(())
+        } else {
+            Err(expected.into())
+        }
+    })?;
+    Ok((v > 0.0).then_some(v as f32))
+}
+
+/// Adds each parameter gradient `(slot, values)` into its slot of `dparams`.
+pub(crate) fn add_param_grads(dparams: &mut ParamBankMut<'_>, grads: &[(usize, &[f32])]) {
+    for (slot, values) in grads {
+        for (d, v) in dparams.slot_mut(*slot).iter_mut().zip(values.iter()) {
+            *d += v;
+        }
+    }
+}
+
+/// Declares a target-specific quantizer around a shared engine (a type with
+/// `fn new(QuantizerConfig) -> Result<Self>` and a `TrainableQuantizer` impl): the struct with
+/// its docs and `#[mark_quantizer]` attribute, its `from_config`, and a `TrainableQuantizer`
+/// impl that delegates to the engine, so the weights and activation quantizers of one training
+/// method share one implementation.
+macro_rules! engine_quantizer {
+    ($(#[$attr:meta])* pub struct $name:ident($engine:ident) for Weights;) => {
+        engine_quantizer!(@impl $(#[$attr])* $name($engine)
+            quant_core::WeightsQuantizer, quant_core::WeightsQuantizerConfig);
+    };
+    ($(#[$attr:meta])* pub struct $name:ident($engine:ident) for Activation;) => {
+        engine_quantizer!(@impl $(#[$attr])* $name($engine)
+            quant_core::ActivationQuantizer, quant_core::ActivationQuantizerConfig);
+    };
+    (@impl $(#[$attr:meta])* $name:ident($engine:ident) $target:path, $config:path) => {
+        $(#[$attr])*
+        #[derive(Debug, Clone)]
+        pub struct $name($engine);
+
+        impl $target for $name {
+            fn from_config(config: &$config) -> quant_core::Result<Self> {
+                Ok($name($engine::new(config.clone().into())?))
+            }
+        }
+
         impl quant_core::TrainableQuantizer for $name {
             fn config(&self) -> &quant_core::QuantizerConfig {
                 self.0.config()
@@ -131,7 +237,7 @@ macro_rules! delegate_trainable {
         }
     };
 }
-pub(crate) use delegate_trainable;
+pub(crate) use engine_quantizer;
 
 #[cfg(test)]
 mod tests;

@@ -7,6 +7,8 @@ use quant_core::{
 };
 use quant_macros::mark_quantizer;
 
+use super::optional_positive_option;
+
 /// PACT activation quantizer: slot 0 is the clip value α (trainable). Uniform over `[0, α]`:
 /// `scale = α / (2^b - 1)`, zero point 0. Gradients: `dx = dy·[0 ≤ x < α]`,
 /// `dα = Σ dy·[x ≥ α]`. Option `alpha` fixes the initial α (otherwise calibration's maximum).
@@ -22,16 +24,14 @@ impl ActivationQuantizer for PactActivationQuantizer {
         let config: QuantizerConfig = config.clone().into();
         config.check_option_keys("Pact", &["alpha"])?;
         config.grid(false)?;
-        let alpha = config.option("alpha", 0.0, |v| {
-            if v.is_finite() && v >= 0.0 {
-                Ok(())
-            } else {
-                Err("a finite clip value > 0 (0 or absent: from calibration)".into())
-            }
-        })?;
+        let initial_alpha = optional_positive_option(
+            &config,
+            "alpha",
+            "a finite clip value > 0 (0 or absent: from calibration)",
+        )?;
         Ok(PactActivationQuantizer {
             config,
-            initial_alpha: (alpha > 0.0).then_some(alpha as f32),
+            initial_alpha,
         })
     }
 }

@@ -251,12 +251,7 @@ fn tensorrt_and_openvino_write_float_biases_and_refuse_what_their_runtimes_do_no
         assert_eq!(b, expected);
     }
     // TensorRT: every Q/DQ is int8 with zero point 0, so an unsigned activation is refused.
-    let err = OnnxFormat::new(OnnxConvention::TensorRt)
-        .to_bytes(&mlp(uniform(8, 0.05, 3)))
-        .unwrap_err();
-    let ExportError::Unsupported { layer, reason } = &err else {
-        panic!("{err}")
-    };
+    let (layer, reason) = refusal(OnnxConvention::TensorRt, &mlp(uniform(8, 0.05, 3)));
     assert_eq!(layer, "fc.input");
     assert!(
         reason.contains("unsigned with zero point 3") && reason.contains("TensorRT"),
@@ -281,10 +276,7 @@ fn tensorrt_and_openvino_write_float_biases_and_refuse_what_their_runtimes_do_no
     };
     decode(&graph, OnnxConvention::Standard);
     for convention in [OnnxConvention::TensorRt, OnnxConvention::OpenVino] {
-        let err = OnnxFormat::new(convention).to_bytes(&graph).unwrap_err();
-        let ExportError::Unsupported { layer, reason } = &err else {
-            panic!("{err}")
-        };
+        let (layer, reason) = refusal(convention, &graph);
         assert_eq!(layer, "fc");
         assert!(
             reason.contains("weights quantizer is signed with zero point 4"),
@@ -484,11 +476,16 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
     assert_eq!(node(&m, "Identity", "logits").input, ["input"]);
 }
 
+/// The layer and reason with which the writer of `convention` refuses `graph`.
+fn refusal(convention: OnnxConvention, graph: &Graph) -> (String, String) {
+    match OnnxFormat::new(convention).to_bytes(graph) {
+        Err(ExportError::Unsupported { layer, reason }) => (layer, reason),
+        other => panic!("expected the export to be refused, got {other:?}"),
+    }
+}
+
 fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("quant-onnx-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+    crate::fs::scratch_dir(&format!("onnx-{name}"))
 }
 
 #[test]
@@ -549,12 +546,7 @@ fn rounding_onnx_cannot_express_is_refused_naming_the_node_and_nothing_is_writte
 
 #[test]
 fn grids_wider_than_8_bits_are_refused_naming_the_node() {
-    let err = OnnxFormat::default()
-        .to_bytes(&mlp(uniform(12, 0.01, 0)))
-        .unwrap_err();
-    let ExportError::Unsupported { layer, reason } = &err else {
-        panic!("{err}")
-    };
+    let (layer, reason) = refusal(OnnxConvention::Standard, &mlp(uniform(12, 0.01, 0)));
     assert_eq!(layer, "fc.input");
     assert!(
         reason.contains("12 bits") && reason.contains("at most 8"),
