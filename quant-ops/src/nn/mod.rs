@@ -1,5 +1,6 @@
 //! Float layers dfdx 0.13 only has behind its `nightly` feature: 2-D convolution, max and
-//! average pooling, and flattening, implemented on stable Rust for `f32` on the CPU.
+//! average pooling, and flattening, implemented on stable Rust for `f32` on the CPU; and the
+//! two a vision transformer needs around dfdx's attention ([`ImageTokens`], [`MeanTokens`]).
 //!
 //! Two layers of API:
 //!
@@ -45,6 +46,7 @@ mod conv;
 mod flatten;
 mod pool;
 mod tape;
+mod tokens;
 mod window;
 
 use dfdx::tensor::CpuError;
@@ -53,6 +55,7 @@ use quant_core::QuantError;
 pub use conv::{conv2d, conv2d_grouped, Conv2d, DepthwiseConv2d};
 pub use flatten::{flatten, Flatten, ImageBatch};
 pub use pool::{avg_pool2d, max_pool2d, AvgPool2d, MaxPool2d};
+pub use tokens::{ImageTokens, MeanTokens, Tokens};
 
 /// A batch of `C`-channel feature maps with run-time height and width, as [`conv2d`] and the
 /// pooling ops produce: `(batch, C, height, width)`.
@@ -69,6 +72,8 @@ pub mod builders {
     pub use super::conv::builder::{Conv2d, DepthwiseConv2d};
     pub use super::flatten::Flatten;
     pub use super::pool::{AvgPool2d, MaxPool2d};
+    pub use super::tokens::builder::ImageTokens;
+    pub use super::tokens::MeanTokens;
 }
 
 /// The `CpuError` a module reports for an op's error: allocation failures stay
