@@ -26,6 +26,9 @@
 
 use std::sync::Arc;
 
+mod nonlinear;
+pub use nonlinear::{int_gelu, int_layer_norm, int_softmax, LayerNormInput};
+
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
 

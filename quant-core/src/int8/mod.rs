@@ -52,12 +52,14 @@
 
 mod gemm;
 mod nhwc;
+pub mod nonlinear;
 mod requant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_u8, Window};
+pub use nonlinear::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 pub use requant::{fixed_point_multiplier, requantize_u8, rounding_shift, Requantizer, MAX_SHIFT};
 
 /// The instruction-set paths of the integer kernels.

@@ -1,0 +1,330 @@
+//! Integer-only softmax, GELU and layer normalisation for transformer inference, after I-BERT
+//! (Kim et al., *I-BERT: Integer-only BERT Quantization*, ICML 2021).
+//!
+//! Each kernel is prepared once per layer from the scale of its input codes (the real value of
+//! a code `q` is `(q - zero_point) · scale`) and holds integer constants only: its `run` uses
+//! `i64`/`u64` arithmetic (and `u128` for one division per softmax row), no floats, no
+//! allocation, and gives the same integers on every machine and thread. `run` *is* the
+//! definition: a fake-quantized training model that wants to agree with the integer runtime
+//! recovers the codes of its fake-quantized values and calls the same kernel; the real value
+//! of each output is `(code - output_zero_point) · output_scale`.
+//!
+//! | kernel | input | output |
+//! |---|---|---|
+//! | [`IntSoftmax`] | rows of codes of one scale (any `i32`) | unsigned codes on `[0, 1]`, scale `1 / (2^bits - 1)`, zero point 0 |
+//! | [`IntGelu`] | codes in a declared range, any zero point | `i32` codes, zero point 0, scale `input_scale · 2^k` (reported) |
+//! | [`IntLayerNorm`] | rows of codes in a declared range | `i32` codes, zero point 0, a power-of-two scale (reported) |
+//!
+//! # Approximations
+//! Softmax and GELU come in two [`Approximation`]s:
+//!
+//! - [`Approximation::IBert`], the paper's: `exp(p) ≈ 0.3585 · (p + 1.353)² + 0.344` on
+//!   `p ∈ (-ln 2, 0]` after `x = -ln2 · z + p`, and
+//!   `erf(x) ≈ sgn(x) · [-0.2888 · (min(|x|, 1.769) - 1.769)² + 1]`, evaluated on the input
+//!   codes themselves with constants `⌊c / scale⌋`, `⌊c / scale²⌋`. Its error is that of the
+//!   polynomials (about 0.56 % relative spread for exp, 0.018 absolute for GELU) plus a part that
+//!   grows with the input scale (`ln 2` and the constants are rounded to whole codes), so it is
+//!   accepted only up to a maximum input scale. It is meant for what I-BERT feeds it: `i32`
+//!   accumulators of a matrix product, whose scales are tiny.
+//! - [`Approximation::FixedPoint`], ours: the input is first converted exactly (the `f32`
+//!   scale's 24-bit mantissa times the code, one rounding) to a fixed grid of step `2^-30`, so
+//!   every later constant is independent of the scale and rounded at `2^-30`; exp is a
+//!   degree-6 polynomial (Taylor at the middle of `(-ln 2, 0]`, relative error below
+//!   `3·10⁻⁷`) and the normal CDF of GELU a table of 96 cubic Hermite pieces on `[0, 6)` (error
+//!   below `3·10⁻⁸`). It costs a few more multiplications per value and is accurate to far
+//!   below an 8-bit (or 16-bit) output step at every scale; it is the better choice unless the
+//!   model was trained against I-BERT's curves.
+//!
+//! Layer normalisation has one method ([`IntLayerNorm`]): it needs no approximation beyond
+//! rounding (integer mean and variance, `⌊√·⌋` by Newton's iteration ([`isqrt`]), fixed-point
+//! reciprocal), so it is I-BERT's algorithm carried out with more precision.
+//!
+//! # Error bounds
+//! Each kernel reports [`IntSoftmax::max_error`] (and the same for the others): a bound, in
+//! real units, on `|value(output) - f(value(input))|` for every input the kernel accepts, where
+//! `f` is the exact function (softmax, `x · Φ(x)` with the normal CDF `Φ`, layer
+//! normalisation in `f64`). The bound is built from the constants in this module
+//! ([`SOFTMAX_IBERT_MAX_ERROR`], ...), which were measured on dense sweeps (see each one) and
+//! set with a margin, plus the rounding of the output to its grid (half an output step). The
+//! property tests in `quant-core/tests/int8_nonlinear.rs` check every bound on random inputs
+//! and scales over the whole accepted range.
+//!
+//! | kernel | [`Approximation::IBert`] (input scale `s ≤ 2^-4`) | [`Approximation::FixedPoint`] |
+//! |---|---|---|
+//! | softmax (probability) | `10⁻³ + 1.0 · s` | `10⁻⁷` |
+//! | GELU (real units) | `0.0185 + 0.15 · s` | `5·10⁻⁸` |
+//! | layer normalisation | 3 output steps | (one method) |
+//!
+//! I-BERT's error grows with the input scale because its constants (`ln 2`, the polynomials'
+//! offsets) are whole input codes: at `s = 2^-4` its softmax is off by up to `0.05`. It suits
+//! the `i32` accumulators of a matrix product, whose scales are tiny; at coarser scales use
+//! the fixed-point approximation.
+//!
+//! # Training that agrees with the integer runtime
+//! `simulate` ([`IntSoftmax::simulate`], [`IntGelu::simulate`], [`IntLayerNorm::simulate`])
+//! runs a kernel on real values that lie on its input grid (a fake-quantized model's values):
+//! each value is taken back to its code, the kernel runs, and the output codes are turned back
+//! into real values as the integer runtime dequantizes them. The dfdx ops
+//! [`crate::ops::int_softmax`], [`crate::ops::int_gelu`] and [`crate::ops::int_layer_norm`] use
+//! it as their forward pass, with the exact functions' gradients.
+//!
+//! ```
+//! use quant_core::int8::{Approximation, IntSoftmax};
+//!
+//! // Attention scores: i32 accumulators at scale 1e-4, rows of 4 tokens, 8-bit probabilities.
+//! let softmax = IntSoftmax::new(1e-4, 4, 8, Approximation::FixedPoint)?;
+//! let mut probs = [0u8; 4];
+//! softmax.run(&[10_000i32, 0, 0, -5_000], &mut probs)?; // x = 1, 0, 0, -0.5
+//! assert_eq!(softmax.output_scale(), 1.0 / 255.0);
+//! assert_eq!(probs, [130, 48, 48, 29]); // 0.5105, 0.1878, 0.1878, 0.1139 (× 255, rounded)
+//! # Ok::<(), quant_core::QuantError>(())
+//! ```
+
+mod gelu;
+mod layer_norm;
+mod softmax;
+
+pub(crate) use gelu::normal_cdf;
+pub use gelu::{
+    IntGelu, GELU_FIXED_POINT_MAX_ERROR, GELU_IBERT_MAX_ERROR, GELU_IBERT_MAX_INPUT_SCALE,
+    GELU_IBERT_SCALE_ERROR, GELU_MAX_INPUT_SCALE, GELU_MIN_INPUT_SCALE,
+};
+pub use layer_norm::{IntLayerNorm, LAYER_NORM_MAX_ERROR};
+pub use softmax::{
+    IntSoftmax, SOFTMAX_FIXED_POINT_MAX_ERROR, SOFTMAX_IBERT_MAX_ERROR,
+    SOFTMAX_IBERT_MAX_INPUT_SCALE, SOFTMAX_IBERT_SCALE_ERROR, SOFTMAX_MAX_INPUT_SCALE,
+    SOFTMAX_MAX_ROW_LEN,
+};
+
+use crate::error::{QuantError, Result};
+
+/// Which integer approximation of `exp` (softmax) and `erf` (GELU) a kernel evaluates (see the
+/// [module documentation](self)).
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
+pub enum Approximation {
+    /// I-BERT's second-order polynomials, evaluated on the input codes with constants rounded
+    /// to the input scale (`"ibert"` in files).
+    #[serde(rename = "ibert")]
+    IBert,
+    /// Input converted to a `2^-30` fixed-point grid first, then a degree-6 polynomial for
+    /// `exp` and a cubic table for the normal CDF (`"fixed_point"` in files).
+    #[serde(rename = "fixed_point")]
+    FixedPoint,
+}
+
+impl Approximation {
+    /// Both approximations.
+    pub const ALL: [Approximation; 2] = [Approximation::IBert, Approximation::FixedPoint];
+
+    /// The name used in files and messages (`ibert`, `fixed_point`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Approximation::IBert => "ibert",
+            Approximation::FixedPoint => "fixed_point",
+        }
+    }
+}
+
+impl std::fmt::Display for Approximation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// `⌊√n⌋`, exactly, by Newton's iteration on integers (I-BERT's integer square root).
+///
+/// Starts from a power of two at least `√n` and iterates `x ← ⌊(x + ⌊n / x⌋) / 2⌋` while it
+/// decreases: the iterates never drop below `⌊√n⌋`, and the first that does not decrease is it.
+///
+/// ```
+/// use quant_core::int8::isqrt;
+/// assert_eq!(isqrt(0), 0);
+/// assert_eq!(isqrt(99), 9);
+/// assert_eq!(isqrt(100), 10);
+/// assert_eq!(isqrt(u64::MAX), u32::MAX as u64);
+/// ```
+pub fn isqrt(n: u64) -> u64 {
+    if n < 2 {
+        return n;
+    }
+    let bits = 64 - n.leading_zeros();
+    // 2^⌈bits/2⌉ ≥ √n, and it fits: at most 2^32.
+    let mut x = 1u64 << bits.div_ceil(2);
+    loop {
+        let y = (x + n / x) / 2;
+        if y >= x {
+            return x;
+        }
+        x = y;
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for u8 {}
+    impl Sealed for i8 {}
+    impl Sealed for u16 {}
+    impl Sealed for i16 {}
+    impl Sealed for i32 {}
+}
+
+/// Integer codes a kernel reads: `u8`, `i8`, `u16`, `i16` and `i32` (every one fits `i32`).
+pub trait InputCode: sealed::Sealed + Copy {
+    /// The code as `i32`.
+    fn code(self) -> i32;
+}
+
+macro_rules! input_code {
+    ($($t:ty),*) => {$(
+        impl InputCode for $t {
+            #[inline(always)]
+            fn code(self) -> i32 {
+                self as i32
+            }
+        }
+    )*};
+}
+input_code!(u8, i8, u16, i16, i32);
+
+/// Unsigned codes [`IntSoftmax`] can write: `u8` (up to 8 bits), `u16` (up to 16) and `i32`.
+pub trait OutputCode: sealed::Sealed + Copy {
+    /// The largest code the type holds.
+    const MAX: u64;
+    /// `code`, which is at most [`OutputCode::MAX`].
+    fn from_code(code: u64) -> Self;
+}
+
+macro_rules! output_code {
+    ($($t:ty),*) => {$(
+        impl OutputCode for $t {
+            const MAX: u64 = <$t>::MAX as u64;
+            #[inline(always)]
+            fn from_code(code: u64) -> Self {
+                code as $t
+            }
+        }
+    )*};
+}
+output_code!(u8, u16, i32);
+
+/// Fraction bits of the fixed-point grid of [`Approximation::FixedPoint`] (and of `Φ` in
+/// [`IntGelu`]): values are integers times `2^-30`.
+const FRACTION_BITS: u32 = 30;
+const ONE: i64 = 1 << FRACTION_BITS;
+
+/// `round(delta · scale · 2^30)` exactly (half up): `scale = mantissa · 2^exponent` is the `f32`
+/// scale taken apart, so the product is exact and only the final shift rounds.
+#[derive(Debug, Clone, Copy)]
+struct FixedPointInput {
+    mantissa: i64,
+    left: u32,
+    right: u32,
+}
+
+impl FixedPointInput {
+    fn new(scale: f32) -> FixedPointInput {
+        let bits = scale.to_bits();
+        let (biased, fraction) = ((bits >> 23) & 0xff, (bits & 0x7f_ffff) as i64);
+        // Normal: 1.fraction · 2^(biased - 127); subnormal: 0.fraction · 2^-126.
+        let (mantissa, exponent) = if biased == 0 {
+            (fraction, -149)
+        } else {
+            (fraction | 1 << 23, biased as i32 - 150)
+        };
+        let shift = exponent + FRACTION_BITS as i32;
+        FixedPointInput {
+            mantissa,
+            left: shift.max(0) as u32,
+            // Any |delta · mantissa| the callers allow is below 2^61: a shift of 62 gives 0.
+            right: (-shift).clamp(0, 62) as u32,
+        }
+    }
+
+    /// The caller keeps `|delta| < 2^34` and the result inside `i64` (both kernels clamp
+    /// `delta` to where the function saturates first).
+    #[inline(always)]
+    fn apply(&self, delta: i64) -> i64 {
+        round_shift(delta * self.mantissa, self.right) << self.left
+    }
+}
+
+/// `⌊n / 2^shift + 1/2⌋` (half up; `shift` at most 62).
+#[inline(always)]
+fn round_shift(n: i64, shift: u32) -> i64 {
+    (n + ((1i64 << shift) >> 1)) >> shift
+}
+
+/// An error unless `scale` is finite and within `[min, max]`.
+fn check_scale(what: &str, scale: f32, min: f32, max: f32, why: &str) -> Result<()> {
+    if !(scale.is_finite() && scale >= f32::MIN_POSITIVE) {
+        return Err(QuantError::InvalidScale {
+            what: what.into(),
+            value: scale,
+        });
+    }
+    if !(min..=max).contains(&scale) {
+        return Err(QuantError::InvalidValue {
+            what: what.into(),
+            value: scale.to_string(),
+            expected: format!("a scale in [{min:e}, {max:e}] {why}"),
+        });
+    }
+    Ok(())
+}
+
+/// An error unless `input` is whole rows of `row_len` and `out` is as long.
+fn check_rows(what: &str, row_len: usize, input: usize, out: usize) -> Result<()> {
+    if !input.is_multiple_of(row_len) {
+        return Err(QuantError::LengthMismatch {
+            what: format!("{what} input (whole rows of {row_len})"),
+            expected: input.next_multiple_of(row_len),
+            actual: input,
+        });
+    }
+    super::check_len(&format!("{what} output"), input, out)
+}
+
+/// The codes of real values that lie on a grid of `scale` and `zero_point` (as a fake-quantized
+/// model computes them, `(code - zero_point) · scale` in `f32`): `round(x / scale) +
+/// zero_point`, in `f64`, saturated to `i32`. A value computed in `f32` from a code below
+/// `2^23` in magnitude is within `2^-24` relative of it, so this gives the code back exactly.
+fn codes_of(what: &str, x: &[f32], scale: f32, zero_point: i32) -> Result<Vec<i32>> {
+    x.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            if !v.is_finite() {
+                return Err(QuantError::NonFinite {
+                    what: format!("{what}[{i}]"),
+                    value: *v as f64,
+                });
+            }
+            let code = (*v as f64 / scale as f64).round_ties_even() + zero_point as f64;
+            Ok(code.clamp(i32::MIN as f64, i32::MAX as f64) as i32)
+        })
+        .collect()
+}
+
+/// `code · scale` in `f32` for each code: the real values of a kernel's output codes, as the
+/// integer runtime dequantizes them.
+fn values_of(codes: &[i32], scale: f32, out: &mut [f32]) {
+    for (o, c) in out.iter_mut().zip(codes) {
+        *o = *c as f32 * scale;
+    }
+}
+
+/// An error unless `lo <= hi`.
+fn check_code_range(what: &str, codes: &std::ops::RangeInclusive<i32>) -> Result<()> {
+    if codes.start() > codes.end() {
+        return Err(QuantError::InvalidRange {
+            quant_min: *codes.start(),
+            quant_max: *codes.end(),
+            reason: match what {
+                "gelu" => "the input codes of GELU need min <= max",
+                _ => "the input codes of layer normalisation need min <= max",
+            },
+        });
+    }
+    Ok(())
+}

@@ -1,0 +1,407 @@
+//! Integer softmax over rows: `exp` of each code minus the row's largest, approximated in
+//! integers, then one integer division per row for the normalisation.
+
+use super::{check_rows, check_scale, codes_of, values_of};
+use super::{Approximation, FixedPointInput, InputCode, OutputCode};
+use super::{FRACTION_BITS, ONE};
+use crate::error::{QuantError, Result};
+
+/// The longest row [`IntSoftmax`] accepts. Every `exp` keeps `61 - ⌈log2 n⌉` fraction bits, so
+/// that a row's sum fits 61 bits; up to this length that is at least 45 bits, and the floors of
+/// the `exp` values move a probability by less than `2^-29` in all.
+pub const SOFTMAX_MAX_ROW_LEN: usize = 1 << 16;
+
+/// The largest input scale [`IntSoftmax`] accepts with [`Approximation::FixedPoint`]: one code
+/// step of `2^20` already drives every probability but the largest to 0.
+pub const SOFTMAX_MAX_INPUT_SCALE: f32 = 1048576.0;
+
+/// The largest input scale [`IntSoftmax`] accepts with [`Approximation::IBert`] (`2^-4`):
+/// I-BERT rounds `ln 2` (and its polynomial's constants) to whole codes, which stretches every
+/// exponent by up to `scale / ln 2`; at this scale the error already reaches about `0.05`
+/// (13 steps of an 8-bit output), see [`SOFTMAX_IBERT_SCALE_ERROR`].
+pub const SOFTMAX_IBERT_MAX_INPUT_SCALE: f32 = 0.0625;
+
+/// The error of I-BERT's softmax at fine input scales, in probability: its polynomial's
+/// relative error on `exp` spans `[-0.31 %, +0.25 %]`. Measured worst case `8.43·10⁻⁴` (scales
+/// up to `2^-12`, `quant-core/tests/int8_nonlinear_measure.rs`); set with a
+/// margin.
+pub const SOFTMAX_IBERT_MAX_ERROR: f64 = 1.0e-3;
+
+/// The part of I-BERT's softmax error that grows with the input scale `s`, per unit of `s`
+/// ([`IntSoftmax::max_error`] adds `SOFTMAX_IBERT_SCALE_ERROR · s`): measured worst
+/// `(error - 8.43·10⁻⁴) / s` is `0.83`, at `s = 2^-4` and at `s` just below `ln 2 / 16` (where
+/// `⌈ln 2 / s⌉ · s` overshoots `ln 2` by nearly `s`, the most it can); set with a margin.
+pub const SOFTMAX_IBERT_SCALE_ERROR: f64 = 1.0;
+
+/// The error of the fixed-point softmax, in probability, at every accepted scale and row
+/// length: measured worst case `4.96·10⁻⁸`; set with a margin.
+pub const SOFTMAX_FIXED_POINT_MAX_ERROR: f64 = 1.0e-7;
+
+/// Rows up to this length keep their `exp` values on the stack between the sum and the
+/// normalisation; longer rows compute them twice (same integers).
+const STACK_ROW: usize = 256;
+
+/// Softmax over each row of `row_len` codes of one scale, into unsigned codes on `[0, 1]`.
+///
+/// For a row `q`, with `Δᵢ = qᵢ - max q ≤ 0` (so the zero point does not matter):
+///
+/// 1. `eᵢ ≈ exp(Δᵢ · scale) · 2^E`, `E = 61 - ⌈log2 row_len⌉`, by the [`Approximation`]:
+///    `Δᵢ · scale = -z · ln 2 + p` with `p ∈ (-ln 2, 0]`, a polynomial in `p`, shifted right by
+///    `z` (floor). The largest value of the row gets `exp(0)`, so every row's sum is at least
+///    `2^(E-1)`; values more than `64 · ln 2` below the maximum contribute 0.
+/// 2. `S = Σ eᵢ`, and `outᵢ = round(eᵢ · (2^bits - 1) / S)` (half up) through one `u128`
+///    division per row and a `u64` multiply-shift per value.
+///
+/// The output grid is `k / (2^bits - 1)`, `k = 0..=2^bits - 1`, zero point 0: both 0 and 1 are
+/// on it, so a row dominated by one value gives exactly 1 (I-BERT uses `k / 2^bits`, where 1
+/// is one code above an 8-bit range). The output values of a row need not sum to exactly 1.
+///
+/// The bound on the error of each output value is [`IntSoftmax::max_error`].
+#[derive(Debug, Clone)]
+pub struct IntSoftmax {
+    approximation: Approximation,
+    input_scale: f32,
+    row_len: usize,
+    output_bits: u32,
+    /// `2^bits - 1`.
+    max_code: u64,
+    /// `E`: fraction bits of the `exp` values.
+    exp_bits: u32,
+    exp: Exp,
+}
+
+#[derive(Debug, Clone)]
+enum Exp {
+    IBert(IBertExp),
+    FixedPoint(FixedPointExp),
+}
+
+impl IntSoftmax {
+    /// Prepares softmax over rows of `row_len` codes at `input_scale`, into codes of
+    /// `output_bits` bits.
+    ///
+    /// # Errors
+    /// A scale that is not finite and positive, or above [`SOFTMAX_MAX_INPUT_SCALE`]
+    /// ([`SOFTMAX_IBERT_MAX_INPUT_SCALE`] for I-BERT); a row length of 0 or above
+    /// [`SOFTMAX_MAX_ROW_LEN`]; output bits outside `2..=16`.
+    pub fn new(
+        input_scale: f32,
+        row_len: usize,
+        output_bits: u32,
+        approximation: Approximation,
+    ) -> Result<IntSoftmax> {
+        let max_scale = match approximation {
+            Approximation::IBert => SOFTMAX_IBERT_MAX_INPUT_SCALE,
+            Approximation::FixedPoint => SOFTMAX_MAX_INPUT_SCALE,
+        };
+        check_scale(
+            "softmax input scale",
+            input_scale,
+            f32::MIN_POSITIVE,
+            max_scale,
+            &format!("for the {approximation} softmax (use fixed_point for coarser scales)"),
+        )?;
+        if !(1..=SOFTMAX_MAX_ROW_LEN).contains(&row_len) {
+            return Err(QuantError::InvalidValue {
+                what: "softmax row length".into(),
+                value: row_len.to_string(),
+                expected: format!("1..={SOFTMAX_MAX_ROW_LEN} values per row"),
+            });
+        }
+        if !(2..=16).contains(&output_bits) {
+            return Err(QuantError::InvalidBits { bits: output_bits });
+        }
+        let exp_bits = 61 - (row_len as u64).next_power_of_two().trailing_zeros();
+        let exp = match approximation {
+            Approximation::IBert => Exp::IBert(IBertExp::new(input_scale, exp_bits)),
+            Approximation::FixedPoint => Exp::FixedPoint(FixedPointExp::new(input_scale, exp_bits)),
+        };
+        Ok(IntSoftmax {
+            approximation,
+            input_scale,
+            row_len,
+            output_bits,
+            max_code: (1 << output_bits) - 1,
+            exp_bits,
+            exp,
+        })
+    }
+
+    /// The approximation of `exp` it evaluates.
+    pub fn approximation(&self) -> Approximation {
+        self.approximation
+    }
+
+    /// The scale of the input codes.
+    pub fn input_scale(&self) -> f32 {
+        self.input_scale
+    }
+
+    /// Values per row.
+    pub fn row_len(&self) -> usize {
+        self.row_len
+    }
+
+    /// Bits of the output codes.
+    pub fn output_bits(&self) -> u32 {
+        self.output_bits
+    }
+
+    /// The largest output code, `2^bits - 1` (probability 1).
+    pub fn max_code(&self) -> u32 {
+        self.max_code as u32
+    }
+
+    /// `1 / (2^bits - 1)`, rounded to `f32` (code `k` stands for `k / (2^bits - 1)` exactly;
+    /// `k · output_scale` is within `2^-24` relative of it).
+    pub fn output_scale(&self) -> f32 {
+        (1.0 / self.max_code as f64) as f32
+    }
+
+    /// Always 0.
+    pub fn output_zero_point(&self) -> i32 {
+        0
+    }
+
+    /// A bound on `|code · output_scale - softmax(x)|` for every output of every row, with
+    /// `x` the real inputs: the approximation's error ([`SOFTMAX_IBERT_MAX_ERROR`] `+`
+    /// [`SOFTMAX_IBERT_SCALE_ERROR`]` · scale`, or [`SOFTMAX_FIXED_POINT_MAX_ERROR`]), half an
+    /// output step, and the `f32` rounding of [`IntSoftmax::output_scale`].
+    pub fn max_error(&self) -> f64 {
+        let approximation = match self.approximation {
+            Approximation::IBert => {
+                SOFTMAX_IBERT_MAX_ERROR + SOFTMAX_IBERT_SCALE_ERROR * self.input_scale as f64
+            }
+            Approximation::FixedPoint => SOFTMAX_FIXED_POINT_MAX_ERROR,
+        };
+        approximation + 0.5 / self.max_code as f64 + f32::EPSILON as f64
+    }
+
+    /// Softmax of every row of `input` (whole rows of [`IntSoftmax::row_len`]) into `out`.
+    ///
+    /// # Errors
+    /// `input` not whole rows, `out` not as long as `input`, or an output type too narrow for
+    /// [`IntSoftmax::output_bits`] (`u8` holds up to 8 bits); nothing is written then.
+    pub fn run<I: InputCode, O: OutputCode>(&self, input: &[I], out: &mut [O]) -> Result<()> {
+        check_rows("softmax", self.row_len, input.len(), out.len())?;
+        if O::MAX < self.max_code {
+            return Err(QuantError::InvalidValue {
+                what: "softmax output type".into(),
+                value: std::any::type_name::<O>().into(),
+                expected: format!(
+                    "a type that holds {}-bit codes (u8 up to 8 bits, u16 up to 16, i32)",
+                    self.output_bits
+                ),
+            });
+        }
+        match &self.exp {
+            Exp::IBert(exp) => self.rows(input, out, |delta| exp.exp(delta)),
+            Exp::FixedPoint(exp) => self.rows(input, out, |delta| exp.exp(delta)),
+        }
+        Ok(())
+    }
+
+    /// What [`IntSoftmax::run`] computes, on real values: the softmax a fake-quantized model
+    /// uses to agree with the integer runtime. `x` holds values on the input grid (`code ·
+    /// input_scale`, as the fake-quantized model computes them; softmax ignores a zero point),
+    /// each taken back to its code (`round(x / input_scale)`), the kernel runs on the codes, and
+    /// `out` gets `code · output_scale` for each output code (16 bits at most, held in `i32`).
+    ///
+    /// # Errors
+    /// `x` not whole rows, `out` not as long, or a value that is not finite (the error names
+    /// its index); nothing is written then.
+    pub fn simulate(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
+        check_rows("softmax", self.row_len, x.len(), out.len())?;
+        let codes = codes_of("softmax input", x, self.input_scale, 0)?;
+        let mut probs = vec![0i32; x.len()];
+        self.run(&codes, &mut probs)?;
+        values_of(&probs, self.output_scale(), out);
+        Ok(())
+    }
+
+    /// Every row, with `exp(Δ) · 2^E` given by `exp`.
+    #[inline(always)]
+    fn rows<I: InputCode, O: OutputCode>(
+        &self,
+        input: &[I],
+        out: &mut [O],
+        exp: impl Fn(i64) -> u64,
+    ) {
+        let n = self.row_len;
+        let mut stack = [0u64; STACK_ROW];
+        for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
+            let delta = |q: &I| q.code() as i64 - max;
+            if n <= STACK_ROW {
+                let e = &mut stack[..n];
+                for (e, q) in e.iter_mut().zip(row) {
+                    *e = exp(delta(q));
+                }
+                let normalise = self.normaliser(e.iter().sum());
+                for (o, e) in out.iter_mut().zip(e.iter()) {
+                    *o = O::from_code(normalise.code(*e));
+                }
+            } else {
+                let normalise = self.normaliser(row.iter().map(|q| exp(delta(q))).sum());
+                for (o, q) in out.iter_mut().zip(row) {
+                    *o = O::from_code(normalise.code(exp(delta(q))));
+                }
+            }
+        }
+    }
+
+    /// The per-row constants of `round(e · (2^bits - 1) / sum)` (`sum ≥ 2^(E-1)`).
+    #[inline(always)]
+    fn normaliser(&self, sum: u64) -> Normaliser {
+        // With e' = e >> (E - 30) ≤ 2^30 and factor = ⌊(2^bits - 1) · 2^(E - 30 + K) / sum⌋ ≤
+        // (2^bits - 1) · 2^(K - 29), the product e' · factor stays below 2^(bits + K + 1) =
+        // 2^63 for K = 62 - bits. Dropping e's low bits moves a code by at most 2^(bits - 29),
+        // the floor of the factor by at most e' / 2^K ≤ 2^-16.
+        let shift = 62 - self.output_bits;
+        let numerator = (self.max_code as u128) << (self.exp_bits - FRACTION_BITS + shift);
+        Normaliser {
+            drop: self.exp_bits - FRACTION_BITS,
+            factor: (numerator / sum as u128) as u64,
+            shift,
+            max_code: self.max_code,
+        }
+    }
+}
+
+/// `round(e · (2^bits - 1) / sum)` for one row.
+struct Normaliser {
+    drop: u32,
+    factor: u64,
+    shift: u32,
+    max_code: u64,
+}
+
+impl Normaliser {
+    #[inline(always)]
+    fn code(&self, e: u64) -> u64 {
+        let rounded = ((e >> self.drop) * self.factor + (1 << (self.shift - 1))) >> self.shift;
+        rounded.min(self.max_code)
+    }
+}
+
+/// `⌊a / l⌋` and `a mod l` for `0 ≤ a ≤ 64 · l`, `l < 2^31`, through `recip = ⌊2^56 / l⌋`:
+/// `a · recip < 2^62`, and the estimate is low by at most one.
+#[inline(always)]
+fn div_rem(a: u64, l: u64, recip: u64) -> (u64, u64) {
+    let z = (a * recip) >> 56;
+    let r = a - z * l;
+    let carry = (r >= l) as u64;
+    (z + carry, r - carry * l)
+}
+
+/// I-BERT's `exp`: constants at the input scale (after a right shift of the codes for scales
+/// below `2^-30`, where the squares would leave `i64`).
+#[derive(Debug, Clone)]
+struct IBertExp {
+    /// Right shift of `Δ` that brings the scale to at least `2^-30`.
+    pre_shift: u32,
+    /// `⌈ln 2 / s⌉`: I-BERT's `-⌊-ln 2 / s⌋`.
+    ln2: u64,
+    recip: u64,
+    /// `⌊1.353 / s⌋` and `⌊0.344 / (0.3585 · s²)⌋`: `exp(p) ≈ 0.3585 · s² · ((p + b)² + c)`.
+    b: i64,
+    c: i64,
+    /// Left or right shift that puts `exp(0)` in `(2^(E-1), 2^E]`.
+    up: u32,
+    down: u32,
+}
+
+impl IBertExp {
+    fn new(scale: f32, exp_bits: u32) -> IBertExp {
+        let mut s = scale as f64;
+        let mut pre_shift = 0;
+        while s < 2f64.powi(-30) {
+            s *= 2.0;
+            pre_shift += 1;
+        }
+        let ln2 = (std::f64::consts::LN_2 / s).ceil() as u64;
+        let b = (1.353 / s).floor() as i64;
+        let c = (0.344 / (0.3585 * s * s)).floor() as i64;
+        // exp(0): the polynomial rises on (-ln 2, 0] (its vertex, -1.353, lies left of it).
+        let top = (b * b + c) as u64;
+        let bits = 64 - top.leading_zeros();
+        IBertExp {
+            // Δ ≥ -2^32: a shift of 63 already gives ⌊Δ / 2^k⌋ ∈ {-1, 0} like any larger k.
+            pre_shift: pre_shift.min(63),
+            ln2,
+            recip: (1u64 << 56) / ln2,
+            b,
+            c,
+            up: exp_bits.saturating_sub(bits),
+            down: bits.saturating_sub(exp_bits),
+        }
+    }
+
+    #[inline(always)]
+    fn exp(&self, delta: i64) -> u64 {
+        let t = delta >> self.pre_shift;
+        // z ≥ 64 shifts everything out: clamp so the division stays small.
+        let a = ((-t) as u64).min(64 * self.ln2);
+        let (z, r) = div_rem(a, self.ln2, self.recip);
+        let p = self.b - r as i64; // p + b with p = -r ∈ (-ln 2, 0]
+        let poly = (p * p + self.c) as u64;
+        (poly << self.up) >> (z as u32 + self.down).min(63)
+    }
+}
+
+/// `ln 2 · 2^30`, `ln 2 / 2 · 2^30` (the middle of `(-ln 2, 0]`), rounded.
+const LN2_FIXED: i64 = (std::f64::consts::LN_2 * ONE as f64 + 0.5) as i64;
+const HALF_LN2_FIXED: i64 = (std::f64::consts::LN_2 * 0.5 * ONE as f64 + 0.5) as i64;
+
+/// `exp(m + u) = e^m · Σ uᵏ / k!`, `m = -ln 2 / 2`, `e^m = 1 / √2`: the Taylor coefficients
+/// `2^30 / (√2 · k!)`, `k = 0..=6`, rounded. On `|u| ≤ ln 2 / 2` the remainder is at most
+/// `(ln 2 / 2)^7 / 7! · e^(ln 2 / 2) < 1.7 · 10⁻⁷`, relative `< 3.4 · 10⁻⁷`.
+const EXP_TAYLOR: [i64; 7] = {
+    let mut c = [0i64; 7];
+    let mut factorial = 1.0;
+    let mut k = 0;
+    while k < 7 {
+        if k > 0 {
+            factorial *= k as f64;
+        }
+        c[k] = (ONE as f64 * std::f64::consts::FRAC_1_SQRT_2 / factorial + 0.5) as i64;
+        k += 1;
+    }
+    c
+};
+
+/// The fixed-point `exp`: `Δ · s` to the `2^-30` grid, then the Taylor polynomial.
+#[derive(Debug, Clone)]
+struct FixedPointExp {
+    input: FixedPointInput,
+    /// `-⌈64 · ln 2 / s⌉ - 1` codes: below this every `exp` is 0 anyway, and clamping here keeps
+    /// `Δ · mantissa` and the fixed-point value small.
+    delta_floor: i64,
+    /// `E - 30`: the polynomial gives 30 fraction bits.
+    up: u32,
+}
+
+impl FixedPointExp {
+    fn new(scale: f32, exp_bits: u32) -> FixedPointExp {
+        let floor = (64.0 * std::f64::consts::LN_2 / scale as f64).ceil() + 1.0;
+        FixedPointExp {
+            input: FixedPointInput::new(scale),
+            delta_floor: -(floor.min((1u64 << 33) as f64) as i64),
+            up: exp_bits - FRACTION_BITS,
+        }
+    }
+
+    #[inline(always)]
+    fn exp(&self, delta: i64) -> u64 {
+        let t = self.input.apply(delta.max(self.delta_floor));
+        let a = ((-t) as u64).min(64 * LN2_FIXED as u64);
+        let (z, r) = (a / LN2_FIXED as u64, (a % LN2_FIXED as u64) as i64);
+        // p = -r ∈ (-ln 2, 0]; u = p - m = ln 2 / 2 - r.
+        let u = HALF_LN2_FIXED - r;
+        let mut poly = EXP_TAYLOR[6];
+        for c in EXP_TAYLOR[..6].iter().rev() {
+            poly = c + ((poly * u) >> FRACTION_BITS);
+        }
+        ((poly as u64) << self.up) >> z.min(63)
+    }
+}

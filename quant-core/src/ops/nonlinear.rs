@@ -1,0 +1,217 @@
+//! The integer softmax, GELU and layer normalisation of [`crate::int8::nonlinear`] as
+//! differentiable dfdx ops, for quantization-aware training that agrees with the integer
+//! runtime.
+//!
+//! The forward pass *is* the integer kernel: the input values (fake-quantized, so on the
+//! kernel's input grid) are taken back to their codes, the kernel runs, and the output is
+//! `code · output_scale` ([`IntSoftmax::simulate`] and the others). The backward pass is the
+//! gradient of the exact float function at the input (softmax, `x · Φ(x)`, layer
+//! normalisation): the kernels approximate those functions to far below an output step, so
+//! their gradients stand in for the piecewise-constant kernels' (the straight-through
+//! estimator's reasoning, applied to the approximation).
+//!
+//! ```
+//! use dfdx::prelude::*;
+//! use quant_core::int8::{Approximation, IntSoftmax};
+//! use quant_core::ops::int_softmax;
+//!
+//! let dev = Cpu::default();
+//! // Scores on a grid of 1/16 (as fake-quantized Q·Kᵀ would give), rows of 4, 8-bit probabilities.
+//! let kernel = IntSoftmax::new(0.0625, 4, 8, Approximation::FixedPoint)?;
+//! let scores = dev.tensor([[1.0f32, 0.0, 0.0, -0.5], [0.25, 0.25, 0.25, 0.25]]);
+//! let probs = int_softmax(scores.leaky_trace(), &kernel)?;
+//! assert_eq!(probs.array()[1], [64.0 * kernel.output_scale(); 4]); // 255 / 4 = 63.75 → 64
+//! let grads = probs.exp().sum().backward();
+//! assert!(grads.get(&scores).array()[0][0] != 0.0);
+//! # Ok::<(), quant_core::QuantError>(())
+//! ```
+
+use std::ops::RangeInclusive;
+
+use dfdx::prelude::*;
+
+use super::{custom_op, ParamInput};
+use crate::error::{QuantError, Result};
+use crate::int8::nonlinear::normal_cdf;
+use crate::int8::{IntGelu, IntLayerNorm, IntSoftmax};
+
+/// An error unless the last axis of `shape` is `row_len` long.
+fn check_last_axis<S: Shape>(what: &str, shape: &S, row_len: usize) -> Result<()> {
+    let dims = shape.concrete();
+    let last = dims.as_ref().last().copied().unwrap_or(1);
+    if last != row_len {
+        return Err(QuantError::LengthMismatch {
+            what: format!(
+                "{what}: the last axis of the input (the rows the kernel was prepared for)"
+            ),
+            expected: row_len,
+            actual: last,
+        });
+    }
+    Ok(())
+}
+
+/// Softmax over the last axis through `kernel` (prepared for rows of that length at the scale
+/// of `x`'s grid); gradient of the exact softmax.
+///
+/// # Errors
+/// The last axis is not [`IntSoftmax::row_len`] long; a value of `x` is not finite.
+pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    kernel: &IntSoftmax,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    check_last_axis("int_softmax", x.shape(), kernel.row_len())?;
+    let n = kernel.row_len();
+    custom_op(
+        x,
+        Vec::new(),
+        Box::new(|x, _, y| kernel.simulate(x, y)),
+        Box::new(move |x, _, dy, dx, _| {
+            for ((x, dy), dx) in x
+                .chunks_exact(n)
+                .zip(dy.chunks_exact(n))
+                .zip(dx.chunks_exact_mut(n))
+            {
+                let p = softmax(x);
+                let dot: f64 = p.iter().zip(dy).map(|(p, d)| p * *d as f64).sum();
+                for ((g, p), d) in dx.iter_mut().zip(&p).zip(dy) {
+                    *g += (p * (*d as f64 - dot)) as f32;
+                }
+            }
+        }),
+    )
+}
+
+/// The exact softmax of one row, in `f64`.
+fn softmax(x: &[f32]) -> Vec<f64> {
+    let max = x.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+    let e: Vec<f64> = x.iter().map(|v| (*v as f64 - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.into_iter().map(|v| v / sum).collect()
+}
+
+/// GELU (`x · Φ(x)`) through `kernel`, elementwise; gradient `Φ(x) + x · φ(x)` of the exact
+/// GELU where the input's code lies in the kernel's input range, 0 where the kernel clamps it.
+///
+/// # Errors
+/// A value of `x` is not finite.
+pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    kernel: &IntGelu,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let (scale, zero, codes) = (
+        kernel.input_scale() as f64,
+        kernel.input_zero_point() as f64,
+        kernel.input_codes(),
+    );
+    let (lo, hi) = (*codes.start() as f64, *codes.end() as f64);
+    custom_op(
+        x,
+        Vec::new(),
+        Box::new(|x, _, y| kernel.simulate(x, y)),
+        Box::new(move |x, _, dy, dx, _| {
+            for ((x, dy), dx) in x.iter().zip(dy).zip(dx.iter_mut()) {
+                let code = (*x as f64 / scale).round_ties_even() + zero;
+                if (lo..=hi).contains(&code) {
+                    let x = *x as f64;
+                    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+                    *dx += (*dy as f64 * (normal_cdf(x) + x * pdf)) as f32;
+                }
+            }
+        }),
+    )
+}
+
+/// The input grid of [`int_layer_norm`]: the scale and zero point of the codes, and the range
+/// they lie in.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LayerNormInput {
+    /// The scale of the input codes.
+    pub scale: f32,
+    /// Their zero point.
+    pub zero_point: i32,
+    /// The codes the kernel accepts (others are clamped), zero point included.
+    pub codes: RangeInclusive<i32>,
+}
+
+/// Layer normalisation over the last axis with the affine `gamma`, `beta` (one value per
+/// feature) through an [`IntLayerNorm`] prepared from their current values (so they can train);
+/// gradients of the exact layer normalisation for `x`, and for `gamma`, `beta` when
+/// `train_affine`.
+///
+/// # Errors
+/// `gamma`, `beta` or the grid rejected by [`IntLayerNorm::new`] (the error names which); the
+/// last axis not as long as `gamma`; a value of `x` that is not finite.
+pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
+    x: Tensor<S, f32, Cpu, T>,
+    gamma: &Tensor<P, f32, Cpu>,
+    beta: &Tensor<P, f32, Cpu>,
+    epsilon: f32,
+    input: &LayerNormInput,
+    train_affine: bool,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let params = vec![
+        ParamInput::new(gamma, train_affine),
+        ParamInput::new(beta, train_affine),
+    ];
+    let kernel = IntLayerNorm::new(
+        input.scale,
+        input.codes.clone(),
+        params[0].data(),
+        params[1].data(),
+        epsilon,
+    )?;
+    let n = kernel.row_len();
+    check_last_axis("int_layer_norm", x.shape(), n)?;
+    let zero_point = input.zero_point;
+    custom_op(
+        x,
+        params,
+        Box::new(move |x, _, y| kernel.simulate(zero_point, x, y)),
+        Box::new(move |x, params, dy, dx, dparams| {
+            let gamma = params[0];
+            let (dgamma, dbeta) = match dparams {
+                [g, b] => (g, b),
+                _ => return,
+            };
+            for ((x, dy), dx) in x
+                .chunks_exact(n)
+                .zip(dy.chunks_exact(n))
+                .zip(dx.chunks_exact_mut(n))
+            {
+                // Relative to the first value, so rows of large, nearly equal values keep
+                // their differences.
+                let x: Vec<f64> = x.iter().map(|v| *v as f64 - x[0] as f64).collect();
+                let mean = x.iter().sum::<f64>() / n as f64;
+                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+                let denominator = var + epsilon as f64;
+                for (db, d) in dbeta.iter_mut().zip(dy) {
+                    *db += *d;
+                }
+                if denominator <= 0.0 {
+                    // A constant row without ε gives β whatever x and γ are.
+                    continue;
+                }
+                let inv = 1.0 / denominator.sqrt();
+                let norm: Vec<f64> = x.iter().map(|v| (v - mean) * inv).collect();
+                // g = dy · γ; dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ.
+                let g: Vec<f64> = dy
+                    .iter()
+                    .zip(gamma)
+                    .map(|(d, g)| *d as f64 * *g as f64)
+                    .collect();
+                let mean_g = g.iter().sum::<f64>() / n as f64;
+                let mean_gn = g.iter().zip(&norm).map(|(g, h)| g * h).sum::<f64>() / n as f64;
+                for (((o, g), h), (dg, d)) in dx
+                    .iter_mut()
+                    .zip(&g)
+                    .zip(&norm)
+                    .zip(dgamma.iter_mut().zip(dy))
+                {
+                    *o += ((g - mean_g - h * mean_gn) * inv) as f32;
+                    *dg += (*d as f64 * h) as f32;
+                }
+            }
+        }),
+    )
+}

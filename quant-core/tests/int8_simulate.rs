@@ -1,0 +1,338 @@
+//! The simulations of the integer softmax, GELU and layer normalisation that quantization-aware
+//! training uses: `simulate` on fake-quantized values gives exactly the kernels' outputs
+//! (`code · output_scale`), the dfdx ops give exactly `simulate`, and their gradients are those
+//! of the exact float functions (checked against central differences in f64).
+
+use dfdx::prelude::*;
+use proptest::prelude::*;
+use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
+use quant_core::ops::{int_gelu, int_layer_norm, int_softmax, LayerNormInput};
+use quant_core::QuantError;
+
+fn approximation() -> impl Strategy<Value = Approximation> {
+    prop_oneof![Just(Approximation::IBert), Just(Approximation::FixedPoint)]
+}
+
+/// The values a fake-quantized model holds for `codes`: `(q - z) · s`, computed in f32.
+fn values(codes: &[i32], scale: f32, zero: i32) -> Vec<f32> {
+    codes.iter().map(|q| (*q - zero) as f32 * scale).collect()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn simulated_softmax_is_the_kernel_on_the_codes(
+        approximation in approximation(),
+        scale_exp in -14.0f64..-4.0,
+        codes in proptest::collection::vec(-(1i32 << 20)..(1 << 20), 12),
+        bits in 2u32..=16,
+    ) {
+        let scale = 2f64.powf(scale_exp) as f32;
+        let k = IntSoftmax::new(scale, 4, bits, approximation).unwrap();
+        let mut from_codes = vec![0i32; 12];
+        k.run(&codes, &mut from_codes).unwrap();
+        let mut simulated = vec![0f32; 12];
+        k.simulate(&values(&codes, scale, 0), &mut simulated).unwrap();
+        for (c, v) in from_codes.iter().zip(&simulated) {
+            prop_assert_eq!((*c as f32 * k.output_scale()).to_bits(), v.to_bits());
+        }
+    }
+
+    #[test]
+    fn simulated_gelu_is_the_kernel_on_the_codes(
+        approximation in approximation(),
+        scale_exp in -12.0f64..-4.0,
+        zero in -128i32..=127,
+        codes in proptest::collection::vec(-128i32..=127, 1..40),
+    ) {
+        let scale = 2f64.powf(scale_exp) as f32;
+        let k = IntGelu::new(scale, zero, -128..=127, approximation).unwrap();
+        let mut from_codes = vec![0i32; codes.len()];
+        k.run(&codes, &mut from_codes).unwrap();
+        let mut simulated = vec![0f32; codes.len()];
+        k.simulate(&values(&codes, scale, zero), &mut simulated).unwrap();
+        for (c, v) in from_codes.iter().zip(&simulated) {
+            prop_assert_eq!((*c as f32 * k.output_scale()).to_bits(), v.to_bits());
+        }
+    }
+
+    #[test]
+    fn simulated_layer_norm_is_the_kernel_on_the_codes(
+        scale_exp in -12.0f64..2.0,
+        zero in 0i32..=255,
+        codes in proptest::collection::vec(0i32..=255, 16),
+        gamma in proptest::collection::vec(-2.0f32..2.0, 8),
+        beta in proptest::collection::vec(-2.0f32..2.0, 8),
+    ) {
+        let scale = 2f64.powf(scale_exp) as f32;
+        let k = IntLayerNorm::new(scale, 0..=255, &gamma, &beta, 1e-5).unwrap();
+        let mut from_codes = vec![0i32; 16];
+        k.run(&codes, &mut from_codes).unwrap();
+        let mut simulated = vec![0f32; 16];
+        k.simulate(zero, &values(&codes, scale, zero), &mut simulated).unwrap();
+        for (c, v) in from_codes.iter().zip(&simulated) {
+            prop_assert_eq!((*c as f32 * k.output_scale()).to_bits(), v.to_bits());
+        }
+    }
+}
+
+#[test]
+fn simulate_refuses_what_run_refuses_and_non_finite_values() {
+    let k = IntSoftmax::new(0.01, 4, 8, Approximation::FixedPoint).unwrap();
+    let mut out = [7f32; 4];
+    match k.simulate(&[0.0, f32::NAN, 0.0, 0.0], &mut out) {
+        Err(QuantError::NonFinite { what, .. }) => assert_eq!(what, "softmax input[1]"),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(out, [7.0; 4], "nothing written");
+    assert!(matches!(
+        k.simulate(&[0.0; 3], &mut [0.0; 3]),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+    let g = IntGelu::new(0.01, 0, -128..=127, Approximation::FixedPoint).unwrap();
+    assert!(matches!(
+        g.simulate(&[f32::INFINITY], &mut [0.0]),
+        Err(QuantError::NonFinite { .. })
+    ));
+    assert!(matches!(
+        g.simulate(&[0.0, 1.0], &mut [0.0]),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+    let l = IntLayerNorm::new(0.01, 0..=255, &[1.0; 4], &[0.0; 4], 1e-5).unwrap();
+    assert!(matches!(
+        l.simulate(0, &[0.0; 5], &mut [0.0; 5]),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+}
+
+// ---------------------------------------------------------------------------------------
+// The dfdx ops
+// ---------------------------------------------------------------------------------------
+
+/// `∂ Σ wᵢ fᵢ(x) / ∂xⱼ` by central differences in f64, for a function of one row.
+fn numeric_gradient(f: impl Fn(&[f64]) -> Vec<f64>, x: &[f64], w: &[f64]) -> Vec<f64> {
+    let h = 1e-6;
+    (0..x.len())
+        .map(|j| {
+            let (mut up, mut down) = (x.to_vec(), x.to_vec());
+            up[j] += h;
+            down[j] -= h;
+            let (fu, fd) = (f(&up), f(&down));
+            fu.iter()
+                .zip(&fd)
+                .zip(w)
+                .map(|((a, b), w)| w * (a - b))
+                .sum::<f64>()
+                / (2.0 * h)
+        })
+        .collect()
+}
+
+fn exact_softmax(x: &[f64]) -> Vec<f64> {
+    let max = x.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+    let e: Vec<f64> = x.iter().map(|v| (v - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|v| v / sum).collect()
+}
+
+fn exact_gelu(x: &[f64]) -> Vec<f64> {
+    // Φ by Simpson's rule on [0, |x|] (a different route from the crate's series).
+    x.iter()
+        .map(|x| {
+            let n = 2000;
+            let h = x.abs() / n as f64;
+            let pdf = |t: f64| (-0.5 * t * t).exp() / (2.0 * std::f64::consts::PI).sqrt();
+            let mut s = pdf(0.0) + pdf(x.abs());
+            for i in 1..n {
+                s += pdf(i as f64 * h) * if i % 2 == 1 { 4.0 } else { 2.0 };
+            }
+            let half = s * h / 3.0;
+            x * (0.5 + half.copysign(*x))
+        })
+        .collect()
+}
+
+fn exact_layer_norm(x: &[f64], gamma: &[f64], beta: &[f64], eps: f64) -> Vec<f64> {
+    let n = x.len() as f64;
+    let mean = x.iter().sum::<f64>() / n;
+    let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n;
+    x.iter()
+        .zip(gamma.iter().zip(beta))
+        .map(|(v, (g, b))| g * (v - mean) / (var + eps).sqrt() + b)
+        .collect()
+}
+
+/// The weights of the loss `Σ wᵢ yᵢ` the gradient tests differentiate.
+const W: [f32; 8] = [0.3, -1.2, 0.7, 2.0, -0.4, 1.1, -0.9, 0.5];
+
+fn close(got: &[f32], expected: &[f64], tolerance: f64, what: &str) {
+    for (i, (g, e)) in got.iter().zip(expected).enumerate() {
+        assert!(
+            (*g as f64 - e).abs() <= tolerance * (1.0 + e.abs()),
+            "{what}[{i}]: {g} vs finite difference {e} ({got:?} vs {expected:?})"
+        );
+    }
+}
+
+#[test]
+fn int_softmax_forward_is_simulate_and_its_gradient_is_softmax_s() {
+    let dev = Cpu::default();
+    let scale = 1.0 / 64.0;
+    let codes = [64, 0, -32, 10, 5, 5, -100, 80];
+    let x_values = values(&codes, scale, 0);
+    for approximation in Approximation::ALL {
+        let k = IntSoftmax::new(scale, 4, 8, approximation).unwrap();
+        let x: Tensor<Rank2<2, 4>, f32, Cpu> = dev.tensor(x_values.clone());
+        let y = int_softmax(x.leaky_trace(), &k).unwrap();
+        let mut expected = vec![0f32; 8];
+        k.simulate(&x_values, &mut expected).unwrap();
+        assert_eq!(y.as_vec(), expected, "{approximation}");
+        let w: Tensor<Rank2<2, 4>, f32, Cpu> = dev.tensor(W.to_vec());
+        let grads = (y * w).sum().backward();
+        let got = grads.get(&x).as_vec();
+        for row in 0..2 {
+            let xr: Vec<f64> = x_values[row * 4..row * 4 + 4]
+                .iter()
+                .map(|v| *v as f64)
+                .collect();
+            let wr: Vec<f64> = W[row * 4..row * 4 + 4].iter().map(|v| *v as f64).collect();
+            let numeric = numeric_gradient(exact_softmax, &xr, &wr);
+            close(
+                &got[row * 4..row * 4 + 4],
+                &numeric,
+                1e-5,
+                "softmax gradient",
+            );
+        }
+    }
+    // The rows must be the last axis.
+    let k = IntSoftmax::new(scale, 3, 8, Approximation::FixedPoint).unwrap();
+    let x: Tensor<Rank2<2, 4>, f32, Cpu> = dev.zeros();
+    assert!(matches!(
+        int_softmax(x, &k),
+        Err(QuantError::LengthMismatch {
+            expected: 3,
+            actual: 4,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn int_gelu_forward_is_simulate_and_its_gradient_is_gelu_s() {
+    let dev = Cpu::default();
+    let scale = 1.0 / 16.0;
+    // Codes 0..=255 with zero point 128; two codes outside the range the kernel declares.
+    let codes = [128, 100, 150, 60, 250, 0, 300, -20];
+    let x_values = values(&codes, scale, 128);
+    for approximation in Approximation::ALL {
+        let k = IntGelu::new(scale, 128, 0..=255, approximation).unwrap();
+        let x: Tensor<Rank1<8>, f32, Cpu> = dev.tensor(x_values.clone());
+        let y = int_gelu(x.leaky_trace(), &k).unwrap();
+        let mut expected = vec![0f32; 8];
+        k.simulate(&x_values, &mut expected).unwrap();
+        assert_eq!(y.as_vec(), expected, "{approximation}");
+        let w: Tensor<Rank1<8>, f32, Cpu> = dev.tensor(W);
+        let grads = (y * w).sum().backward();
+        let got = grads.get(&x).as_vec();
+        let xs: Vec<f64> = x_values.iter().map(|v| *v as f64).collect();
+        let ws: Vec<f64> = W.iter().map(|v| *v as f64).collect();
+        let mut numeric = numeric_gradient(exact_gelu, &xs, &ws);
+        // The kernel clamps codes outside its range: no gradient there.
+        numeric[6] = 0.0;
+        numeric[7] = 0.0;
+        close(&got, &numeric, 1e-5, "gelu gradient");
+    }
+}
+
+#[test]
+fn int_layer_norm_forward_is_simulate_and_its_gradients_are_layer_norm_s() {
+    let dev = Cpu::default();
+    let scale = 0.05;
+    let codes = [10, 200, 37, 90, 128, 128, 129, 250];
+    let x_values = values(&codes, scale, 128);
+    let (gamma_values, beta_values) = ([1.5f32, -0.5, 0.8, 2.0], [0.1f32, 0.0, -0.3, 1.0]);
+    let (gamma, beta): (Tensor<Rank1<4>, f32, Cpu>, Tensor<Rank1<4>, f32, Cpu>) =
+        (dev.tensor(gamma_values), dev.tensor(beta_values));
+    let input = LayerNormInput {
+        scale,
+        zero_point: 128,
+        codes: 0..=255,
+    };
+    let eps = 1e-5;
+    let x: Tensor<Rank2<2, 4>, f32, Cpu> = dev.tensor(x_values.clone());
+    let y = int_layer_norm(x.leaky_trace(), &gamma, &beta, eps, &input, true).unwrap();
+    let k = IntLayerNorm::new(scale, 0..=255, &gamma_values, &beta_values, eps).unwrap();
+    let mut expected = vec![0f32; 8];
+    k.simulate(128, &x_values, &mut expected).unwrap();
+    assert_eq!(y.as_vec(), expected);
+    let w: Tensor<Rank2<2, 4>, f32, Cpu> = dev.tensor(W.to_vec());
+    let grads = (y * w).sum().backward();
+    let (g64, b64) = (
+        gamma_values.map(|v| v as f64),
+        beta_values.map(|v| v as f64),
+    );
+    let mut numeric_gamma = vec![0f64; 4];
+    let mut numeric_beta = vec![0f64; 4];
+    for row in 0..2 {
+        let xr: Vec<f64> = x_values[row * 4..row * 4 + 4]
+            .iter()
+            .map(|v| *v as f64)
+            .collect();
+        let wr: Vec<f64> = W[row * 4..row * 4 + 4].iter().map(|v| *v as f64).collect();
+        let numeric = numeric_gradient(|x| exact_layer_norm(x, &g64, &b64, eps as f64), &xr, &wr);
+        close(
+            &grads.get(&x).as_vec()[row * 4..row * 4 + 4],
+            &numeric,
+            1e-4,
+            "layer norm dx",
+        );
+        let dg = numeric_gradient(|g| exact_layer_norm(&xr, g, &b64, eps as f64), &g64, &wr);
+        let db = numeric_gradient(|b| exact_layer_norm(&xr, &g64, b, eps as f64), &b64, &wr);
+        for j in 0..4 {
+            numeric_gamma[j] += dg[j];
+            numeric_beta[j] += db[j];
+        }
+    }
+    close(
+        &grads.get(&gamma).as_vec(),
+        &numeric_gamma,
+        1e-4,
+        "layer norm dgamma",
+    );
+    close(
+        &grads.get(&beta).as_vec(),
+        &numeric_beta,
+        1e-4,
+        "layer norm dbeta",
+    );
+    // Frozen affine: no gradient reaches γ, β.
+    let mut grads = dfdx::tensor::Gradients::leaky();
+    grads.try_alloc_for(&gamma).unwrap();
+    grads.try_alloc_for(&beta).unwrap();
+    let y = int_layer_norm(x.trace(grads), &gamma, &beta, eps, &input, false).unwrap();
+    let grads = y.sum().backward();
+    assert!(grads
+        .get(&gamma)
+        .as_vec()
+        .iter()
+        .chain(&grads.get(&beta).as_vec())
+        .all(|g| *g == 0.0));
+    assert!(grads.get(&x).as_vec().iter().all(|g| g.is_finite()));
+    // A γ the kernel refuses is a typed error naming it.
+    let bad: Tensor<Rank1<4>, f32, Cpu> = dev.tensor([1.0, f32::NAN, 1.0, 1.0]);
+    match int_layer_norm(x.clone(), &bad, &beta, eps, &input, false) {
+        Err(QuantError::NonFinite { what, .. }) => assert_eq!(what, "layer norm gamma[1]"),
+        other => panic!("{other:?}"),
+    }
+    let wide: Tensor<Rank2<1, 8>, f32, Cpu> = dev.zeros();
+    assert!(matches!(
+        int_layer_norm(wide, &gamma, &beta, eps, &input, false),
+        Err(QuantError::LengthMismatch {
+            expected: 4,
+            actual: 8,
+            ..
+        })
+    ));
+}
