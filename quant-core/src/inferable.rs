@@ -67,6 +67,11 @@ impl From<InferableQuantizer> for InferableRepr {
     }
 }
 
+/// The signature the quantizing kernels share: `(x, out, layout, scales, zero_points,
+/// quant_min, quant_max, rounding)`.
+type AffineKernel<T> =
+    fn(&[f32], &mut [T], ChannelLayout, &[f32], &[i32], i32, i32, RoundingPolicy) -> Result<()>;
+
 impl InferableQuantizer {
     /// Creates an inferable quantizer, checking the invariants listed on the type.
     ///
@@ -151,19 +156,7 @@ impl InferableQuantizer {
     /// A shape that does not match `x` or the parameters, a grid that does not fit `T`, or a
     /// NaN in `x`.
     pub fn quantize<T: QuantInt>(&self, x: &[f32], shape: &[usize]) -> Result<Vec<T>> {
-        let layout = self.layout(shape)?;
-        let mut q = vec![T::default(); x.len()];
-        kernels::quantize_into(
-            x,
-            &mut q,
-            layout,
-            self.qparams.scales(),
-            self.qparams.zero_points(),
-            self.grid.quant_min(),
-            self.grid.quant_max(),
-            self.rounding,
-        )?;
-        Ok(q)
+        self.run(kernels::quantize_into::<T>, x, shape)
     }
 
     /// Dequantizes integers `q` (of `shape`): `(q - zero_point) * scale`.
@@ -191,11 +184,22 @@ impl InferableQuantizer {
     /// # Errors
     /// A shape that does not match `x` or the parameters.
     pub fn fake_quantize(&self, x: &[f32], shape: &[usize]) -> Result<Vec<f32>> {
+        self.run(kernels::fake_quantize_affine_into, x, shape)
+    }
+
+    /// Runs `kernel` ([`kernels::quantize_into`] or [`kernels::fake_quantize_affine_into`])
+    /// with this quantizer's parameters on `x` (of `shape`), into a fresh buffer.
+    fn run<T: Clone + Default>(
+        &self,
+        kernel: AffineKernel<T>,
+        x: &[f32],
+        shape: &[usize],
+    ) -> Result<Vec<T>> {
         let layout = self.layout(shape)?;
-        let mut y = vec![0.0; x.len()];
-        kernels::fake_quantize_affine_into(
+        let mut out = vec![T::default(); x.len()];
+        kernel(
             x,
-            &mut y,
+            &mut out,
             layout,
             self.qparams.scales(),
             self.qparams.zero_points(),
@@ -203,7 +207,7 @@ impl InferableQuantizer {
             self.grid.quant_max(),
             self.rounding,
         )?;
-        Ok(y)
+        Ok(out)
     }
 }
 

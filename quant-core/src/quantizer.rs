@@ -141,6 +141,18 @@ impl<'a> QuantizerInput<'a> {
     }
 }
 
+/// The check both parameter-bank views make: `len` values in rows of `channels`.
+fn check_bank(len: usize, channels: usize) -> Result<()> {
+    if channels == 0 || !len.is_multiple_of(channels) {
+        return Err(QuantError::LengthMismatch {
+            what: "parameter bank".into(),
+            expected: channels.max(1) * MAX_PARAMETERS,
+            actual: len,
+        });
+    }
+    Ok(())
+}
+
 /// A read-only view of a quantizer's parameter slots: `slots` rows of `channels` values each.
 /// A per-tensor parameter uses the first value of its row.
 #[derive(Debug, Clone, Copy)]
@@ -155,13 +167,7 @@ impl<'a> ParamBank<'a> {
     /// # Errors
     /// `channels == 0` or a length that is not a multiple of `channels`.
     pub fn new(data: &'a [f32], channels: usize) -> Result<Self> {
-        if channels == 0 || !data.len().is_multiple_of(channels) {
-            return Err(QuantError::LengthMismatch {
-                what: "parameter bank".into(),
-                expected: channels.max(1) * MAX_PARAMETERS,
-                actual: data.len(),
-            });
-        }
+        check_bank(data.len(), channels)?;
         Ok(ParamBank { data, channels })
     }
     /// Number of values per slot.
@@ -209,13 +215,7 @@ impl<'a> ParamBankMut<'a> {
     /// # Errors
     /// `channels == 0` or a length that is not a multiple of `channels`.
     pub fn new(data: &'a mut [f32], channels: usize) -> Result<Self> {
-        if channels == 0 || !data.len().is_multiple_of(channels) {
-            return Err(QuantError::LengthMismatch {
-                what: "parameter bank".into(),
-                expected: channels.max(1) * MAX_PARAMETERS,
-                actual: data.len(),
-            });
-        }
+        check_bank(data.len(), channels)?;
         Ok(ParamBankMut { data, channels })
     }
     /// Number of values per slot.

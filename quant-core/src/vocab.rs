@@ -325,22 +325,24 @@ mod tests {
 
     #[test]
     fn enums_serialise_with_their_code_spelling() {
-        assert_eq!(
-            serde_json::to_string(&QuantizationTarget::Weights).unwrap(),
-            "\"Weights\""
-        );
-        assert_eq!(
-            serde_json::to_string(&QuantizationMethod::PowerOfTwo).unwrap(),
-            "\"PowerOfTwo\""
-        );
-        assert_eq!(
-            serde_json::to_string(&RoundingPolicy::HalfAwayFromZero).unwrap(),
-            "\"HalfAwayFromZero\""
-        );
-        assert_eq!(
-            serde_json::to_string(&TrainingMethod::Lsq).unwrap(),
-            "\"Lsq\""
-        );
+        let spellings = [
+            (
+                serde_json::to_string(&QuantizationTarget::Weights),
+                "Weights",
+            ),
+            (
+                serde_json::to_string(&QuantizationMethod::PowerOfTwo),
+                "PowerOfTwo",
+            ),
+            (
+                serde_json::to_string(&RoundingPolicy::HalfAwayFromZero),
+                "HalfAwayFromZero",
+            ),
+            (serde_json::to_string(&TrainingMethod::Lsq), "Lsq"),
+        ];
+        for (json, name) in spellings {
+            assert_eq!(json.unwrap(), format!("\"{name}\""));
+        }
         let m: QuantizationMethod = serde_json::from_str("\"Uniform\"").unwrap();
         assert_eq!(m, QuantizationMethod::Uniform);
         assert!(serde_json::from_str::<QuantizationMethod>("\"uniform\"").is_err());

@@ -40,8 +40,10 @@ impl Window {
         Some([axis(height, 0)?, axis(width, 1)?])
     }
 
-    /// The output size, or an error saying why the window does not fit.
-    fn checked_output(&self, [h, w, c]: [usize; 3]) -> Result<[usize; 2]> {
+    /// Checks that `input_len` is `h·w·c`, then returns the output size, or an error saying
+    /// why the window does not fit.
+    fn checked_output(&self, input_len: usize, [h, w, c]: [usize; 3]) -> Result<[usize; 2]> {
+        check_len("input", volume("input", [h, w, c])?, input_len)?;
         self.output_size(h, w)
             .filter(|_| h > 0 && w > 0 && c > 0)
             .ok_or_else(|| QuantError::InvalidValue {
@@ -50,6 +52,11 @@ impl Window {
                 expected: "a non-empty input, kernel and stride at least 1, and a kernel that fits the padded input".into(),
             })
     }
+}
+
+/// `a·b·c`, or an error naming `what` when it overflows.
+fn volume(what: &str, [a, b, c]: [usize; 3]) -> Result<usize> {
+    checked_size(what, checked_size(what, a, b)?, c)
 }
 
 /// The input rows `ky` and columns `kx` of the window at output `(oy, ox)` that lie inside the
@@ -89,14 +96,9 @@ pub fn im2col_u8(
     out: &mut [u8],
 ) -> Result<[usize; 2]> {
     let [h, w, c] = shape;
-    check_len(
-        "input",
-        checked_size("input", checked_size("input", h, w)?, c)?,
-        input.len(),
-    )?;
-    let [oh, ow] = window.checked_output(shape)?;
+    let [oh, ow] = window.checked_output(input.len(), shape)?;
     let [kh, kw] = window.kernel;
-    let row_len = checked_size("im2col row", checked_size("im2col row", kh, kw)?, c)?;
+    let row_len = volume("im2col row", [kh, kw, c])?;
     let rows = checked_size("im2col rows", oh, ow)?;
     check_len(
         "im2col output",
@@ -138,12 +140,7 @@ pub fn max_pool_u8(
     out: &mut [u8],
 ) -> Result<[usize; 2]> {
     let [h, w, c] = shape;
-    check_len(
-        "input",
-        checked_size("input", checked_size("input", h, w)?, c)?,
-        input.len(),
-    )?;
-    let [oh, ow] = window.checked_output(shape)?;
+    let [oh, ow] = window.checked_output(input.len(), shape)?;
     for d in 0..2 {
         if window.padding[d] * 2 > window.kernel[d] {
             return Err(QuantError::InvalidValue {
@@ -153,10 +150,9 @@ pub fn max_pool_u8(
             });
         }
     }
-    let pixels = checked_size("pooled output", oh, ow)?;
     check_len(
         "pooled output",
-        checked_size("pooled output", pixels, c)?,
+        volume("pooled output", [oh, ow, c])?,
         out.len(),
     )?;
     for (pos, px) in out.chunks_exact_mut(c).enumerate() {

@@ -88,37 +88,18 @@ rounding!(Ceil, |v, r, d| {
 /// Evaluates `$body` with the type alias `$r` naming the zero-sized rounding type of `$policy`:
 /// `with_rounding!(policy, R => drive(&FakeQuant::<R, _>::new(..), ..))`.
 macro_rules! with_rounding {
-    ($policy:expr, $r:ident => $body:expr) => {{
+    ($policy:expr, $r:ident => $body:expr) => {
+        with_rounding!(@each $policy, $r => $body;
+            HalfEven, HalfAwayFromZero, HalfUp, HalfDown, HalfTowardZero, Floor, Ceil)
+    };
+    // One arm per policy, each naming the rounding type of the same name.
+    (@each $policy:expr, $r:ident => $body:expr; $($name:ident),*) => {{
         use $crate::kernels::round as r;
         match $policy {
-            RoundingPolicy::HalfEven => {
-                type $r = r::HalfEven;
+            $(RoundingPolicy::$name => {
+                type $r = r::$name;
                 $body
-            }
-            RoundingPolicy::HalfAwayFromZero => {
-                type $r = r::HalfAwayFromZero;
-                $body
-            }
-            RoundingPolicy::HalfUp => {
-                type $r = r::HalfUp;
-                $body
-            }
-            RoundingPolicy::HalfDown => {
-                type $r = r::HalfDown;
-                $body
-            }
-            RoundingPolicy::HalfTowardZero => {
-                type $r = r::HalfTowardZero;
-                $body
-            }
-            RoundingPolicy::Floor => {
-                type $r = r::Floor;
-                $body
-            }
-            RoundingPolicy::Ceil => {
-                type $r = r::Ceil;
-                $body
-            }
+            })*
         }
     }};
 }

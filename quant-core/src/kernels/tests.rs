@@ -68,36 +68,27 @@ fn bad_parameters_are_errors() {
         fake_quantize_per_channel_affine(&[1.0; 6], &[2, 3], 2, &[1.0; 3], &[0; 3], -8, 7),
         Err(QuantError::InvalidAxis { .. })
     ));
-    assert!(fake_quantize_learnable_per_tensor_affine_backward(
-        &x,
-        &[1.0, 2.0],
-        1.0,
-        0.0,
-        -8,
-        7,
-        1.0
-    )
-    .is_err());
-    assert!(fake_quantize_learnable_per_tensor_affine_backward(
-        &x,
-        &[1.0],
-        1.0,
-        f32::NAN,
-        -8,
-        7,
-        1.0
-    )
-    .is_err());
-    assert!(fake_quantize_learnable_per_tensor_affine_backward(
-        &x,
-        &[1.0],
-        1.0,
-        0.0,
-        -8,
-        7,
-        f32::NAN
-    )
-    .is_err());
+    // LSQ: `dy` of another length, a NaN zero point, a NaN grad factor.
+    let lsq_cases: [(&[f32], f32, f32); 3] = [
+        (&[1.0, 2.0], 0.0, 1.0),
+        (&[1.0], f32::NAN, 1.0),
+        (&[1.0], 0.0, f32::NAN),
+    ];
+    for (dy, zero_point, grad_factor) in lsq_cases {
+        assert!(
+            fake_quantize_learnable_per_tensor_affine_backward(
+                &x,
+                dy,
+                1.0,
+                zero_point,
+                -8,
+                7,
+                grad_factor
+            )
+            .is_err(),
+            "dy {dy:?}, zero point {zero_point}, grad factor {grad_factor}"
+        );
+    }
 }
 
 #[test]
