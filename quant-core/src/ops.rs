@@ -36,7 +36,8 @@ use crate::error::{QuantError, Result};
 use crate::grid::{IntegerGrid, QParams};
 use crate::kernels;
 use crate::quantizer::{
-    ChannelLayout, ParamBank, ParamBankMut, QuantizerInput, TrainableQuantizer, MAX_PARAMETERS,
+    ChannelLayout, ParamBank, ParamBankMut, ParamDecl, QuantizerInput, TrainableQuantizer,
+    MAX_PARAMETERS,
 };
 use crate::vocab::RoundingPolicy;
 
@@ -91,6 +92,100 @@ pub fn read_contiguous<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Vec<f32> {
     buf
 }
 
+/// Most bytes of scratch buffers one thread keeps for reuse ([`Scratch`]).
+pub const MAX_SCRATCH_BYTES: usize = 64 << 20;
+
+/// Most scratch buffers one thread keeps for reuse.
+const MAX_SCRATCH_BUFFERS: usize = 64;
+
+std::thread_local! {
+    static SCRATCH: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// A buffer of `f32` from a per-thread pool, given back to the pool when dropped.
+///
+/// A custom op keeps a copy of its input for the backward pass. Allocated afresh on every
+/// step, such copies (hundreds of kilobytes for a layer's weights) are freed at the end of the
+/// step; the allocator then returns their pages to the system and takes them back, zeroed, on
+/// the next step: for the W4A4 MLP, about 200 page faults per training step, more time than
+/// the quantizers' arithmetic. A pooled buffer is reused from step to step instead, and needs
+/// no zeroing since every use overwrites it whole. The pool keeps at most
+/// [`MAX_SCRATCH_BYTES`] per thread.
+pub struct Scratch(Vec<f32>);
+
+impl Scratch {
+    /// A buffer of `len` elements of unspecified (initialised) values.
+    pub fn with_len(len: usize) -> Scratch {
+        let pooled = SCRATCH
+            .try_with(|pool| {
+                let mut pool = pool.borrow_mut();
+                // The smallest buffer that is large enough.
+                let best = pool
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, b)| b.capacity() >= len)
+                    .min_by_key(|(_, b)| b.capacity())
+                    .map(|(i, _)| i)?;
+                Some(pool.swap_remove(best))
+            })
+            .ok()
+            .flatten();
+        match pooled {
+            Some(mut buf) => {
+                // Within capacity: writes only a tail the buffer did not have yet.
+                buf.resize(len, 0.0);
+                Scratch(buf)
+            }
+            None => Scratch(vec![0.0; len]),
+        }
+    }
+
+    /// The values of a contiguous tensor, as [`read_contiguous`], in a pooled buffer.
+    pub fn copy_of<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Scratch {
+        let mut buf = Scratch::with_len(t.shape().num_elements());
+        if !buf.0.is_empty() {
+            t.copy_into(&mut buf.0);
+        }
+        buf
+    }
+}
+
+impl std::ops::Deref for Scratch {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Scratch {
+    fn deref_mut(&mut self) -> &mut [f32] {
+        &mut self.0
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let buf = std::mem::take(&mut self.0);
+        if buf.capacity() == 0 {
+            return;
+        }
+        // During thread exit the pool may be gone: the buffer is then simply freed.
+        let _ = SCRATCH.try_with(|pool| {
+            let mut pool = pool.borrow_mut();
+            pool.push(buf);
+            let bytes = |p: &Vec<Vec<f32>>| -> usize { p.iter().map(|b| b.capacity() * 4).sum() };
+            // Over the limits: the smallest buffers go first, the large ones are the costly.
+            while pool.len() > MAX_SCRATCH_BUFFERS || bytes(&pool) > MAX_SCRATCH_BYTES {
+                let smallest = (0..pool.len()).min_by_key(|i| pool[*i].capacity());
+                match smallest {
+                    Some(i) => drop(pool.swap_remove(i)),
+                    None => break,
+                }
+            }
+        });
+    }
+}
+
 /// The forward half of a custom op: reads the input, the parameters, writes the output.
 pub type ForwardFn<'a> = dyn FnOnce(&[f32], &[&[f32]], &mut [f32]) -> Result<()> + 'a;
 /// The backward half of a custom op: given the input, the parameters and the output
@@ -100,22 +195,66 @@ pub type BackwardFn = dyn FnOnce(&[f32], &[&[f32]], &[f32], &mut [f32], &mut [Ve
 /// Builds a differentiable elementwise op with parameters: runs `forward` now and, when `x`
 /// carries an `OwnedTape`, records `backward` on it.
 ///
-/// This is the one place that talks to dfdx's tape; every op here and every quantizer chosen at
-/// run time goes through it.
+/// Every op here and every quantizer chosen at run time goes through [`elementwise_op`], the
+/// one place that talks to dfdx's tape.
 pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
     x: Tensor<S, f32, Cpu, T>,
     params: Vec<ParamInput>,
     forward: Box<ForwardFn<'_>>,
     backward: Box<BackwardFn>,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
+    elementwise_op(
+        x,
+        |x, y| {
+            let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
+            forward(x, &views, y)?;
+            Ok(params)
+        },
+        move |params, x, dy, dx| {
+            let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
+            let mut dparams: Vec<Vec<f32>> =
+                params.iter().map(|p| vec![0.0; p.data.len()]).collect();
+            backward(x, &views, dy, dx, &mut dparams);
+            (params, dparams)
+        },
+        |(params, dparams), grads| {
+            for (p, d) in params.into_iter().zip(&dparams) {
+                if let Some(acc) = p.accumulate {
+                    acc(grads, d)?;
+                }
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Runs an elementwise op and records its backward pass: the protocol every op here follows.
+///
+/// `forward(x, y)` reads the input (contiguous, copied once into a pooled [`Scratch`] buffer
+/// that the backward pass reuses) and writes the output `y` (same length); what it returns is
+/// handed to `backward`. With an `OwnedTape`, `backward(state, x, dy, dx)` adds the input's
+/// gradient into `dx` and returns what `accumulate(.., grads)` then adds into the parameters'
+/// gradients. The output gradient is taken out of its slot while the input's is borrowed, and
+/// put back after (dfdx frees it with the other intermediate gradients).
+pub fn elementwise_op<S, T, C, G, F, B, A>(
+    x: Tensor<S, f32, Cpu, T>,
+    forward: F,
+    backward: B,
+    accumulate: A,
+) -> Result<Tensor<S, f32, Cpu, T>>
+where
+    S: Shape,
+    T: Tape<f32, Cpu>,
+    C: 'static,
+    F: FnOnce(&[f32], &mut [f32]) -> Result<C>,
+    B: FnOnce(C, &[f32], &[f32], &mut [f32]) -> G + 'static,
+    A: FnOnce(G, &mut Gradients<f32, Cpu>) -> std::result::Result<(), CpuError> + 'static,
+{
     let x = x.try_contiguous()?;
     let (x, mut tape) = x.split_tape();
-    let x_data = read_contiguous(&x);
+    let x_data = Scratch::copy_of(&x);
     let mut y = vec![0.0f32; x_data.len()];
-    {
-        let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
-        forward(&x_data, &views, &mut y)?;
-    }
+    let state = forward(&x_data, &mut y)?;
     let out = x.device().try_tensor_from_vec(y, *x.shape())?;
     if T::OWNS_TAPE {
         let x_ghost = x.ghost();
@@ -124,21 +263,10 @@ pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
             grads.try_alloc_for(&x_ghost)?;
             // Take the output gradient out of its slot so the input's can be borrowed too.
             let dy: Vec<f32> = std::mem::take(&mut **grads.get_or_alloc_mut(&out_ghost)?);
-            let (datas, accumulates): (Vec<Vec<f32>>, Vec<Option<Accumulate>>) =
-                params.into_iter().map(|p| (p.data, p.accumulate)).unzip();
-            let views: Vec<&[f32]> = datas.iter().map(|d| d.as_slice()).collect();
-            let mut dparams: Vec<Vec<f32>> = datas.iter().map(|d| vec![0.0; d.len()]).collect();
-            {
-                let dx = grads.get_or_alloc_mut(&x_ghost)?;
-                backward(&x_data, &views, &dy, dx, &mut dparams);
-            }
+            let param_grads = backward(state, &x_data, &dy, grads.get_or_alloc_mut(&x_ghost)?);
+            drop(x_data);
             **grads.get_or_alloc_mut(&out_ghost)? = dy;
-            for (acc, d) in accumulates.into_iter().zip(&dparams) {
-                if let Some(acc) = acc {
-                    acc(grads, d)?;
-                }
-            }
-            Ok(())
+            accumulate(param_grads, grads)
         });
     }
     Ok(out.put_tape(tape))
@@ -364,14 +492,23 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     axis: Option<usize>,
     train_params: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let layout = shape_layout(x.shape(), axis)?;
-    let bank_channels = learned.shape().num_elements() / MAX_PARAMETERS;
     let decls = quantizer.parameters();
     if decls.len() > MAX_PARAMETERS {
         return Err(QuantError::TooManyParameters {
             quantizer: format!("{:?}", quantizer),
             count: decls.len(),
             max: MAX_PARAMETERS,
+        });
+    }
+    let trainable = trainable_slots(&decls);
+    let layout = shape_layout(x.shape(), axis)?;
+    let bank_len = learned.shape().num_elements();
+    let bank_channels = bank_len / MAX_PARAMETERS;
+    if fixed.shape().num_elements() != bank_len {
+        return Err(QuantError::LengthMismatch {
+            what: "fixed parameter slots (as many as the learned ones)".into(),
+            expected: bank_len,
+            actual: fixed.shape().num_elements(),
         });
     }
     if layout.channels != 1 && layout.channels != bank_channels {
@@ -383,26 +520,21 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
             actual: layout.channels,
         });
     }
-    let trainable: Vec<bool> = (0..MAX_PARAMETERS)
-        .map(|k| decls.get(k).is_some_and(|d| d.trainable))
-        .collect();
+    let bank = merged_bank(&trainable, bank_channels, learned, fixed);
+    ParamBank::new(&bank, bank_channels)?;
+    let learned_grad = train_params.then(|| learned.ghost());
     let q_fwd = quantizer.clone();
     let q_bwd = quantizer.clone();
-    let trainable_fwd = trainable.clone();
-    custom_op(
+    elementwise_op(
         x,
-        vec![
-            ParamInput::new(learned, train_params),
-            ParamInput::new(fixed, false),
-        ],
-        Box::new(move |x, p, y| {
-            let bank = merge_banks(&trainable_fwd, bank_channels, p[0], p[1]);
+        move |x, y| {
             let input = QuantizerInput::new(x, layout, grid)?;
-            q_fwd.forward(input, &ParamBank::new(&bank, bank_channels)?, y)
-        }),
-        Box::new(move |x, p, dy, dx, dp| {
-            let bank = merge_banks(&trainable, bank_channels, p[0], p[1]);
+            q_fwd.forward(input, &ParamBank::new(&bank, bank_channels)?, y)?;
+            Ok(bank)
+        },
+        move |bank, x, dy, dx| {
             let mut dbank = vec![0.0; bank.len()];
+            // Cannot fail: the forward pass checked the same input and bank.
             if let (Ok(input), Ok(view), Ok(mut dview)) = (
                 QuantizerInput::new(x, layout, grid),
                 ParamBank::new(&bank, bank_channels),
@@ -410,23 +542,51 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
             ) {
                 q_bwd.backward(input, &view, dy, dx, &mut dview);
             }
-            for (k, t) in trainable.iter().enumerate() {
-                if *t {
-                    let r = k * bank_channels..(k + 1) * bank_channels;
-                    dp[0][r.clone()].copy_from_slice(&dbank[r]);
+            dbank
+        },
+        move |dbank, grads| {
+            let Some(ghost) = learned_grad else {
+                return Ok(());
+            };
+            let slot = grads.get_or_alloc_mut(&ghost)?;
+            for (k, rows) in dbank.chunks(bank_channels.max(1)).enumerate() {
+                if trainable.get(k) == Some(&true) {
+                    let at = k * bank_channels;
+                    for (g, d) in slot[at..at + rows.len()].iter_mut().zip(rows) {
+                        *g += *d;
+                    }
                 }
             }
-        }),
+            Ok(())
+        },
     )
 }
 
+/// Which of the [`MAX_PARAMETERS`] slots a quantizer declaring `decls` reads from its learned
+/// bank (the others from its fixed bank).
+fn trainable_slots(decls: &[ParamDecl]) -> [bool; MAX_PARAMETERS] {
+    let mut trainable = [false; MAX_PARAMETERS];
+    for (t, d) in trainable.iter_mut().zip(decls) {
+        *t = d.trainable;
+    }
+    trainable
+}
+
 /// One bank of slots: slot `k` from `learned` where `trainable[k]`, else from `fixed`.
-fn merge_banks(trainable: &[bool], channels: usize, learned: &[f32], fixed: &[f32]) -> Vec<f32> {
-    let mut bank = fixed.to_vec();
-    for (k, t) in trainable.iter().enumerate() {
-        if *t {
-            let r = k * channels..(k + 1) * channels;
-            bank[r.clone()].copy_from_slice(&learned[r]);
+fn merged_bank<P: Shape>(
+    trainable: &[bool; MAX_PARAMETERS],
+    channels: usize,
+    learned: &Tensor<P, f32, Cpu>,
+    fixed: &Tensor<P, f32, Cpu>,
+) -> Vec<f32> {
+    let mut bank = read_contiguous(fixed);
+    if trainable.iter().any(|t| *t) {
+        let learned = Scratch::copy_of(learned);
+        for (k, t) in trainable.iter().enumerate() {
+            if *t {
+                let r = k * channels..(k + 1) * channels;
+                bank[r.clone()].copy_from_slice(&learned[r]);
+            }
         }
     }
     bank

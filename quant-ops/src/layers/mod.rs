@@ -107,26 +107,6 @@ pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> R
         .collect()
 }
 
-/// [`quantize_bias`] saturating at the int32 range, for training: a step size that is tiny for
-/// a while must not stop QAT (export reports the overflow if it remains).
-fn quantize_bias_saturating(
-    bias: &[f32],
-    input_scale: f32,
-    weight_scales: &[f32],
-) -> Result<Vec<i32>> {
-    check_bias_scales(bias.len(), weight_scales)?;
-    Ok(bias
-        .iter()
-        .enumerate()
-        .map(|(o, b)| {
-            let s = bias_scale(input_scale, weight_scales, o);
-            (*b as f64 / s)
-                .round_ties_even()
-                .clamp(i32::MIN as f64, i32::MAX as f64) as i32
-        })
-        .collect())
-}
-
 fn check_bias_scales(outputs: usize, weight_scales: &[f32]) -> Result<()> {
     if weight_scales.len() == 1 || weight_scales.len() == outputs {
         Ok(())
@@ -181,21 +161,30 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
         return Ok(bias.retaped::<T>());
     };
     let s_in = qi.scales()[0];
-    let codes =
-        quantize_bias_saturating(&quant_core::ops::read_contiguous(bias), s_in, qw.scales())?;
-    let values = accumulator_to_float(&codes, s_in, qw.scales());
-    quant_core::ops::custom_op(
+    let weight_scales = qw.scales();
+    check_bias_scales(bias.shape().num_elements(), weight_scales)?;
+    // One pass: each bias to its int32 code (as `quantize_bias`, but saturating at the int32
+    // range: a step size that is tiny for a while must not stop QAT; export reports an
+    // overflow that remains) and back (as `accumulator_to_float`); the gradient passes
+    // straight through.
+    quant_core::ops::elementwise_op(
         bias.retaped::<T>(),
-        Vec::new(),
-        Box::new(move |_, _, y| {
-            y.copy_from_slice(&values);
+        |b, y| {
+            for (o, (y, b)) in y.iter_mut().zip(b).enumerate() {
+                let s = bias_scale(s_in, weight_scales, o);
+                let code = (*b as f64 / s)
+                    .round_ties_even()
+                    .clamp(i32::MIN as f64, i32::MAX as f64) as i32;
+                *y = (code as f64 * s) as f32;
+            }
             Ok(())
-        }),
-        Box::new(|_, _, dy, dx, _| {
+        },
+        |(), _, dy, dx| {
             for (g, d) in dx.iter_mut().zip(dy) {
                 *g += d;
             }
-        }),
+        },
+        |(), _| Ok(()),
     )
 }
 

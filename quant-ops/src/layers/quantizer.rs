@@ -429,12 +429,7 @@ impl<const C: usize> TensorQuantizer<C> {
             }
             .at(&label)
         })?;
-        let mut bank = merged_bank(
-            &setup.quantizer,
-            &read_contiguous(&self.learned),
-            &read_contiguous(&self.fixed),
-            C,
-        );
+        let mut bank = merged_bank(&setup.quantizer, &self.learned, &self.fixed);
         setup
             .quantizer
             .set_qparams(qparams, grid, &mut ParamBankMut::new(&mut bank, C)?)
@@ -453,17 +448,18 @@ impl<const C: usize> TensorQuantizer<C> {
     }
 }
 
-/// One bank with each slot taken from where the quantizer keeps it.
-fn merged_bank(
+/// One bank with each slot taken from where the quantizer keeps it: the fixed bank, with the
+/// trainable slots' rows from the learned bank.
+fn merged_bank<const C: usize>(
     q: &Arc<dyn TrainableQuantizer>,
-    learned: &[f32],
-    fixed: &[f32],
-    channels: usize,
+    learned: &Tensor<Rank2<MAX_PARAMETERS, C>, f32, Cpu>,
+    fixed: &Tensor<Rank2<MAX_PARAMETERS, C>, f32, Cpu>,
 ) -> Vec<f32> {
-    let mut bank = fixed.to_vec();
+    let mut bank = read_contiguous(fixed);
+    let learned = ops::Scratch::copy_of(learned);
     for (k, decl) in q.parameters().iter().enumerate() {
         if decl.trainable {
-            let r = k * channels..(k + 1) * channels;
+            let r = k * C..(k + 1) * C;
             bank[r.clone()].copy_from_slice(&learned[r]);
         }
     }
@@ -602,12 +598,7 @@ impl<const C: usize> TensorQuantizer<C> {
         if self.initialized == 0 {
             return Ok(None);
         }
-        let bank = merged_bank(
-            &setup.quantizer,
-            &read_contiguous(&self.learned),
-            &read_contiguous(&self.fixed),
-            C,
-        );
+        let bank = merged_bank(&setup.quantizer, &self.learned, &self.fixed);
         f(
             setup.quantizer.as_ref(),
             &ParamBank::new(&bank, C)?,
