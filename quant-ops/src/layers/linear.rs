@@ -11,7 +11,8 @@ use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, Op, ValueId};
 
-/// A Linear layer (`y = x·Wᵀ + b`, weight `[O, I]`) whose weight passes through
+/// A Linear layer (`y = x·Wᵀ + b`, weight `[O, I]`) on inputs of any rank dfdx's Linear takes
+/// (`[I]`, `[batch, I]`, `[batch, seq, I]`), whose weight passes through
 /// `weights_quantizer` (per output channel on axis 0, or per tensor) and whose input passes
 /// through `input_quantizer` (per tensor). The bias stays float in training; export quantizes it
 /// to int32 with `s_bias = s_input · s_weight`.
@@ -108,62 +109,85 @@ impl<const I: usize, const O: usize> QLinear<I, O> {
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QLinear<I, O, WQ, AQ> {
     /// The fake-quantized weight, on tape `T` when its quantizer trains.
     fn quantized_weight<T: Tape<f32, Cpu>>(&self) -> Result<Tensor<Rank2<O, I>, f32, Cpu, T>> {
-        self.weights_quantizer.fake_quantize(self.weight.retaped::<T>())
+        self.weights_quantizer
+            .fake_quantize(self.weight.retaped::<T>())
     }
 }
 
-fn linear_2d<B: Dim, const I: usize, const O: usize, T: Tape<f32, Cpu> + Merge<T>>(
-    x: Tensor<(B, Const<I>), f32, Cpu, T>,
-    w: Tensor<Rank2<O, I>, f32, Cpu, T>,
-    bias: Tensor<Rank1<O>, f32, Cpu, T>,
-) -> Result<Tensor<(B, Const<O>), f32, Cpu, T>> {
-    let y = x.try_matmul(w.try_permute::<_, Axes2<1, 0>>()?)?;
-    let shape = *y.shape();
-    Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
+/// `Module` and `ModuleMut` for every input rank dfdx's Linear takes: `[I]`, `[batch, I]` and
+/// `[batch, seq, I]` (features on the last axis; the other axes are rows, as in dfdx). The input
+/// quantizer is per tensor whatever the rank; the weights quantizer's channels are the weight's
+/// output rows (axis 0 of `[O, I]`), whatever the input.
+macro_rules! linear_modules {
+    ($([$($dim:ident),*] => |$x:ident, $w:ident, $b:ident| $apply:expr;)+) => {$(
+        impl<
+                $($dim: Dim,)*
+                const I: usize,
+                const O: usize,
+                WQ: FakeQuantizer,
+                AQ: FakeQuantizer,
+                T: Tape<f32, Cpu> + Merge<T>,
+            > Module<Tensor<($($dim,)* Const<I>,), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
+        {
+            type Output = Tensor<($($dim,)* Const<O>,), f32, Cpu, T>;
+            type Error = QuantError;
+
+            fn try_forward(
+                &self,
+                x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
+            ) -> Result<Self::Output> {
+                let $x = self.input_quantizer.fake_quantize(x)?;
+                let $b: Tensor<Rank1<O>, f32, Cpu, T> =
+                    super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
+                let $w = self.quantized_weight::<T>()?.try_permute::<_, Axes2<1, 0>>()?;
+                $apply
+            }
+        }
+
+        impl<
+                $($dim: Dim,)*
+                const I: usize,
+                const O: usize,
+                WQ: FakeQuantizer,
+                AQ: FakeQuantizer,
+                T: Tape<f32, Cpu> + Merge<T>,
+            > ModuleMut<Tensor<($($dim,)* Const<I>,), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
+        {
+            type Output = Tensor<($($dim,)* Const<O>,), f32, Cpu, T>;
+            type Error = QuantError;
+
+            fn try_forward_mut(
+                &mut self,
+                x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
+            ) -> Result<Self::Output> {
+                let $x = self.input_quantizer.fake_quantize_mut(x)?;
+                // Weights calibrate from themselves: while calibrating, the observer sees the
+                // weight on every step and the weight passes through.
+                let $w = self
+                    .weights_quantizer
+                    .fake_quantize_mut(self.weight.retaped::<T>())?
+                    .try_permute::<_, Axes2<1, 0>>()?;
+                let $b: Tensor<Rank1<O>, f32, Cpu, T> =
+                    super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
+                $apply
+            }
+        }
+    )+};
 }
 
-impl<
-        B: Dim,
-        const I: usize,
-        const O: usize,
-        WQ: FakeQuantizer,
-        AQ: FakeQuantizer,
-        T: Tape<f32, Cpu> + Merge<T>,
-    > Module<Tensor<(B, Const<I>), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
-{
-    type Output = Tensor<(B, Const<O>), f32, Cpu, T>;
-    type Error = QuantError;
-
-    fn try_forward(&self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.fake_quantize(x)?;
-        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-        linear_2d(x, self.quantized_weight::<T>()?, bias)
-    }
-}
-
-impl<
-        B: Dim,
-        const I: usize,
-        const O: usize,
-        WQ: FakeQuantizer,
-        AQ: FakeQuantizer,
-        T: Tape<f32, Cpu> + Merge<T>,
-    > ModuleMut<Tensor<(B, Const<I>), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
-{
-    type Output = Tensor<(B, Const<O>), f32, Cpu, T>;
-    type Error = QuantError;
-
-    fn try_forward_mut(&mut self, x: Tensor<(B, Const<I>), f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.fake_quantize_mut(x)?;
-        // Weights calibrate from themselves: while calibrating, the observer sees the weight on
-        // every step and the weight passes through.
-        let w = self
-            .weights_quantizer
-            .fake_quantize_mut(self.weight.retaped::<T>())?;
-        let bias = super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-        linear_2d(x, w, bias)
-    }
-}
+linear_modules!(
+    [] => |x, w, bias| Ok(x.try_matmul(w)?.try_add(bias)?);
+    [B] => |x, w, bias| {
+        let y = x.try_matmul(w)?;
+        let shape = *y.shape();
+        Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
+    };
+    [B, S] => |x, w, bias| {
+        let y = x.try_matmul(w)?;
+        let shape = *y.shape();
+        Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
+    };
+);
 
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QuantizedModule
     for QLinear<I, O, WQ, AQ>
