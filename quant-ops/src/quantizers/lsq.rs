@@ -83,11 +83,8 @@ impl TrainableQuantizer for Lsq {
         grid: IntegerGrid,
         axis: Option<usize>,
     ) -> Result<QParams> {
-        let zero_points = params
-            .values(1, axis)
-            .iter()
-            .map(|z| kernels::round_zero_point(*z, grid.quant_min(), grid.quant_max()))
-            .collect::<Result<Vec<i32>>>()?;
+        let zero_points =
+            kernels::round_zero_points(params.values(1, axis), grid.quant_min(), grid.quant_max())?;
         QParams::new(self.scales(params, axis), zero_points, axis)
     }
 

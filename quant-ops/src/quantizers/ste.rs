@@ -31,11 +31,11 @@ pub(crate) fn read_affine(
     axis: Option<usize>,
 ) -> Result<QParams> {
     let scales = params.values(0, axis).to_vec();
-    let zero_points = params
-        .values(1, axis)
-        .iter()
-        .map(|z| quant_core::kernels::round_zero_point(*z, grid.quant_min(), grid.quant_max()))
-        .collect::<Result<Vec<i32>>>()?;
+    let zero_points = quant_core::kernels::round_zero_points(
+        params.values(1, axis),
+        grid.quant_min(),
+        grid.quant_max(),
+    )?;
     QParams::new(scales, zero_points, axis)
 }
 
