@@ -309,9 +309,15 @@ impl QParams {
     }
 }
 
+/// What [`check_scale`] accepts: finite and at least the smallest normal `f32`.
+#[inline(always)]
+pub(crate) fn is_valid_scale(s: f32) -> bool {
+    s.is_finite() && s >= f32::MIN_POSITIVE
+}
+
 /// Checks that a scale is finite, positive and normal (so its reciprocal is finite too).
 pub(crate) fn check_scale(s: f32, what: impl FnOnce() -> String) -> Result<()> {
-    if s.is_finite() && s >= f32::MIN_POSITIVE {
+    if is_valid_scale(s) {
         Ok(())
     } else {
         Err(QuantError::InvalidScale {

@@ -375,10 +375,7 @@ pub fn lsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
         } else {
             vec![0.0; C]
         };
-        let zi = zf
-            .iter()
-            .map(|z| kernels::round_zero_point(*z, qmin, qmax))
-            .collect::<Result<Vec<i32>>>()?;
+        let zi = kernels::round_zero_points(&zf, qmin, qmax)?;
         Ok((scales, zf, zi))
     };
     custom_op(

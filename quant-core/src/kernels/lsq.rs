@@ -10,7 +10,7 @@ use super::driver::{
     BLOCK, CHUNK, LANES,
 };
 use super::params::{affines, check_len, check_range, fast_path, Affine};
-use super::round::{clamp, Round};
+use super::round::{clamp, rne, Round};
 use super::torch::Torch;
 use crate::error::{QuantError, Result};
 use crate::quantizer::ChannelLayout;
@@ -358,9 +358,28 @@ pub fn round_zero_point(zero_point: f32, quant_min: i32, quant_max: i32) -> Resu
             value: f64::NAN,
         });
     }
-    Ok(zero_point
-        .clamp(quant_min as f32, quant_max as f32)
-        .round_ties_even() as i32)
+    let z = zero_point.clamp(quant_min as f32, quant_max as f32);
+    // `round_ties_even` is a libm call on baseline x86-64; the add-and-subtract rounding is
+    // the same function where it is exact.
+    let rounded = if z.abs() <= (1 << 22) as f32 {
+        rne(z)
+    } else {
+        z.round_ties_even()
+    };
+    Ok(rounded as i32)
+}
+
+/// [`round_zero_point`] for every channel's zero point.
+///
+/// # Errors
+/// As [`round_zero_point`], for the first zero point that fails.
+pub fn round_zero_points(zero_points: &[f32], quant_min: i32, quant_max: i32) -> Result<Vec<i32>> {
+    // A plain loop, not a `collect` of `Result`s: this runs on every training step.
+    let mut rounded = Vec::with_capacity(zero_points.len());
+    for z in zero_points {
+        rounded.push(round_zero_point(*z, quant_min, quant_max)?);
+    }
+    Ok(rounded)
 }
 
 /// PyTorch's `_fake_quantize_learnable_per_tensor_affine_backward`, the LSQ gradient: returns
@@ -485,10 +504,7 @@ fn lsq_backward_to<O: GradOut>(
             value: grad_factor as f64,
         });
     }
-    let zps = zero_points
-        .iter()
-        .map(|z| round_zero_point(*z, quant_min, quant_max))
-        .collect::<Result<Vec<i32>>>()?;
+    let zps = round_zero_points(zero_points, quant_min, quant_max)?;
     let params = affines(scales, &zps, quant_min, quant_max, layout.channels)?;
     if x.is_empty() {
         return Ok(());

@@ -80,7 +80,7 @@ pub use fake_quant::{
 };
 pub use lsq::{
     fake_quantize_learnable_affine_backward_into,
-    fake_quantize_learnable_per_tensor_affine_backward, round_zero_point,
+    fake_quantize_learnable_per_tensor_affine_backward, round_zero_point, round_zero_points,
 };
 pub use pact::{pact_alpha, pact_backward_into, pact_forward_into};
 pub use ste::fake_quantize_affine_backward_into;

@@ -2,7 +2,7 @@
 //! family shares.
 
 use crate::error::{QuantError, Result};
-use crate::grid::check_scale;
+use crate::grid::{check_scale, is_valid_scale};
 
 /// Largest `|quant_min|`, `|quant_max|`, `|quant_min - zero_point|`, `|quant_max - zero_point|`
 /// the fast path handles.
@@ -47,23 +47,10 @@ pub(super) fn check_len(what: &str, expected: usize, actual: usize) -> Result<()
     Ok(())
 }
 
-fn affine(
-    scale: f32,
-    zero_point: i32,
-    quant_min: i32,
-    quant_max: i32,
-    what: impl Fn() -> String,
-) -> Result<Affine> {
-    check_scale(scale, || format!("{}scale", what()))?;
-    if zero_point < quant_min || zero_point > quant_max {
-        return Err(QuantError::InvalidZeroPoint {
-            what: format!("{}zero_point", what()),
-            value: zero_point as f64,
-            quant_min,
-            quant_max,
-        });
-    }
-    Ok(Affine {
+/// One channel's constants, unchecked (see [`affines`]).
+#[inline(always)]
+fn affine(scale: f32, zero_point: i32, quant_min: i32, quant_max: i32) -> Affine {
+    Affine {
         scale,
         // PyTorch: `float inv_scale = 1.0f / scale;` and a multiplication, never a division.
         inv: 1.0 / scale,
@@ -73,7 +60,33 @@ fn affine(
         zero_point_i: zero_point,
         quant_min: quant_min as f32,
         quant_max: quant_max as f32,
-    })
+    }
+}
+
+/// Why channel `channel` of `channels` has no valid constants.
+#[cold]
+fn affine_error(
+    scale: f32,
+    zero_point: i32,
+    quant_min: i32,
+    quant_max: i32,
+    channel: usize,
+    channels: usize,
+) -> QuantError {
+    let what = if channels == 1 {
+        String::new()
+    } else {
+        format!("channel {channel}: ")
+    };
+    if let Err(e) = check_scale(scale, || format!("{what}scale")) {
+        return e;
+    }
+    QuantError::InvalidZeroPoint {
+        what: format!("{what}zero_point"),
+        value: zero_point as f64,
+        quant_min,
+        quant_max,
+    }
 }
 
 /// Every channel's constants, checked: one scale and one zero point per channel.
@@ -88,20 +101,16 @@ pub(super) fn affines(
     for (what, len) in [("scales", scales.len()), ("zero_points", zero_points.len())] {
         check_len(what, channels, len)?;
     }
-    scales
-        .iter()
-        .zip(zero_points)
-        .enumerate()
-        .map(|(c, (s, z))| {
-            affine(*s, *z, quant_min, quant_max, || {
-                if channels == 1 {
-                    String::new()
-                } else {
-                    format!("channel {c}: ")
-                }
-            })
-        })
-        .collect()
+    // A plain loop: collecting per-channel `Result`s cost more than the kernel itself on
+    // weight tensors of a few hundred channels, twice per training step.
+    let mut params = Vec::with_capacity(scales.len());
+    for (c, (s, z)) in scales.iter().zip(zero_points).enumerate() {
+        if !(is_valid_scale(*s) && (quant_min..=quant_max).contains(z)) {
+            return Err(affine_error(*s, *z, quant_min, quant_max, c, channels));
+        }
+        params.push(affine(*s, *z, quant_min, quant_max));
+    }
+    Ok(params)
 }
 
 /// Whether the range and every channel's bounds fit the exact fast rounding.

@@ -9,7 +9,7 @@ pub(super) const MAGIC: f32 = 12_582_912.0;
 const MAGIC_BITS: i32 = 0x4B40_0000;
 
 #[inline(always)]
-fn rne(v: f32) -> f32 {
+pub(super) fn rne(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 

@@ -745,3 +745,46 @@ fn allocating_forms_equal_the_into_forms_bit_for_bit() {
         assert_eq!(y, y_into, "{level} per channel");
     });
 }
+
+#[test]
+fn zero_points_round_half_to_even_at_every_magnitude() {
+    let (qmin, qmax) = (i32::MIN, i32::MAX);
+    let mut zs: Vec<f32> = vec![
+        0.0,
+        -0.0,
+        0.5,
+        -0.5,
+        1.5,
+        -1.5,
+        2.5,
+        -2.5,
+        0.49999997,
+        -0.49999997,
+    ];
+    // Around the edge of the add-and-subtract rounding (2^22) and beyond, where floats are
+    // halves and then integers.
+    for e in 20..=31 {
+        let p = (1u64 << e) as f32;
+        for d in [-1.5f32, -1.0, -0.5, 0.0, 0.5, 1.0, 1.5] {
+            zs.extend([p + d, -(p + d)]);
+        }
+    }
+    zs.extend((-400..400).map(|k| k as f32 * 0.25));
+    for z in zs {
+        let expected = z.clamp(qmin as f32, qmax as f32).round_ties_even() as i32;
+        assert_eq!(
+            round_zero_point(z, qmin, qmax).unwrap(),
+            expected,
+            "z = {z}"
+        );
+    }
+    // Clamped first, then rounded.
+    assert_eq!(round_zero_point(300.5, 0, 255).unwrap(), 255);
+    assert_eq!(round_zero_point(-7.5, -8, 7).unwrap(), -8);
+    assert_eq!(
+        round_zero_points(&[0.5, 1.5, -2.5, 9.0], -8, 7).unwrap(),
+        vec![0, 2, -2, 7]
+    );
+    assert!(round_zero_points(&[0.0, f32::NAN], -8, 7).is_err());
+    assert!(round_zero_points(&[1.0], 7, -8).is_err());
+}

@@ -110,11 +110,7 @@ pub(crate) fn read_zero_points(
     grid: IntegerGrid,
     axis: Option<usize>,
 ) -> Result<Vec<i32>> {
-    params
-        .values(1, axis)
-        .iter()
-        .map(|z| kernels::round_zero_point(*z, grid.quant_min(), grid.quant_max()))
-        .collect()
+    kernels::round_zero_points(params.values(1, axis), grid.quant_min(), grid.quant_max())
 }
 
 /// Stores `qparams` as (scale, zero point) slots, adjusted to `method`: Symmetric zeroes the
