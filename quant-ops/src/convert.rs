@@ -64,6 +64,13 @@ pub enum LayerKind {
     LayerNorm,
     /// An embedding table (dfdx's `Embedding`): slot `weights`, per row.
     Embedding,
+    /// Attention's `Q·Kᵀ` (layer `<attention>.scores` of a
+    /// [`QMultiHeadAttention`](crate::layers::QMultiHeadAttention)): slots `query` and `key`,
+    /// its two inputs.
+    AttentionScores,
+    /// Attention's `softmax(·)·V` (layer `<attention>.context`): slots `probs` (the softmax
+    /// output) and `value`, its two inputs.
+    AttentionContext,
     /// A user's own layer wrapped by `#[derive(QuantizedLayer)]`: one weights slot per
     /// quantized field (named like the field), and `input` when it quantizes its input.
     Custom,
@@ -71,7 +78,7 @@ pub enum LayerKind {
 
 impl LayerKind {
     /// Every kind.
-    pub const ALL: [LayerKind; 11] = [
+    pub const ALL: [LayerKind; 13] = [
         LayerKind::Linear,
         LayerKind::Conv2d,
         LayerKind::MaxPool2d,
@@ -82,6 +89,8 @@ impl LayerKind {
         LayerKind::GlobalMaxPool,
         LayerKind::LayerNorm,
         LayerKind::Embedding,
+        LayerKind::AttentionScores,
+        LayerKind::AttentionContext,
         LayerKind::Custom,
     ];
 
@@ -97,6 +106,8 @@ impl LayerKind {
             | LayerKind::LayerNorm => &[Slot::INPUT],
             LayerKind::Add => &[Slot::INPUT, Slot::OUTPUT],
             LayerKind::Embedding => &[Slot::WEIGHTS],
+            LayerKind::AttentionScores => &[Slot::QUERY, Slot::KEY],
+            LayerKind::AttentionContext => &[Slot::PROBS, Slot::VALUE],
             LayerKind::Custom => &[],
         }
     }
@@ -111,10 +122,15 @@ impl LayerKind {
     }
 
     /// Whether a policy's defaults (`[weights]`, `[input]`) apply to its (non-optional) slots:
-    /// layers with weights, and adds (an integer add needs its inputs quantized); the slots of
-    /// other kinds stay float unless their kind's table or an override turns them on.
+    /// layers with weights, adds and attention's matrix products (an integer add or matrix
+    /// product needs its inputs quantized); the slots of other kinds stay float unless their
+    /// kind's table or an override turns them on.
     pub fn quantized_by_default(self) -> bool {
-        self.has_weights() || self == LayerKind::Add
+        self.has_weights()
+            || matches!(
+                self,
+                LayerKind::Add | LayerKind::AttentionScores | LayerKind::AttentionContext
+            )
     }
 }
 
@@ -143,7 +159,7 @@ impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no quantized twin: quant cannot convert it",
     label = "this layer cannot be converted",
-    note = "quant converts dfdx's Linear, LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_ops::nn's Conv2d, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
+    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_ops::nn's Conv2d, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
     note = "for a layer of your own, derive `QuantizedLayer` on it (its tensors become quantizer slots), or implement `Convert` for it"
 )]
 pub trait Convert {

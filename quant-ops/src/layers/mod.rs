@@ -6,6 +6,9 @@
 //!   input quantizer. The quantizers are type parameters: [`TensorQuantizer`] by default, or a
 //!   quantizer fixed at compile time that owns its own typed parameters ([`FakeQuantizer`]).
 //! - [`QuantInput`]: quantizes the input of any module (pooling, flatten, ...).
+//! - [`QMultiHeadAttention`], [`QTransformerEncoderBlock`]: dfdx's attention and encoder
+//!   block, with quantized projections and quantizers on the inputs of both attention matrix
+//!   products.
 //! - [`Float`]: a float module inside a quantized model.
 //!
 //! Every layer declares its quantizer [`Slot`]s (`weights`, `input`, ...); every quantizer is
@@ -15,6 +18,7 @@
 //! module lowers itself into the [graph IR](crate::graph) ([`QuantizedModule::lower`]) for
 //! export and integer inference.
 
+mod attention;
 mod conv;
 mod embedding;
 #[doc(hidden)]
@@ -26,6 +30,9 @@ mod param;
 mod quantizer;
 mod residual;
 
+pub use attention::{
+    AttentionQuantizers, QFeedForward, QLinearOn, QMultiHeadAttention, QTransformerEncoderBlock,
+};
 pub use conv::QConv2d;
 pub use embedding::QEmbedding;
 pub use float::Float;
@@ -228,6 +235,24 @@ impl Slot {
         per_channel: false,
         optional: true,
     };
+    /// The queries `Q`, left input of attention's `Q·Kᵀ`, per tensor.
+    pub const QUERY: Slot = Slot::activation("query");
+    /// The keys `K`, right input of attention's `Q·Kᵀ`, per tensor.
+    pub const KEY: Slot = Slot::activation("key");
+    /// The attention probabilities (the softmax output), left input of `probs·V`, per tensor.
+    pub const PROBS: Slot = Slot::activation("probs");
+    /// The values `V`, right input of attention's `probs·V`, per tensor.
+    pub const VALUE: Slot = Slot::activation("value");
+
+    /// A per-tensor activation slot the policy's defaults quantize.
+    const fn activation(name: &'static str) -> Slot {
+        Slot {
+            name,
+            target: QuantizationTarget::Activation,
+            per_channel: false,
+            optional: false,
+        }
+    }
 }
 
 /// One quantizer slot of a model, as [`QuantizedModule::visit_slots`] visits it.
