@@ -9,26 +9,28 @@ use syn::Path;
 /// when it is a direct dependency or the crate itself, else `::quant::core` through the facade,
 /// else `::quant_core` (the compiler then says it is missing; `crate = path` overrides).
 pub fn core_path() -> Path {
+    runtime_path("quant-core", "core")
+}
+
+/// The path to a runtime package as the calling crate sees it: `::package` (or its renamed
+/// name) when it is a direct dependency or the crate itself, else `::quant::facade_module`
+/// through the facade, else `::package`.
+fn runtime_path(package: &str, facade_module: &str) -> Path {
     let ident = |name: &str| syn::Ident::new(&name.replace('-', "_"), Span::call_site());
-    if let Ok(found) = crate_name("quant-core") {
-        return match found {
-            FoundCrate::Itself => syn::parse_quote!(::quant_core),
-            FoundCrate::Name(name) => {
-                let name = ident(&name);
-                syn::parse_quote!(::#name)
-            }
-        };
+    let own = ident(package);
+    match crate_name(package) {
+        Ok(FoundCrate::Itself) => return syn::parse_quote!(::#own),
+        Ok(FoundCrate::Name(name)) => {
+            let name = ident(&name);
+            return syn::parse_quote!(::#name);
+        }
+        Err(_) => {}
     }
-    if let Ok(found) = crate_name("quant") {
-        return match found {
-            FoundCrate::Itself => syn::parse_quote!(::quant_core),
-            FoundCrate::Name(name) => {
-                let name = ident(&name);
-                syn::parse_quote!(::#name::core)
-            }
-        };
+    if let Ok(FoundCrate::Name(facade)) = crate_name("quant") {
+        let (facade, module) = (ident(&facade), ident(facade_module));
+        return syn::parse_quote!(::#facade::#module);
     }
-    syn::parse_quote!(::quant_core)
+    syn::parse_quote!(::#own)
 }
 
 /// Errors collected while checking an attribute, reported together.
@@ -55,24 +57,5 @@ impl Errors {
 /// it is a direct dependency or the crate itself, else `::quant::quant_ops` through the facade,
 /// else `::quant_ops` (the compiler then says it is missing; `crate = path` overrides).
 pub fn ops_path() -> Path {
-    let ident = |name: &str| syn::Ident::new(&name.replace('-', "_"), Span::call_site());
-    if let Ok(found) = crate_name("quant-ops") {
-        return match found {
-            FoundCrate::Itself => syn::parse_quote!(::quant_ops),
-            FoundCrate::Name(name) => {
-                let name = ident(&name);
-                syn::parse_quote!(::#name)
-            }
-        };
-    }
-    if let Ok(found) = crate_name("quant") {
-        return match found {
-            FoundCrate::Itself => syn::parse_quote!(::quant_ops),
-            FoundCrate::Name(name) => {
-                let name = ident(&name);
-                syn::parse_quote!(::#name::quant_ops)
-            }
-        };
-    }
-    syn::parse_quote!(::quant_ops)
+    runtime_path("quant-ops", "quant_ops")
 }

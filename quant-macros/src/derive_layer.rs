@@ -10,21 +10,13 @@ use syn::{DeriveInput, Ident};
 
 use crate::crate_path::Errors;
 use crate::derive_common::{
-    concrete_collection, doc, float_collection, rebuilt, with_type_param, Derive, FieldInfo, Paths,
-    StructInfo, Visit,
+    self, concrete_collection, doc, float_collection, quantized_module_impl, rebuilt, refuse_lowering,
+    with_type_param, Derive, FieldInfo, Paths, StructInfo, Visit,
 };
 
 /// Expands `#[derive(QuantizedLayer)]`.
 pub fn expand(input: DeriveInput) -> TokenStream {
-    let mut errors = Errors::default();
-    let info = StructInfo::parse(Derive::Layer, &input, &mut errors);
-    if let Some(info) = &info {
-        check(info, &mut errors);
-    }
-    match info {
-        Some(info) if errors.is_empty() => generate(&info),
-        _ => errors.to_compile_errors(),
-    }
+    derive_common::expand(Derive::Layer, &input, check, generate)
 }
 
 /// The quantizer field of weights field `f`.
@@ -91,18 +83,9 @@ fn check(info: &StructInfo, errors: &mut Errors) {
 fn generate(info: &StructInfo) -> TokenStream {
     let ops = info.ops_path();
     let paths = Paths::new(&ops);
-    let Paths {
-        sup,
-        dfdx,
-        cpu,
-        result,
-    } = &paths;
+    let Paths { sup, dfdx, cpu, .. } = &paths;
     let ident = &info.ident;
-    let wrapper = info
-        .options
-        .name
-        .clone()
-        .unwrap_or_else(|| format_ident!("Q{}", ident));
+    let wrapper = info.generated_name();
     let vis = &info.vis;
     let generics = info.concrete_generics();
     let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
@@ -180,30 +163,8 @@ fn generate(info: &StructInfo) -> TokenStream {
     };
 
     // ----- TensorCollection: the layer's fields under their own names, then the quantizers -----
-    let layer_visits: Vec<Visit> = info
-        .fields
-        .iter()
-        .map(|f| {
-            let fi = &f.ident;
-            Visit {
-                name: f.name.clone(),
-                place: quote!(#fi),
-                tensor: f.is_tensor,
-            }
-        })
-        .collect();
-    let mut wrapper_visits: Vec<Visit> = info
-        .fields
-        .iter()
-        .map(|f| {
-            let fi = &f.ident;
-            Visit {
-                name: f.name.clone(),
-                place: quote!(layer.#fi),
-                tensor: f.is_tensor,
-            }
-        })
-        .collect();
+    let layer_visits = info.field_visits(|f| quote!(#f));
+    let mut wrapper_visits = info.field_visits(|f| quote!(layer.#f));
     for q in &qf {
         wrapper_visits.push(Visit {
             name: q.to_string(),
@@ -273,44 +234,32 @@ fn generate(info: &StructInfo) -> TokenStream {
          model from built-in layers to export it, or implement `QuantizedModule` for a wrapper \
          of your own whose `lower` adds the layer's ops"
     );
-    let quantized_module = quote! {
-        impl #impl_generics #sup::QuantizedModule for #wrapper_ty #where_clause {
-            fn visit_slots(
-                &mut self,
-                name: &str,
-                f: &mut dyn FnMut(#sup::SlotRef<'_>) -> #result<()>,
-            ) -> #result<()> {
-                #visit_input
-                #(
-                    f(#sup::SlotRef {
-                        layer: name,
-                        kind: #sup::LayerKind::Custom,
-                        slot: #sup::Slot {
-                            name: #slot_names,
-                            target: #sup::QuantizationTarget::Weights,
-                            per_channel: #per_channel,
-                            optional: false,
-                        },
-                        quantizer: &mut self.#qf,
-                    })?;
-                )*
-                ::core::result::Result::Ok(())
-            }
-
-            fn lower(
-                &self,
-                name: &str,
-                g: &mut #sup::GraphBuilder,
-                x: #sup::ValueId,
-            ) -> ::core::result::Result<#sup::ValueId, #sup::ExportError> {
-                #lower_input
-                ::core::result::Result::Err(#sup::ExportError::Unsupported {
-                    layer: ::std::string::ToString::to_string(name),
-                    reason: ::std::string::ToString::to_string(#no_graph),
-                })
-            }
-        }
-    };
+    let quantized_module = quantized_module_impl(
+        &paths,
+        &generics,
+        &wrapper_ty,
+        quote! {
+            #visit_input
+            #(
+                f(#sup::SlotRef {
+                    layer: name,
+                    kind: #sup::LayerKind::Custom,
+                    slot: #sup::Slot {
+                        name: #slot_names,
+                        target: #sup::QuantizationTarget::Weights,
+                        per_channel: #per_channel,
+                        optional: false,
+                    },
+                    quantizer: &mut self.#qf,
+                })?;
+            )*
+            ::core::result::Result::Ok(())
+        },
+        {
+            let refuse = refuse_lowering(&paths, &no_graph);
+            quote!(#lower_input #refuse)
+        },
+    );
 
     // ----- forward -----
     let x = format_ident!("__X");

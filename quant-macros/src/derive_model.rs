@@ -8,21 +8,13 @@ use syn::{DeriveInput, Ident};
 
 use crate::crate_path::Errors;
 use crate::derive_common::{
-    binding, doc, float_collection, visit_fields, with_type_param, Derive, FieldInfo, Paths,
-    StructInfo, Visit,
+    self, binding, doc, float_collection, quantized_module_impl, refuse_lowering, visit_fields,
+    with_type_param, Derive, FieldInfo, Paths, StructInfo,
 };
 
 /// Expands `#[derive(QuantizedModel)]`.
 pub fn expand(input: DeriveInput) -> TokenStream {
-    let mut errors = Errors::default();
-    let info = StructInfo::parse(Derive::Model, &input, &mut errors);
-    if let Some(info) = &info {
-        check(info, &mut errors);
-    }
-    match info {
-        Some(info) if errors.is_empty() => generate(&info),
-        _ => errors.to_compile_errors(),
-    }
+    derive_common::expand(Derive::Model, &input, check, generate)
 }
 
 fn check(info: &StructInfo, errors: &mut Errors) {
@@ -51,15 +43,9 @@ fn twin_type(f: &FieldInfo, paths: &Paths) -> TokenStream {
 fn generate(info: &StructInfo) -> TokenStream {
     let ops = info.ops_path();
     let paths = Paths::new(&ops);
-    let Paths {
-        sup, dfdx, result, ..
-    } = &paths;
+    let Paths { sup, dfdx, .. } = &paths;
     let ident = &info.ident;
-    let twin = info
-        .options
-        .name
-        .clone()
-        .unwrap_or_else(|| format_ident!("Q{}", ident));
+    let twin = info.generated_name();
     let vis = &info.vis;
     let names: Vec<&String> = info.fields.iter().map(|f| &f.name).collect();
     let fields: Vec<&Ident> = info.fields.iter().map(|f| &f.ident).collect();
@@ -116,18 +102,8 @@ fn generate(info: &StructInfo) -> TokenStream {
     };
 
     // ----- TensorCollection of both -----
-    let visits: Vec<Visit> = info
-        .fields
-        .iter()
-        .map(|f| {
-            let fi = &f.ident;
-            Visit {
-                name: f.name.clone(),
-                place: quote!(#fi),
-                tensor: false,
-            }
-        })
-        .collect();
+    // No field is a tensor (`check` rejects them): every visit is a module.
+    let visits = info.field_visits(|f| quote!(#f));
     let twin_collection = {
         let mut g = twin_generics.clone();
         g.params.push(syn::parse_quote!(__E: #dfdx::shapes::Dtype));
@@ -175,12 +151,10 @@ fn generate(info: &StructInfo) -> TokenStream {
              its graph form cannot be derived from; implement `QuantizedModule` for `{twin}` \
              yourself, or let the derive write a forward pass that runs the fields in order"
         );
+        let refuse = refuse_lowering(&paths, &reason);
         quote! {
             let _ = (g, x);
-            ::core::result::Result::Err(#sup::ExportError::Unsupported {
-                layer: ::std::string::ToString::to_string(name),
-                reason: ::std::string::ToString::to_string(#reason),
-            })
+            #refuse
         }
     } else {
         quote! {
@@ -197,28 +171,16 @@ fn generate(info: &StructInfo) -> TokenStream {
                     .push(syn::parse_quote!(#p: #sup::QuantizedModule));
             }
         }
-        let (ig, _, wc) = g.split_for_impl();
-        quote! {
-            impl #ig #sup::QuantizedModule for #twin_ty #wc {
-                fn visit_slots(
-                    &mut self,
-                    name: &str,
-                    f: &mut dyn FnMut(#sup::SlotRef<'_>) -> #result<()>,
-                ) -> #result<()> {
-                    #(#sup::QuantizedModule::visit_slots(&mut self.#fields, &#sup::join_name(name, #names), f)?;)*
-                    ::core::result::Result::Ok(())
-                }
-
-                fn lower(
-                    &self,
-                    name: &str,
-                    g: &mut #sup::GraphBuilder,
-                    x: #sup::ValueId,
-                ) -> ::core::result::Result<#sup::ValueId, #sup::ExportError> {
-                    #lower_body
-                }
-            }
-        }
+        quantized_module_impl(
+            &paths,
+            &g,
+            &twin_ty,
+            quote! {
+                #(#sup::QuantizedModule::visit_slots(&mut self.#fields, &#sup::join_name(name, #names), f)?;)*
+                ::core::result::Result::Ok(())
+            },
+            lower_body,
+        )
     };
     let quantize = quote! {
         impl #consts_impl #sup::Convert for #float_concrete #consts_where {

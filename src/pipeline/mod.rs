@@ -204,6 +204,31 @@ fn output_error(e: OutputError) -> RunError {
     }
 }
 
+/// What the tasks of a run's seeds share. Each seed runs with its own copy of the run file (the
+/// policy records the layers it matched), locked for the task; a seed's two tasks never run at
+/// once, so its lock is never contended.
+struct SeedTasks<'a> {
+    configs: Vec<Mutex<RunConfig>>,
+    opts: &'a RunOptions,
+    data: &'a Digits,
+    seeds: &'a [u64],
+    progress: MultiProgress,
+}
+
+impl SeedTasks<'_> {
+    /// Runs `task` for the seed at index `i`.
+    fn run<T>(&self, i: usize, task: impl FnOnce(&Seed<'_>) -> T) -> T {
+        let cfg = lock(&self.configs[i]);
+        task(&Seed {
+            cfg: &cfg,
+            opts: self.opts,
+            data: self.data,
+            seed: self.seeds[i],
+            progress: &self.progress,
+        })
+    }
+}
+
 /// Runs every seed of `cfg` on the network `N`, seeds in parallel on the threads of the
 /// current rayon pool (see `schedule`), and assembles the report in seed order.
 fn run_net<N: Net>(
@@ -243,35 +268,27 @@ where
     let float_after: Vec<Option<usize>> = (0..seeds.len())
         .map(|i| seeds[..i].iter().rposition(|s| *s == seeds[i]))
         .collect();
-    // Each seed converts with its own copy of the run file (the policy records the layers it
-    // matched); a seed's two tasks never run at once, so its lock is never contended.
-    let configs: Vec<Mutex<RunConfig>> = seeds.iter().map(|_| Mutex::new(cfg.clone())).collect();
+    let tasks = SeedTasks {
+        configs: seeds.iter().map(|_| Mutex::new(cfg.clone())).collect(),
+        opts,
+        data,
+        seeds,
+        progress,
+    };
     let export = Mutex::new(export);
     let finished = Mutex::new((0usize, on_seed));
     let outcomes = run_seeds(
         float_after,
         |i| {
-            let cfg = lock(&configs[i]);
-            let seed = Seed {
-                cfg: &cfg,
-                opts,
-                data,
-                seed: seeds[i],
-                progress: &progress,
-            };
-            stages::float_model::<N>(&seed, cache_files[i].as_deref())
+            tasks.run(i, |seed| {
+                stages::float_model::<N>(seed, cache_files[i].as_deref())
+            })
         },
         |i, float| {
-            let cfg = lock(&configs[i]);
-            let seed = Seed {
-                cfg: &cfg,
-                opts,
-                data,
-                seed: seeds[i],
-                progress: &progress,
-            };
-            let staged = if i == 0 { lock(&export).take() } else { None };
-            let outcome = stages::quantized::<N>(&seed, float, i == 0, staged)?;
+            let outcome = tasks.run(i, |seed| {
+                let staged = if i == 0 { lock(&export).take() } else { None };
+                stages::quantized::<N>(seed, float, i == 0, staged)
+            })?;
             let mut finished = lock(&finished);
             finished.0 += 1;
             let done = finished.0;

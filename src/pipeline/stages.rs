@@ -28,6 +28,23 @@ use crate::digits::Digits;
 /// Batch size of evaluation (no tape: only memory).
 const EVAL_BATCH: usize = 256;
 
+/// The training [`Phase`] of a config section: `[float]` and `[qat]` name the same settings.
+macro_rules! phase_of {
+    ($section:expr) => {{
+        let section = $section;
+        Phase {
+            epochs: section.epochs,
+            batch_size: section.batch_size,
+            lr: section.lr,
+            schedule: section.schedule,
+            shift: section.shift,
+            optimizer: section.optimizer,
+            weight_decay: section.weight_decay,
+            label_smoothing: section.label_smoothing,
+        }
+    }};
+}
+
 /// What every stage of one seed reads.
 pub(crate) struct Seed<'a> {
     /// The seed's own copy of the run file (conversion records which layers a policy matched).
@@ -85,16 +102,7 @@ pub(crate) fn float_model<N: Net>(
     };
     if !from_cache {
         let f = &s.cfg.float;
-        let phase = Phase {
-            epochs: f.epochs,
-            batch_size: f.batch_size,
-            lr: f.lr,
-            schedule: f.schedule,
-            shift: f.shift,
-            optimizer: f.optimizer,
-            weight_decay: f.weight_decay,
-            label_smoothing: f.label_smoothing,
-        };
+        let phase = phase_of!(f);
         let b = s.bar(phase.epochs as u64, "float");
         train::train::<N::Float, N::Input>(
             &dev,
@@ -200,16 +208,7 @@ pub(crate) fn qat<N: Net>(
             let x = input::<N::Input>(dev, pixels, n)?;
             Ok(float.model.try_forward(x)?.as_vec())
         };
-        let phase = Phase {
-            epochs: q.epochs,
-            batch_size: q.batch_size,
-            lr: q.lr,
-            schedule: q.schedule,
-            shift: q.shift,
-            optimizer: q.optimizer,
-            weight_decay: q.weight_decay,
-            label_smoothing: q.label_smoothing,
-        };
+        let phase = phase_of!(q);
         let b = s.bar(phase.epochs as u64, "QAT");
         train::train::<N::Quantized, N::Input>(
             dev,

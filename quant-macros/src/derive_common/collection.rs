@@ -1,4 +1,5 @@
-//! The paths the expansions use and the dfdx `TensorCollection` boilerplate.
+//! The paths the expansions use, the dfdx `TensorCollection` boilerplate, and the frame of the
+//! `QuantizedModule` impl both derives emit.
 
 use proc_macro2::TokenStream;
 use quote::{format_ident, quote, ToTokens};
@@ -193,6 +194,52 @@ pub fn float_collection(info: &StructInfo, paths: &Paths, visits: &[Visit]) -> T
                 visitor.visit_fields(#fields, |#pattern| #ident { #(#inits,)* })
             }
         }
+    }
+}
+
+/// `impl QuantizedModule for self_ty` (with `generics`' parameters and where-clause):
+/// `visit_slots` runs the tokens `visit_slots` (with `name` and `f` in scope), `lower` runs the
+/// tokens `lower` (with `name`, `g` and `x` in scope).
+pub fn quantized_module_impl(
+    paths: &Paths,
+    generics: &Generics,
+    self_ty: &TokenStream,
+    visit_slots: TokenStream,
+    lower: TokenStream,
+) -> TokenStream {
+    let Paths { sup, result, .. } = paths;
+    let (impl_generics, _, where_clause) = generics.split_for_impl();
+    quote! {
+        impl #impl_generics #sup::QuantizedModule for #self_ty #where_clause {
+            fn visit_slots(
+                &mut self,
+                name: &str,
+                f: &mut dyn FnMut(#sup::SlotRef<'_>) -> #result<()>,
+            ) -> #result<()> {
+                #visit_slots
+            }
+
+            fn lower(
+                &self,
+                name: &str,
+                g: &mut #sup::GraphBuilder,
+                x: #sup::ValueId,
+            ) -> ::core::result::Result<#sup::ValueId, #sup::ExportError> {
+                #lower
+            }
+        }
+    }
+}
+
+/// A `lower` body for a layer the graph IR cannot describe: an `ExportError::Unsupported`
+/// naming the layer (`name`), with `reason`.
+pub fn refuse_lowering(paths: &Paths, reason: &str) -> TokenStream {
+    let sup = &paths.sup;
+    quote! {
+        ::core::result::Result::Err(#sup::ExportError::Unsupported {
+            layer: ::std::string::ToString::to_string(name),
+            reason: ::std::string::ToString::to_string(#reason),
+        })
     }
 }
 

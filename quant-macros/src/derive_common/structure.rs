@@ -1,8 +1,8 @@
-//! The checks of the struct's shape and generics, and the substitution of its dtype/device
-//! parameters.
+//! The checks of the struct's shape and generics, the substitution of its dtype/device
+//! parameters, and the frame of both derives' expansion.
 
 use proc_macro2::{TokenStream, TokenTree};
-use quote::{quote, ToTokens};
+use quote::{format_ident, quote, ToTokens};
 use syn::ext::IdentExt;
 use syn::punctuated::Punctuated;
 use syn::{
@@ -13,7 +13,7 @@ use syn::{
 use crate::crate_path::{ops_path, Errors};
 
 use super::attrs::*;
-use super::collection::{cpu_path, Paths};
+use super::collection::{cpu_path, Paths, Visit};
 
 /// A named field of the struct.
 pub struct FieldInfo {
@@ -198,12 +198,40 @@ fn substitute(tokens: TokenStream, from: &[&Ident], to: &[TokenStream]) -> Token
     out
 }
 
+/// Expands a derive: parses the struct for `derive`, runs the derive's own `check`, then
+/// `generate`s the items, or reports every error found, all at once.
+pub fn expand(
+    derive: Derive,
+    input: &DeriveInput,
+    check: fn(&StructInfo, &mut Errors),
+    generate: fn(&StructInfo) -> TokenStream,
+) -> TokenStream {
+    let mut errors = Errors::default();
+    let info = StructInfo::parse(derive, input, &mut errors);
+    if let Some(info) = &info {
+        check(info, &mut errors);
+    }
+    match info {
+        Some(info) if errors.is_empty() => generate(&info),
+        _ => errors.to_compile_errors(),
+    }
+}
+
 impl StructInfo {
     /// Checks the derive input: a struct with named fields, supported generics, valid
     /// `#[quantized(...)]` arguments. Field-specific checks are the caller's.
     pub fn parse(derive: Derive, input: &DeriveInput, errors: &mut Errors) -> Option<StructInfo> {
         let options = struct_options(derive, &input.ident, &input.attrs, errors);
         let (dtype, device) = generic_pair(derive, &input.generics, errors);
+        let not_a_struct = |token: &dyn ToTokens, what: &str| {
+            syn::Error::new_spanned(
+                token,
+                format!(
+                    "#[derive({})] applies to a struct with named fields, not to {what}",
+                    derive.name()
+                ),
+            )
+        };
         let named = match &input.data {
             Data::Struct(s) => match &s.fields {
                 Fields::Named(named) => Some(named),
@@ -233,23 +261,11 @@ impl StructInfo {
                 }
             },
             Data::Enum(e) => {
-                errors.push(syn::Error::new_spanned(
-                    e.enum_token,
-                    format!(
-                        "#[derive({})] applies to a struct with named fields, not to an enum",
-                        derive.name()
-                    ),
-                ));
+                errors.push(not_a_struct(&e.enum_token, "an enum"));
                 None
             }
             Data::Union(u) => {
-                errors.push(syn::Error::new_spanned(
-                    u.union_token,
-                    format!(
-                        "#[derive({})] applies to a struct with named fields, not to a union",
-                        derive.name()
-                    ),
-                ));
+                errors.push(not_a_struct(&u.union_token, "a union"));
                 None
             }
         };
@@ -309,6 +325,28 @@ impl StructInfo {
     /// `ty` for `f32` on the CPU (`cpu` the path to dfdx's `Cpu`).
     fn concrete_type(&self, ty: &Type, cpu: &TokenStream) -> Type {
         self.substituted(ty, quote!(f32), cpu.clone())
+    }
+
+    /// The name of the generated quantized type: `#[quantized(name = ...)]`, or `Q` + the
+    /// struct's name.
+    pub fn generated_name(&self) -> Ident {
+        self.options
+            .name
+            .clone()
+            .unwrap_or_else(|| format_ident!("Q{}", self.ident))
+    }
+
+    /// One visit per field, under the field's name, at `place(field)` (`quote!(#field)`, or
+    /// `quote!(layer.#field)` inside a wrapper).
+    pub fn field_visits(&self, place: impl Fn(&Ident) -> TokenStream) -> Vec<Visit> {
+        self.fields
+            .iter()
+            .map(|f| Visit {
+                name: f.name.clone(),
+                place: place(&f.ident),
+                tensor: f.is_tensor,
+            })
+            .collect()
     }
 
     /// The path to quant-ops.

@@ -151,14 +151,11 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
     output(m, values[m.output].take(), n)
 }
 
-/// The `(channels, height, width)` of a pooling node's input maps (value `a`) and the
-/// `(height, width)` of its output maps (value `y`).
-fn pool_dims(
-    m: &IntegerModel,
-    a: usize,
-    y: usize,
-    node: &str,
-) -> Result<((usize, usize, usize), (usize, usize))> {
+/// A pooling node's input maps `(channels, height, width)` and output maps `(height, width)`.
+type PoolDims = ((usize, usize, usize), (usize, usize));
+
+/// The [`PoolDims`] of a pooling node reading value `a` and writing value `y`.
+fn pool_dims(m: &IntegerModel, a: usize, y: usize, node: &str) -> Result<PoolDims> {
     match (m.layouts[a], m.layouts[y]) {
         (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) => Ok(((c, h, w), (oh, ow))),
         _ => Err(internal(node)),

@@ -3,8 +3,9 @@
 //! so the sharpness α and the range `[l, u]` all learn.
 
 use quant_core::{
-    kernels, IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams, QuantizerConfig,
-    QuantizerInput, Result, TrainableQuantizer,
+    kernels, ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank, ParamBankMut,
+    ParamDecl, QParams, QuantizerConfig, QuantizerInput, Result, TrainableQuantizer,
+    WeightsQuantizer, WeightsQuantizerConfig,
 };
 use quant_macros::mark_quantizer;
 
@@ -133,11 +134,23 @@ engine_quantizer! {
     /// DSQ weights quantizer (per channel by default). Option `alpha` sets the initial sharpness
     /// (default 0.2).
     #[mark_quantizer(target = Weights, method = [Uniform], id = Dsq)]
-    pub struct DsqWeightsQuantizer(Dsq) for Weights;
+    pub struct DsqWeightsQuantizer(Dsq);
+}
+
+impl WeightsQuantizer for DsqWeightsQuantizer {
+    fn from_config(config: &WeightsQuantizerConfig) -> Result<Self> {
+        Ok(DsqWeightsQuantizer(Dsq::new(config.clone().into())?))
+    }
 }
 
 engine_quantizer! {
     /// DSQ activation quantizer (per tensor). Option `alpha` as for weights.
     #[mark_quantizer(target = Activation, method = [Uniform], id = Dsq)]
-    pub struct DsqActivationQuantizer(Dsq) for Activation;
+    pub struct DsqActivationQuantizer(Dsq);
+}
+
+impl ActivationQuantizer for DsqActivationQuantizer {
+    fn from_config(config: &ActivationQuantizerConfig) -> Result<Self> {
+        Ok(DsqActivationQuantizer(Dsq::new(config.clone().into())?))
+    }
 }

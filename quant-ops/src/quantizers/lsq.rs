@@ -2,8 +2,9 @@
 //! point, are trained with the gradient of PyTorch's `_fake_quantize_learnable_*_affine`.
 
 use quant_core::{
-    kernels, IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams, QuantizationMethod,
-    QuantizerConfig, QuantizerInput, Result, TrainableQuantizer, MIN_SCALE,
+    kernels, ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank, ParamBankMut,
+    ParamDecl, QParams, QuantizationMethod, QuantizerConfig, QuantizerInput, Result,
+    TrainableQuantizer, WeightsQuantizer, WeightsQuantizerConfig, MIN_SCALE,
 };
 use quant_macros::mark_quantizer;
 
@@ -130,12 +131,24 @@ engine_quantizer! {
     /// from the weights (min/max, or the `LsqInit` observer `2·mean|w|/sqrt(qmax)` when the policy
     /// says so). Option `grad_factor` overrides LSQ's gradient scale `1/sqrt(numel·qmax)`.
     #[mark_quantizer(target = Weights, method = [Symmetric, Uniform], id = Lsq)]
-    pub struct LsqWeightsQuantizer(Lsq) for Weights;
+    pub struct LsqWeightsQuantizer(Lsq);
+}
+
+impl WeightsQuantizer for LsqWeightsQuantizer {
+    fn from_config(config: &WeightsQuantizerConfig) -> Result<Self> {
+        Ok(LsqWeightsQuantizer(Lsq::new(config.clone().into())?))
+    }
 }
 
 engine_quantizer! {
     /// LSQ activation quantizer: a per-tensor learned step size (and zero point for Uniform),
     /// initialised from the first batch. Option `grad_factor` as for weights.
     #[mark_quantizer(target = Activation, method = [Symmetric, Uniform], id = Lsq)]
-    pub struct LsqActivationQuantizer(Lsq) for Activation;
+    pub struct LsqActivationQuantizer(Lsq);
+}
+
+impl ActivationQuantizer for LsqActivationQuantizer {
+    fn from_config(config: &ActivationQuantizerConfig) -> Result<Self> {
+        Ok(LsqActivationQuantizer(Lsq::new(config.clone().into())?))
+    }
 }

@@ -164,30 +164,17 @@ pub(crate) fn add_param_grads(dparams: &mut ParamBankMut<'_>, grads: &[(usize, &
     }
 }
 
-/// Declares a target-specific quantizer around a shared engine (a type with
-/// `fn new(QuantizerConfig) -> Result<Self>` and a `TrainableQuantizer` impl): the struct with
-/// its docs and `#[mark_quantizer]` attribute, its `from_config`, and a `TrainableQuantizer`
-/// impl that delegates to the engine, so the weights and activation quantizers of one training
-/// method share one implementation.
+/// Declares a target-specific quantizer around a shared engine: the struct (a newtype of the
+/// engine, with the given docs and `#[mark_quantizer]` attribute) and a `TrainableQuantizer`
+/// impl that delegates to the engine, so the weights and activation quantizers of one
+/// training method share one implementation. Each file writes its `from_config` itself, so
+/// the compiler's list of implementors (shown to a user whose own quantizer lacks one) points
+/// at plain code.
 macro_rules! engine_quantizer {
-    ($(#[$attr:meta])* pub struct $name:ident($engine:ident) for Weights;) => {
-        engine_quantizer!(@impl $(#[$attr])* $name($engine)
-            quant_core::WeightsQuantizer, quant_core::WeightsQuantizerConfig);
-    };
-    ($(#[$attr:meta])* pub struct $name:ident($engine:ident) for Activation;) => {
-        engine_quantizer!(@impl $(#[$attr])* $name($engine)
-            quant_core::ActivationQuantizer, quant_core::ActivationQuantizerConfig);
-    };
-    (@impl $(#[$attr:meta])* $name:ident($engine:ident) $target:path, $config:path) => {
+    ($(#[$attr:meta])* pub struct $name:ident($engine:ident);) => {
         $(#[$attr])*
         #[derive(Debug, Clone)]
         pub struct $name($engine);
-
-        impl $target for $name {
-            fn from_config(config: &$config) -> quant_core::Result<Self> {
-                Ok($name($engine::new(config.clone().into())?))
-            }
-        }
 
         impl quant_core::TrainableQuantizer for $name {
             fn config(&self) -> &quant_core::QuantizerConfig {

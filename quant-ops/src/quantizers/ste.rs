@@ -2,8 +2,9 @@
 //! gradient `dy` inside the grid and 0 outside.
 
 use quant_core::{
-    IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams, QuantizerConfig, QuantizerInput,
-    Result, TrainableQuantizer,
+    ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank, ParamBankMut,
+    ParamDecl, QParams, QuantizerConfig, QuantizerInput, Result, TrainableQuantizer,
+    WeightsQuantizer, WeightsQuantizerConfig,
 };
 use quant_macros::mark_quantizer;
 
@@ -78,12 +79,24 @@ engine_quantizer! {
     /// calibration (min/max of the weights by default, per channel unless configured per tensor)
     /// and stay fixed; the gradient passes through inside the grid.
     #[mark_quantizer(target = Weights, method = [Symmetric, PowerOfTwo, Uniform], id = Ste)]
-    pub struct SteWeightsQuantizer(Ste) for Weights;
+    pub struct SteWeightsQuantizer(Ste);
+}
+
+impl WeightsQuantizer for SteWeightsQuantizer {
+    fn from_config(config: &WeightsQuantizerConfig) -> Result<Self> {
+        Ok(SteWeightsQuantizer(Ste::new(config.clone().into())?))
+    }
 }
 
 engine_quantizer! {
     /// Straight-through activation quantizer: per-tensor parameters from calibration, fixed
     /// during training.
     #[mark_quantizer(target = Activation, method = [Symmetric, PowerOfTwo, Uniform], id = Ste)]
-    pub struct SteActivationQuantizer(Ste) for Activation;
+    pub struct SteActivationQuantizer(Ste);
+}
+
+impl ActivationQuantizer for SteActivationQuantizer {
+    fn from_config(config: &ActivationQuantizerConfig) -> Result<Self> {
+        Ok(SteActivationQuantizer(Ste::new(config.clone().into())?))
+    }
 }
