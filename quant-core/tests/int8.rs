@@ -8,8 +8,8 @@ use std::sync::Once;
 
 use proptest::prelude::*;
 use quant_core::int8::{
-    fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, requantize_u8, rounding_shift, Isa,
-    PackedMatrix, Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
+    fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, requantize_u8, rounding_shift,
+    DepthwiseFilter, Isa, PackedMatrix, Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
 };
 use quant_core::{QuantError, RoundingPolicy};
 
@@ -256,6 +256,65 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Each channel's window sums from the definition (padding is the real value 0), on every
+    /// path; channel counts around the vector widths (8, 16) leave tails.
+    #[test]
+    fn depthwise_matches_the_definition_on_every_path(
+        h in 1usize..7,
+        w in 1usize..7,
+        c in prop_oneof![Just(1usize), Just(16usize), Just(17usize), 1usize..40],
+        kernel in (1usize..4, 1usize..4),
+        stride in (1usize..3, 1usize..3),
+        padding in (0usize..3, 0usize..3),
+        zero in prop_oneof![3 => 0i32..=255, 1 => -1000i32..1000],
+        range in 0u8..3,
+        seed in any::<u64>(),
+    ) {
+        let input: Vec<u8> = (0..h * w * c).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 17) as u8).collect();
+        let spread = [129i64, 256, 65536][range as usize];
+        let weights: Vec<i32> = (0..c * kernel.0 * kernel.1)
+            .map(|i| ((seed.rotate_left(i as u32 % 64).wrapping_mul(i as u64 * 2 + 1) >> 20) as i64 % spread - spread / 2) as i32)
+            .collect();
+        let bias: Vec<i32> = (0..c).map(|ch| (seed >> (ch % 32)) as i32 % 100_000).collect();
+        let window = Window { kernel: [kernel.0, kernel.1], stride: [stride.0, stride.1], padding: [padding.0, padding.1] };
+        let Some([oh, ow]) = window.output_size(h, w) else {
+            let filter = DepthwiseFilter::new(&weights, &bias, c, [kernel.0, kernel.1]).unwrap();
+            let mut out = vec![7i32; 4];
+            prop_assert!(filter.run(&input, [h, w, c], window, zero, &mut out).is_err());
+            prop_assert_eq!(out, vec![7i32; 4]);
+            return Ok(());
+        };
+        let mut expected = vec![0i32; oh * ow * c];
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for ch in 0..c {
+                    let mut sum = bias[ch] as i64;
+                    for ky in 0..kernel.0 {
+                        for kx in 0..kernel.1 {
+                            let y = (oy * stride.0 + ky) as isize - padding.0 as isize;
+                            let x = (ox * stride.1 + kx) as isize - padding.1 as isize;
+                            if y >= 0 && x >= 0 && (y as usize) < h && (x as usize) < w {
+                                let a = input[(y as usize * w + x as usize) * c + ch] as i64;
+                                sum += (a - zero as i64) * weights[(ch * kernel.0 + ky) * kernel.1 + kx] as i64;
+                            }
+                        }
+                    }
+                    expected[(oy * ow + ox) * c + ch] = sum as i32;
+                }
+            }
+        }
+        for isa in paths() {
+            let filter = DepthwiseFilter::with_isa(&weights, &bias, c, [kernel.0, kernel.1], isa).unwrap();
+            let mut out = vec![0i32; oh * ow * c];
+            prop_assert_eq!(filter.run(&input, [h, w, c], window, zero, &mut out).unwrap(), [oh, ow]);
+            prop_assert_eq!(&out, &expected, "path {}", isa);
+        }
+    }
+}
+
 #[test]
 fn saturating_pairs_stay_exact_on_every_path() {
     // 255 · 127 · 2 > 32767: `vpmaddubsw` would saturate on these; 255 · 64 · 2 would not.
@@ -339,6 +398,41 @@ fn bad_arguments_are_errors_that_write_nothing() {
                 .with_isa(isa)
                 .is_err()
         );
+    }
+
+    // Depthwise: filters that do not match their channels or kernel, and runs whose input,
+    // window or output does not match the filter.
+    assert!(DepthwiseFilter::new(&[1, 2, 3], &[0, 0], 2, [1, 2]).is_err());
+    assert!(DepthwiseFilter::new(&[1, 2, 3, 4], &[0], 2, [1, 2]).is_err());
+    assert!(DepthwiseFilter::new(&[], &[], 0, [1, 1]).is_err());
+    let dw = DepthwiseFilter::new(&[1, 2, 3, 4], &[0, 0], 2, [1, 2]).unwrap();
+    let window = Window {
+        kernel: [1, 2],
+        stride: [1, 1],
+        padding: [0, 0],
+    };
+    let mut acc = [7i32; 2];
+    for (input, shape, window, out_len) in [
+        (&[1u8; 3][..], [1, 2, 2], window, 2),
+        (&[1u8; 6][..], [1, 2, 3], window, 2),
+        (&[1u8; 4][..], [1, 2, 2], Window::square(2, 1, 0), 2),
+        (
+            &[1u8; 4][..],
+            [1, 2, 2],
+            Window {
+                stride: [0, 1],
+                ..window
+            },
+            2,
+        ),
+        (&[1u8; 4][..], [1, 2, 2], window, 1),
+    ] {
+        let err = dw.run(input, shape, window, 0, &mut acc[..out_len]);
+        assert!(err.is_err(), "{shape:?} {window:?} {out_len}");
+        assert_eq!(acc, [7; 2]);
+    }
+    for isa in Isa::ALL.into_iter().filter(|i| !i.is_available()) {
+        assert!(DepthwiseFilter::with_isa(&[1], &[0], 1, [1, 1], isa).is_err());
     }
 
     let m = fixed_point_multiplier(0.5).unwrap();

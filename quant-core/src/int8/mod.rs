@@ -1,7 +1,8 @@
 //! Exact integer kernels for int8 inference: a matrix product of `u8` activation codes with
 //! packed weight codes into `i32` ([`gemm_u8`]), requantization of the accumulators into the
-//! next layer's `u8` codes ([`requantize_u8`], [`Requantizer`]), and the NHWC helpers a
-//! convolution needs ([`im2col_u8`], [`max_pool_u8`]).
+//! next layer's `u8` codes ([`requantize_u8`], [`Requantizer`]), the NHWC helpers a
+//! convolution needs ([`im2col_u8`], [`max_pool_u8`]), and depthwise convolution
+//! ([`DepthwiseFilter`], taps accumulated across channels without im2col).
 //!
 //! Every result is exact: the matrix product is the integer sum, modulo `2^32` (so it is the
 //! true value whenever that fits `i32`, which the caller guarantees), and requantization
@@ -12,7 +13,8 @@
 //! The widest instructions the CPU has are chosen at run time ([`Isa::detected`]); a default
 //! build needs no `-C target-cpu`. [`Isa::Portable`] is scalar Rust and the reference: every
 //! other path gives the same bits (the property tests in `quant-core/tests/int8.rs` force each
-//! path the CPU has with [`PackedMatrix::with_isa`] and [`Requantizer::with_isa`]).
+//! path the CPU has with [`PackedMatrix::with_isa`], [`Requantizer::with_isa`] and
+//! [`DepthwiseFilter::with_isa`]).
 //!
 //! | path | weights within ±64 | weights within `i8` | wider weights (`i16`) |
 //! |---|---|---|---|
@@ -50,6 +52,7 @@
 //! # Ok::<(), quant_core::QuantError>(())
 //! ```
 
+mod depthwise;
 mod gemm;
 mod nhwc;
 pub mod nonlinear;
@@ -57,6 +60,7 @@ mod requant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_u8, Window};
 pub use nonlinear::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};

@@ -42,7 +42,11 @@ impl Window {
 
     /// Checks that `input_len` is `h·w·c`, then returns the output size, or an error saying
     /// why the window does not fit.
-    fn checked_output(&self, input_len: usize, [h, w, c]: [usize; 3]) -> Result<[usize; 2]> {
+    pub(super) fn checked_output(
+        &self,
+        input_len: usize,
+        [h, w, c]: [usize; 3],
+    ) -> Result<[usize; 2]> {
         check_len("input", volume("input", [h, w, c])?, input_len)?;
         self.output_size(h, w)
             .filter(|_| h > 0 && w > 0 && c > 0)
@@ -61,7 +65,7 @@ fn volume(what: &str, [a, b, c]: [usize; 3]) -> Result<usize> {
 
 /// The input rows `ky` and columns `kx` of the window at output `(oy, ox)` that lie inside the
 /// input: `(first input row or column, first kernel position inside, kernel positions inside)`.
-fn inside(o: usize, d: usize, window: &Window, len: usize) -> (usize, usize, usize) {
+pub(super) fn inside(o: usize, d: usize, window: &Window, len: usize) -> (usize, usize, usize) {
     let start = (o * window.stride[d]) as isize - window.padding[d] as isize;
     let first_k = (-start).max(0) as usize;
     let end = (start + window.kernel[d] as isize).min(len as isize);

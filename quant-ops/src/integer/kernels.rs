@@ -1,12 +1,13 @@
 //! The runtime's integer kernels: `quant_core::int8` (matrix products, requantization,
-//! im2col and max pooling on `u8` codes, with run-time instruction-set dispatch), plus max
+//! im2col, depthwise convolution and max pooling on `u8` codes, with run-time instruction-set
+//! dispatch), plus max
 //! pooling of `i32` accumulators.
 
 use crate::graph::taps;
 
 pub use quant_core::int8::{
-    fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, rounding_shift, PackedMatrix,
-    Requantizer, Window,
+    fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, rounding_shift, DepthwiseFilter,
+    PackedMatrix, Requantizer, Window,
 };
 
 /// Max pooling of one NHWC sample of accumulators; padding never wins (the `i32` counterpart

@@ -3,7 +3,7 @@
 
 use quant_core::InferableQuantizer;
 
-use super::kernels::{fixed_point_multiplier, PackedMatrix, Requantizer};
+use super::kernels::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 use super::{
     IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
 };
@@ -42,8 +42,10 @@ pub(super) enum Quantize {
 #[derive(Debug, Clone)]
 pub(super) struct Weighted {
     /// Per group: the weight rows of its output channels, `(ky, kx, c)` ordered for a
-    /// convolution.
+    /// convolution. Empty for a depthwise convolution, which runs on `depthwise`.
     pub groups: Vec<PackedMatrix>,
+    /// A depthwise convolution's filters (one input and one output channel per group).
+    pub depthwise: Option<DepthwiseFilter>,
     /// Per group: its output channels' biases.
     pub biases: Vec<Vec<i32>>,
     /// The input's stored zero point.
@@ -206,6 +208,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 cost = rows * (k as u64) * (o as u64);
                 step.weighted = Some(Weighted {
                     groups: vec![PackedMatrix::new(&centered, o, k)?],
+                    depthwise: None,
                     biases: vec![bias],
                     input_zero: g.zero,
                     fan_in: k,
@@ -268,7 +271,13 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 cost = (positions as u64) * (fan_in as u64) * (o as u64);
                 let mut packed = Vec::with_capacity(groups);
                 let mut biases = Vec::with_capacity(groups);
-                for gi in 0..groups {
+                let depthwise = if groups > 1 && cg == 1 && og == 1 {
+                    // One channel in and out per group: the rows are the filters, `[c][ky][kx]`.
+                    Some(DepthwiseFilter::new(&centered, &bias, o, [k, k])?)
+                } else {
+                    None
+                };
+                for gi in (0..groups).filter(|_| depthwise.is_none()) {
                     packed.push(PackedMatrix::new(
                         &centered[gi * og * fan_in..(gi + 1) * og * fan_in],
                         og,
@@ -278,6 +287,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 }
                 step.weighted = Some(Weighted {
                     groups: packed,
+                    depthwise,
                     biases,
                     input_zero: g.zero,
                     fan_in,
@@ -411,15 +421,16 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 return Err(unsupported(name, format!("{}: {reason}", node.op.name())));
             }
         };
-        macs = match macs.checked_add(cost) {
-            Some(m) if m <= MAX_SAMPLE_MACS => m,
-            _ => {
-                return Err(unsupported(
+        macs =
+            match macs.checked_add(cost) {
+                Some(m) if m <= MAX_SAMPLE_MACS => m,
+                _ => return Err(unsupported(
                     name,
-                    format!("one sample would take more than {MAX_SAMPLE_MACS} multiply-adds by here"),
-                ))
-            }
-        };
+                    format!(
+                        "one sample would take more than {MAX_SAMPLE_MACS} multiply-adds by here"
+                    ),
+                )),
+            };
         reps.push(rep);
         layouts.push(layout);
         steps.push(step);

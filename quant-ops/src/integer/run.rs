@@ -99,7 +99,15 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     Some(Buf::I32(v)) => {
                         let mut y = vec![0i32; n * per_out];
                         for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
-                            max_pool_i32(xs, (h, w, c), p.kernel, p.stride, p.padding, (oh, ow), ys);
+                            max_pool_i32(
+                                xs,
+                                (h, w, c),
+                                p.kernel,
+                                p.stride,
+                                p.padding,
+                                (oh, ow),
+                                ys,
+                            );
                         }
                         Buf::I32(y)
                     }
@@ -125,7 +133,9 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 let avg = matches!(node.op, Op::GlobalAvgPool);
                 match (values[a].as_ref(), &m.reps[a]) {
                     (Some(Buf::U8(v)), Rep::Codes(g)) if avg => {
-                        Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| s + (*q as i32 - g.zero)))
+                        Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| {
+                            s + (*q as i32 - g.zero)
+                        }))
                     }
                     (Some(Buf::U8(v)), _) => {
                         Buf::U8(channel_reduce(v, c, h * w, u8::MIN, |s, q| s.max(*q)))
@@ -223,20 +233,36 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let Some(conv) = w.conv else {
         let rows = codes.len() / w.fan_in.max(1);
         let mut acc = vec![0i32; rows * w.out];
-        gemm_u8(codes, rows, w.input_zero, &w.groups[0], &w.biases[0], &mut acc)?;
+        gemm_u8(
+            codes,
+            rows,
+            w.input_zero,
+            &w.groups[0],
+            &w.biases[0],
+            &mut acc,
+        )?;
         return Ok(acc);
     };
     let (h, wd, c) = conv.input;
     let (oh, ow) = conv.output;
     let g = conv.geometry;
-    let groups = w.groups.len();
+    let groups = g.groups.max(1);
     let (cg, og) = (c / groups, w.out / groups);
     let positions = oh * ow;
     let pad = w.input_zero as u8;
     let mut out = vec![0i32; n * positions * w.out];
+    let window = Window::square(g.kernel, g.stride, g.padding);
+    if let Some(filter) = &w.depthwise {
+        for (xs, ys) in codes
+            .chunks(h * wd * c)
+            .zip(out.chunks_mut(positions * w.out))
+        {
+            filter.run(xs, [h, wd, c], window, w.input_zero, ys)?;
+        }
+        return Ok(out);
+    }
     if groups == 1 {
         let mut patches = vec![0u8; n * positions * w.fan_in];
-        let window = Window::square(g.kernel, g.stride, g.padding);
         for (xs, ps) in codes
             .chunks(h * wd * c)
             .zip(patches.chunks_mut(positions * w.fan_in))
@@ -262,14 +288,15 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
             for (p, dst) in sample.chunks_mut(cg).enumerate() {
                 dst.copy_from_slice(&xs[p * c + gi * cg..p * c + (gi + 1) * cg]);
             }
-            im2col_u8(
-                &sample,
-                [h, wd, cg],
-                Window::square(g.kernel, g.stride, g.padding),
-                pad,
-                &mut patches,
+            im2col_u8(&sample, [h, wd, cg], window, pad, &mut patches)?;
+            gemm_u8(
+                &patches,
+                positions,
+                w.input_zero,
+                &w.groups[gi],
+                &w.biases[gi],
+                &mut acc,
             )?;
-            gemm_u8(&patches, positions, w.input_zero, &w.groups[gi], &w.biases[gi], &mut acc)?;
             for p in 0..positions {
                 out[(b * positions + p) * w.out + gi * og..][..og]
                     .copy_from_slice(&acc[p * og..(p + 1) * og]);
@@ -353,7 +380,10 @@ fn output(m: &IntegerModel, value: Option<Buf>, n: usize) -> Result<Vec<f32>> {
         }
         (Some(Buf::U8(codes)), Rep::Codes(g)) => {
             let s = g.scale as f32;
-            codes.iter().map(|q| (*q as i32 - g.zero) as f32 * s).collect()
+            codes
+                .iter()
+                .map(|q| (*q as i32 - g.zero) as f32 * s)
+                .collect()
         }
         _ => return Err(internal(&m.graph.output)),
     };
