@@ -1,0 +1,77 @@
+//! `tensor_collection!`: dfdx's `TensorCollection` for a struct, from the list of its fields.
+//!
+//! dfdx 0.13 has no derive for `TensorCollection`; written by hand, every layer repeats the
+//! visitor frame and names each field three times (key, getter, mutable getter). Here a layer
+//! names each field once, with its key in save files when that differs from the field's name
+//! and its options when it holds a tensor or a scalar rather than a module.
+
+/// Implements `TensorCollection<E, D>` (the generic parameters must be called `E` and `D`):
+///
+/// ```text
+/// tensor_collection! {
+///     impl[generics] Type => Type with E2, D2 $(where [bounds])?;
+///     Name { field, field as "key", field: tensor(options), field: scalar(options) }
+///         $(with { unvisited_field: value, ... })?
+/// }
+/// ```
+///
+/// A field without a kind is a module. `Name(field as "key")` is a one-field tuple struct.
+/// Fields after `with` are not visited: the struct built by a conversion gets those values.
+macro_rules! tensor_collection {
+    (
+        impl[$($generics:tt)*] $ty:ty => $to:ty $(where [$($bounds:tt)*])?;
+        $name:ident { $($field:ident $(as $key:literal)? $(: $kind:ident($options:expr))?),+ $(,)? }
+        $(with { $($unvisited:ident: $value:expr),+ $(,)? })?
+    ) => {
+        impl<$($generics)*> ::dfdx::nn::tensor_collection::TensorCollection<E, D> for $ty
+        $(where $($bounds)*)?
+        {
+            type To<E2: ::dfdx::prelude::Dtype, D2: ::dfdx::prelude::Device<E2>> = $to;
+
+            fn iter_tensors<Visitor: ::dfdx::nn::tensor_collection::ModuleVisitor<Self, E, D>>(
+                visitor: &mut Visitor,
+            ) -> ::std::result::Result<Option<Self::To<Visitor::E2, Visitor::D2>>, Visitor::Err> {
+                visitor.visit_fields(
+                    ($(tensor_collection!(@field $field [$($key)?] [$($kind($options))?]),)+),
+                    |($($field,)+)| $name { $($field,)+ $($($unvisited: $value,)+)? },
+                )
+            }
+        }
+    };
+    (
+        impl[$($generics:tt)*] $ty:ty => $to:ty $(where [$($bounds:tt)*])?;
+        $name:ident($field:tt as $key:literal)
+    ) => {
+        impl<$($generics)*> ::dfdx::nn::tensor_collection::TensorCollection<E, D> for $ty
+        $(where $($bounds)*)?
+        {
+            type To<E2: ::dfdx::prelude::Dtype, D2: ::dfdx::prelude::Device<E2>> = $to;
+
+            fn iter_tensors<Visitor: ::dfdx::nn::tensor_collection::ModuleVisitor<Self, E, D>>(
+                visitor: &mut Visitor,
+            ) -> ::std::result::Result<Option<Self::To<Visitor::E2, Visitor::D2>>, Visitor::Err> {
+                visitor.visit_fields(Self::module($key, |s| &s.$field, |s| &mut s.$field), $name)
+            }
+        }
+    };
+    (@field $field:ident [] [$($kind:ident($options:expr))?]) => {
+        tensor_collection!(@field $field [stringify!($field)] [$($kind($options))?])
+    };
+    (@field $field:ident [$key:expr] []) => {
+        Self::module($key, |s| &s.$field, |s| &mut s.$field)
+    };
+    (@field $field:ident [$key:expr] [$kind:ident($options:expr)]) => {
+        Self::$kind($key, |s| &s.$field, |s| &mut s.$field, $options)
+    };
+}
+
+/// The initialisation of dfdx's `Linear`, which PyTorch's layers share: uniform in
+/// `±1/sqrt(fan_in)`, computed in `E` as dfdx computes it (so that a twin initialises exactly
+/// as the float layer does).
+pub(crate) fn fan_in_uniform<E>(fan_in: usize) -> rand_distr::Uniform<E>
+where
+    E: dfdx::prelude::Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+{
+    let bound: E = E::ONE / E::from_usize(fan_in).unwrap_or(E::ONE).sqrt();
+    rand_distr::Uniform::new(-bound, bound)
+}
