@@ -23,34 +23,31 @@ macro_rules! tensor_collection {
         $name:ident { $($field:ident $(as $key:literal)? $(: $kind:ident($options:expr))?),+ $(,)? }
         $(with { $($unvisited:ident: $value:expr),+ $(,)? })?
     ) => {
-        impl<$($generics)*> ::dfdx::nn::tensor_collection::TensorCollection<E, D> for $ty
-        $(where $($bounds)*)?
-        {
-            type To<E2: ::dfdx::prelude::Dtype, D2: ::dfdx::prelude::Device<E2>> = $to;
-
-            fn iter_tensors<Visitor: ::dfdx::nn::tensor_collection::ModuleVisitor<Self, E, D>>(
-                visitor: &mut Visitor,
-            ) -> ::std::result::Result<Option<Self::To<Visitor::E2, Visitor::D2>>, Visitor::Err> {
-                visitor.visit_fields(
-                    ($(tensor_collection!(@field $field [$($key)?] [$($kind($options))?]),)+),
-                    |($($field,)+)| $name { $($field,)+ $($($unvisited: $value,)+)? },
-                )
-            }
-        }
+        tensor_collection!(@impl [$($generics)*] $ty => $to [$($($bounds)*)?] |visitor| {
+            visitor.visit_fields(
+                ($(tensor_collection!(@field $field [$($key)?] [$($kind($options))?]),)+),
+                |($($field,)+)| $name { $($field,)+ $($($unvisited: $value,)+)? },
+            )
+        });
     };
     (
         impl[$($generics:tt)*] $ty:ty => $to:ty $(where [$($bounds:tt)*])?;
         $name:ident($field:tt as $key:literal)
     ) => {
+        tensor_collection!(@impl [$($generics)*] $ty => $to [$($($bounds)*)?] |visitor| {
+            visitor.visit_fields(Self::module($key, |s| &s.$field, |s| &mut s.$field), $name)
+        });
+    };
+    (@impl [$($generics:tt)*] $ty:ty => $to:ty [$($bounds:tt)*] |$visitor:ident| $body:block) => {
         impl<$($generics)*> ::dfdx::nn::tensor_collection::TensorCollection<E, D> for $ty
-        $(where $($bounds)*)?
+        where $($bounds)*
         {
             type To<E2: ::dfdx::prelude::Dtype, D2: ::dfdx::prelude::Device<E2>> = $to;
 
             fn iter_tensors<Visitor: ::dfdx::nn::tensor_collection::ModuleVisitor<Self, E, D>>(
-                visitor: &mut Visitor,
+                $visitor: &mut Visitor,
             ) -> ::std::result::Result<Option<Self::To<Visitor::E2, Visitor::D2>>, Visitor::Err> {
-                visitor.visit_fields(Self::module($key, |s| &s.$field, |s| &mut s.$field), $name)
+                $body
             }
         }
     };

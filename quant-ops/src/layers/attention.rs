@@ -8,8 +8,8 @@ use dfdx::prelude::*;
 use quant_core::{QuantError, Result};
 
 use super::{
-    join_name, AddQuantizer, Float, QLinear, QResidual, QuantInput, QuantizedModule, Slot, SlotRef,
-    TensorQuantizer,
+    join_name, visit_layer_slots, AddQuantizer, Float, QLinear, QResidual, QuantInput,
+    QuantizedModule, Slot, SlotRef, TensorQuantizer,
 };
 use crate::convert::{Convert, LayerKind};
 use crate::export::ExportError;
@@ -53,42 +53,21 @@ impl AttentionQuantizers {
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        let scores = join_name(name, "scores");
-        let context = join_name(name, "context");
-        for (layer, kind, slot, quantizer) in [
-            (
-                &scores,
-                LayerKind::AttentionScores,
-                Slot::QUERY,
-                &mut self.query,
-            ),
-            (
-                &scores,
-                LayerKind::AttentionScores,
-                Slot::KEY,
-                &mut self.key,
-            ),
-            (
-                &context,
-                LayerKind::AttentionContext,
-                Slot::PROBS,
-                &mut self.probs,
-            ),
-            (
-                &context,
-                LayerKind::AttentionContext,
-                Slot::VALUE,
-                &mut self.value,
-            ),
-        ] {
-            f(SlotRef {
-                layer,
-                kind,
-                slot,
-                quantizer,
-            })?;
-        }
-        Ok(())
+        visit_layer_slots(
+            &join_name(name, "scores"),
+            LayerKind::AttentionScores,
+            [(Slot::QUERY, &mut self.query), (Slot::KEY, &mut self.key)],
+            f,
+        )?;
+        visit_layer_slots(
+            &join_name(name, "context"),
+            LayerKind::AttentionContext,
+            [
+                (Slot::PROBS, &mut self.probs),
+                (Slot::VALUE, &mut self.value),
+            ],
+            f,
+        )
     }
 }
 

@@ -6,7 +6,8 @@ use dfdx::prelude::*;
 use quant_core::{QuantError, Result};
 
 use super::{
-    layer_bias, lower_weighted, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer,
+    layer_bias, lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef,
+    TensorQuantizer,
 };
 use crate::collection::fan_in_uniform;
 use crate::convert::LayerKind;
@@ -173,18 +174,15 @@ impl<
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Conv2d,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })?;
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Conv2d,
-            slot: Slot::WEIGHTS,
-            quantizer: &mut self.weights_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Conv2d,
+            [
+                (Slot::INPUT, &mut self.input_quantizer),
+                (Slot::WEIGHTS, &mut self.weights_quantizer),
+            ],
+            f,
+        )
     }
 
     fn lower(

@@ -6,7 +6,7 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
 use crate::collection::fan_in_uniform;
 use crate::convert::LayerKind;
 use crate::export::ExportError;
@@ -106,12 +106,12 @@ impl<const V: usize, const M: usize, WQ: FakeQuantizer> QuantizedModule for QEmb
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Embedding,
-            slot: Slot::WEIGHTS,
-            quantizer: &mut self.weights_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Embedding,
+            [(Slot::WEIGHTS, &mut self.weights_quantizer)],
+            f,
+        )
     }
 
     fn lower(

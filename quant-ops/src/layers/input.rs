@@ -6,7 +6,7 @@ use dfdx::prelude::*;
 use quant_core::{QuantError, Result};
 
 use super::float::lower_op;
-use super::{join_name, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotRef, TensorQuantizer};
 use crate::convert::InputOnly;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
@@ -72,12 +72,7 @@ impl<M: InputOnly> QuantizedModule for QuantInput<M> {
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: M::KIND,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })
+        visit_layer_slots(name, M::KIND, [(Slot::INPUT, &mut self.input_quantizer)], f)
     }
 
     fn lower(

@@ -6,7 +6,10 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{lower_weighted, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{
+    lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef,
+    TensorQuantizer,
+};
 use crate::collection::fan_in_uniform;
 use crate::convert::LayerKind;
 use crate::export::ExportError;
@@ -161,18 +164,15 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Quant
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Linear,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })?;
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Linear,
-            slot: Slot::WEIGHTS,
-            quantizer: &mut self.weights_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Linear,
+            [
+                (Slot::INPUT, &mut self.input_quantizer),
+                (Slot::WEIGHTS, &mut self.weights_quantizer),
+            ],
+            f,
+        )
     }
 
     fn lower(

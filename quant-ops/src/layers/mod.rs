@@ -274,6 +274,29 @@ impl SlotRef<'_> {
     }
 }
 
+/// Calls `f` with each of `slots` (a slot and its quantizer) as a slot of `layer`, of kind
+/// `kind`, in order: what a layer's [`QuantizedModule::visit_slots`] does with its own
+/// quantizers.
+///
+/// # Errors
+/// The first error of `f`.
+pub(crate) fn visit_layer_slots<const N: usize>(
+    layer: &str,
+    kind: LayerKind,
+    slots: [(Slot, &mut dyn QuantizerControl); N],
+    f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+) -> Result<()> {
+    for (slot, quantizer) in slots {
+        f(SlotRef {
+            layer,
+            kind,
+            slot,
+            quantizer,
+        })?;
+    }
+    Ok(())
+}
+
 /// A quantized model or layer, walked once for everything that needs its structure: its
 /// quantizer slots by dotted name (configuration by a policy, modes, calibration, reports) and
 /// its graph form (export, integer inference, reports).

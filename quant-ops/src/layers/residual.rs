@@ -12,7 +12,7 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{join_name, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotRef, TensorQuantizer};
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, Op, ValueId};
@@ -73,18 +73,15 @@ impl AddQuantizer {
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Add,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })?;
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Add,
-            slot: Slot::OUTPUT,
-            quantizer: &mut self.output_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Add,
+            [
+                (Slot::INPUT, &mut self.input_quantizer),
+                (Slot::OUTPUT, &mut self.output_quantizer),
+            ],
+            f,
+        )
     }
 
     /// Lowers the add of `a` and `b` as node `name`: a quantize node per input
