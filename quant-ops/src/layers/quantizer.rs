@@ -319,6 +319,14 @@ impl<const C: usize> TensorQuantizer<C> {
         .at(self.label())
     }
 
+    /// The error of an operation that needs a configured quantizer, in a slot that has none.
+    fn not_configured(&self) -> QuantError {
+        QuantError::NotInitialized {
+            hint: "no quantizer is configured in this slot".into(),
+        }
+        .at(self.label())
+    }
+
     fn label(&self) -> String {
         if self.name.is_empty() {
             "quantizer".into()
@@ -384,12 +392,7 @@ impl<const C: usize> TensorQuantizer<C> {
     /// switches to Frozen. `grid` fixes the signedness.
     pub fn set_qparams(&mut self, qparams: &QParams, grid: IntegerGrid) -> Result<()> {
         let label = self.label();
-        let setup = self.setup.as_ref().ok_or_else(|| {
-            QuantError::NotInitialized {
-                hint: "no quantizer is configured in this slot".into(),
-            }
-            .at(&label)
-        })?;
+        let setup = self.setup.as_ref().ok_or_else(|| self.not_configured())?;
         let mut bank = merged_bank(&setup.quantizer, &self.learned, &self.fixed);
         setup
             .quantizer
@@ -486,22 +489,16 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
 
     fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
         let label = self.label();
-        let observer = self.observer.as_mut().ok_or_else(|| {
-            QuantError::NotInitialized {
-                hint: "no quantizer is configured in this slot".into(),
-            }
-            .at(&label)
-        })?;
+        let Some(observer) = self.observer.as_mut() else {
+            return Err(self.not_configured());
+        };
         observer.observe(x, layout).map_err(|e| e.at(label))
     }
 
     fn finish_calibration(&mut self) -> Result<()> {
         let label = self.label();
         let (Some(setup), Some(observer)) = (&self.setup, &self.observer) else {
-            return Err(QuantError::NotInitialized {
-                hint: "no quantizer is configured in this slot".into(),
-            }
-            .at(label));
+            return Err(self.not_configured());
         };
         let (mins, _) = observer.ranges().ok_or_else(|| {
             QuantError::NotInitialized {
