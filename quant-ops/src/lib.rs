@@ -51,7 +51,7 @@
 extern crate self as quant_ops;
 
 #[macro_use]
-mod collection;
+mod macros;
 
 pub mod calibration;
 pub mod checkpoint;

@@ -6,8 +6,8 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
+use super::fan_in_uniform;
 use super::{visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
-use crate::collection::fan_in_uniform;
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};

@@ -379,6 +379,17 @@ pub fn lower_weighted(
     g.add(name, op(weight, bias), &[xq])
 }
 
+/// The initialisation of dfdx's `Linear`, which PyTorch's layers share: uniform in
+/// `±1/sqrt(fan_in)`, computed in `E` as dfdx computes it (so that a twin initialises exactly
+/// as the float layer does).
+pub(crate) fn fan_in_uniform<E>(fan_in: usize) -> rand_distr::Uniform<E>
+where
+    E: dfdx::prelude::Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+{
+    let bound: E = E::ONE / E::from_usize(fan_in).unwrap_or(E::ONE).sqrt();
+    rand_distr::Uniform::new(-bound, bound)
+}
+
 /// `prefix.name`, or `name` at the root.
 pub fn join_name(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
@@ -416,12 +427,7 @@ macro_rules! tuple_quantized_module {
         }
     };
 }
-tuple_quantized_module!(A 0);
-tuple_quantized_module!(A 0, B 1);
-tuple_quantized_module!(A 0, B 1, C 2);
-tuple_quantized_module!(A 0, B 1, C 2, D 3);
-tuple_quantized_module!(A 0, B 1, C 2, D 3, E 4);
-tuple_quantized_module!(A 0, B 1, C 2, D 3, E 4, F 5);
+for_each_tuple!(tuple_quantized_module);
 
 /// Model-wide operations on quantizers selected by name pattern.
 pub trait QuantizedModuleExt: QuantizedModule {

@@ -1,9 +1,11 @@
-//! `tensor_collection!`: dfdx's `TensorCollection` for a struct, from the list of its fields.
+//! Macros several modules share.
 //!
-//! dfdx 0.13 has no derive for `TensorCollection`; written by hand, every layer repeats the
-//! visitor frame and names each field three times (key, getter, mutable getter). Here a layer
-//! names each field once, with its key in save files when that differs from the field's name
-//! and its options when it holds a tensor or a scalar rather than a module.
+//! - `tensor_collection!`: dfdx's `TensorCollection` for a struct, from the list of its
+//!   fields. dfdx 0.13 has no derive for it; written by hand, every layer repeats the visitor
+//!   frame and names each field three times (key, getter, mutable getter). Here a layer names
+//!   each field once, with its key in save files when that differs from the field's name and
+//!   its options when it holds a tensor or a scalar rather than a module.
+//! - `for_each_tuple!`: the tuple arities a model may chain, in one place.
 
 /// Implements `TensorCollection<E, D>` (the generic parameters must be called `E` and `D`):
 ///
@@ -62,13 +64,16 @@ macro_rules! tensor_collection {
     };
 }
 
-/// The initialisation of dfdx's `Linear`, which PyTorch's layers share: uniform in
-/// `±1/sqrt(fan_in)`, computed in `E` as dfdx computes it (so that a twin initialises exactly
-/// as the float layer does).
-pub(crate) fn fan_in_uniform<E>(fan_in: usize) -> rand_distr::Uniform<E>
-where
-    E: dfdx::prelude::Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
-{
-    let bound: E = E::ONE / E::from_usize(fan_in).unwrap_or(E::ONE).sqrt();
-    rand_distr::Uniform::new(-bound, bound)
+/// Invokes `$m!` once per tuple arity dfdx implements `Module` for (1 to 6), with the element
+/// type names and indices (`A 0, B 1, ...`), so that conversion and the model walk cover the
+/// same tuples.
+macro_rules! for_each_tuple {
+    ($m:ident) => {
+        $m!(A 0);
+        $m!(A 0, B 1);
+        $m!(A 0, B 1, C 2);
+        $m!(A 0, B 1, C 2, D 3);
+        $m!(A 0, B 1, C 2, D 3, E 4);
+        $m!(A 0, B 1, C 2, D 3, E 4, F 5);
+    };
 }
