@@ -7,18 +7,20 @@
 //!   its options when it holds a tensor or a scalar rather than a module.
 //! - `for_each_tuple!`: the tuple arities a model may chain, in one place.
 
-/// Implements `TensorCollection<E, D>` (the generic parameters must be called `E` and `D`):
+/// Implements `TensorCollection<E, D>` (the dtype and device parameters must be called `E` and
+/// `D`; `To` is written with `E2` and `D2`):
 ///
 /// ```text
 /// tensor_collection! {
-///     impl[generics] Type => Type with E2, D2 $(where [bounds])?;
+///     impl[generics] Type<.., E, D> => Type<.., E2, D2> $(where [bounds])?;
 ///     Name { field, field as "key", field: tensor(options), field: scalar(options) }
 ///         $(with { unvisited_field: value, ... })?
 /// }
 /// ```
 ///
-/// A field without a kind is a module. `Name(field as "key")` is a one-field tuple struct.
-/// Fields after `with` are not visited: the struct built by a conversion gets those values.
+/// A field without a kind is a module; its key in save files is its name unless `as` gives
+/// one. `Name(field as "key")` is a one-field tuple struct. Fields after `with` are not
+/// visited: a struct the visitor rebuilds (on another dtype or device) gets those values.
 macro_rules! tensor_collection {
     (
         impl[$($generics:tt)*] $ty:ty => $to:ty $(where [$($bounds:tt)*])?;

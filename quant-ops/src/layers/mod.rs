@@ -379,9 +379,8 @@ pub fn lower_weighted(
     g.add(name, op(weight, bias), &[xq])
 }
 
-/// The initialisation of dfdx's `Linear`, which PyTorch's layers share: uniform in
-/// `±1/sqrt(fan_in)`, computed in `E` as dfdx computes it (so that a twin initialises exactly
-/// as the float layer does).
+/// PyTorch's default initialisation of a layer's weight and bias, as dfdx's `Linear` computes
+/// it (in `E`): uniform in `±1/sqrt(fan_in)`.
 pub(crate) fn fan_in_uniform<E>(fan_in: usize) -> rand_distr::Uniform<E>
 where
     E: dfdx::prelude::Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
