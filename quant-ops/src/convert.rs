@@ -453,9 +453,4 @@ macro_rules! tuple_convert {
         }
     };
 }
-tuple_convert!(A 0);
-tuple_convert!(A 0, B 1);
-tuple_convert!(A 0, B 1, C 2);
-tuple_convert!(A 0, B 1, C 2, D 3);
-tuple_convert!(A 0, B 1, C 2, D 3, E 4);
-tuple_convert!(A 0, B 1, C 2, D 3, E 4, F 5);
+for_each_tuple!(tuple_convert);

@@ -92,6 +92,17 @@ mod tests {
         bn
     }
 
+    /// Folding reorders float operations: equal up to a few rounding steps.
+    fn assert_close(got: &[f32], reference: &[f32]) {
+        assert_eq!(got.len(), reference.len());
+        for (i, (a, b)) in got.iter().zip(reference).enumerate() {
+            assert!(
+                (a - b).abs() <= 2e-6 * (1.0 + b.abs()),
+                "element {i}: {a} vs {b}"
+            );
+        }
+    }
+
     #[test]
     fn folded_convolution_computes_convolution_then_batchnorm() {
         let dev = Cpu::seed_from_u64(3);
@@ -100,14 +111,7 @@ mod tests {
         let folded = fold_batchnorm(&conv, &bn);
         let x: Tensor<Rank4<4, 3, 9, 9>, f32, Cpu> = dev.sample_normal();
         let reference = bn.forward(conv.forward(x.clone())).as_vec();
-        let got = folded.forward(x).as_vec();
-        assert_eq!(got.len(), reference.len());
-        for (i, (a, b)) in got.iter().zip(&reference).enumerate() {
-            assert!(
-                (a - b).abs() <= 2e-6 * (1.0 + b.abs()),
-                "element {i}: {a} vs {b}"
-            );
-        }
+        assert_close(&folded.forward(x).as_vec(), &reference);
         // The geometry and the input are untouched; only weight and bias change.
         assert_ne!(folded.weight.as_vec(), conv.weight.as_vec());
         assert_ne!(folded.bias.as_vec(), conv.bias.as_vec());
@@ -121,12 +125,7 @@ mod tests {
         let folded = fold_batchnorm(&conv, &bn);
         let x: Tensor<Rank4<2, 4, 6, 6>, f32, Cpu> = dev.sample_normal();
         let reference = bn.forward(conv.forward(x.clone())).as_vec();
-        for (i, (a, b)) in folded.forward(x).as_vec().iter().zip(&reference).enumerate() {
-            assert!(
-                (a - b).abs() <= 2e-6 * (1.0 + b.abs()),
-                "element {i}: {a} vs {b}"
-            );
-        }
+        assert_close(&folded.forward(x).as_vec(), &reference);
     }
 
     #[test]

@@ -50,6 +50,9 @@
 
 extern crate self as quant_ops;
 
+#[macro_use]
+mod macros;
+
 pub mod calibration;
 pub mod checkpoint;
 pub mod convert;

@@ -200,25 +200,11 @@ impl Op {
 
     /// The op's parameters with their shapes (weight, then bias; scale, then shift).
     pub fn parameters(&self) -> Vec<(&Parameter, Vec<usize>)> {
-        match self {
-            Op::Linear {
-                in_features,
-                out_features,
-                weight,
-                bias,
-            } => vec![
-                (weight, vec![*out_features, *in_features]),
-                (bias, vec![*out_features]),
-            ],
-            Op::Conv2d {
-                geometry,
-                weight,
-                bias,
-            } => vec![
-                (weight, geometry.weight_shape().to_vec()),
-                (bias, vec![geometry.out_channels]),
-            ],
-            Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. } => {
+        match (self, self.weight_and_bias_shapes()) {
+            (Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. }, Some([w, b])) => {
+                vec![(weight, w), (bias, b)]
+            }
+            (Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. }, _) => {
                 let c = scale.values.len();
                 vec![(scale, vec![c]), (shift, vec![c])]
             }
@@ -229,28 +215,31 @@ impl Op {
     /// The op's parameters, mutably, with the shapes its geometry gives them (`None` for a
     /// per-channel parameter whose length only the input fixes).
     pub fn parameters_mut(&mut self) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        let shapes = self.weight_and_bias_shapes();
+        match (self, shapes) {
+            (Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. }, Some([w, b])) => {
+                vec![(weight, Some(w)), (bias, Some(b))]
+            }
+            (Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. }, _) => {
+                vec![(scale, None), (shift, None)]
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    /// The shapes of a weighted op's weight and bias, as its geometry fixes them.
+    fn weight_and_bias_shapes(&self) -> Option<[Vec<usize>; 2]> {
         match self {
             Op::Linear {
                 in_features,
                 out_features,
-                weight,
-                bias,
-            } => vec![
-                (weight, Some(vec![*out_features, *in_features])),
-                (bias, Some(vec![*out_features])),
-            ],
-            Op::Conv2d {
-                geometry,
-                weight,
-                bias,
-            } => vec![
-                (weight, Some(geometry.weight_shape().to_vec())),
-                (bias, Some(vec![geometry.out_channels])),
-            ],
-            Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. } => {
-                vec![(scale, None), (shift, None)]
-            }
-            _ => Vec::new(),
+                ..
+            } => Some([vec![*out_features, *in_features], vec![*out_features]]),
+            Op::Conv2d { geometry, .. } => Some([
+                geometry.weight_shape().to_vec(),
+                vec![geometry.out_channels],
+            ]),
+            _ => None,
         }
     }
 

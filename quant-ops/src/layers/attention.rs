@@ -3,14 +3,13 @@
 //! `Repeated` of blocks, so it converts with them).
 
 use dfdx::nn::modules::{LayerNorm1D, MultiHeadAttention, ReLU, TransformerEncoderBlock};
-use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
 use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
 use super::{
-    join_name, AddQuantizer, Float, QLinear, QResidual, QuantInput, QuantizedModule, Slot, SlotRef,
-    TensorQuantizer,
+    join_name, visit_layer_slots, AddQuantizer, Float, QLinear, QResidual, QuantInput,
+    QuantizedModule, Slot, SlotRef, TensorQuantizer,
 };
 use crate::convert::{Convert, LayerKind};
 use crate::export::ExportError;
@@ -54,66 +53,27 @@ impl AttentionQuantizers {
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        let scores = join_name(name, "scores");
-        let context = join_name(name, "context");
-        for (layer, kind, slot, quantizer) in [
-            (
-                &scores,
-                LayerKind::AttentionScores,
-                Slot::QUERY,
-                &mut self.query,
-            ),
-            (
-                &scores,
-                LayerKind::AttentionScores,
-                Slot::KEY,
-                &mut self.key,
-            ),
-            (
-                &context,
-                LayerKind::AttentionContext,
-                Slot::PROBS,
-                &mut self.probs,
-            ),
-            (
-                &context,
-                LayerKind::AttentionContext,
-                Slot::VALUE,
-                &mut self.value,
-            ),
-        ] {
-            f(SlotRef {
-                layer,
-                kind,
-                slot,
-                quantizer,
-            })?;
-        }
-        Ok(())
+        visit_layer_slots(
+            &join_name(name, "scores"),
+            LayerKind::AttentionScores,
+            [(Slot::QUERY, &mut self.query), (Slot::KEY, &mut self.key)],
+            f,
+        )?;
+        visit_layer_slots(
+            &join_name(name, "context"),
+            LayerKind::AttentionContext,
+            [
+                (Slot::PROBS, &mut self.probs),
+                (Slot::VALUE, &mut self.value),
+            ],
+            f,
+        )
     }
 }
 
-impl<E: Dtype, D: Device<E>> TensorCollection<E, D> for AttentionQuantizers<E, D> {
-    type To<E2: Dtype, D2: Device<E2>> = AttentionQuantizers<E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("query", |s| &s.query, |s| &mut s.query),
-                Self::module("key", |s| &s.key, |s| &mut s.key),
-                Self::module("probs", |s| &s.probs, |s| &mut s.probs),
-                Self::module("value", |s| &s.value, |s| &mut s.value),
-            ),
-            |(query, key, probs, value)| AttentionQuantizers {
-                query,
-                key,
-                probs,
-                value,
-            },
-        )
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>] AttentionQuantizers<E, D> => AttentionQuantizers<E2, D2>;
+    AttentionQuantizers { query, key, probs, value }
 }
 
 /// The twin of dfdx's `MultiHeadAttention<M, H, K, V>`: the same computation (`H` heads,
@@ -161,37 +121,16 @@ pub struct QMultiHeadAttention<
     pub matmul_inputs: AttentionQuantizers<E, D>,
 }
 
-impl<const M: usize, const H: usize, const K: usize, const V: usize, E, D: Device<E>>
-    TensorCollection<E, D> for QMultiHeadAttention<M, H, K, V, E, D>
-where
-    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
-{
-    type To<E2: Dtype, D2: Device<E2>> = QMultiHeadAttention<M, H, K, V, E2, D2>;
-
-    fn iter_tensors<Vi: ModuleVisitor<Self, E, D>>(
-        visitor: &mut Vi,
-    ) -> std::result::Result<Option<Self::To<Vi::E2, Vi::D2>>, Vi::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("w_q", |s| &s.w_q, |s| &mut s.w_q),
-                Self::module("w_k", |s| &s.w_k, |s| &mut s.w_k),
-                Self::module("w_v", |s| &s.w_v, |s| &mut s.w_v),
-                Self::module("w_o", |s| &s.w_o, |s| &mut s.w_o),
-                Self::module(
-                    "matmul_inputs",
-                    |s| &s.matmul_inputs,
-                    |s| &mut s.matmul_inputs,
-                ),
-            ),
-            |(w_q, w_k, w_v, w_o, matmul_inputs)| QMultiHeadAttention {
-                w_q,
-                w_k,
-                w_v,
-                w_o,
-                matmul_inputs,
-            },
-        )
-    }
+tensor_collection! {
+    impl[
+        const M: usize,
+        const H: usize,
+        const K: usize,
+        const V: usize,
+        E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+        D: Device<E>,
+    ] QMultiHeadAttention<M, H, K, V, E, D> => QMultiHeadAttention<M, H, K, V, E2, D2>;
+    QMultiHeadAttention { w_q, w_k, w_v, w_o, matmul_inputs }
 }
 
 impl<const M: usize, const H: usize, const K: usize, const V: usize>
@@ -474,33 +413,15 @@ pub struct QTransformerEncoderBlock<
     pub norm2: QuantInput<LayerNorm1D<M, E, D>, E, D>,
 }
 
-impl<const M: usize, const H: usize, const F: usize, E, D: Device<E>> TensorCollection<E, D>
-    for QTransformerEncoderBlock<M, H, F, E, D>
-where
-    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
-{
-    type To<E2: Dtype, D2: Device<E2>> = QTransformerEncoderBlock<M, H, F, E2, D2>;
-
-    fn iter_tensors<Vi: ModuleVisitor<Self, E, D>>(
-        visitor: &mut Vi,
-    ) -> std::result::Result<Option<Self::To<Vi::E2, Vi::D2>>, Vi::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("self_attn", |s| &s.self_attn, |s| &mut s.self_attn),
-                Self::module("add", |s| &s.add, |s| &mut s.add),
-                Self::module("norm1", |s| &s.norm1, |s| &mut s.norm1),
-                Self::module("ff", |s| &s.ff, |s| &mut s.ff),
-                Self::module("norm2", |s| &s.norm2, |s| &mut s.norm2),
-            ),
-            |(self_attn, add, norm1, ff, norm2)| QTransformerEncoderBlock {
-                self_attn,
-                add,
-                norm1,
-                ff,
-                norm2,
-            },
-        )
-    }
+tensor_collection! {
+    impl[
+        const M: usize,
+        const H: usize,
+        const F: usize,
+        E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+        D: Device<E>,
+    ] QTransformerEncoderBlock<M, H, F, E, D> => QTransformerEncoderBlock<M, H, F, E2, D2>;
+    QTransformerEncoderBlock { self_attn, add, norm1, ff, norm2 }
 }
 
 /// `Module` and `ModuleMut` of [`QTransformerEncoderBlock`] on `[seq, M]` and

@@ -1,12 +1,14 @@
 //! `QConv2d`: the stable 2-D convolution with a weights quantizer and an input quantizer.
 
-use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection, TensorOptions};
+use dfdx::nn::tensor_collection::{TensorCollection, TensorOptions};
 use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
+use super::fan_in_uniform;
 use super::{
-    layer_bias, lower_weighted, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer,
+    layer_bias, lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef,
+    TensorQuantizer,
 };
 use crate::convert::LayerKind;
 use crate::export::ExportError;
@@ -41,7 +43,8 @@ pub struct QConv2d<
     pub input_quantizer: AQ,
 }
 
-impl<
+tensor_collection! {
+    impl[
         const C_IN: usize,
         const C_OUT: usize,
         const K: usize,
@@ -49,61 +52,21 @@ impl<
         const P: usize,
         const G: usize,
         const CG: usize,
-        WQ,
-        AQ,
-        E,
-        D,
-    > TensorCollection<E, D> for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ, E, D>
-where
-    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
-    D: Device<E>,
-    WQ: TensorCollection<E, D>,
-    AQ: TensorCollection<E, D>,
-{
-    type To<E2: Dtype, D2: Device<E2>> =
-        QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::tensor(
-                    "weight",
-                    |s| &s.weight,
-                    |s| &mut s.weight,
-                    TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(CG * K * K).unwrap_or(E::ONE).sqrt();
-                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
-                    }),
-                ),
-                Self::tensor(
-                    "bias",
-                    |s| &s.bias,
-                    |s| &mut s.bias,
-                    TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(CG * K * K).unwrap_or(E::ONE).sqrt();
-                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
-                    }),
-                ),
-                Self::module(
-                    "weights_quantizer",
-                    |s| &s.weights_quantizer,
-                    |s| &mut s.weights_quantizer,
-                ),
-                Self::module(
-                    "input_quantizer",
-                    |s| &s.input_quantizer,
-                    |s| &mut s.input_quantizer,
-                ),
-            ),
-            |(weight, bias, weights_quantizer, input_quantizer)| QConv2d {
-                weight,
-                bias,
-                weights_quantizer,
-                input_quantizer,
-            },
-        )
+        WQ: TensorCollection<E, D>,
+        AQ: TensorCollection<E, D>,
+        E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+        D: Device<E>,
+    ] QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ, E, D>
+        => QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
+    QConv2d {
+        weight: tensor(TensorOptions::reset_with(|t| {
+            t.try_fill_with_distr(fan_in_uniform(CG * K * K))
+        })),
+        bias: tensor(TensorOptions::reset_with(|t| {
+            t.try_fill_with_distr(fan_in_uniform(CG * K * K))
+        })),
+        weights_quantizer,
+        input_quantizer,
     }
 }
 
@@ -152,7 +115,9 @@ impl<
 
     fn try_forward(&self, x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.fake_quantize(x)?;
-        let w = self.weights_quantizer.fake_quantize(self.weight.retaped::<T>())?;
+        let w = self
+            .weights_quantizer
+            .fake_quantize(self.weight.retaped::<T>())?;
         let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
         conv2d_grouped(x, w, bias, S, P, G)
     }
@@ -209,18 +174,15 @@ impl<
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Conv2d,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })?;
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Conv2d,
-            slot: Slot::WEIGHTS,
-            quantizer: &mut self.weights_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Conv2d,
+            [
+                (Slot::INPUT, &mut self.input_quantizer),
+                (Slot::WEIGHTS, &mut self.weights_quantizer),
+            ],
+            f,
+        )
     }
 
     fn lower(

@@ -1,12 +1,13 @@
 //! `QEmbedding`: dfdx's `Embedding` with its table quantized per row.
 
 use dfdx::nn::modules::Embedding;
-use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection, TensorOptions};
+use dfdx::nn::tensor_collection::{TensorCollection, TensorOptions};
 use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::fan_in_uniform;
+use super::{visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
@@ -40,39 +41,17 @@ impl<const V: usize, const M: usize> QEmbedding<V, M> {
     }
 }
 
-impl<const V: usize, const M: usize, WQ, E, D> TensorCollection<E, D> for QEmbedding<V, M, WQ, E, D>
-where
-    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
-    D: Device<E>,
-    WQ: TensorCollection<E, D>,
-{
-    type To<E2: Dtype, D2: Device<E2>> = QEmbedding<V, M, WQ::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<Vis: ModuleVisitor<Self, E, D>>(
-        visitor: &mut Vis,
-    ) -> std::result::Result<Option<Self::To<Vis::E2, Vis::D2>>, Vis::Err> {
-        visitor.visit_fields(
-            (
-                Self::tensor(
-                    "weight",
-                    |s| &s.weight,
-                    |s| &mut s.weight,
-                    TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(V).unwrap_or(E::ONE).sqrt();
-                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
-                    }),
-                ),
-                Self::module(
-                    "weights_quantizer",
-                    |s| &s.weights_quantizer,
-                    |s| &mut s.weights_quantizer,
-                ),
-            ),
-            |(weight, weights_quantizer)| QEmbedding {
-                weight,
-                weights_quantizer,
-            },
-        )
+tensor_collection! {
+    impl[
+        const V: usize,
+        const M: usize,
+        WQ: TensorCollection<E, D>,
+        E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+        D: Device<E>,
+    ] QEmbedding<V, M, WQ, E, D> => QEmbedding<V, M, WQ::To<E2, D2>, E2, D2>;
+    QEmbedding {
+        weight: tensor(TensorOptions::reset_with(|t| t.try_fill_with_distr(fan_in_uniform(V)))),
+        weights_quantizer,
     }
 }
 
@@ -127,12 +106,12 @@ impl<const V: usize, const M: usize, WQ: FakeQuantizer> QuantizedModule for QEmb
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Embedding,
-            slot: Slot::WEIGHTS,
-            quantizer: &mut self.weights_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Embedding,
+            [(Slot::WEIGHTS, &mut self.weights_quantizer)],
+            f,
+        )
     }
 
     fn lower(

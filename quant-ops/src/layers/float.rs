@@ -1,6 +1,6 @@
 //! `Float<M>`: a float module inside a quantized model.
 
-use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
+use dfdx::nn::tensor_collection::TensorCollection;
 use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
@@ -18,14 +18,9 @@ use crate::graph::{GraphBuilder, ValueId};
 #[derive(Debug, Clone, Default)]
 pub struct Float<M>(pub M);
 
-impl<E: Dtype, D: Device<E>, M: TensorCollection<E, D>> TensorCollection<E, D> for Float<M> {
-    type To<E2: Dtype, D2: Device<E2>> = Float<M::To<E2, D2>>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(Self::module("inner", |s| &s.0, |s| &mut s.0), Float)
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>, M: TensorCollection<E, D>] Float<M> => Float<M::To<E2, D2>>;
+    Float(0 as "inner")
 }
 
 impl<X, M: Module<X>> Module<X> for Float<M>

@@ -1,12 +1,12 @@
 //! `QuantInput<M>`: quantize the input of any module.
 
-use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
+use dfdx::nn::tensor_collection::TensorCollection;
 use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
 use super::float::lower_op;
-use super::{join_name, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotRef, TensorQuantizer};
 use crate::convert::InputOnly;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
@@ -32,29 +32,10 @@ impl<M> QuantInput<M> {
     }
 }
 
-impl<E: Dtype, D: Device<E>, M: TensorCollection<E, D>> TensorCollection<E, D>
-    for QuantInput<M, E, D>
-{
-    type To<E2: Dtype, D2: Device<E2>> = QuantInput<M::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("module", |s| &s.module, |s| &mut s.module),
-                Self::module(
-                    "input_quantizer",
-                    |s| &s.input_quantizer,
-                    |s| &mut s.input_quantizer,
-                ),
-            ),
-            |(module, input_quantizer)| QuantInput {
-                module,
-                input_quantizer,
-            },
-        )
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>, M: TensorCollection<E, D>] QuantInput<M, E, D>
+        => QuantInput<M::To<E2, D2>, E2, D2>;
+    QuantInput { module, input_quantizer }
 }
 
 impl<S: Shape, T: Tape<f32, Cpu>, M: Module<Tensor<S, f32, Cpu, T>>> Module<Tensor<S, f32, Cpu, T>>
@@ -91,12 +72,7 @@ impl<M: InputOnly> QuantizedModule for QuantInput<M> {
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: M::KIND,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })
+        visit_layer_slots(name, M::KIND, [(Slot::INPUT, &mut self.input_quantizer)], f)
     }
 
     fn lower(

@@ -1,12 +1,16 @@
 //! `QLinear`: dfdx's Linear with a weights quantizer and an input quantizer.
 
 use dfdx::nn::modules::Linear;
-use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection, TensorOptions};
+use dfdx::nn::tensor_collection::{TensorCollection, TensorOptions};
 use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{lower_weighted, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::fan_in_uniform;
+use super::{
+    lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef,
+    TensorQuantizer,
+};
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, Op, ValueId};
@@ -38,57 +42,20 @@ pub struct QLinear<
     pub input_quantizer: AQ,
 }
 
-impl<const I: usize, const O: usize, WQ, AQ, E, D> TensorCollection<E, D>
-    for QLinear<I, O, WQ, AQ, E, D>
-where
-    E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
-    D: Device<E>,
-    WQ: TensorCollection<E, D>,
-    AQ: TensorCollection<E, D>,
-{
-    type To<E2: Dtype, D2: Device<E2>> = QLinear<I, O, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::tensor(
-                    "weight",
-                    |s| &s.weight,
-                    |s| &mut s.weight,
-                    TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(I).unwrap_or(E::ONE).sqrt();
-                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
-                    }),
-                ),
-                Self::tensor(
-                    "bias",
-                    |s| &s.bias,
-                    |s| &mut s.bias,
-                    TensorOptions::reset_with(|t| {
-                        let b: E = E::ONE / E::from_usize(I).unwrap_or(E::ONE).sqrt();
-                        t.try_fill_with_distr(rand_distr::Uniform::new(-b, b))
-                    }),
-                ),
-                Self::module(
-                    "weights_quantizer",
-                    |s| &s.weights_quantizer,
-                    |s| &mut s.weights_quantizer,
-                ),
-                Self::module(
-                    "input_quantizer",
-                    |s| &s.input_quantizer,
-                    |s| &mut s.input_quantizer,
-                ),
-            ),
-            |(weight, bias, weights_quantizer, input_quantizer)| QLinear {
-                weight,
-                bias,
-                weights_quantizer,
-                input_quantizer,
-            },
-        )
+tensor_collection! {
+    impl[
+        const I: usize,
+        const O: usize,
+        WQ: TensorCollection<E, D>,
+        AQ: TensorCollection<E, D>,
+        E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+        D: Device<E>,
+    ] QLinear<I, O, WQ, AQ, E, D> => QLinear<I, O, WQ::To<E2, D2>, AQ::To<E2, D2>, E2, D2>;
+    QLinear {
+        weight: tensor(TensorOptions::reset_with(|t| t.try_fill_with_distr(fan_in_uniform(I)))),
+        bias: tensor(TensorOptions::reset_with(|t| t.try_fill_with_distr(fan_in_uniform(I)))),
+        weights_quantizer,
+        input_quantizer,
     }
 }
 
@@ -197,18 +164,15 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Quant
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Linear,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })?;
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Linear,
-            slot: Slot::WEIGHTS,
-            quantizer: &mut self.weights_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Linear,
+            [
+                (Slot::INPUT, &mut self.input_quantizer),
+                (Slot::WEIGHTS, &mut self.weights_quantizer),
+            ],
+            f,
+        )
     }
 
     fn lower(

@@ -274,6 +274,29 @@ impl SlotRef<'_> {
     }
 }
 
+/// Calls `f` with each of `slots` (a slot and its quantizer) as a slot of `layer`, of kind
+/// `kind`, in order: what a layer's [`QuantizedModule::visit_slots`] does with its own
+/// quantizers.
+///
+/// # Errors
+/// The first error of `f`.
+pub(crate) fn visit_layer_slots<const N: usize>(
+    layer: &str,
+    kind: LayerKind,
+    slots: [(Slot, &mut dyn QuantizerControl); N],
+    f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+) -> Result<()> {
+    for (slot, quantizer) in slots {
+        f(SlotRef {
+            layer,
+            kind,
+            slot,
+            quantizer,
+        })?;
+    }
+    Ok(())
+}
+
 /// A quantized model or layer, walked once for everything that needs its structure: its
 /// quantizer slots by dotted name (configuration by a policy, modes, calibration, reports) and
 /// its graph form (export, integer inference, reports).
@@ -356,6 +379,16 @@ pub fn lower_weighted(
     g.add(name, op(weight, bias), &[xq])
 }
 
+/// PyTorch's default initialisation of a layer's weight and bias, as dfdx's `Linear` computes
+/// it (in `E`): uniform in `±1/sqrt(fan_in)`.
+pub(crate) fn fan_in_uniform<E>(fan_in: usize) -> rand_distr::Uniform<E>
+where
+    E: dfdx::prelude::Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+{
+    let bound: E = E::ONE / E::from_usize(fan_in).unwrap_or(E::ONE).sqrt();
+    rand_distr::Uniform::new(-bound, bound)
+}
+
 /// `prefix.name`, or `name` at the root.
 pub fn join_name(prefix: &str, name: &str) -> String {
     if prefix.is_empty() {
@@ -393,12 +426,7 @@ macro_rules! tuple_quantized_module {
         }
     };
 }
-tuple_quantized_module!(A 0);
-tuple_quantized_module!(A 0, B 1);
-tuple_quantized_module!(A 0, B 1, C 2);
-tuple_quantized_module!(A 0, B 1, C 2, D 3);
-tuple_quantized_module!(A 0, B 1, C 2, D 3, E 4);
-tuple_quantized_module!(A 0, B 1, C 2, D 3, E 4, F 5);
+for_each_tuple!(tuple_quantized_module);
 
 /// Model-wide operations on quantizers selected by name pattern.
 pub trait QuantizedModuleExt: QuantizedModule {

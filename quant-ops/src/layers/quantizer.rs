@@ -4,7 +4,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use dfdx::nn::tensor_collection::{ModuleVisitor, ScalarOptions, TensorCollection, TensorOptions};
+use dfdx::nn::tensor_collection::{ScalarOptions, TensorOptions};
 use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -200,57 +200,18 @@ impl<const C: usize, E: Dtype, D: Storage<E>> fmt::Debug for TensorQuantizer<C, 
     }
 }
 
-impl<const C: usize, E: Dtype, D: Device<E>> TensorCollection<E, D> for TensorQuantizer<C, E, D> {
-    type To<E2: Dtype, D2: Device<E2>> = TensorQuantizer<C, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::tensor(
-                    "learned",
-                    |s| &s.learned,
-                    |s| &mut s.learned,
-                    TensorOptions::reset_to_zeros(),
-                ),
-                Self::tensor(
-                    "fixed",
-                    |s| &s.fixed,
-                    |s| &mut s.fixed,
-                    TensorOptions::detached(|t| t.try_fill_with_zeros()),
-                ),
-                Self::scalar(
-                    "mode",
-                    |s| &s.mode,
-                    |s| &mut s.mode,
-                    ScalarOptions::from_default(0u8),
-                ),
-                Self::scalar(
-                    "signedness",
-                    |s| &s.signedness,
-                    |s| &mut s.signedness,
-                    ScalarOptions::from_default(SIGN_UNRESOLVED),
-                ),
-                Self::scalar(
-                    "initialized",
-                    |s| &s.initialized,
-                    |s| &mut s.initialized,
-                    ScalarOptions::from_default(0u8),
-                ),
-            ),
-            |(learned, fixed, mode, signedness, initialized)| TensorQuantizer {
-                learned,
-                fixed,
-                mode,
-                signedness,
-                initialized,
-                name: String::new(),
-                setup: None,
-                observer: None,
-            },
-        )
+tensor_collection! {
+    impl[const C: usize, E: Dtype, D: Device<E>] TensorQuantizer<C, E, D> => TensorQuantizer<C, E2, D2>;
+    TensorQuantizer {
+        learned: tensor(TensorOptions::reset_to_zeros()),
+        fixed: tensor(TensorOptions::detached(|t| t.try_fill_with_zeros())),
+        mode: scalar(ScalarOptions::from_default(0u8)),
+        signedness: scalar(ScalarOptions::from_default(SIGN_UNRESOLVED)),
+        initialized: scalar(ScalarOptions::from_default(0u8)),
     }
+    // Not visited: a quantizer a visitor rebuilds (on another dtype or device) starts
+    // unconfigured.
+    with { name: String::new(), setup: None, observer: None }
 }
 
 impl<const C: usize> TensorQuantizer<C> {
@@ -358,6 +319,14 @@ impl<const C: usize> TensorQuantizer<C> {
         .at(self.label())
     }
 
+    /// The error of an operation that needs a configured quantizer, in a slot that has none.
+    fn not_configured(&self) -> QuantError {
+        QuantError::NotInitialized {
+            hint: "no quantizer is configured in this slot".into(),
+        }
+        .at(self.label())
+    }
+
     fn label(&self) -> String {
         if self.name.is_empty() {
             "quantizer".into()
@@ -423,12 +392,7 @@ impl<const C: usize> TensorQuantizer<C> {
     /// switches to Frozen. `grid` fixes the signedness.
     pub fn set_qparams(&mut self, qparams: &QParams, grid: IntegerGrid) -> Result<()> {
         let label = self.label();
-        let setup = self.setup.as_ref().ok_or_else(|| {
-            QuantError::NotInitialized {
-                hint: "no quantizer is configured in this slot".into(),
-            }
-            .at(&label)
-        })?;
+        let setup = self.setup.as_ref().ok_or_else(|| self.not_configured())?;
         let mut bank = merged_bank(&setup.quantizer, &self.learned, &self.fixed);
         setup
             .quantizer
@@ -525,22 +489,16 @@ impl<const C: usize> QuantizerControl for TensorQuantizer<C> {
 
     fn observe(&mut self, x: &[f32], layout: ChannelLayout) -> Result<()> {
         let label = self.label();
-        let observer = self.observer.as_mut().ok_or_else(|| {
-            QuantError::NotInitialized {
-                hint: "no quantizer is configured in this slot".into(),
-            }
-            .at(&label)
-        })?;
+        let Some(observer) = self.observer.as_mut() else {
+            return Err(self.not_configured());
+        };
         observer.observe(x, layout).map_err(|e| e.at(label))
     }
 
     fn finish_calibration(&mut self) -> Result<()> {
         let label = self.label();
         let (Some(setup), Some(observer)) = (&self.setup, &self.observer) else {
-            return Err(QuantError::NotInitialized {
-                hint: "no quantizer is configured in this slot".into(),
-            }
-            .at(label));
+            return Err(self.not_configured());
         };
         let (mins, _) = observer.ranges().ok_or_else(|| {
             QuantError::NotInitialized {
@@ -632,4 +590,3 @@ impl<S: Shape, T: Tape<f32, Cpu>> ModuleMut<Tensor<S, f32, Cpu, T>> for TensorQu
         self.fake_quantize_mut(x)
     }
 }
-

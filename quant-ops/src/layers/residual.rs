@@ -12,7 +12,7 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{join_name, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotRef, TensorQuantizer};
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, Op, ValueId};
@@ -73,18 +73,15 @@ impl AddQuantizer {
         name: &str,
         f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
     ) -> Result<()> {
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Add,
-            slot: Slot::INPUT,
-            quantizer: &mut self.input_quantizer,
-        })?;
-        f(SlotRef {
-            layer: name,
-            kind: LayerKind::Add,
-            slot: Slot::OUTPUT,
-            quantizer: &mut self.output_quantizer,
-        })
+        visit_layer_slots(
+            name,
+            LayerKind::Add,
+            [
+                (Slot::INPUT, &mut self.input_quantizer),
+                (Slot::OUTPUT, &mut self.output_quantizer),
+            ],
+            f,
+        )
     }
 
     /// Lowers the add of `a` and `b` as node `name`: a quantize node per input
@@ -112,31 +109,9 @@ impl AddQuantizer {
     }
 }
 
-impl<E: Dtype, D: Device<E>> TensorCollection<E, D> for AddQuantizer<E, D> {
-    type To<E2: Dtype, D2: Device<E2>> = AddQuantizer<E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::module(
-                    "input_quantizer",
-                    |s| &s.input_quantizer,
-                    |s| &mut s.input_quantizer,
-                ),
-                Self::module(
-                    "output_quantizer",
-                    |s| &s.output_quantizer,
-                    |s| &mut s.output_quantizer,
-                ),
-            ),
-            |(input_quantizer, output_quantizer)| AddQuantizer {
-                input_quantizer,
-                output_quantizer,
-            },
-        )
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>] AddQuantizer<E, D> => AddQuantizer<E2, D2>;
+    AddQuantizer { input_quantizer, output_quantizer }
 }
 
 /// The twin of dfdx's `Residual<F>`: `x + F(x)`, the add quantized by an [`AddQuantizer`].
@@ -162,42 +137,17 @@ pub struct QGeneralizedResidual<F, R, E: Dtype = f32, D: Storage<E> = Cpu> {
     pub add: AddQuantizer<E, D>,
 }
 
-impl<E: Dtype, D: Device<E>, F: TensorCollection<E, D>> TensorCollection<E, D>
-    for QResidual<F, E, D>
-{
-    type To<E2: Dtype, D2: Device<E2>> = QResidual<F::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("0", |s| &s.module, |s| &mut s.module),
-                Self::module("add", |s| &s.add, |s| &mut s.add),
-            ),
-            |(module, add)| QResidual { module, add },
-        )
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>, F: TensorCollection<E, D>] QResidual<F, E, D>
+        => QResidual<F::To<E2, D2>, E2, D2>;
+    QResidual { module as "0", add }
 }
 
-impl<E: Dtype, D: Device<E>, F: TensorCollection<E, D>, R: TensorCollection<E, D>>
-    TensorCollection<E, D> for QGeneralizedResidual<F, R, E, D>
-{
-    type To<E2: Dtype, D2: Device<E2>> =
-        QGeneralizedResidual<F::To<E2, D2>, R::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("f", |s| &s.f, |s| &mut s.f),
-                Self::module("r", |s| &s.r, |s| &mut s.r),
-                Self::module("add", |s| &s.add, |s| &mut s.add),
-            ),
-            |(f, r, add)| QGeneralizedResidual { f, r, add },
-        )
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>, F: TensorCollection<E, D>, R: TensorCollection<E, D>]
+        QGeneralizedResidual<F, R, E, D>
+        => QGeneralizedResidual<F::To<E2, D2>, R::To<E2, D2>, E2, D2>;
+    QGeneralizedResidual { f, r, add }
 }
 
 impl<S: Shape, T, F> Module<Tensor<S, f32, Cpu, T>> for QResidual<F>
@@ -248,14 +198,16 @@ where
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let f = self.f.try_forward(x.with_empty_tape()).map_err(Into::into)?;
+        let f = self
+            .f
+            .try_forward(x.with_empty_tape())
+            .map_err(Into::into)?;
         let r = self.r.try_forward(x).map_err(Into::into)?;
         self.add.add(f, r)
     }
 }
 
-impl<S: Shape, O: Shape, T, F, R> ModuleMut<Tensor<S, f32, Cpu, T>>
-    for QGeneralizedResidual<F, R>
+impl<S: Shape, O: Shape, T, F, R> ModuleMut<Tensor<S, f32, Cpu, T>> for QGeneralizedResidual<F, R>
 where
     T: Tape<f32, Cpu> + Merge<T> + Default,
     F: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
@@ -421,32 +373,15 @@ pub struct QAddInto<T, E: Dtype = f32, D: Storage<E> = Cpu> {
     pub add: AddQuantizer<E, D>,
 }
 
-impl<E: Dtype, D: Device<E>, T: TensorCollection<E, D>> TensorCollection<E, D> for QSplitInto<T> {
-    type To<E2: Dtype, D2: Device<E2>> = QSplitInto<T::To<E2, D2>>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(Self::module("0", |s| &s.0, |s| &mut s.0), QSplitInto)
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>, T: TensorCollection<E, D>] QSplitInto<T> => QSplitInto<T::To<E2, D2>>;
+    QSplitInto(0 as "0")
 }
 
-impl<E: Dtype, D: Device<E>, T: TensorCollection<E, D>> TensorCollection<E, D>
-    for QAddInto<T, E, D>
-{
-    type To<E2: Dtype, D2: Device<E2>> = QAddInto<T::To<E2, D2>, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            (
-                Self::module("0", |s| &s.modules, |s| &mut s.modules),
-                Self::module("add", |s| &s.add, |s| &mut s.add),
-            ),
-            |(modules, add)| QAddInto { modules, add },
-        )
-    }
+tensor_collection! {
+    impl[E: Dtype, D: Device<E>, T: TensorCollection<E, D>] QAddInto<T, E, D>
+        => QAddInto<T::To<E2, D2>, E2, D2>;
+    QAddInto { modules as "0", add }
 }
 
 macro_rules! split_add_impls {

@@ -60,32 +60,15 @@ where
     }
 }
 
-impl<const C: usize, const N: usize, E, D> TensorCollection<E, D> for ImageTokens<C, N, E, D>
-where
-    E: Dtype + SampleUniform,
-    D: Device<E>,
-{
-    type To<E2: Dtype, D2: Device<E2>> = ImageTokens<C, N, E2, D2>;
-
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        visitor.visit_fields(
-            Self::tensor(
-                "position",
-                |s| &s.position,
-                |s| &mut s.position,
-                TensorOptions::reset_with(|t| {
-                    // Small, as ViT's truncated normal(0.02): positions start as a nudge.
-                    let bound = E::from_f64(0.02).unwrap_or(E::ONE);
-                    t.try_fill_with_distr(rand::distributions::Uniform::new(
-                        E::default() - bound,
-                        bound,
-                    ))
-                }),
-            ),
-            |position| ImageTokens { position },
-        )
+tensor_collection! {
+    impl[const C: usize, const N: usize, E: Dtype + SampleUniform, D: Device<E>]
+        ImageTokens<C, N, E, D> => ImageTokens<C, N, E2, D2>;
+    ImageTokens {
+        position: tensor(TensorOptions::reset_with(|t| {
+            // Small, as ViT's truncated normal(0.02): positions start as a nudge.
+            let bound = E::from_f64(0.02).unwrap_or(E::ONE);
+            t.try_fill_with_distr(rand::distributions::Uniform::new(E::default() - bound, bound))
+        })),
     }
 }
 

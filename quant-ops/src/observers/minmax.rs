@@ -4,7 +4,10 @@ use quant_core::{ChannelLayout, IntegerGrid, QParams, QuantizationMethod, Result
 
 use super::config::{Momentum, ObserverConfig};
 use super::kernel::{batch_stats, BatchStats, BlockStats};
-use super::{not_initialized, observer_statistics, seen_or_zero, LayoutGuard, Observer};
+use super::{
+    extremes_observer_common, not_initialized, observer_statistics, seen_or_zero, LayoutGuard,
+    Observer,
+};
 
 /// The running minimum and maximum of every finite value seen, per channel (PyTorch's
 /// `MinMaxObserver` / `PerChannelMinMaxObserver`, MCT's and PPQ's `minmax`).
@@ -127,16 +130,7 @@ impl Observer for MinMaxObserver {
         Ok(())
     }
 
-    fn qparams(
-        &self,
-        method: QuantizationMethod,
-        grid: IntegerGrid,
-        _rounding: RoundingPolicy,
-    ) -> Result<QParams> {
-        self.extremes.qparams("MinMax", method, grid)
-    }
-
-    observer_statistics!(extremes);
+    extremes_observer_common!("MinMax");
 
     fn reset(&mut self) {
         *self = MinMaxObserver::default();
@@ -207,16 +201,7 @@ impl Observer for MovingAverageMinMaxObserver {
         Ok(())
     }
 
-    fn qparams(
-        &self,
-        method: QuantizationMethod,
-        grid: IntegerGrid,
-        _rounding: RoundingPolicy,
-    ) -> Result<QParams> {
-        self.extremes.qparams("MovingAverageMinMax", method, grid)
-    }
-
-    observer_statistics!(extremes);
+    extremes_observer_common!("MovingAverageMinMax");
 
     fn reset(&mut self) {
         *self = MovingAverageMinMaxObserver::new(self.momentum);

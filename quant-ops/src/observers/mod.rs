@@ -143,6 +143,25 @@ macro_rules! observer_statistics {
 }
 use observer_statistics;
 
+/// `qparams` and the statistics of an [`Observer`] whose quantization parameters follow from
+/// its per-channel extremes (`self.extremes`) alone, as MinMax's do; `$name` names the
+/// observer in errors.
+macro_rules! extremes_observer_common {
+    ($name:literal) => {
+        fn qparams(
+            &self,
+            method: QuantizationMethod,
+            grid: IntegerGrid,
+            _rounding: RoundingPolicy,
+        ) -> Result<QParams> {
+            self.extremes.qparams($name, method, grid)
+        }
+
+        observer_statistics!(extremes);
+    };
+}
+use extremes_observer_common;
+
 /// Most channels an empty batch may claim (a non-empty one has at most one per value).
 const MAX_EMPTY_BATCH_CHANNELS: usize = 1 << 20;
 
