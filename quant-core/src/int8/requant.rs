@@ -112,6 +112,9 @@ pub fn requantize_u8(
     Requantizer::new(multipliers, zero_point, lo, hi, rounding)?.run(acc, out)
 }
 
+/// Values per row of a per-tensor [`Requantizer`] (a multiple of every vector width).
+const PER_TENSOR_ROW: usize = 256;
+
 /// [`requantize_u8`] prepared once for a layer: validated multipliers and the per-channel
 /// constants of the branch-free and vectorised paths, on a chosen instruction set.
 ///
@@ -124,7 +127,8 @@ pub fn requantize_u8(
 pub struct Requantizer {
     isa: Isa,
     multipliers: Vec<(i64, u32)>,
-    /// Per channel, as `i64` lanes: `m`, `s`, `base`, and 1 (0 when `s` is 0) for `adjust`.
+    /// Per channel, as `i64` lanes: `m`, `s`, `base`, and 1 (0 when `s` is 0) for `adjust`
+    /// (a per-tensor requantizer repeats its one channel [`PER_TENSOR_ROW`] times).
     m: Vec<i64>,
     shift: Vec<i64>,
     base: Vec<i64>,
@@ -186,8 +190,20 @@ impl Requantizer {
             RoundingPolicy::HalfTowardZero => (Adjust::Negative, |half, unit| half - unit),
         };
         let half = |s: u32| if s == 0 { 0 } else { 1i64 << (s - 1) };
+        // One multiplier serves every value: its constants are repeated across a row of
+        // PER_TENSOR_ROW lanes so the vector path runs whole registers, not one value a row.
+        let lanes = if multipliers.len() == 1 {
+            PER_TENSOR_ROW
+        } else {
+            multipliers.len()
+        };
         let per = |f: &dyn Fn(i64, u32) -> i64| -> Vec<i64> {
-            multipliers.iter().map(|(m, s)| f(*m, *s)).collect()
+            multipliers
+                .iter()
+                .cycle()
+                .take(lanes)
+                .map(|(m, s)| f(*m, *s))
+                .collect()
         };
         Ok(Requantizer {
             isa: Isa::detected(),
@@ -249,9 +265,10 @@ impl Requantizer {
     }
 
     /// Every row: whole vectors on the vector path, the rest with the same formula in scalar
-    /// code. `ADJUST` is an [`Adjust`] as a number.
+    /// code. `ADJUST` is an [`Adjust`] as a number. A row is one set of channel constants:
+    /// `channels` values, or [`PER_TENSOR_ROW`] for a per-tensor requantizer.
     fn rows<const ADJUST: u8>(&self, acc: &[i32], out: &mut [u8]) {
-        let n = self.channels();
+        let n = self.m.len();
         for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {
             let done = match self.isa {
                 #[cfg(target_arch = "x86_64")]

@@ -1,6 +1,8 @@
 //! Running a prepared graph on a batch.
 
+use quant_core::int8::PARALLEL_MACS;
 use quant_core::{QuantError, Result};
+use rayon::prelude::*;
 
 use super::kernels::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
 use super::prepare::{Quantize, Weighted};
@@ -25,11 +27,32 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
         });
     }
     let n = x.len() / in_f;
-    let chunk = m.samples_per_chunk().min(n.max(1));
+    // Samples are independent: a batch worth splitting runs as one chunk per thread (one
+    // fork-join per batch, not one per layer), and the chunks together stay within
+    // MAX_BATCH_BYTES of working memory. Any split gives the same bits.
+    let threads = rayon::current_num_threads().max(1);
+    let worth_splitting = (n as u64).saturating_mul(m.macs_per_sample()) >= PARALLEL_MACS as u64;
+    let (ways, memory_bound) = if threads > 1 && worth_splitting {
+        (threads, (m.samples_per_chunk() / threads).max(1))
+    } else {
+        (1, m.samples_per_chunk())
+    };
+    let chunk = n.div_ceil(ways).min(memory_bound).max(1);
+    let chunks: Vec<&[f32]> = x.chunks(chunk * in_f).collect();
+    let outputs: Vec<Result<Vec<f32>>> = if ways > 1 && chunks.len() > 1 {
+        chunks
+            .par_iter()
+            .map(|xs| run_chunk(m, xs, xs.len() / in_f))
+            .collect()
+    } else {
+        chunks
+            .iter()
+            .map(|xs| run_chunk(m, xs, xs.len() / in_f))
+            .collect()
+    };
     let mut out = Vec::with_capacity(n * m.numels[m.output]);
-    for start in (0..n).step_by(chunk) {
-        let end = (start + chunk).min(n);
-        out.extend(run_chunk(m, &x[start * in_f..end * in_f], end - start)?);
+    for chunk_out in outputs {
+        out.extend(chunk_out?);
     }
     Ok(out)
 }
