@@ -112,8 +112,8 @@ pub fn requantize_u8(
     Requantizer::new(multipliers, zero_point, lo, hi, rounding)?.run(acc, out)
 }
 
-/// Values per row of a per-tensor [`Requantizer`] (a multiple of every vector width).
-const PER_TENSOR_ROW: usize = 256;
+/// Values a [`Requantizer`] runs as one row at least: whole rows of its channels, repeated.
+const LONG_ROW: usize = 256;
 
 /// [`requantize_u8`] prepared once for a layer: validated multipliers and the per-channel
 /// constants of the branch-free and vectorised paths, on a chosen instruction set.
@@ -128,7 +128,7 @@ pub struct Requantizer {
     isa: Isa,
     multipliers: Vec<(i64, u32)>,
     /// Per channel, as `i64` lanes: `m`, `s`, `base`, and 1 (0 when `s` is 0) for `adjust`
-    /// (a per-tensor requantizer repeats its one channel [`PER_TENSOR_ROW`] times).
+    /// (repeated, channel after channel, to fill a row of about [`LONG_ROW`] values).
     m: Vec<i64>,
     shift: Vec<i64>,
     base: Vec<i64>,
@@ -190,13 +190,11 @@ impl Requantizer {
             RoundingPolicy::HalfTowardZero => (Adjust::Negative, |half, unit| half - unit),
         };
         let half = |s: u32| if s == 0 { 0 } else { 1i64 << (s - 1) };
-        // One multiplier serves every value: its constants are repeated across a row of
-        // PER_TENSOR_ROW lanes so the vector path runs whole registers, not one value a row.
-        let lanes = if multipliers.len() == 1 {
-            PER_TENSOR_ROW
-        } else {
-            multipliers.len()
-        };
+        // The constants repeat, channel after channel, across rows of about LONG_ROW values, so
+        // the vector path runs many rows of a few channels (or one per-tensor channel) in whole
+        // registers rather than a short row at a time.
+        let channels = multipliers.len().max(1);
+        let lanes = channels * (LONG_ROW / channels).max(1);
         let per = |f: &dyn Fn(i64, u32) -> i64| -> Vec<i64> {
             multipliers
                 .iter()
@@ -265,8 +263,8 @@ impl Requantizer {
     }
 
     /// Every row: whole vectors on the vector path, the rest with the same formula in scalar
-    /// code. `ADJUST` is an [`Adjust`] as a number. A row is one set of channel constants:
-    /// `channels` values, or [`PER_TENSOR_ROW`] for a per-tensor requantizer.
+    /// code. `ADJUST` is an [`Adjust`] as a number. A row is one run of the repeated channel
+    /// constants (see [`LONG_ROW`]).
     fn rows<const ADJUST: u8>(&self, acc: &[i32], out: &mut [u8]) {
         let n = self.m.len();
         for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {

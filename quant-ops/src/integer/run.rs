@@ -1,5 +1,7 @@
 //! Running a prepared graph on a batch.
 
+use std::cell::RefCell;
+
 use quant_core::int8::PARALLEL_MACS;
 use quant_core::{QuantError, Result};
 use rayon::prelude::*;
@@ -8,6 +10,62 @@ use super::kernels::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
 use super::prepare::{Quantize, Weighted};
 use super::{IntegerModel, Layout, Rep};
 use crate::graph::Op;
+
+/// Buffers of finished values, kept on their thread for the next values: a batch's buffers
+/// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
+/// forward pass. At most [`SPARE_BUFFERS`] of each type, of at most [`SPARE_BYTES`] each.
+#[derive(Default)]
+struct Spare {
+    bytes: Vec<Vec<u8>>,
+    words: Vec<Vec<i32>>,
+}
+
+const SPARE_BUFFERS: usize = 8;
+const SPARE_BYTES: usize = 8 << 20;
+
+thread_local! {
+    static SPARE: RefCell<Spare> = RefCell::default();
+}
+
+/// A spare buffer of at least `len` elements from `pick`, cleared and filled with zeros.
+fn zeroed<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
+    let spare = SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        let list = pick(&mut s);
+        let i = list.iter().position(|v| v.capacity() >= len)?;
+        Some(list.swap_remove(i))
+    });
+    let mut v = spare.unwrap_or_default();
+    v.clear();
+    v.resize(len, T::default());
+    v
+}
+
+fn zeroed_u8(len: usize) -> Vec<u8> {
+    zeroed(len, |s| &mut s.bytes)
+}
+
+fn zeroed_i32(len: usize) -> Vec<i32> {
+    zeroed(len, |s| &mut s.words)
+}
+
+/// Keeps `buf`'s storage for a later [`zeroed`] on this thread.
+fn recycle(buf: Buf) {
+    fn keep<T>(list: &mut Vec<Vec<T>>, v: Vec<T>) {
+        let bytes = v.capacity() * std::mem::size_of::<T>();
+        if list.len() < SPARE_BUFFERS && bytes > 0 && bytes <= SPARE_BYTES {
+            list.push(v);
+        }
+    }
+    SPARE.with(|s| {
+        let mut s = s.borrow_mut();
+        match buf {
+            Buf::U8(v) => keep(&mut s.bytes, v),
+            Buf::I32(v) => keep(&mut s.words, v),
+            Buf::F32(_) => {}
+        }
+    });
+}
 
 /// A value of a batch.
 #[derive(Debug, Clone)]
@@ -112,7 +170,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 let (per_in, per_out) = (h * w * c, oh * ow * c);
                 match values[a].as_ref() {
                     Some(Buf::U8(v)) => {
-                        let mut y = vec![0u8; n * per_out];
+                        let mut y = zeroed_u8(n * per_out);
                         let window = Window::square(p.kernel, p.stride, p.padding);
                         for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
                             max_pool_u8(xs, [h, w, c], window, ys)?;
@@ -120,7 +178,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                         Buf::U8(y)
                     }
                     Some(Buf::I32(v)) => {
-                        let mut y = vec![0i32; n * per_out];
+                        let mut y = zeroed_i32(n * per_out);
                         for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
                             max_pool_i32(
                                 xs,
@@ -178,7 +236,9 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
         };
         values[i + 1] = Some(y);
         for &v in frees {
-            values[v] = None;
+            if let Some(buf) = values[v].take() {
+                recycle(buf);
+            }
         }
     }
     output(m, values[m.output].take(), n)
@@ -230,7 +290,7 @@ fn quantize(q: &Quantize, x: Option<&Buf>, layout: Layout) -> Result<Buf> {
                 }
                 _ => return Err(internal("quantize")),
             };
-            let mut out = vec![0u8; acc.len()];
+            let mut out = zeroed_u8(acc.len());
             requantizer.run(acc, &mut out)?;
             Ok(Buf::U8(out))
         }
@@ -255,7 +315,7 @@ fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> Vec<T> {
 fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let Some(conv) = w.conv else {
         let rows = codes.len() / w.fan_in.max(1);
-        let mut acc = vec![0i32; rows * w.out];
+        let mut acc = zeroed_i32(rows * w.out);
         gemm_u8(
             codes,
             rows,
@@ -273,7 +333,7 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let (cg, og) = (c / groups, w.out / groups);
     let positions = oh * ow;
     let pad = w.input_zero as u8;
-    let mut out = vec![0i32; n * positions * w.out];
+    let mut out = zeroed_i32(n * positions * w.out);
     let window = Window::square(g.kernel, g.stride, g.padding);
     if let Some(filter) = &w.depthwise {
         for (xs, ys) in codes
@@ -285,7 +345,7 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
         return Ok(out);
     }
     if groups == 1 {
-        let mut patches = vec![0u8; n * positions * w.fan_in];
+        let mut patches = zeroed_u8(n * positions * w.fan_in);
         for (xs, ps) in codes
             .chunks(h * wd * c)
             .zip(patches.chunks_mut(positions * w.fan_in))
@@ -300,6 +360,7 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
             &w.biases[0],
             &mut out,
         )?;
+        recycle(Buf::U8(patches));
         return Ok(out);
     }
     // Grouped: each group's channels on their own, scattered into the output's columns.
@@ -358,7 +419,7 @@ fn sum_pool(
     p: &crate::graph::PoolGeometry,
     (oh, ow): (usize, usize),
 ) -> Vec<i32> {
-    let mut y = vec![0i32; n * oh * ow * c];
+    let mut y = zeroed_i32(n * oh * ow * c);
     for (xs, ys) in x.chunks(h * w * c).zip(y.chunks_mut(oh * ow * c)) {
         for oy in 0..oh {
             for ox in 0..ow {
