@@ -530,7 +530,7 @@ fn wobbly(n: usize, seed: u32, scale: f32) -> Vec<f32> {
                 .wrapping_mul(2_654_435_761)
                 .wrapping_add(seed.wrapping_mul(40_503))
                 >> 8;
-            if h % 97 == 0 {
+            if h.is_multiple_of(97) {
                 f32::NAN
             } else {
                 ((h % 2001) as f32 - 1000.0) / 1000.0 * scale * (1.0 + (h % 7) as f32)

@@ -258,7 +258,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 }
                 let bound = accumulator_bound(name, &centered, fan_in, &bias, reach(g))?;
                 let positions = oh * ow;
-                let patches = positions.checked_mul(fan_in).unwrap_or(usize::MAX);
+                let patches = positions.saturating_mul(fan_in);
                 if patches > MAX_SAMPLE_ELEMENTS {
                     return Err(unsupported(
                         name,
@@ -512,11 +512,11 @@ fn requantizer(node: &str, scales: &[f64], grid: &StoredGrid) -> Result<Requanti
     )?)
 }
 
+/// A weight's codes, their zero points (one, or one per output channel) and scales.
+type WeightCodes<'a> = (&'a [i32], Vec<i32>, Vec<f64>);
+
 /// Weight codes (at most [`MAX_BITS`]), their zero points and scales.
-fn weight_codes<'a>(
-    node: &str,
-    weight: &'a Parameter,
-) -> Result<(&'a [i32], Vec<i32>, Vec<f64>), ExportError> {
+fn weight_codes<'a>(node: &str, weight: &'a Parameter) -> Result<WeightCodes<'a>, ExportError> {
     match &weight.values {
         ParamValues::Codes { codes, quantizer } => {
             let q = &quantizer.inferable;

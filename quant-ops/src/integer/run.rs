@@ -77,7 +77,7 @@ enum Buf {
 
 pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
     let in_f = m.numels[0];
-    if in_f == 0 || x.len() % in_f != 0 {
+    if in_f == 0 || !x.len().is_multiple_of(in_f) {
         return Err(QuantError::LengthMismatch {
             what: format!("input (whole samples of {:?})", m.graph.input.shape),
             expected: x.len().div_ceil(in_f.max(1)) * in_f,
