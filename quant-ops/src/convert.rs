@@ -23,9 +23,9 @@ use std::fmt;
 
 use dfdx::nn::modules::{
     Abs, AccurateGeLU, AddInto, AvgPoolGlobal, BatchNorm1D, BatchNorm2D, Cos, Dropout,
-    DropoutOneIn, Embedding, Exp, FastGeLU, GeneralizedResidual, LayerNorm1D, LeakyReLU,
-    Linear, Ln, LogSoftmax, MaxPoolGlobal, MinPoolGlobal, ReLU, Repeated,
-    Residual, Sigmoid, Sin, Softmax, SplitInto, Sqrt, Square, Tanh,
+    DropoutOneIn, Embedding, Exp, FastGeLU, GeneralizedResidual, LayerNorm1D, LeakyReLU, Linear,
+    Ln, LogSoftmax, MaxPoolGlobal, MinPoolGlobal, ReLU, Repeated, Residual, Sigmoid, Sin, Softmax,
+    SplitInto, Sqrt, Square, Tanh,
 };
 use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -37,7 +37,7 @@ use crate::layers::{
     AddQuantizer, Float, QAddInto, QConv2d, QEmbedding, QGeneralizedResidual, QLinear, QRepeated,
     QResidual, QSplitInto, QuantInput, QuantizedModule, QuantizerSpec, Slot,
 };
-use crate::nn::{AvgPool2d, Conv2d, Flatten, MaxPool2d};
+use crate::nn::{AvgPool2d, Conv2d, Flatten, ImageTokens, MaxPool2d, MeanTokens};
 
 /// The kinds of layer a policy configures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -188,15 +188,17 @@ pub fn configure_model<M: QuantizedModule + ?Sized>(
                 s.quantizer.clear();
                 Ok(())
             }
-            Some(spec) if spec.config.target() != s.slot.target => Err(QuantError::ConfigMismatch {
-                quantizer: name.clone(),
-                reason: format!(
-                    "this slot quantizes {}, the policy gives a {} config",
-                    s.slot.target,
-                    spec.config.target()
-                ),
+            Some(spec) if spec.config.target() != s.slot.target => {
+                Err(QuantError::ConfigMismatch {
+                    quantizer: name.clone(),
+                    reason: format!(
+                        "this slot quantizes {}, the policy gives a {} config",
+                        s.slot.target,
+                        spec.config.target()
+                    ),
+                }
+                .at(&name))
             }
-            .at(&name)),
             Some(mut spec) => {
                 if !s.slot.per_channel {
                     if let quant_core::QuantizerConfig::Weights(w) = &mut spec.config {
@@ -317,6 +319,12 @@ macro_rules! stays_float {
     };
 }
 
+fn no_sequence_values(what: &str) -> std::result::Result<Option<Op>, String> {
+    Err(format!(
+        "{what} works on a sequence of tokens, and the graph has no sequence values yet, so the model cannot be exported (it converts, calibrates and trains)"
+    ))
+}
+
 fn no_graph_op(what: &str) -> std::result::Result<Option<Op>, String> {
     Err(format!(
         "{what} has no graph op yet, so the model cannot be exported: replace it by an activation that has one (ReLU, Tanh, Sigmoid)"
@@ -342,6 +350,9 @@ stays_float!(
     Sqrt => |_m| no_graph_op("Sqrt");
     Abs => |_m| no_graph_op("Abs");
     MinPoolGlobal => |_m| no_graph_op("MinPoolGlobal");
+    // A vision transformer's tokens stay float until the graph has sequence values.
+    ImageTokens<C, N, f32, Cpu> where [const C: usize, const N: usize] => |_m| no_sequence_values("ImageTokens");
+    MeanTokens => |_m| no_sequence_values("MeanTokens");
     Dropout => |_m| Ok(None);
     DropoutOneIn<N> where [const N: usize] => |_m| Ok(None);
     BatchNorm1D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(

@@ -550,3 +550,77 @@ fn a_transformer_encoder_converts_calibrates_trains_and_reports_that_it_cannot_e
     }
     let _: &QMultiHeadAttention<8, 2> = &q.modules[0].self_attn;
 }
+
+/// The vision transformer of the notes in `nn::tokens`: 2x2 patches by a strided convolution,
+/// tokens with learned positions, a pre-norm block of attention and a GeLU MLP, mean pooling
+/// and a head. It converts (the tokens stay float, the rest takes its slots), passes dfdx's
+/// result through while calibrating, trains, and export names the first layer it cannot
+/// express.
+#[test]
+fn a_vision_transformer_converts_calibrates_trains_and_says_why_it_cannot_export() {
+    use dfdx::nn::builders::{AccurateGeLU, LayerNorm1D, Linear, Residual};
+    use quant_ops::nn::builders::{Conv2d, ImageTokens, MeanTokens};
+    type Vit = (
+        (Conv2d<1, 8, 2, 2>, ImageTokens<8, 16>),
+        Residual<(LayerNorm1D<8>, MultiHeadAttention<8, 2>)>,
+        Residual<(LayerNorm1D<8>, Linear<8, 16>, AccurateGeLU, Linear<16, 8>)>,
+        (LayerNorm1D<8>, MeanTokens, Linear<8, 10>),
+    );
+    let dev = Cpu::seed_from_u64(6);
+    let float = dev.build_module::<Vit, f32>();
+    let mut q = convert_model(&float, &policy("")).unwrap();
+    let names: Vec<String> = slots(&mut q).into_iter().map(|(n, _, _)| n).collect();
+    for name in [
+        "0.0.weights",
+        "1.0.1.scores.query",
+        "1.0.1.context.probs",
+        "1.input",
+        "2.0.1.weights",
+        "2.0.3.input",
+        "3.2.weights",
+    ] {
+        assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
+    }
+    assert!(!names.iter().any(|n| n.starts_with("0.1")), "{names:?}");
+
+    let images = |n: usize| -> Tensor<(usize, Const<1>, usize, usize), f32, Cpu> {
+        dev.sample_uniform_like(&(n, Const, 8, 8))
+    };
+    let x = images(5);
+    assert_eq!(
+        q.try_forward_mut(x.clone()).unwrap().as_vec(),
+        float.forward(x.clone()).as_vec()
+    );
+    q.finish_calibration().unwrap();
+    q.set_mode("*", QuantizerMode::Training).unwrap();
+    let target: Tensor<(usize, Const<10>), f32, Cpu> = dev.sample_normal_like(&(5, Const));
+    let mut opt = Adam::new(
+        &q,
+        AdamConfig {
+            lr: 5e-3,
+            ..Default::default()
+        },
+    );
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        let grads = q.alloc_grads();
+        let loss = mse_loss(
+            q.try_forward_mut(x.clone().traced(grads)).unwrap(),
+            target.clone(),
+        );
+        losses.push(loss.array());
+        opt.update(&mut q, &loss.backward()).unwrap();
+    }
+    assert!(losses[29] < 0.9 * losses[0], "{losses:?}");
+
+    match export_model(&q, &[1, 8, 8], Default::default()) {
+        Err(e @ ExportError::Unsupported { .. }) => {
+            let message = e.to_string();
+            assert!(
+                message.contains("`0.1`") && message.contains("sequence"),
+                "{message}"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+}
