@@ -67,10 +67,10 @@ impl From<InferableQuantizer> for InferableRepr {
     }
 }
 
-/// The signature the quantizing kernels share: `(x, out, layout, scales, zero_points,
-/// quant_min, quant_max, rounding)`.
-type AffineKernel<T> =
-    fn(&[f32], &mut [T], ChannelLayout, &[f32], &[i32], i32, i32, RoundingPolicy) -> Result<()>;
+/// The signature the kernels of an affine grid share: `(input, out, layout, scales,
+/// zero_points, quant_min, quant_max, rounding)`.
+type AffineKernel<I, O> =
+    fn(&[I], &mut [O], ChannelLayout, &[f32], &[i32], i32, i32, RoundingPolicy) -> Result<()>;
 
 impl InferableQuantizer {
     /// Creates an inferable quantizer, checking the invariants listed on the type.
@@ -164,18 +164,12 @@ impl InferableQuantizer {
     /// # Errors
     /// A shape that does not match `q` or the parameters.
     pub fn dequantize<T: QuantInt>(&self, q: &[T], shape: &[usize]) -> Result<Vec<f32>> {
-        let layout = self.layout(shape)?;
-        let mut y = vec![0.0; q.len()];
-        kernels::dequantize_into(
+        // Dequantizing rounds nothing.
+        self.run(
+            |q, y, layout, s, z, lo, hi, _| kernels::dequantize_into(q, y, layout, s, z, lo, hi),
             q,
-            &mut y,
-            layout,
-            self.qparams.scales(),
-            self.qparams.zero_points(),
-            self.grid.quant_min(),
-            self.grid.quant_max(),
-        )?;
-        Ok(y)
+            shape,
+        )
     }
 
     /// Quantizes and dequantizes in one pass (equal to `dequantize(quantize(x))`, NaN aside,
@@ -187,18 +181,19 @@ impl InferableQuantizer {
         self.run(kernels::fake_quantize_affine_into, x, shape)
     }
 
-    /// Runs `kernel` ([`kernels::quantize_into`] or [`kernels::fake_quantize_affine_into`])
-    /// with this quantizer's parameters on `x` (of `shape`), into a fresh buffer.
-    fn run<T: Clone + Default>(
+    /// Runs `kernel` ([`kernels::quantize_into`], [`kernels::dequantize_into`] or
+    /// [`kernels::fake_quantize_affine_into`]) with this quantizer's parameters on `input` (of
+    /// `shape`), into a fresh buffer.
+    fn run<I, O: Clone + Default>(
         &self,
-        kernel: AffineKernel<T>,
-        x: &[f32],
+        kernel: AffineKernel<I, O>,
+        input: &[I],
         shape: &[usize],
-    ) -> Result<Vec<T>> {
+    ) -> Result<Vec<O>> {
         let layout = self.layout(shape)?;
-        let mut out = vec![T::default(); x.len()];
+        let mut out = vec![O::default(); input.len()];
         kernel(
-            x,
+            input,
             &mut out,
             layout,
             self.qparams.scales(),

@@ -277,6 +277,25 @@ fn shape_layout<S: Shape>(shape: &S, axis: Option<usize>) -> Result<ChannelLayou
     ChannelLayout::new(dims.as_ref(), axis)
 }
 
+/// [`shape_layout`], which must have `channels` channels (one per parameter); `what` names
+/// them in the error.
+fn checked_layout<S: Shape>(
+    shape: &S,
+    axis: Option<usize>,
+    channels: usize,
+    what: impl FnOnce() -> String,
+) -> Result<ChannelLayout> {
+    let layout = shape_layout(shape, axis)?;
+    if layout.channels != channels {
+        return Err(QuantError::LengthMismatch {
+            what: what(),
+            expected: channels,
+            actual: layout.channels,
+        });
+    }
+    Ok(layout)
+}
+
 /// Straight-through fake quantization with fixed parameters (per tensor, or per channel on
 /// `qparams.axis()`), the dfdx form of [`kernels::fake_quantize_affine_into`]. The gradient is
 /// `dy` where the rounded value lies on the grid, 0 elsewhere.
@@ -286,14 +305,10 @@ pub fn fake_quantize<S: Shape, T: Tape<f32, Cpu>>(
     grid: IntegerGrid,
     rounding: RoundingPolicy,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let layout = shape_layout(x.shape(), qparams.axis())?;
-    if layout.channels != qparams.channels() {
-        return Err(QuantError::LengthMismatch {
-            what: format!("channels along axis {:?}", qparams.axis()),
-            expected: qparams.channels(),
-            actual: layout.channels,
-        });
-    }
+    let (axis, channels) = (qparams.axis(), qparams.channels());
+    let layout = checked_layout(x.shape(), axis, channels, || {
+        format!("channels along axis {axis:?}")
+    })?;
     qparams.check_zero_points(grid)?;
     let q = qparams.clone();
     let (qmin, qmax) = (grid.quant_min(), grid.quant_max());
@@ -353,14 +368,9 @@ pub fn lsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
     rounding: RoundingPolicy,
     grad_factor: Option<f32>,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let layout = shape_layout(x.shape(), axis)?;
-    if layout.channels != C {
-        return Err(QuantError::LengthMismatch {
-            what: format!("channels along axis {axis:?} (the scale tensor has {C})"),
-            expected: C,
-            actual: layout.channels,
-        });
-    }
+    let layout = checked_layout(x.shape(), axis, C, || {
+        format!("channels along axis {axis:?} (the scale tensor has {C})")
+    })?;
     let g = grad_factor.unwrap_or_else(|| lsq_grad_factor(layout.numel(), grid));
     let mut params = vec![ParamInput::new(scale, true)];
     if let Some(z) = zero_point {
@@ -445,14 +455,9 @@ pub fn dsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
     grid: IntegerGrid,
     rounding: RoundingPolicy,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let layout = shape_layout(x.shape(), axis)?;
-    if layout.channels != C {
-        return Err(QuantError::LengthMismatch {
-            what: format!("channels along axis {axis:?} (the parameter tensors have {C})"),
-            expected: C,
-            actual: layout.channels,
-        });
-    }
+    let layout = checked_layout(x.shape(), axis, C, || {
+        format!("channels along axis {axis:?} (the parameter tensors have {C})")
+    })?;
     custom_op(
         x,
         vec![

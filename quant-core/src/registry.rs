@@ -88,7 +88,7 @@ pub trait MarkedQuantizer {
 pub struct QuantizerEntry {
     /// What `#[mark_quantizer]` declared.
     pub metadata: QuantizerMetadata,
-    build: fn(&QuantizerConfig) -> Result<Box<dyn TrainableQuantizer>>,
+    build: fn(&QuantizerConfig) -> Built,
 }
 
 impl fmt::Debug for QuantizerEntry {
@@ -153,25 +153,24 @@ impl QuantizerEntry {
     }
 }
 
-fn build_weights<T: WeightsQuantizer>(
-    config: &QuantizerConfig,
-) -> Result<Box<dyn TrainableQuantizer>> {
+/// What an entry's builder gives: the quantizer, boxed.
+type Built = Result<Box<dyn TrainableQuantizer>>;
+
+fn build_weights<T: WeightsQuantizer>(config: &QuantizerConfig) -> Built {
     match config {
         QuantizerConfig::Weights(c) => Ok(Box::new(T::from_config(c)?)),
         QuantizerConfig::Activation(_) => unreachable_target(),
     }
 }
 
-fn build_activation<T: ActivationQuantizer>(
-    config: &QuantizerConfig,
-) -> Result<Box<dyn TrainableQuantizer>> {
+fn build_activation<T: ActivationQuantizer>(config: &QuantizerConfig) -> Built {
     match config {
         QuantizerConfig::Activation(c) => Ok(Box::new(T::from_config(c)?)),
         QuantizerConfig::Weights(_) => unreachable_target(),
     }
 }
 
-fn unreachable_target() -> Result<Box<dyn TrainableQuantizer>> {
+fn unreachable_target() -> Built {
     // QuantizerEntry::build checks the target before calling the builder.
     Err(QuantError::ConfigMismatch {
         quantizer: "registry".into(),

@@ -4,7 +4,7 @@
 use std::marker::PhantomData;
 
 use super::driver::{drive, Constants, Map, Walk};
-use super::params::{affines, check_len, fast_path};
+use super::params::{affines, check_len, Grid, Path};
 use super::round::{clamp, small_int, Round};
 use crate::error::{QuantError, Result};
 use crate::quantizer::ChannelLayout;
@@ -155,23 +155,20 @@ pub fn quantize_into<T: QuantInt>(
             value: f64::NAN,
         });
     }
-    let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    if x.is_empty() {
-        return Ok(());
-    }
-    if fast_path(&params, quant_min, quant_max) {
-        let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => {
-            drive(&Quantize::<R>(PhantomData), (x, q), &walk, layout.channels)
-        });
-    } else {
-        for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
-            let p = &params[layout.channel_of(i)];
-            // PyTorch's quantize_val: `clamp(int64(z + round(x * (1/s))))`; NaN was rejected.
-            let code = (p.zero_point + rounding.round(*xi * p.inv)) as i64;
-            *qi = T::from_i32(code.clamp(quant_min as i64, quant_max as i64) as i32);
+    let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, rounding);
+    grid.run(|path, params| match path {
+        Path::Fast(walk) => with_rounding!(rounding, R => {
+            drive(&Quantize::<R>(PhantomData), (x, q), &walk, layout.channels);
+        }),
+        Path::Exact => {
+            for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
+                let p = &params[layout.channel_of(i)];
+                // PyTorch's quantize_val: `clamp(int64(z + round(x * (1/s))))`; NaN was rejected.
+                let code = (p.zero_point + rounding.round(*xi * p.inv)) as i64;
+                *qi = T::from_i32(code.clamp(quant_min as i64, quant_max as i64) as i32);
+            }
         }
-    }
+    })?;
     Ok(())
 }
 

@@ -3,13 +3,13 @@
 
 use std::marker::PhantomData;
 
-use super::driver::{drive, uninit_vec, Constants, Map, Out, Walk};
-use super::params::{affines, check_len, fast_path, Affine};
+use super::driver::{drive, uninit_vec, Constants, Map, Out};
+use super::params::{check_len, Affine, Grid, Path};
 use super::round::{clamp, Round};
 use super::torch::Torch;
 use crate::error::Result;
 use crate::quantizer::ChannelLayout;
-use crate::vocab::RoundingPolicy;
+use crate::vocab::RoundingPolicy::{self, HalfEven};
 
 /// `y = R(clamp(x * (1/s), lo, hi)) * s`.
 struct FakeQuant<R>(PhantomData<R>);
@@ -52,18 +52,8 @@ pub fn fake_quantize_per_tensor_affine(
     quant_min: i32,
     quant_max: i32,
 ) -> Result<Vec<f32>> {
-    uninit_vec(x.len(), |y| {
-        fake_quantize_to(
-            x,
-            y,
-            ChannelLayout::per_tensor(x.len()),
-            &[scale],
-            &[zero_point],
-            quant_min,
-            quant_max,
-            RoundingPolicy::HalfEven,
-        )
-    })
+    let grid = Grid::torch_per_tensor(x.len(), &scale, &zero_point, quant_min, quant_max);
+    uninit_vec(x.len(), |y| fake_quantize_to(x, y, grid))
 }
 
 /// [`fake_quantize_per_tensor_affine`] into `y`, with any rounding policy.
@@ -115,18 +105,8 @@ pub fn fake_quantize_per_channel_affine(
     quant_max: i32,
 ) -> Result<Vec<f32>> {
     let layout = ChannelLayout::new(shape, Some(axis))?;
-    uninit_vec(x.len(), |y| {
-        fake_quantize_to(
-            x,
-            y,
-            layout,
-            scales,
-            zero_points,
-            quant_min,
-            quant_max,
-            RoundingPolicy::HalfEven,
-        )
-    })
+    let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, HalfEven);
+    uninit_vec(x.len(), |y| fake_quantize_to(x, y, grid))
 }
 
 /// Fake quantization into `y` for any layout (one channel = per tensor) and rounding policy.
@@ -144,50 +124,20 @@ pub fn fake_quantize_affine_into(
     quant_max: i32,
     rounding: RoundingPolicy,
 ) -> Result<()> {
-    fake_quantize_to(
-        x,
-        y,
-        layout,
-        scales,
-        zero_points,
-        quant_min,
-        quant_max,
-        rounding,
-    )
+    let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, rounding);
+    fake_quantize_to(x, y, grid)
 }
 
 /// [`fake_quantize_affine_into`] into a caller's buffer or fresh storage: on `Ok`, every
 /// element of `y` is written.
-#[allow(clippy::too_many_arguments)]
-fn fake_quantize_to<O: Out>(
-    x: &[f32],
-    y: &mut [O],
-    layout: ChannelLayout,
-    scales: &[f32],
-    zero_points: &[i32],
-    quant_min: i32,
-    quant_max: i32,
-    rounding: RoundingPolicy,
-) -> Result<()> {
-    check_len("x", layout.numel(), x.len())?;
+fn fake_quantize_to<O: Out>(x: &[f32], y: &mut [O], grid: Grid<'_>) -> Result<()> {
+    check_len("x", grid.layout.numel(), x.len())?;
     check_len("y", x.len(), y.len())?;
-    let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    if x.is_empty() {
-        return Ok(());
-    }
-    if fast_path(&params, quant_min, quant_max) {
-        let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => {
-            drive(&FakeQuant::<R>(PhantomData), (x, y), &walk, layout.channels)
-        });
-    } else {
-        fq_slow(
-            x,
-            y,
-            layout,
-            &params,
-            Torch::new(layout, quant_min, quant_max, rounding),
-        );
-    }
+    grid.run(|path, params| match path {
+        Path::Fast(walk) => with_rounding!(grid.rounding, R => {
+            drive(&FakeQuant::<R>(PhantomData), (x, y), &walk, grid.layout.channels);
+        }),
+        Path::Exact => fq_slow(x, y, grid.layout, params, grid.torch()),
+    })?;
     Ok(())
 }

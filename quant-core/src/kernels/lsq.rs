@@ -6,10 +6,10 @@ use std::marker::PhantomData;
 #[cfg(target_arch = "x86_64")]
 use super::driver::use_avx2;
 use super::driver::{
-    drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Sums, Walk,
-    BLOCK, CHUNK, LANES,
+    drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Sums, BLOCK,
+    CHUNK, LANES,
 };
-use super::params::{affines, check_len, check_range, fast_path, Affine};
+use super::params::{check_len, check_range, Affine, Grid, Path};
 use super::round::{clamp, rne, Round};
 use super::torch::Torch;
 use crate::error::{QuantError, Result};
@@ -415,23 +415,11 @@ pub fn fake_quantize_learnable_per_tensor_affine_backward(
     quant_max: i32,
     grad_factor: f32,
 ) -> Result<(Vec<f32>, f32, f32)> {
+    let grid = Grid::torch_per_tensor(x.len(), &scale, &zero_point, quant_min, quant_max);
     let mut ds = [0.0];
     let mut dz = [0.0];
     let dx = uninit_vec(x.len(), |dx| {
-        lsq_backward_to(
-            x,
-            dy,
-            dx,
-            ChannelLayout::per_tensor(x.len()),
-            &[scale],
-            &[zero_point],
-            quant_min,
-            quant_max,
-            grad_factor,
-            RoundingPolicy::HalfEven,
-            &mut ds,
-            &mut dz,
-        )
+        lsq_backward_to(x, dy, dx, grid, grad_factor, &mut ds, &mut dz)
     })?;
     Ok((dx, ds[0], dz[0]))
 }
@@ -458,45 +446,29 @@ pub fn fake_quantize_learnable_affine_backward_into(
     dscales: &mut [f32],
     dzero_points: &mut [f32],
 ) -> Result<()> {
-    lsq_backward_to(
-        x,
-        dy,
-        dx,
-        layout,
-        scales,
-        zero_points,
-        quant_min,
-        quant_max,
-        grad_factor,
-        rounding,
-        dscales,
-        dzero_points,
-    )
+    let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, rounding);
+    lsq_backward_to(x, dy, dx, grid, grad_factor, dscales, dzero_points)
 }
 
 /// [`fake_quantize_learnable_affine_backward_into`] into a caller's buffer or fresh storage:
 /// on `Ok`, every element of `dx` is written.
-#[allow(clippy::too_many_arguments)]
 fn lsq_backward_to<O: GradOut>(
     x: &[f32],
     dy: &[f32],
     dx: &mut [O],
-    layout: ChannelLayout,
-    scales: &[f32],
-    zero_points: &[f32],
-    quant_min: i32,
-    quant_max: i32,
+    grid: Grid<'_, f32>,
     grad_factor: f32,
-    rounding: RoundingPolicy,
     dscales: &mut [f32],
     dzero_points: &mut [f32],
 ) -> Result<()> {
+    let layout = grid.layout;
+    let (quant_min, quant_max) = (grid.quant_min, grid.quant_max);
     check_len("x", layout.numel(), x.len())?;
     check_len("dy", x.len(), dy.len())?;
     check_len("dx", x.len(), dx.len())?;
     check_len("dscales", layout.channels, dscales.len())?;
     check_len("dzero_points", layout.channels, dzero_points.len())?;
-    check_len("zero_points", layout.channels, zero_points.len())?;
+    check_len("zero_points", layout.channels, grid.zero_points.len())?;
     check_range(quant_min, quant_max)?;
     if !grad_factor.is_finite() {
         return Err(QuantError::NonFinite {
@@ -504,29 +476,25 @@ fn lsq_backward_to<O: GradOut>(
             value: grad_factor as f64,
         });
     }
-    let zps = round_zero_points(zero_points, quant_min, quant_max)?;
-    let params = affines(scales, &zps, quant_min, quant_max, layout.channels)?;
-    if x.is_empty() {
-        return Ok(());
-    }
-    let sums = if fast_path(&params, quant_min, quant_max) {
-        let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => {
+    let zps = round_zero_points(grid.zero_points, quant_min, quant_max)?;
+    let rounded = Grid::new(
+        layout,
+        grid.scales,
+        &zps,
+        quant_min,
+        quant_max,
+        grid.rounding,
+    );
+    let sums = rounded.run(|path, params| match path {
+        Path::Fast(walk) => with_rounding!(grid.rounding, R => {
             drive(&Lsq::<R>(PhantomData), (x, dy, dx), &walk, layout.channels)
-        })
-    } else {
-        lsq_slow(
-            x,
-            dy,
-            dx,
-            layout,
-            &params,
-            Torch::new(layout, quant_min, quant_max, rounding),
-        )
-    };
-    for (c, s) in sums.iter().enumerate() {
+        }),
+        Path::Exact => lsq_slow(x, dy, dx, layout, params, grid.torch()),
+    })?;
+    // `grid.scales[c]` is channel c's scale, which `run` checked.
+    for (c, s) in sums.iter().flatten().enumerate() {
         dscales[c] += (s.dscale * grad_factor as f64) as f32;
-        dzero_points[c] += (-s.dzero * params[c].scale as f64 * grad_factor as f64) as f32;
+        dzero_points[c] += (-s.dzero * grid.scales[c] as f64 * grad_factor as f64) as f32;
     }
     Ok(())
 }

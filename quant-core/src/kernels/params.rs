@@ -1,8 +1,12 @@
 //! Validated per-channel constants of an affine grid, and the argument checks every kernel
 //! family shares.
 
+use super::driver::Walk;
+use super::torch::Torch;
 use crate::error::{QuantError, Result};
 use crate::grid::{check_scale, is_valid_scale};
+use crate::quantizer::ChannelLayout;
+use crate::vocab::RoundingPolicy;
 
 /// Largest `|quant_min|`, `|quant_max|`, `|quant_min - zero_point|`, `|quant_max - zero_point|`
 /// the fast path handles.
@@ -121,4 +125,98 @@ pub(super) fn fast_path(params: &[Affine], quant_min: i32, quant_max: i32) -> bo
         && params
             .iter()
             .all(|p| fits(p.lo as i64) && fits(p.hi as i64))
+}
+
+/// The affine grid a public kernel is given, as one argument for the private code several
+/// public kernels share: the tensor's channel layout, one scale and zero point per channel
+/// (`Z`: `i32`, or `f32` for LSQ's learnable zero points), the range and the rounding.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Grid<'a, Z = i32> {
+    pub layout: ChannelLayout,
+    pub scales: &'a [f32],
+    pub zero_points: &'a [Z],
+    pub quant_min: i32,
+    pub quant_max: i32,
+    pub rounding: RoundingPolicy,
+}
+
+/// How an element-wise kernel runs on a grid (see [`Grid::run`]).
+pub(super) enum Path<'p> {
+    /// Every bound fits the exact fast rounding: the vectorised driver, walking this.
+    Fast(Walk<'p>),
+    /// A grid too wide for the fast rounding: scalar code with PyTorch's own arithmetic.
+    Exact,
+}
+
+impl<'a, Z> Grid<'a, Z> {
+    pub fn new(
+        layout: ChannelLayout,
+        scales: &'a [f32],
+        zero_points: &'a [Z],
+        quant_min: i32,
+        quant_max: i32,
+        rounding: RoundingPolicy,
+    ) -> Self {
+        Grid {
+            layout,
+            scales,
+            zero_points,
+            quant_min,
+            quant_max,
+            rounding,
+        }
+    }
+
+    /// PyTorch's per-tensor kernels' grid: one scale and zero point for all `len` elements,
+    /// rounding half to even.
+    pub fn torch_per_tensor(
+        len: usize,
+        scale: &'a f32,
+        zero_point: &'a Z,
+        quant_min: i32,
+        quant_max: i32,
+    ) -> Self {
+        let (scales, zero_points) = (
+            std::slice::from_ref(scale),
+            std::slice::from_ref(zero_point),
+        );
+        let layout = ChannelLayout::per_tensor(len);
+        Grid::new(
+            layout,
+            scales,
+            zero_points,
+            quant_min,
+            quant_max,
+            RoundingPolicy::HalfEven,
+        )
+    }
+
+    /// PyTorch's arithmetic on this grid, for [`Path::Exact`].
+    pub fn torch(&self) -> Torch {
+        Torch::new(self.layout, self.quant_min, self.quant_max, self.rounding)
+    }
+}
+
+impl Grid<'_, i32> {
+    /// Every channel's constants, checked (see [`affines`]).
+    pub fn affines(&self) -> Result<Vec<Affine>> {
+        let (lo, hi) = (self.quant_min, self.quant_max);
+        affines(self.scales, self.zero_points, lo, hi, self.layout.channels)
+    }
+
+    /// Checks the grid, then runs `kernel` with the path its constants fit and the constants;
+    /// `None` (and no kernel) when the layout has no elements. Callers check their buffers
+    /// against the layout first.
+    pub fn run<T>(&self, kernel: impl FnOnce(Path<'_>, &[Affine]) -> T) -> Result<Option<T>> {
+        let params = self.affines()?;
+        if self.layout.numel() == 0 {
+            return Ok(None);
+        }
+        let path = if fast_path(&params, self.quant_min, self.quant_max) {
+            Path::Fast(Walk::new(self.layout, &params))
+        } else {
+            Path::Exact
+        };
+        Ok(Some(kernel(path, &params)))
+    }
 }

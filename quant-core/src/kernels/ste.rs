@@ -2,10 +2,9 @@
 
 use std::marker::PhantomData;
 
-use super::driver::{drive, Constants, Map, Walk};
-use super::params::{affines, check_len, fast_path};
+use super::driver::{drive, Constants, Map};
+use super::params::{check_len, Grid, Path};
 use super::round::{clamp, Round};
-use super::torch::Torch;
 use crate::error::Result;
 use crate::quantizer::ChannelLayout;
 use crate::vocab::RoundingPolicy;
@@ -54,21 +53,18 @@ pub fn fake_quantize_affine_backward_into(
     check_len("x", layout.numel(), x.len())?;
     check_len("dy", x.len(), dy.len())?;
     check_len("dx", x.len(), dx.len())?;
-    let params = affines(scales, zero_points, quant_min, quant_max, layout.channels)?;
-    if x.is_empty() {
-        return Ok(());
-    }
-    if fast_path(&params, quant_min, quant_max) {
-        let walk = Walk::new(layout, &params);
-        with_rounding!(rounding, R => {
-            drive(&Ste::<R>(PhantomData), (x, dy, dx), &walk, layout.channels)
-        });
-    } else {
-        let torch = Torch::new(layout, quant_min, quant_max, rounding);
-        for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
-            let (_, inside) = torch.forward(*xi, &params[layout.channel_of(i)]);
-            *g += if inside { *dyi } else { 0.0 };
+    let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, rounding);
+    grid.run(|path, params| match path {
+        Path::Fast(walk) => with_rounding!(rounding, R => {
+            drive(&Ste::<R>(PhantomData), (x, dy, dx), &walk, layout.channels);
+        }),
+        Path::Exact => {
+            let torch = grid.torch();
+            for (i, ((g, xi), dyi)) in dx.iter_mut().zip(x).zip(dy).enumerate() {
+                let (_, inside) = torch.forward(*xi, &params[layout.channel_of(i)]);
+                *g += if inside { *dyi } else { 0.0 };
+            }
         }
-    }
+    })?;
     Ok(())
 }

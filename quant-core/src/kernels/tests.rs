@@ -279,6 +279,36 @@ fn lsq_reference(
 }
 
 /// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code.
+/// LSQ's gradient on the signed 8-bit grid, rounding half to even, from zero: `(dx, dscales,
+/// dzero_points)` (one scale and zero-point gradient per channel of `layout`).
+fn lsq_int8(
+    x: &[f32],
+    dy: &[f32],
+    layout: ChannelLayout,
+    scales: &[f32],
+    zero_points: &[f32],
+    grad_factor: f32,
+) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let mut dx = vec![0.0; x.len()];
+    let (mut ds, mut dz) = (vec![0.0; layout.channels], vec![0.0; layout.channels]);
+    fake_quantize_learnable_affine_backward_into(
+        x,
+        dy,
+        &mut dx,
+        layout,
+        scales,
+        zero_points,
+        -128,
+        127,
+        grad_factor,
+        RoundingPolicy::HalfEven,
+        &mut ds,
+        &mut dz,
+    )
+    .unwrap();
+    (dx, ds, dz)
+}
+
 fn both_levels(mut f: impl FnMut(&str)) {
     use std::sync::atomic::Ordering::Relaxed;
     f("default");
@@ -397,26 +427,7 @@ fn nan_inputs_add_nothing_to_lsq_sums_and_nan_gradients_propagate() {
         let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
         let x = inputs(n, 0.5, 9);
         let dy = inputs(n, 0.01, 13);
-        let run = |x: &[f32], dy: &[f32]| {
-            let mut dx = vec![0.0; n];
-            let (mut ds, mut dz) = (vec![0.0; channels], vec![0.0; channels]);
-            fake_quantize_learnable_affine_backward_into(
-                x,
-                dy,
-                &mut dx,
-                layout,
-                &scales,
-                &zf,
-                -128,
-                127,
-                1.0,
-                RoundingPolicy::HalfEven,
-                &mut ds,
-                &mut dz,
-            )
-            .unwrap();
-            (dx, ds, dz)
-        };
+        let run = |x: &[f32], dy: &[f32]| lsq_int8(x, dy, layout, &scales, &zf, 1.0);
         // Element 0 dropped from the sums: its terms are recomputed without it.
         let mut x_nan = x.clone();
         x_nan[0] = f32::NAN;
@@ -454,43 +465,13 @@ fn results_do_not_depend_on_the_number_of_threads() {
     let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
     let (x, dy) = (inputs(n, 0.5, 21), inputs(n, 0.01, 23));
     let run = || {
-        let mut dx = vec![0.0; n];
-        let (mut ds, mut dz) = (vec![0.0; 17], vec![0.0; 17]);
-        fake_quantize_learnable_affine_backward_into(
-            &x,
-            &dy,
-            &mut dx,
-            layout,
-            &scales,
-            &zf,
-            -128,
-            127,
-            0.01,
-            RoundingPolicy::HalfEven,
-            &mut ds,
-            &mut dz,
-        )
-        .unwrap();
+        let per_channel = lsq_int8(&x, &dy, layout, &scales, &zf, 0.01);
         let t = ChannelLayout::per_tensor(n);
-        let (mut dst, mut dzt) = ([0.0], [0.0]);
-        fake_quantize_learnable_affine_backward_into(
-            &x,
-            &dy,
-            &mut dx,
-            t,
-            &[0.5],
-            &[1.0],
-            -128,
-            127,
-            0.01,
-            RoundingPolicy::HalfEven,
-            &mut dst,
-            &mut dzt,
-        )
-        .unwrap();
+        let per_tensor = lsq_int8(&x, &dy, t, &[0.5], &[1.0], 0.01);
+        let mut dx = vec![0.0; n];
         let grid = crate::grid::IntegerGrid::new(8, false, false).unwrap();
         let da = pact_backward_into(&x, &dy, &mut dx, 20.0, grid);
-        (dx, ds, dz, dst, dzt, da)
+        (per_channel, per_tensor, dx, da)
     };
     let one = rayon::ThreadPoolBuilder::new()
         .num_threads(1)
@@ -607,23 +588,7 @@ fn empty_tensors_are_fine() {
         RoundingPolicy::HalfEven,
     )
     .unwrap();
-    let (mut ds, mut dz) = (vec![0.0; 4], vec![0.0; 4]);
-    let zf = [0.0; 4];
-    fake_quantize_learnable_affine_backward_into(
-        &[],
-        &[],
-        &mut [],
-        l,
-        &s,
-        &zf,
-        -128,
-        127,
-        1.0,
-        RoundingPolicy::HalfEven,
-        &mut ds,
-        &mut dz,
-    )
-    .unwrap();
+    let (_, ds, _) = lsq_int8(&[], &[], l, &s, &[0.0; 4], 1.0);
     assert_eq!(ds, vec![0.0; 4]);
     quantize_into::<i8>(&[], &mut [], l, &s, &z, -128, 127, RoundingPolicy::HalfEven).unwrap();
     dequantize_into::<i8>(&[], &mut [], l, &s, &z, -128, 127).unwrap();

@@ -9,7 +9,7 @@ use quant_core::{QuantError, Result};
 
 use super::{
     join_name, visit_layer_slots, AddQuantizer, Float, QLinear, QResidual, QuantInput,
-    QuantizedModule, Slot, SlotRef, TensorQuantizer,
+    QuantizedModule, Slot, SlotVisitor, TensorQuantizer,
 };
 use crate::convert::{Convert, LayerKind};
 use crate::export::ExportError;
@@ -48,11 +48,7 @@ impl AttentionQuantizers {
     ///
     /// # Errors
     /// The first error of `f`.
-    pub fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    pub fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         visit_layer_slots(
             &join_name(name, "scores"),
             LayerKind::AttentionScores,
@@ -343,11 +339,7 @@ attention_modules!(
 impl<const M: usize, const H: usize, const K: usize, const V: usize> QuantizedModule
     for QMultiHeadAttention<M, H, K, V>
 {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         self.w_q.visit_slots(&join_name(name, "w_q"), f)?;
         self.w_k.visit_slots(&join_name(name, "w_k"), f)?;
         self.w_v.visit_slots(&join_name(name, "w_v"), f)?;
@@ -360,7 +352,7 @@ impl<const M: usize, const H: usize, const K: usize, const V: usize> QuantizedMo
         name: &str,
         _g: &mut GraphBuilder,
         _x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    ) -> Result<ValueId, ExportError> {
         Err(ExportError::Unsupported {
             layer: name.to_string(),
             reason: "multi-head attention has no graph form yet, so it cannot be exported or \
@@ -470,11 +462,7 @@ block_modules!(
 impl<const M: usize, const H: usize, const F: usize> QuantizedModule
     for QTransformerEncoderBlock<M, H, F>
 {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         self.self_attn
             .visit_slots(&join_name(name, "self_attn"), f)?;
         self.add.visit_slots(&join_name(name, "add"), f)?;
@@ -483,12 +471,7 @@ impl<const M: usize, const H: usize, const F: usize> QuantizedModule
         self.norm2.visit_slots(&join_name(name, "norm2"), f)
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         // The attention reports that it has no graph form, naming itself.
         self.self_attn.lower(&join_name(name, "self_attn"), g, x)
     }

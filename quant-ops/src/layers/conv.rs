@@ -7,8 +7,8 @@ use quant_core::{QuantError, Result};
 
 use super::fan_in_uniform;
 use super::{
-    layer_bias, lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef,
-    TensorQuantizer,
+    layer_bias, lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot,
+    SlotVisitor, TensorQuantizer,
 };
 use crate::convert::LayerKind;
 use crate::export::ExportError;
@@ -169,11 +169,7 @@ impl<
         AQ: FakeQuantizer,
     > QuantizedModule for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
 {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         visit_layer_slots(
             name,
             LayerKind::Conv2d,
@@ -185,12 +181,7 @@ impl<
         )
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         let geometry = Conv2dGeometry {
             in_channels: C_IN,
             out_channels: C_OUT,

@@ -7,7 +7,9 @@ use dfdx::prelude::*;
 use quant_core::{QuantError, Result};
 
 use super::fan_in_uniform;
-use super::{visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{
+    visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotVisitor, TensorQuantizer,
+};
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
@@ -101,11 +103,7 @@ lookups!(
 );
 
 impl<const V: usize, const M: usize, WQ: FakeQuantizer> QuantizedModule for QEmbedding<V, M, WQ> {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         visit_layer_slots(
             name,
             LayerKind::Embedding,
@@ -119,7 +117,7 @@ impl<const V: usize, const M: usize, WQ: FakeQuantizer> QuantizedModule for QEmb
         name: &str,
         _g: &mut GraphBuilder,
         _x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    ) -> Result<ValueId, ExportError> {
         Err(ExportError::Unsupported {
             layer: name.to_string(),
             reason: "an Embedding looks up token ids, which the graph's float input does not carry; export the layers after it, or replace the lookup by a learned tensor added to the input".into(),

@@ -5,7 +5,7 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{join_name, QuantizedModule, SlotRef};
+use super::{join_name, QuantizedModule, SlotVisitor};
 use crate::convert::GraphOp;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
@@ -48,20 +48,11 @@ where
 }
 
 impl<M: GraphOp> QuantizedModule for Float<M> {
-    fn visit_slots(
-        &mut self,
-        _name: &str,
-        _f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, _name: &str, _f: &mut SlotVisitor<'_>) -> Result<()> {
         Ok(())
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         lower_op(&self.0, name, g, x)
     }
 }
@@ -72,7 +63,7 @@ pub(crate) fn lower_op<M: GraphOp>(
     name: &str,
     g: &mut GraphBuilder,
     x: ValueId,
-) -> std::result::Result<ValueId, ExportError> {
+) -> Result<ValueId, ExportError> {
     match m.graph_op() {
         Ok(None) => Ok(x),
         Ok(Some(mut op)) => {

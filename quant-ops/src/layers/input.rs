@@ -6,7 +6,7 @@ use dfdx::prelude::*;
 use quant_core::{QuantError, Result};
 
 use super::float::lower_op;
-use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, TensorQuantizer};
 use crate::convert::InputOnly;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
@@ -67,20 +67,11 @@ where
 }
 
 impl<M: InputOnly> QuantizedModule for QuantInput<M> {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         visit_layer_slots(name, M::KIND, [(Slot::INPUT, &mut self.input_quantizer)], f)
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         let x = g.quantize(&join_name(name, Slot::INPUT.name), &self.input_quantizer, x)?;
         lower_op(&self.module, name, g, x)
     }

@@ -8,7 +8,7 @@ use quant_core::{QuantError, Result};
 
 use super::fan_in_uniform;
 use super::{
-    lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotRef,
+    lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotVisitor,
     TensorQuantizer,
 };
 use crate::convert::LayerKind;
@@ -159,11 +159,7 @@ linear_modules!(
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QuantizedModule
     for QLinear<I, O, WQ, AQ>
 {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         visit_layer_slots(
             name,
             LayerKind::Linear,
@@ -175,12 +171,7 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Quant
         )
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         lower_weighted(
             name,
             g,

@@ -20,9 +20,9 @@
 
 mod attention;
 mod conv;
-mod embedding;
 #[doc(hidden)]
 pub mod derive;
+mod embedding;
 mod float;
 mod input;
 mod linear;
@@ -39,11 +39,11 @@ pub use float::Float;
 pub use input::QuantInput;
 pub use linear::QLinear;
 pub use param::{fake_quantize_param, fake_quantize_param_mut, LayerInput};
-pub use residual::{
-    AddQuantizer, QAddInto, QGeneralizedResidual, QRepeated, QResidual, QSplitInto,
-};
 pub use quantizer::{
     QuantizerControl, QuantizerDescription, QuantizerMode, QuantizerSpec, TensorQuantizer,
+};
+pub use residual::{
+    AddQuantizer, QAddInto, QGeneralizedResidual, QRepeated, QResidual, QSplitInto,
 };
 
 use dfdx::prelude::*;
@@ -274,6 +274,11 @@ impl SlotRef<'_> {
     }
 }
 
+/// The callback [`QuantizedModule::visit_slots`] calls with each slot. Its own lifetime
+/// `'f` is free, so an implementation written with this alias accepts every callback the
+/// trait's spelled-out signature does.
+pub type SlotVisitor<'f> = dyn FnMut(SlotRef<'_>) -> Result<()> + 'f;
+
 /// Calls `f` with each of `slots` (a slot and its quantizer) as a slot of `layer`, of kind
 /// `kind`, in order: what a layer's [`QuantizedModule::visit_slots`] does with its own
 /// quantizers.
@@ -284,7 +289,7 @@ pub(crate) fn visit_layer_slots<const N: usize>(
     layer: &str,
     kind: LayerKind,
     slots: [(Slot, &mut dyn QuantizerControl); N],
-    f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
+    f: &mut SlotVisitor<'_>,
 ) -> Result<()> {
     for (slot, quantizer) in slots {
         f(SlotRef {
@@ -320,7 +325,7 @@ pub trait QuantizedModule {
     ///
     /// # Errors
     /// A part with no graph form, a quantizer still calibrating, a shape that does not fit.
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> std::result::Result<ValueId, ExportError>;
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError>;
 
     /// [`lower`](Self::lower) for modules that take or give several values (a tuple: dfdx's
     /// `SplitInto` gives one per branch, `AddInto` takes one per branch). By default one value
@@ -333,7 +338,7 @@ pub trait QuantizedModule {
         name: &str,
         g: &mut GraphBuilder,
         xs: &[ValueId],
-    ) -> std::result::Result<Vec<ValueId>, ExportError> {
+    ) -> Result<Vec<ValueId>, ExportError> {
         match xs {
             [x] => Ok(vec![self.lower(name, g, *x)?]),
             _ => Err(ExportError::Unsupported {
@@ -356,7 +361,7 @@ pub fn lower_weighted(
     (weight, weight_shape): (&[f32], &[usize]),
     bias: &[f32],
     op: impl FnOnce(crate::graph::Parameter, crate::graph::Parameter) -> crate::graph::Op,
-) -> std::result::Result<ValueId, ExportError> {
+) -> Result<ValueId, ExportError> {
     let xq = g.quantize(&join_name(name, Slot::INPUT.name), input, x)?;
     let input_quantizer = match g.producer(xq) {
         Some(crate::graph::Op::Quantize { quantizer }) if xq != x => Some(quantizer.clone()),
@@ -401,15 +406,11 @@ pub fn join_name(prefix: &str, name: &str) -> String {
 macro_rules! tuple_quantized_module {
     ($($name:ident $idx:tt),+) => {
         impl<$($name: QuantizedModule),+> QuantizedModule for ($($name,)+) {
-            fn visit_slots(
-                &mut self,
-                name: &str,
-                f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-            ) -> Result<()> {
+            fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
                 $(self.$idx.visit_slots(&join_name(name, stringify!($idx)), f)?;)+
                 Ok(())
             }
-            fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> std::result::Result<ValueId, ExportError> {
+            fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
                 match self.lower_values(name, g, &[x])?.as_slice() {
                     [y] => Ok(*y),
                     ys => Err(ExportError::Unsupported {
@@ -418,7 +419,7 @@ macro_rules! tuple_quantized_module {
                     }),
                 }
             }
-            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> std::result::Result<Vec<ValueId>, ExportError> {
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, ExportError> {
                 let xs = xs.to_vec();
                 $(let xs = self.$idx.lower_values(&join_name(name, stringify!($idx)), g, &xs)?;)+
                 Ok(xs)

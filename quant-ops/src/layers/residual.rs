@@ -12,7 +12,7 @@ use dfdx::prelude::*;
 
 use quant_core::{QuantError, Result};
 
-use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotRef, TensorQuantizer};
+use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, TensorQuantizer};
 use crate::convert::LayerKind;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, Op, ValueId};
@@ -68,11 +68,7 @@ impl AddQuantizer {
     ///
     /// # Errors
     /// The first error of `f`.
-    pub fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    pub fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         visit_layer_slots(
             name,
             LayerKind::Add,
@@ -96,7 +92,7 @@ impl AddQuantizer {
         g: &mut GraphBuilder,
         a: ValueId,
         b: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    ) -> Result<ValueId, ExportError> {
         let input = join_name(name, Slot::INPUT.name);
         let a = g.quantize_as(&join_name(&input, "0"), &input, &self.input_quantizer, a)?;
         let b = g.quantize_as(&join_name(&input, "1"), &input, &self.input_quantizer, b)?;
@@ -229,43 +225,25 @@ where
 }
 
 impl<F: QuantizedModule> QuantizedModule for QResidual<F> {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         self.module.visit_slots(&join_name(name, "0"), f)?;
         self.add.visit_slots(name, f)
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         let y = self.module.lower(&join_name(name, "0"), g, x)?;
         self.add.lower(name, g, x, y)
     }
 }
 
 impl<F: QuantizedModule, R: QuantizedModule> QuantizedModule for QGeneralizedResidual<F, R> {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         self.f.visit_slots(&join_name(name, "f"), f)?;
         self.r.visit_slots(&join_name(name, "r"), f)?;
         self.add.visit_slots(name, f)
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        g: &mut GraphBuilder,
-        x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
         let a = self.f.lower(&join_name(name, "f"), g, x)?;
         let b = self.r.lower(&join_name(name, "r"), g, x)?;
         self.add.lower(name, g, a, b)
@@ -333,11 +311,7 @@ where
 }
 
 impl<T: QuantizedModule, const N: usize> QuantizedModule for QRepeated<T, N> {
-    fn visit_slots(
-        &mut self,
-        name: &str,
-        f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-    ) -> Result<()> {
+    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
         for (i, m) in self.modules.iter_mut().enumerate() {
             m.visit_slots(&join_name(name, &i.to_string()), f)?;
         }
@@ -349,7 +323,7 @@ impl<T: QuantizedModule, const N: usize> QuantizedModule for QRepeated<T, N> {
         name: &str,
         g: &mut GraphBuilder,
         mut x: ValueId,
-    ) -> std::result::Result<ValueId, ExportError> {
+    ) -> Result<ValueId, ExportError> {
         for (i, m) in self.modules.iter().enumerate() {
             x = m.lower(&join_name(name, &i.to_string()), g, x)?;
         }
@@ -411,30 +385,16 @@ macro_rules! split_add_impls {
         }
 
         impl<$($m: QuantizedModule),+> QuantizedModule for QSplitInto<($($m,)+)> {
-            fn visit_slots(
-                &mut self,
-                name: &str,
-                f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-            ) -> Result<()> {
+            fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
                 $(self.0.$i.visit_slots(&join_name(name, concat!("0.", stringify!($i))), f)?;)+
                 Ok(())
             }
 
-            fn lower(
-                &self,
-                name: &str,
-                _g: &mut GraphBuilder,
-                _x: ValueId,
-            ) -> std::result::Result<ValueId, ExportError> {
+            fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, ExportError> {
                 Err(tuple_value(name, "SplitInto gives", $n))
             }
 
-            fn lower_values(
-                &self,
-                name: &str,
-                g: &mut GraphBuilder,
-                xs: &[ValueId],
-            ) -> std::result::Result<Vec<ValueId>, ExportError> {
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, ExportError> {
                 let [x] = xs else {
                     return Err(tuple_value(name, "SplitInto takes one value; it receives", xs.len()));
                 };
@@ -471,30 +431,16 @@ macro_rules! split_add_impls {
         }
 
         impl<$($m: QuantizedModule),+> QuantizedModule for QAddInto<($($m,)+)> {
-            fn visit_slots(
-                &mut self,
-                name: &str,
-                f: &mut dyn FnMut(SlotRef<'_>) -> Result<()>,
-            ) -> Result<()> {
+            fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
                 $(self.modules.$i.visit_slots(&join_name(name, concat!("0.", stringify!($i))), f)?;)+
                 self.add.visit_slots(name, f)
             }
 
-            fn lower(
-                &self,
-                name: &str,
-                _g: &mut GraphBuilder,
-                _x: ValueId,
-            ) -> std::result::Result<ValueId, ExportError> {
+            fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, ExportError> {
                 Err(tuple_value(name, "AddInto takes", $n))
             }
 
-            fn lower_values(
-                &self,
-                name: &str,
-                g: &mut GraphBuilder,
-                xs: &[ValueId],
-            ) -> std::result::Result<Vec<ValueId>, ExportError> {
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, ExportError> {
                 if xs.len() != $n {
                     return Err(tuple_value(name, "AddInto takes", $n));
                 }
