@@ -7,7 +7,8 @@
 //! each row, dfdx's `TransformerEncoder` (2 blocks, 4 heads) mixes them, a Linear gives each
 //! token class logits, and the loss takes their mean over the tokens (about 90% float on the
 //! test split after 40 epochs, and as much at W4A8). The graph that export formats and the
-//! integer runtime read does not take sequences yet: the last line says why it stops.
+//! integer runtime read takes sequences and the Linear layers, but not attention yet: the last
+//! line names the layer where export stops.
 //!
 //! Run: `cargo run --release --example transformer`
 

@@ -519,3 +519,48 @@ fn every_op_runs_in_tract_as_the_float_reference_computes_it() {
         );
     }
 }
+
+/// A graph whose samples are sequences `[tokens, features]` writes `MatMul` + `Add` for its
+/// Linear layers (token by token, as the graph computes them) and runs in tract like the
+/// float reference.
+#[test]
+fn a_sequence_model_runs_in_tract_token_by_token() {
+    use quant::dfdx::prelude::*;
+    use quant::quant_ops::convert::convert_model;
+    use quant::quant_ops::export::export_model;
+    use quant::quant_ops::layers::QuantizedModuleExt;
+    use quant::quant_ops::policy::Policy;
+    let policy = Policy::from_toml_str(
+        "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 8\n\
+         [input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 8\nobserver = \"MinMax\"\n",
+        "sequence.toml",
+    )
+    .unwrap();
+    type Net = (Linear<6, 16>, ReLU, Linear<16, 3>);
+    let dev = Cpu::seed_from_u64(9);
+    let float = dev.build_module::<Net, f32>();
+    let mut q = convert_model(&float, &policy).unwrap();
+    let calib: Tensor<Rank3<32, 5, 6>, f32, _> = dev.sample_normal();
+    q.try_forward_mut(calib).unwrap();
+    q.finish_calibration().unwrap();
+    let graph = export_model(&q, &[5, 6], Default::default()).unwrap();
+    let dir = scratch().join("sequence");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.onnx");
+    std::fs::write(
+        &path,
+        OnnxFormat::new(OnnxConvention::Standard)
+            .to_bytes(&graph)
+            .unwrap(),
+    )
+    .unwrap();
+    let onnx = OnnxModel::load(&path).unwrap();
+    assert_eq!(onnx.input_shape(), [5, 6]);
+    let x = noise(64 * 30, 11);
+    let reference = evaluate(&graph, &x, &|_, _| false).unwrap().output;
+    let (within, max_relative) = compare_logits(&onnx.forward(&x).unwrap(), &reference, 3);
+    assert!(
+        within >= MIN_WITHIN_TOLERANCE,
+        "{within} within tolerance, largest {max_relative}"
+    );
+}

@@ -74,11 +74,20 @@ fn a_residual_block_and_layer_norm_convert_calibrate_and_train() {
     assert_eq!(q.finish_calibration().unwrap(), 9);
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let target: Tensor<Rank2<32, 4>, f32, _> = dev.sample_normal();
-    let mut opt = Adam::new(&q, AdamConfig { lr: 2e-3, ..Default::default() });
+    let mut opt = Adam::new(
+        &q,
+        AdamConfig {
+            lr: 2e-3,
+            ..Default::default()
+        },
+    );
     let mut losses = Vec::new();
     for _ in 0..30 {
         let grads = q.alloc_grads();
-        let loss = mse_loss(q.try_forward_mut(x.clone().traced(grads)).unwrap(), target.clone());
+        let loss = mse_loss(
+            q.try_forward_mut(x.clone().traced(grads)).unwrap(),
+            target.clone(),
+        );
         losses.push(loss.array());
         opt.update(&mut q, &loss.backward()).unwrap();
     }
@@ -86,7 +95,11 @@ fn a_residual_block_and_layer_norm_convert_calibrate_and_train() {
     // The graph holds the add with both inputs on the add's grid, and the float LayerNorm;
     // it computes what the model computes.
     let graph = export_model(&q, &[8], Default::default()).unwrap();
-    let ops: Vec<(&str, &str)> = graph.nodes.iter().map(|n| (n.name.as_str(), n.op.name())).collect();
+    let ops: Vec<(&str, &str)> = graph
+        .nodes
+        .iter()
+        .map(|n| (n.name.as_str(), n.op.name()))
+        .collect();
     assert!(ops.contains(&("1.input.0", "Quantize")) && ops.contains(&("1.input.1", "Quantize")));
     assert!(ops.contains(&("1", "Add")) && ops.contains(&("2", "LayerNorm")));
     let fq = q.try_forward(x.clone()).unwrap().as_vec();
@@ -145,7 +158,9 @@ fn the_add_quantizer_passes_straight_through_gradients_and_sums_its_scale_gradie
     let cal_b: Tensor<Rank1<64>, f32, _> = dev.sample_uniform() - 0.5;
     add.add_mut(cal_a, cal_b).unwrap();
     add.input_quantizer.finish_calibration().unwrap();
-    add.input_quantizer.set_mode(QuantizerMode::Training).unwrap();
+    add.input_quantizer
+        .set_mode(QuantizerMode::Training)
+        .unwrap();
     let grid = add.input_quantizer.grid().unwrap().unwrap();
     let qp = add.input_quantizer.qparams().unwrap().unwrap();
     let (s, z) = (qp.scales()[0], qp.zero_points()[0] as f32);
@@ -158,7 +173,10 @@ fn the_add_quantizer_passes_straight_through_gradients_and_sums_its_scale_gradie
     let b: Tensor<Rank1<64>, f32, _> = dev.sample_uniform() * 4.0 - 2.0;
     let r: Tensor<Rank1<64>, f32, _> = dev.sample_normal();
     let grads = (add
-        .add(a.clone().trace(Gradients::leaky()), b.clone().trace(Gradients::leaky()))
+        .add(
+            a.clone().trace(Gradients::leaky()),
+            b.clone().trace(Gradients::leaky()),
+        )
         .unwrap()
         * r.clone())
     .sum()
@@ -167,8 +185,18 @@ fn the_add_quantizer_passes_straight_through_gradients_and_sums_its_scale_gradie
     let (av, bv) = (a.as_vec(), b.as_vec());
     let mut clipped = 0;
     for i in 0..64 {
-        assert_eq!(da[i], if inside(av[i]) { rv[i] } else { 0.0 }, "a[{i}] = {}", av[i]);
-        assert_eq!(db[i], if inside(bv[i]) { rv[i] } else { 0.0 }, "b[{i}] = {}", bv[i]);
+        assert_eq!(
+            da[i],
+            if inside(av[i]) { rv[i] } else { 0.0 },
+            "a[{i}] = {}",
+            av[i]
+        );
+        assert_eq!(
+            db[i],
+            if inside(bv[i]) { rv[i] } else { 0.0 },
+            "b[{i}] = {}",
+            bv[i]
+        );
         clipped += usize::from(!inside(av[i])) + usize::from(!inside(bv[i]));
     }
     assert!(clipped > 0, "the test must clip some values");
@@ -220,11 +248,17 @@ fn residual_cnn_runs_on_integers_like_the_fake_quantized_model() {
         let graph = export_model(&q, &[1, 8, 8], Default::default()).unwrap();
         let adds = graph.nodes.iter().filter(|n| n.op == Op::Add).count();
         assert_eq!(adds, 2);
-        assert!(graph.nodes.iter().any(|n| matches!(&n.op, Op::Conv2d { geometry, .. } if geometry.groups == 4)));
+        assert!(graph
+            .nodes
+            .iter()
+            .any(|n| matches!(&n.op, Op::Conv2d { geometry, .. } if geometry.groups == 4)));
         let integer = IntegerModel::new(&graph).unwrap();
         let int = integer.forward(&x.as_vec()).unwrap();
         let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = int.iter().zip(&fq).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let worst = int
+            .iter()
+            .zip(&fq)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
         assert!(
             worst <= LOGIT_TOLERANCE * range,
             "W{bits}A{bits}: integer vs fake-quantized logits differ by {worst} (range {range})"
@@ -244,11 +278,20 @@ fn split_into_add_into_and_repeated_convert_and_lower() {
     let float = dev.build_module::<Net, f32>();
     let mut q = convert_model(&float, &policy(8)).unwrap();
     let named: Vec<String> = names(&mut q).into_iter().map(|(n, _)| n).collect();
-    for n in ["1.0.0.input", "1.0.1.1.weights", "2.input", "3.0.0.weights", "3.1.0.weights"] {
+    for n in [
+        "1.0.0.input",
+        "1.0.1.1.weights",
+        "2.input",
+        "3.0.0.weights",
+        "3.1.0.weights",
+    ] {
         assert!(named.iter().any(|m| m == n), "{n} in {named:?}");
     }
     let x: Tensor<Rank2<6, 4>, f32, _> = dev.sample_normal();
-    assert_eq!(q.try_forward_mut(x.clone()).unwrap().array(), float.forward(x.clone()).array());
+    assert_eq!(
+        q.try_forward_mut(x.clone()).unwrap().array(),
+        float.forward(x.clone()).array()
+    );
     q.finish_calibration().unwrap();
     let graph = export_model(&q, &[4], Default::default()).unwrap();
     let fq = q.try_forward(x.clone()).unwrap().as_vec();
@@ -282,8 +325,10 @@ fn embedding_quantizes_its_table_per_row() {
         },
         observer: ObserverConfig::MinMax,
     };
-    let mut q = convert_model(&float, &|_: &str, _: LayerKind, slot: Slot| Ok(Some(spec(slot.target))))
-        .unwrap();
+    let mut q = convert_model(&float, &|_: &str, _: LayerKind, slot: Slot| {
+        Ok(Some(spec(slot.target)))
+    })
+    .unwrap();
     let ids: Tensor<Rank1<3>, usize, _> = dev.tensor([1, 7, 7]);
     q.try_forward_mut(ids.clone()).unwrap();
     q.finish_calibration().unwrap();
@@ -292,11 +337,56 @@ fn embedding_quantizes_its_table_per_row() {
     assert!(d[0].1.per_channel);
     let y = q.try_forward(ids.clone()).unwrap().as_vec();
     // Rows 7 and 7 look up the same quantized row.
-    let table = q.0.weights_quantizer.fake_quantize(q.0.weight.clone()).unwrap().as_vec();
+    let table =
+        q.0.weights_quantizer
+            .fake_quantize(q.0.weight.clone())
+            .unwrap()
+            .as_vec();
     let h0 = &table[7 * 4..8 * 4];
     let row: Tensor<Rank2<1, 4>, f32, _> = dev.tensor([[h0[0], h0[1], h0[2], h0[3]]]);
     let lin = q.1.try_forward(row).unwrap().as_vec();
     assert_eq!(&y[2 * 2..], &lin[..]);
-    let e = export_model(&q, &[1], Default::default()).unwrap_err().to_string();
+    let e = export_model(&q, &[1], Default::default())
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("layer `0`") && e.contains("token ids"), "{e}");
+}
+
+/// A sample may be a sequence `[tokens, features]`: Linear layers act on each token, in the
+/// graph's reference evaluation and on integers alike, as dfdx's Linear does on a
+/// `[batch, tokens, features]` tensor.
+#[test]
+fn sequences_of_tokens_lower_and_run_on_integers_token_by_token() {
+    type Net = (Linear<6, 16>, ReLU, Linear<16, 3>);
+    for (seed, bits) in [(7u64, 8), (8, 4)] {
+        let dev = Cpu::seed_from_u64(seed);
+        let float = dev.build_module::<Net, f32>();
+        let mut q = convert_model(&float, &policy(bits)).unwrap();
+        let calib: Tensor<Rank3<16, 5, 6>, f32, _> = dev.sample_normal();
+        q.try_forward_mut(calib).unwrap();
+        q.finish_calibration().unwrap();
+        let x: Tensor<Rank3<4, 5, 6>, f32, _> = dev.sample_normal();
+        let fq = q.try_forward(x.clone()).unwrap().as_vec();
+        let graph = export_model(&q, &[5, 6], Default::default()).unwrap();
+        let reference = evaluate(&graph, &x.as_vec(), &|_, _| false).unwrap().output;
+        let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert_eq!(reference.len(), 4 * 5 * 3);
+        for (a, b) in reference.iter().zip(&fq) {
+            assert!((a - b).abs() <= 1e-4 * range, "{a} vs {b}");
+        }
+        let integer = IntegerModel::new(&graph).unwrap();
+        assert_eq!(integer.output_features(), 5 * 3);
+        let int = integer.forward(&x.as_vec()).unwrap();
+        assert_eq!(int.len(), fq.len());
+        let worst = int
+            .iter()
+            .zip(&fq)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(
+            worst <= LOGIT_TOLERANCE * range,
+            "W{bits}A{bits}: integer vs fake-quantized logits differ by {worst} (range {range})"
+        );
+        // A sample of the wrong size is an error, not a reshaped guess.
+        assert!(integer.forward(&x.as_vec()[..5 * 6 + 1]).is_err());
+    }
 }

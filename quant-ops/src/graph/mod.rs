@@ -15,8 +15,8 @@
 //! simply lacks those nodes and holds float parameters: the float reference of a report is the
 //! same model lowered with every quantizer disabled.
 //!
-//! Shapes are per sample (no batch axis) and follow dfdx and ONNX: `[features]` or
-//! `[channels, height, width]`. [`Graph::check`] infers every value's shape and checks every
+//! Shapes are per sample (no batch axis) and follow dfdx and ONNX: `[features]`,
+//! `[tokens, features]` or `[channels, height, width]`. [`Graph::check`] infers every value's shape and checks every
 //! op against it, every parameter against its op, and every size against the limits below, so
 //! that a graph read from a hostile file is rejected with a typed error before anything is
 //! allocated for it.
@@ -57,7 +57,8 @@ pub const MAX_NAME_LEN: usize = 1024;
 pub struct GraphInput {
     /// The input value's name ([`INPUT`]).
     pub name: String,
-    /// Shape of one sample: `[features]` or `[channels, height, width]`.
+    /// Shape of one sample: `[features]`, `[tokens, features]` (a sequence: row-wise ops such
+    /// as Linear and LayerNorm act on each token) or `[channels, height, width]`.
     pub shape: Vec<usize>,
 }
 
@@ -150,9 +151,9 @@ impl Graph {
                 self.input.shape
             )));
         }
-        if !matches!(self.input.shape.len(), 1 | 3) {
+        if !matches!(self.input.shape.len(), 1..=3) {
             return Err(graph(format!(
-                "input shape {:?}: expected [features] or [channels, height, width]",
+                "input shape {:?}: expected [features], [tokens, features] or [channels, height, width]",
                 self.input.shape
             )));
         }
