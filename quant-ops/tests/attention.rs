@@ -45,6 +45,42 @@ fn slots(q: &mut impl QuantizedModule) -> Vec<(String, LayerKind, u32)> {
     out
 }
 
+/// The MSE losses of `steps` Adam steps (learning rate `lr`) of `q` towards `target` on `x`.
+fn mse_losses<M, S: Shape, O: Shape>(
+    q: &mut M,
+    x: &Tensor<S, f32, Cpu>,
+    target: &Tensor<O, f32, Cpu>,
+    lr: f64,
+    steps: usize,
+) -> Vec<f32>
+where
+    M: TensorCollection<f32, Cpu>
+        + ModuleMut<
+            Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>,
+            Output = Tensor<O, f32, Cpu, OwnedTape<f32, Cpu>>,
+        >,
+    M::Error: std::fmt::Debug,
+{
+    let mut opt = Adam::new(
+        q,
+        AdamConfig {
+            lr,
+            ..Default::default()
+        },
+    );
+    let mut losses = Vec::new();
+    for _ in 0..steps {
+        let grads = q.alloc_grads();
+        let loss = mse_loss(
+            q.try_forward_mut(x.clone().traced(grads)).unwrap(),
+            target.clone(),
+        );
+        losses.push(loss.array());
+        opt.update(q, &loss.backward()).unwrap();
+    }
+    losses
+}
+
 type Attention = MultiHeadAttention<8, 2>;
 
 #[test]
@@ -450,23 +486,7 @@ fn quantized_attention_trains() {
     q.finish_calibration().unwrap();
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let before = [&q.matmul_inputs.query, &q.matmul_inputs.probs].map(|t| t.learned.as_vec());
-    let mut opt = Adam::new(
-        &q,
-        AdamConfig {
-            lr: 1e-2,
-            ..Default::default()
-        },
-    );
-    let mut losses = Vec::new();
-    for _ in 0..60 {
-        let grads = q.alloc_grads();
-        let loss = mse_loss(
-            q.try_forward_mut(x.clone().traced(grads)).unwrap(),
-            target.clone(),
-        );
-        losses.push(loss.array());
-        opt.update(&mut q, &loss.backward()).unwrap();
-    }
+    let losses = mse_losses(&mut q, &x, &target, 1e-2, 60);
     assert!(losses[59] < 0.2 * losses[0], "{losses:?}");
     let after = [&q.matmul_inputs.query, &q.matmul_inputs.probs].map(|t| t.learned.as_vec());
     assert!(
@@ -519,23 +539,7 @@ fn a_transformer_encoder_converts_calibrates_trains_and_reports_that_it_cannot_e
     q.finish_calibration().unwrap();
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let target: Tensor<Rank3<4, 6, 8>, f32, _> = dev.sample_normal();
-    let mut opt = Adam::new(
-        &q,
-        AdamConfig {
-            lr: 5e-3,
-            ..Default::default()
-        },
-    );
-    let mut losses = Vec::new();
-    for _ in 0..30 {
-        let grads = q.alloc_grads();
-        let loss = mse_loss(
-            q.try_forward_mut(x.clone().traced(grads)).unwrap(),
-            target.clone(),
-        );
-        losses.push(loss.array());
-        opt.update(&mut q, &loss.backward()).unwrap();
-    }
+    let losses = mse_losses(&mut q, &x, &target, 5e-3, 30);
     assert!(losses[29] < 0.9 * losses[0], "{losses:?}");
 
     match export_model(&q, &[8], Default::default()) {
@@ -594,23 +598,7 @@ fn a_vision_transformer_converts_calibrates_trains_and_says_why_it_cannot_export
     q.finish_calibration().unwrap();
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let target: Tensor<(usize, Const<10>), f32, Cpu> = dev.sample_normal_like(&(5, Const));
-    let mut opt = Adam::new(
-        &q,
-        AdamConfig {
-            lr: 5e-3,
-            ..Default::default()
-        },
-    );
-    let mut losses = Vec::new();
-    for _ in 0..30 {
-        let grads = q.alloc_grads();
-        let loss = mse_loss(
-            q.try_forward_mut(x.clone().traced(grads)).unwrap(),
-            target.clone(),
-        );
-        losses.push(loss.array());
-        opt.update(&mut q, &loss.backward()).unwrap();
-    }
+    let losses = mse_losses(&mut q, &x, &target, 5e-3, 30);
     assert!(losses[29] < 0.9 * losses[0], "{losses:?}");
 
     match export_model(&q, &[1, 8, 8], Default::default()) {
