@@ -49,13 +49,13 @@ fn policy(name: &str, kind: LayerKind, slot: Slot) -> quant::Result<Option<Quant
     let weight_bits = if special.contains(&name) { 8 } else { 4 };
     let input = |id| ActivationQuantizerConfig::new(id, QuantizationMethod::Symmetric, 8);
     Ok(match (kind, slot) {
-        (LayerKind::Conv2d | LayerKind::Linear, Slot::WEIGHTS) => Some(spec(
-            WeightsQuantizerConfig::new(
+        (LayerKind::Conv2d | LayerKind::Linear, Slot::WEIGHTS) => {
+            Some(spec(WeightsQuantizerConfig::new(
                 TrainingMethod::Lsq,
                 QuantizationMethod::Symmetric,
                 weight_bits,
-            ),
-        )),
+            )))
+        }
         (LayerKind::Conv2d | LayerKind::Linear, _) => Some(spec(input(TrainingMethod::Lsq))),
         (LayerKind::MaxPool2d | LayerKind::AvgPool2d, _) => Some(spec(input(TrainingMethod::Ste))),
         _ => None,

@@ -23,8 +23,7 @@ use dfdx::tensor::CpuError;
 use quant::prelude::*;
 use quant::quant_ops::convert::{convert_model, LayerKind};
 use quant::quant_ops::layers::{
-    Slot,
-    QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec,
+    QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot,
 };
 use quant::quant_ops::observers::ObserverConfig;
 

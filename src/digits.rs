@@ -252,7 +252,11 @@ fn parse(reader: impl Read, path: &Path) -> Result<Digits, DataError> {
                 "more than {MAX_ROWS} rows; a digits file holds at most that"
             )));
         }
-        let split = if rows.is_multiple_of(5) { &mut test } else { &mut train };
+        let split = if rows.is_multiple_of(5) {
+            &mut test
+        } else {
+            &mut train
+        };
         for (i, f) in fields[..PIXELS].iter().enumerate() {
             let v: u8 = f.trim().parse().map_err(|_| {
                 malformed(format!(

@@ -15,7 +15,7 @@ use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{
-    QuantizedModule, QuantizedModuleExt, Slot, QuantizerControl, QuantizerMode, QuantizerSpec,
+    QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot,
 };
 use quant_ops::observers::ObserverConfig;
 use quant_ops::report::layer_report;
@@ -174,8 +174,14 @@ fn gradients_reach_the_float_weights_as_finite_differences_of_the_straight_throu
 
     // The surrogate: the float layer evaluated at the quantized weights and input.
     let xq = q.input_quantizer.fake_quantize(x.clone()).unwrap();
-    let wq = q.weight_quantizer.fake_quantize(q.layer.weight.clone()).unwrap();
-    let gq = q.gate_quantizer.fake_quantize(q.layer.gate.clone()).unwrap();
+    let wq = q
+        .weight_quantizer
+        .fake_quantize(q.layer.weight.clone())
+        .unwrap();
+    let gq = q
+        .gate_quantizer
+        .fake_quantize(q.layer.gate.clone())
+        .unwrap();
     let at = |w: [[f32; 3]; 3], g: [f32; 3]| {
         let l = GatedMix::<3> {
             weight: dev.tensor(w),
@@ -514,13 +520,11 @@ fn concrete_model_with_a_user_layer_builds_converts_and_trains() {
     assert_eq!(copy.unwrap().out.weight.as_vec(), float.out.weight.as_vec());
     assert!(float.mix.weight.as_vec().iter().any(|w| *w != 0.0));
 
-    let policy = |name: &str, kind: LayerKind, slot: Slot| {
-        match (name, kind) {
-            ("mix", LayerKind::Custom) | ("out", LayerKind::Linear) => {
-                uniform_policy(TrainingMethod::Lsq, 6)(name, kind, slot)
-            }
-            other => panic!("unexpected layer {other:?}"),
+    let policy = |name: &str, kind: LayerKind, slot: Slot| match (name, kind) {
+        ("mix", LayerKind::Custom) | ("out", LayerKind::Linear) => {
+            uniform_policy(TrainingMethod::Lsq, 6)(name, kind, slot)
         }
+        other => panic!("unexpected layer {other:?}"),
     };
     let mut q: QuantMixer = convert_model(&float, &policy).unwrap();
     let x = dev.sample_normal::<Rank2<8, 16>>();
@@ -567,10 +571,16 @@ fn concrete_model_with_a_user_layer_builds_converts_and_trains() {
     let report = layer_report(&q, &[16], &x.as_vec()).unwrap();
     let layers: Vec<&str> = report.iter().map(|l| l.layer.as_str()).collect();
     assert_eq!(layers, ["mix", "out"]);
-    assert!(report.iter().all(|l| l.quantizers.len() >= 2 && l.sqnr_db.is_none()));
-    let err = export_model(&q, &[16], BTreeMap::new()).unwrap_err().to_string();
+    assert!(report
+        .iter()
+        .all(|l| l.quantizers.len() >= 2 && l.sqnr_db.is_none()));
+    let err = export_model(&q, &[16], BTreeMap::new())
+        .unwrap_err()
+        .to_string();
     assert!(
-        err.contains("layer `mix`") && err.contains("GatedMix") && err.contains("#[derive(QuantizedLayer)]"),
+        err.contains("layer `mix`")
+            && err.contains("GatedMix")
+            && err.contains("#[derive(QuantizedLayer)]"),
         "{err}"
     );
 }

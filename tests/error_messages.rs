@@ -20,8 +20,8 @@ use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_af
 use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
 use quant_ops::checkpoint::{load_checkpoint, CheckpointError};
 use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::layers::Slot;
 use quant_ops::export::{self, export_model, ExportError, QuantFormat};
+use quant_ops::layers::Slot;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
 use quant_ops::observers::{HistogramBins, ObserverConfig};
 use quant_ops::policy::{Policy, PolicyError};
@@ -200,12 +200,13 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
     let act4 = ActivationQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Uniform, 4);
 
     // ConfigMismatch: an activation config in the weights slot of layer 2.
-    let wrong_target = |name: &str, _: LayerKind, slot: Slot| -> quant::Result<Option<QuantizerSpec>> {
-        Ok(Some(spec(match slot {
-            Slot::WEIGHTS if name != "2" => QuantizerConfig::from(lsq4.clone()),
-            _ => act4.clone().into(),
-        })))
-    };
+    let wrong_target =
+        |name: &str, _: LayerKind, slot: Slot| -> quant::Result<Option<QuantizerSpec>> {
+            Ok(Some(spec(match slot {
+                Slot::WEIGHTS if name != "2" => QuantizerConfig::from(lsq4.clone()),
+                _ => act4.clone().into(),
+            })))
+        };
     let e = convert_model(&float, &wrong_target).unwrap_err();
     assert!(matches!(e, QuantError::At { .. }));
     assert!(matches!(e.root(), QuantError::ConfigMismatch { .. }));
@@ -226,10 +227,7 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
     };
     let e = convert_model(&float, &greedy).unwrap_err();
     assert!(matches!(e.root(), QuantError::TooManyParameters { .. }));
-    has(
-        &e.to_string(),
-        &["0.weights", "GreedyQuantizer", "at most"],
-    );
+    has(&e.to_string(), &["0.weights", "GreedyQuantizer", "at most"]);
 
     // NotInitialized: calibration finished before any batch was observed.
     let lsq = |_: &str, _: LayerKind, slot: Slot| -> quant::Result<Option<QuantizerSpec>> {

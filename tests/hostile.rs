@@ -154,8 +154,14 @@ fn a_huge_convolution_runs_in_chunks_of_bounded_memory() {
     let per_sample = integer.working_bytes_per_sample();
     assert!(per_sample > 87 * 87 * 6400, "{per_sample}");
     let chunk = integer.samples_per_chunk();
-    assert!(chunk >= 1 && chunk * per_sample <= MAX_BATCH_BYTES, "{chunk} x {per_sample}");
-    assert!(360 * per_sample > 8 * MAX_BATCH_BYTES, "the test split would not fit at once");
+    assert!(
+        chunk >= 1 && chunk * per_sample <= MAX_BATCH_BYTES,
+        "{chunk} x {per_sample}"
+    );
+    assert!(
+        360 * per_sample > 8 * MAX_BATCH_BYTES,
+        "the test split would not fit at once"
+    );
     // More samples than one chunk holds: every one is computed, and alike samples agree.
     let n = chunk + 2;
     let sample: Vec<f32> = (0..64).map(|i| (i % 9) as f32 * 0.05).collect();

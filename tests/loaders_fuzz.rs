@@ -300,8 +300,16 @@ fn inferable_bytes(bytes: &[u8]) {
         Err(e) => {
             use serde_json::error::Category;
             let names_a_key = [
-                "method", "grid", "bits", "signed", "narrow_range", "rounding", "qparams",
-                "scales", "zero_points", "axis",
+                "method",
+                "grid",
+                "bits",
+                "signed",
+                "narrow_range",
+                "rounding",
+                "qparams",
+                "scales",
+                "zero_points",
+                "axis",
             ]
             .iter()
             .any(|key| e.to_string().contains(key));

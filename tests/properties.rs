@@ -21,10 +21,10 @@ use quant_core::kernels::{
     fake_quantize_affine_into, fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine,
 };
 use quant_core::{registry, ParamBank, ParamBankMut, MAX_PARAMETERS};
-use quant_ops::convert::{convert_model, LayerKind, Convert};
-use quant_ops::layers::Slot;
+use quant_ops::convert::{convert_model, Convert, LayerKind};
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
+use quant_ops::layers::Slot;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
 use quant_ops::nn::builders;
 use quant_ops::observers::ObserverConfig;
@@ -306,12 +306,20 @@ type CnnBuilder = (
 /// average pooling.
 type ResnetBuilder = (
     (builders::Conv2d<2, 4, 3, 1, 1>, ReLU),
-    dfdx::nn::builders::Residual<(builders::DepthwiseConv2d<4, 3, 1, 1>, ReLU, builders::Conv2d<4, 4, 1>)>,
+    dfdx::nn::builders::Residual<(
+        builders::DepthwiseConv2d<4, 3, 1, 1>,
+        ReLU,
+        builders::Conv2d<4, 4, 1>,
+    )>,
     dfdx::nn::builders::GeneralizedResidual<
         (builders::Conv2d<4, 6, 3, 2, 1>, ReLU),
         builders::Conv2d<4, 6, 1, 2>,
     >,
-    (ReLU, dfdx::nn::builders::AvgPoolGlobal, dfdx::nn::builders::Linear<6, 5>),
+    (
+        ReLU,
+        dfdx::nn::builders::AvgPoolGlobal,
+        dfdx::nn::builders::Linear<6, 5>,
+    ),
 );
 
 /// The policy of one random model: the same widths and methods in every layer.

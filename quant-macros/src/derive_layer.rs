@@ -10,8 +10,8 @@ use syn::{DeriveInput, Ident};
 
 use crate::crate_path::Errors;
 use crate::derive_common::{
-    self, concrete_collection, doc, float_collection, quantized_module_impl, rebuilt, refuse_lowering,
-    with_type_param, Derive, FieldInfo, Paths, StructInfo, Visit,
+    self, concrete_collection, doc, float_collection, quantized_module_impl, rebuilt,
+    refuse_lowering, with_type_param, Derive, FieldInfo, Paths, StructInfo, Visit,
 };
 
 /// Expands `#[derive(QuantizedLayer)]`.
@@ -221,7 +221,10 @@ fn generate(info: &StructInfo) -> TokenStream {
             })?;
         }
     });
-    let per_channel: Vec<bool> = weights.iter().map(|f| f.options.channels.is_some()).collect();
+    let per_channel: Vec<bool> = weights
+        .iter()
+        .map(|f| f.options.channels.is_some())
+        .collect();
     let slot_names: Vec<&String> = weights.iter().map(|f| &f.name).collect();
     let lower_input = if input {
         quote!(let x = g.quantize(&#sup::join_name(name, #sup::Slot::INPUT.name), &self.input_quantizer, x)?;)

@@ -512,7 +512,12 @@ impl Policy {
     ///
     /// # Errors
     /// The merged settings are incomplete or unsupported; the error names the layer and slot.
-    pub fn resolve(&self, name: &str, kind: LayerKind, slot: Slot) -> Result<Option<QuantizerSpec>> {
+    pub fn resolve(
+        &self,
+        name: &str,
+        kind: LayerKind,
+        slot: Slot,
+    ) -> Result<Option<QuantizerSpec>> {
         self.seen.borrow_mut().insert(name.to_string());
         let (default_w, default_i) = self.defaults()?;
         let defaults = match slot.target {
@@ -601,7 +606,10 @@ fn slot_target(kind: LayerKind, name: &str) -> Option<QuantizationTarget> {
             QuantizationTarget::Weights
         });
     }
-    kind.slots().iter().find(|s| s.name == name).map(|s| s.target)
+    kind.slots()
+        .iter()
+        .find(|s| s.name == name)
+        .map(|s| s.target)
 }
 
 fn parse_error(

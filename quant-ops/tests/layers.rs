@@ -78,10 +78,7 @@ fn quantizers_are_reachable_by_dotted_name() {
         .into_iter()
         .map(|(n, _)| n)
         .collect();
-    assert_eq!(
-        names,
-        ["0.input", "0.weights", "2.weights"]
-    );
+    assert_eq!(names, ["0.input", "0.weights", "2.weights"]);
     assert_eq!(q.set_mode("2.*", QuantizerMode::Disabled).unwrap(), 1);
     // Quantizing before calibration is an error naming the quantizer.
     let err = q
@@ -125,11 +122,18 @@ fn calibration_then_training_updates_weights_and_quantizer_parameters() {
     let qp = q.0.input_quantizer.qparams().unwrap().unwrap();
     let grid = q.0.input_quantizer.grid().unwrap().unwrap();
     let (s, z) = (qp.scales()[0], qp.zero_points()[0] as f32);
-    let xq = q.0.input_quantizer.fake_quantize(x.clone()).unwrap().as_vec();
+    let xq =
+        q.0.input_quantizer
+            .fake_quantize(x.clone())
+            .unwrap()
+            .as_vec();
     let mut levels = std::collections::BTreeSet::new();
     for v in &xq {
         let k = v / s + z;
-        assert!((k - k.round()).abs() < 1e-3, "{v} is not on the grid of scale {s}");
+        assert!(
+            (k - k.round()).abs() < 1e-3,
+            "{v} is not on the grid of scale {s}"
+        );
         assert!(
             (grid.quant_min() as f32..=grid.quant_max() as f32).contains(&k.round()),
             "{v} lies outside the 4-bit grid"
@@ -174,8 +178,7 @@ fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
     q.try_forward_mut(x.clone()).unwrap();
     q.finish_calibration().unwrap();
     q.set_mode("*", QuantizerMode::Training).unwrap();
-    q.set_mode("0.input", QuantizerMode::Frozen)
-        .unwrap();
+    q.set_mode("0.input", QuantizerMode::Frozen).unwrap();
     let frozen_before = q.0.input_quantizer.learned.as_vec();
     let mut opt = Adam::new(
         &q,

@@ -519,12 +519,7 @@ fn module_builds_with_pytorch_init_and_matches_the_op() {
 /// channel's group of input channels: `conv2d_grouped` against the naive dense convolution of
 /// that block-diagonal weight, forward and backward (the weight gradient restricted to the
 /// blocks).
-fn check_grouped_against_naive<
-    const C: usize,
-    const O: usize,
-    const CG: usize,
-    const K: usize,
->(
+fn check_grouped_against_naive<const C: usize, const O: usize, const CG: usize, const K: usize>(
     dev: &Cpu,
     groups: usize,
     case: Case,
@@ -571,9 +566,24 @@ fn check_grouped_against_naive<
             }
         }
     }
-    assert_close(&format!("grouped dx {label}"), &grads.get(&x).as_vec(), &dx, 1e-5);
-    assert_close(&format!("grouped dw {label}"), &grads.get(&wt).as_vec(), &dw, 1e-4);
-    assert_close(&format!("grouped db {label}"), &grads.get(&b).as_vec(), &db, 1e-4);
+    assert_close(
+        &format!("grouped dx {label}"),
+        &grads.get(&x).as_vec(),
+        &dx,
+        1e-5,
+    );
+    assert_close(
+        &format!("grouped dw {label}"),
+        &grads.get(&wt).as_vec(),
+        &dw,
+        1e-4,
+    );
+    assert_close(
+        &format!("grouped db {label}"),
+        &grads.get(&b).as_vec(),
+        &db,
+        1e-4,
+    );
 }
 
 #[test]
@@ -602,7 +612,10 @@ fn groups_that_do_not_divide_the_channels_are_a_typed_error() {
         let e = quant_ops::nn::conv2d_grouped(x.clone(), w.clone(), b.clone(), 1, 1, groups)
             .unwrap_err()
             .to_string();
-        assert!(e.contains("groups") && e.contains("4 input channels"), "{e}");
+        assert!(
+            e.contains("groups") && e.contains("4 input channels"),
+            "{e}"
+        );
     }
 }
 

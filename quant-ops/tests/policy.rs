@@ -6,8 +6,8 @@ use std::path::Path;
 use dfdx::prelude::*;
 use quant_core::{QuantizationMethod, QuantizationTarget, QuantizerConfig, TrainingMethod};
 use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::layers::Slot;
 use quant_ops::layers::QuantizedModuleExt;
+use quant_ops::layers::Slot;
 use quant_ops::policy::{Policy, PolicyError};
 
 fn policies_dir() -> std::path::PathBuf {
@@ -48,10 +48,7 @@ fn settings_merge_platform_defaults_kinds_and_overrides_in_order() {
     // The platform's Symmetric weights method survives the merge.
     assert_eq!(w.config.method(), QuantizationMethod::Symmetric);
     let second = |slot| p.resolve("2", LayerKind::Linear, slot).unwrap();
-    let (w, i) = (
-        second(Slot::WEIGHTS).unwrap(),
-        second(Slot::INPUT).unwrap(),
-    );
+    let (w, i) = (second(Slot::WEIGHTS).unwrap(), second(Slot::INPUT).unwrap());
     assert_eq!(
         (bits(&w.config), w.observer.to_string()),
         (4, "Mse".to_string())
@@ -72,10 +69,7 @@ fn settings_merge_platform_defaults_kinds_and_overrides_in_order() {
 
     let m = load("mixed_precision.toml");
     let conv = m.resolve("0.0", LayerKind::Conv2d, Slot::INPUT).unwrap();
-    assert_eq!(
-        conv.unwrap().config.training_method(),
-        TrainingMethod::Pact
-    );
+    assert_eq!(conv.unwrap().config.training_method(), TrainingMethod::Pact);
     let head = |slot| m.resolve("2.1", LayerKind::Linear, slot).unwrap();
     assert!(
         head(Slot::INPUT).is_none(),
@@ -101,12 +95,31 @@ fn a_slot_is_addressed_by_name_after_its_group() {
         "slots.toml",
     )
     .unwrap();
-    let w = p.resolve("fc", LayerKind::Linear, Slot::WEIGHTS).unwrap().unwrap();
-    assert_eq!(bits(&w.config), 8, "`slots.weights` applies after `weights`");
-    let pool = p.resolve("pool", LayerKind::MaxPool2d, Slot::INPUT).unwrap();
-    assert_eq!(bits(&pool.unwrap().config), 8, "a slot turned on by name starts from [input]");
-    assert!(p.resolve("head", LayerKind::Linear, Slot::INPUT).unwrap().is_none());
-    assert!(p.resolve("head", LayerKind::Linear, Slot::WEIGHTS).unwrap().is_some());
+    let w = p
+        .resolve("fc", LayerKind::Linear, Slot::WEIGHTS)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        bits(&w.config),
+        8,
+        "`slots.weights` applies after `weights`"
+    );
+    let pool = p
+        .resolve("pool", LayerKind::MaxPool2d, Slot::INPUT)
+        .unwrap();
+    assert_eq!(
+        bits(&pool.unwrap().config),
+        8,
+        "a slot turned on by name starts from [input]"
+    );
+    assert!(p
+        .resolve("head", LayerKind::Linear, Slot::INPUT)
+        .unwrap()
+        .is_none());
+    assert!(p
+        .resolve("head", LayerKind::Linear, Slot::WEIGHTS)
+        .unwrap()
+        .is_some());
     // A custom layer's slot by its field's name.
     let gate = Slot {
         name: "gate",
@@ -115,7 +128,12 @@ fn a_slot_is_addressed_by_name_after_its_group() {
         optional: false,
     };
     assert_eq!(
-        bits(&p.resolve("mix", LayerKind::Custom, gate).unwrap().unwrap().config),
+        bits(
+            &p.resolve("mix", LayerKind::Custom, gate)
+                .unwrap()
+                .unwrap()
+                .config
+        ),
         3
     );
     // A slot name the kind does not have is refused with its key.

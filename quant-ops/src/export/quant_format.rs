@@ -78,8 +78,14 @@ fn encode_values(values: &ParamValues) -> Vec<u8> {
         ParamValues::Codes { codes, quantizer } => match codes_dtype(quantizer.inferable.grid()) {
             StDtype::I8 => codes.iter().map(|c| *c as i8 as u8).collect(),
             StDtype::U8 => codes.iter().map(|c| *c as u8).collect(),
-            StDtype::I16 => codes.iter().flat_map(|c| (*c as i16).to_le_bytes()).collect(),
-            StDtype::U16 => codes.iter().flat_map(|c| (*c as u16).to_le_bytes()).collect(),
+            StDtype::I16 => codes
+                .iter()
+                .flat_map(|c| (*c as i16).to_le_bytes())
+                .collect(),
+            StDtype::U16 => codes
+                .iter()
+                .flat_map(|c| (*c as u16).to_le_bytes())
+                .collect(),
             _ => codes.iter().flat_map(|c| c.to_le_bytes()).collect(),
         },
     }
@@ -194,12 +200,13 @@ impl QuantFormat {
             path: meta_path.clone(),
             message,
         };
-        let meta_bytes = crate::fs::read_limited(&meta_path, MAX_METADATA_BYTES).map_err(|source| {
-            ExportError::Io {
-                path: meta_path.clone(),
-                source,
-            }
-        })?;
+        let meta_bytes =
+            crate::fs::read_limited(&meta_path, MAX_METADATA_BYTES).map_err(|source| {
+                ExportError::Io {
+                    path: meta_path.clone(),
+                    source,
+                }
+            })?;
         let header: Header =
             serde_json::from_slice(&meta_bytes).map_err(|e| bad_meta(e.to_string()))?;
         match (header.format.as_deref(), header.format_version) {
@@ -234,10 +241,12 @@ impl QuantFormat {
             other => other,
         };
         graph.check_structure().map_err(in_meta)?;
-        let tensor_bytes = crate::fs::read_limited(&tensors_path, MAX_TENSOR_FILE_BYTES)
-            .map_err(|source| ExportError::Io {
-                path: tensors_path.clone(),
-                source,
+        let tensor_bytes =
+            crate::fs::read_limited(&tensors_path, MAX_TENSOR_FILE_BYTES).map_err(|source| {
+                ExportError::Io {
+                    path: tensors_path.clone(),
+                    source,
+                }
             })?;
         let bad_tensor = |message: String| ExportError::Tensors {
             path: tensors_path.clone(),

@@ -201,16 +201,19 @@ pub fn exported_quantizer(
         if mode == crate::layers::QuantizerMode::Calibrating {
             return Err(ExportError::Unsupported {
                 layer: slot.to_string(),
-                reason: "the quantizer is still calibrating; finish calibration (or train it) first"
-                    .into(),
+                reason:
+                    "the quantizer is still calibrating; finish calibration (or train it) first"
+                        .into(),
             });
         }
         return Ok(None);
     }
-    let inferable = quantizer.inferable()?.ok_or_else(|| ExportError::Unsupported {
-        layer: slot.to_string(),
-        reason: "the quantizer is not calibrated; calibrate or train it first".into(),
-    })?;
+    let inferable = quantizer
+        .inferable()?
+        .ok_or_else(|| ExportError::Unsupported {
+            layer: slot.to_string(),
+            reason: "the quantizer is not calibrated; calibrate or train it first".into(),
+        })?;
     Ok(Some(ExportedQuantizer {
         inferable,
         origin: QuantizerOrigin {

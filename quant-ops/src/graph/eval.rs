@@ -24,11 +24,7 @@ pub struct Evaluation {
 ///
 /// # Errors
 /// An invalid graph ([`Graph::check`]), or `x` not a whole number of samples.
-pub fn evaluate(
-    graph: &Graph,
-    x: &[f32],
-    keep: &dyn Fn(usize, &Op) -> bool,
-) -> Result<Evaluation> {
+pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> Result<Evaluation> {
     let shapes = graph.check().map_err(|e| QuantError::InvalidValue {
         what: "graph".into(),
         value: "(graph)".into(),
@@ -87,7 +83,12 @@ pub fn evaluate(
                     let mean = row.iter().sum::<f32>() / f as f32;
                     let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / f as f32;
                     let inv = 1.0 / (var + *epsilon as f32).sqrt();
-                    y.extend(row.iter().zip(g).zip(b).map(|((v, g), b)| (v - mean) * inv * g + b));
+                    y.extend(
+                        row.iter()
+                            .zip(g)
+                            .zip(b)
+                            .map(|((v, g), b)| (v - mean) * inv * g + b),
+                    );
                 }
                 y
             }
@@ -177,17 +178,21 @@ fn dequantized(p: &Parameter, shape: &[usize]) -> Result<Vec<f32>> {
 }
 
 /// The float bias: its values, or the accumulator values times `s_input · s_weight[o]`.
-fn bias_values(graph: &Graph, inputs: &[usize], bias: &Parameter, weight: &Parameter) -> Result<Vec<f32>> {
+fn bias_values(
+    graph: &Graph,
+    inputs: &[usize],
+    bias: &Parameter,
+    weight: &Parameter,
+) -> Result<Vec<f32>> {
     match &bias.values {
         ParamValues::Float(v) => Ok(v.clone()),
         ParamValues::Accumulator(v) => {
-            let input_quantizer = inputs
-                .first()
-                .and_then(|i| i.checked_sub(1))
-                .and_then(|i| match &graph.nodes[i].op {
+            let input_quantizer = inputs.first().and_then(|i| i.checked_sub(1)).and_then(|i| {
+                match &graph.nodes[i].op {
                     Op::Quantize { quantizer } => Some(quantizer),
                     _ => None,
-                });
+                }
+            });
             match (input_quantizer, weight.values.quantizer()) {
                 (Some(qi), Some(qw)) => Ok(crate::layers::accumulator_to_float(
                     v,

@@ -28,8 +28,8 @@ mod params;
 
 pub use builder::{bias_parameter, exported_quantizer, weight_parameter, GraphBuilder, ValueId};
 pub use eval::{evaluate, Evaluation};
-pub use ops::{Conv2dGeometry, Op, PoolGeometry};
 pub(crate) use ops::taps;
+pub use ops::{Conv2dGeometry, Op, PoolGeometry};
 pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
 
 use std::collections::{BTreeMap, HashMap};
@@ -186,12 +186,10 @@ impl Graph {
                             quantized_input = matches!(producers[i], Some(Op::Quantize { .. }));
                         }
                     }
-                    None => {
-                        return Err(at(format!(
-                            "input `{}` is not the graph input or an earlier node (dangling or cyclic)",
-                            short(name)
-                        )))
-                    }
+                    None => return Err(at(format!(
+                        "input `{}` is not the graph input or an earlier node (dangling or cyclic)",
+                        short(name)
+                    ))),
                 }
             }
             let shape = node.op.shape(&inputs, values).map_err(&at)?;

@@ -303,7 +303,9 @@ impl Op {
             }
             Op::Add => match inputs {
                 [a, b] if a == b => Ok(a.to_vec()),
-                [a, b] => Err(format!("adds values of shapes {a:?} and {b:?}; they must match")),
+                [a, b] => Err(format!(
+                    "adds values of shapes {a:?} and {b:?}; they must match"
+                )),
                 _ => Err(format!("Add takes two inputs; it has {}", inputs.len())),
             },
             Op::Linear {
@@ -342,9 +344,7 @@ impl Op {
                 bias,
             } => {
                 let (c, h, w) = maps(inputs, "Conv2d")?;
-                if g.groups == 0
-                    || g.in_channels % g.groups != 0
-                    || g.out_channels % g.groups != 0
+                if g.groups == 0 || g.in_channels % g.groups != 0 || g.out_channels % g.groups != 0
                 {
                     return Err(format!(
                         "{} groups must divide {} input and {} output channels",
@@ -352,12 +352,12 @@ impl Op {
                     ));
                 }
                 if c != g.in_channels {
-                    return Err(format!(
-                        "receives {c} channels; expects {}",
-                        g.in_channels
-                    ));
+                    return Err(format!("receives {c} channels; expects {}", g.in_channels));
                 }
-                if g.kernel == 0 || g.stride == 0 || g.stride > MAX_ELEMENTS || g.padding >= g.kernel
+                if g.kernel == 0
+                    || g.stride == 0
+                    || g.stride > MAX_ELEMENTS
+                    || g.padding >= g.kernel
                 {
                     return Err(format!(
                         "kernel {}, stride {}, padding {}: kernel and stride must be at least 1 and the padding smaller than the kernel",

@@ -421,16 +421,17 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 return Err(unsupported(name, format!("{}: {reason}", node.op.name())));
             }
         };
-        macs =
-            match macs.checked_add(cost) {
-                Some(m) if m <= MAX_SAMPLE_MACS => m,
-                _ => return Err(unsupported(
+        macs = match macs.checked_add(cost) {
+            Some(m) if m <= MAX_SAMPLE_MACS => m,
+            _ => {
+                return Err(unsupported(
                     name,
                     format!(
                         "one sample would take more than {MAX_SAMPLE_MACS} multiply-adds by here"
                     ),
-                )),
-            };
+                ))
+            }
+        };
         reps.push(rep);
         layouts.push(layout);
         steps.push(step);

@@ -14,12 +14,12 @@ use rand::distributions::uniform::SampleUniform;
 pub use dfdx;
 pub use quant_core::{QuantError, QuantizationTarget, Result};
 
-pub use crate::convert::{LayerKind, Convert};
+pub use crate::convert::{Convert, LayerKind};
 pub use crate::export::ExportError;
 pub use crate::graph::{GraphBuilder, ValueId};
 pub use crate::layers::{
-    join_name, fake_quantize_param, fake_quantize_param_mut, FakeQuantizer, LayerInput, QuantizedModule,
-    QuantizerControl, Slot, SlotRef, TensorQuantizer,
+    fake_quantize_param, fake_quantize_param_mut, join_name, FakeQuantizer, LayerInput,
+    QuantizedModule, QuantizerControl, Slot, SlotRef, TensorQuantizer,
 };
 
 /// The bounds a dtype needs for the layers of a model written dfdx-style (generic over

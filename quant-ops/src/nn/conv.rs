@@ -103,16 +103,7 @@ where
 /// # Errors
 /// As [`conv2d`]; also `groups` of 0, or one that does not divide both channel counts into
 /// groups of `CG` input channels.
-pub fn conv2d_grouped<
-    B,
-    const C: usize,
-    H,
-    W,
-    const O: usize,
-    const CG: usize,
-    const K: usize,
-    T,
->(
+pub fn conv2d_grouped<B, const C: usize, H, W, const O: usize, const CG: usize, const K: usize, T>(
     x: Tensor<(B, Const<C>, H, W), f32, Cpu, T>,
     weight: Tensor<Rank4<O, CG, K, K>, f32, Cpu, T>,
     bias: Tensor<Rank1<O>, f32, Cpu, T>,
@@ -417,8 +408,12 @@ pub mod builder {
     >;
 
     /// Builds a depthwise [`Conv2d`](super::Conv2d): one `K x K` filter per channel.
-    pub type DepthwiseConv2d<const C: usize, const K: usize, const STRIDE: usize = 1, const PAD: usize = 0> =
-        Conv2d<C, C, K, STRIDE, PAD, C, 1>;
+    pub type DepthwiseConv2d<
+        const C: usize,
+        const K: usize,
+        const STRIDE: usize = 1,
+        const PAD: usize = 0,
+    > = Conv2d<C, C, K, STRIDE, PAD, C, 1>;
 }
 
 impl<

@@ -463,8 +463,14 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
         bias: Parameter::float("", vec![0.5]),
     };
     let y = g.add("fc", op, &[x]).unwrap();
-    let m = decode(&g.finish(y, Default::default()).unwrap(), OnnxConvention::Standard);
-    assert_eq!(node(&m, "Gemm", "logits").input, ["input", "value", "value_2"]);
+    let m = decode(
+        &g.finish(y, Default::default()).unwrap(),
+        OnnxConvention::Standard,
+    );
+    assert_eq!(
+        node(&m, "Gemm", "logits").input,
+        ["input", "value", "value_2"]
+    );
 
     let graph = GraphBuilder::new(&[3]).unwrap();
     let x = graph.input();
