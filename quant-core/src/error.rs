@@ -204,6 +204,19 @@ impl QuantError {
     }
 }
 
+/// `Ok` when `actual == expected`, else a [`QuantError::LengthMismatch`] naming `what` (a
+/// buffer, a batch size, a sequence length).
+pub fn check_len(what: &str, expected: usize, actual: usize) -> Result<()> {
+    if expected != actual {
+        return Err(QuantError::LengthMismatch {
+            what: what.into(),
+            expected,
+            actual,
+        });
+    }
+    Ok(())
+}
+
 impl From<dfdx::tensor::CpuError> for QuantError {
     fn from(e: dfdx::tensor::CpuError) -> Self {
         QuantError::Device(e.to_string())

@@ -83,7 +83,7 @@ fn gelu_worst(approximation: Approximation, scale: f32, max_codes: i64) -> (f64,
 /// for I-BERT's, the error at fine scales (`A`) and the largest `(error - A) / scale` over a
 /// dense sweep of coarse scales (`B`), since its constants are whole input codes.
 #[test]
-#[ignore]
+#[ignore = "a measurement, not a check: prints the error bounds the constants were set from (run with --ignored --nocapture)"]
 fn measure_error_bounds() {
     let log_uniform = |lo: f64, hi: f64, n: usize| -> Vec<f32> {
         (0..n)

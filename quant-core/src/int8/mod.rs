@@ -60,6 +60,8 @@ mod requant;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
+use crate::error::check_len;
+
 pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_u8, Window};
@@ -173,16 +175,4 @@ fn checked_size(what: &str, a: usize, b: usize) -> crate::Result<usize> {
             value: format!("{a} x {b}"),
             expected: "a size that fits in memory".into(),
         })
-}
-
-/// An error unless `actual == expected`.
-fn check_len(what: &str, expected: usize, actual: usize) -> crate::Result<()> {
-    if expected != actual {
-        return Err(crate::QuantError::LengthMismatch {
-            what: what.into(),
-            expected,
-            actual,
-        });
-    }
-    Ok(())
 }

@@ -40,16 +40,7 @@ pub(super) fn check_range(quant_min: i32, quant_max: i32) -> Result<()> {
     Ok(())
 }
 
-pub(super) fn check_len(what: &str, expected: usize, actual: usize) -> Result<()> {
-    if expected != actual {
-        return Err(QuantError::LengthMismatch {
-            what: what.into(),
-            expected,
-            actual,
-        });
-    }
-    Ok(())
-}
+pub(super) use crate::error::check_len;
 
 /// One channel's constants, unchecked (see [`affines`]).
 #[inline(always)]

@@ -186,10 +186,12 @@ impl Graph {
                             quantized_input = matches!(producers[i], Some(Op::Quantize { .. }));
                         }
                     }
-                    None => return Err(at(format!(
+                    None => {
+                        return Err(at(format!(
                         "input `{}` is not the graph input or an earlier node (dangling or cyclic)",
                         short(name)
-                    ))),
+                    )))
+                    }
                 }
             }
             let shape = node.op.shape(&inputs, values).map_err(&at)?;

@@ -5,6 +5,7 @@
 use dfdx::nn::modules::{LayerNorm1D, MultiHeadAttention, ReLU, TransformerEncoderBlock};
 use dfdx::prelude::*;
 
+use quant_core::error::check_len;
 use quant_core::{QuantError, Result};
 
 use super::{
@@ -159,18 +160,6 @@ fn check_heads(heads: usize, k: usize, v: usize) -> Result<()> {
     Ok(())
 }
 
-/// An error unless `actual == expected` (batch sizes, key and value lengths).
-fn check_dim(what: &str, expected: usize, actual: usize) -> Result<()> {
-    if expected != actual {
-        return Err(QuantError::LengthMismatch {
-            what: what.into(),
-            expected,
-            actual,
-        });
-    }
-    Ok(())
-}
-
 /// The batched attention of queries `$q` on keys `$k` and values `$v` (all taped), calling the
 /// projections with `$forward` and the quantizers with `$quantize`: the body of both the
 /// `Module` and the `ModuleMut` forward pass.
@@ -180,17 +169,17 @@ macro_rules! attend {
         check_heads(H, K, V)?;
         let (b, s1) = (q.shape().0, q.shape().1);
         let s2 = v.shape().1;
-        check_dim(
+        check_len(
             "attention keys (batch size of the queries)",
             b.size(),
             k.shape().0.size(),
         )?;
-        check_dim(
+        check_len(
             "attention values (batch size of the queries)",
             b.size(),
             v.shape().0.size(),
         )?;
-        check_dim(
+        check_len(
             "attention keys (sequence length of the values)",
             s2.size(),
             k.shape().1.size(),
