@@ -26,6 +26,27 @@ fn policy(bits: u32) -> Policy {
     .unwrap()
 }
 
+/// The graph's float reference computes what the fake-quantized model computes.
+fn assert_matches_reference(reference: &[f32], fq: &[f32]) {
+    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
+    for (a, b) in reference.iter().zip(fq) {
+        assert!((a - b).abs() <= 1e-4 * range, "{a} vs {b}");
+    }
+}
+
+/// Integer logits match the fake-quantized model's within the documented tolerance.
+fn assert_integer_matches(int: &[f32], fq: &[f32], bits: u32) {
+    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = int
+        .iter()
+        .zip(fq)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= LOGIT_TOLERANCE * range,
+        "W{bits}A{bits}: integer vs fake-quantized logits differ by {worst} (range {range})"
+    );
+}
+
 fn names(q: &mut impl QuantizedModule) -> Vec<(String, LayerKind)> {
     let mut out = Vec::new();
     q.visit_slots("", &mut |s| {
@@ -104,10 +125,7 @@ fn a_residual_block_and_layer_norm_convert_calibrate_and_train() {
     assert!(ops.contains(&("1", "Add")) && ops.contains(&("2", "LayerNorm")));
     let fq = q.try_forward(x.clone()).unwrap().as_vec();
     let reference = evaluate(&graph, &x.as_vec(), &|_, _| false).unwrap().output;
-    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
-    for (a, b) in reference.iter().zip(&fq) {
-        assert!((a - b).abs() <= 1e-4 * range, "{a} vs {b}");
-    }
+    assert_matches_reference(&reference, &fq);
     // The LayerNorm has no integer form yet: a typed error naming it.
     let e = IntegerModel::new(&graph).unwrap_err().to_string();
     assert!(e.contains("layer `2`") && e.contains("LayerNorm"), "{e}");
@@ -254,15 +272,7 @@ fn residual_cnn_runs_on_integers_like_the_fake_quantized_model() {
             .any(|n| matches!(&n.op, Op::Conv2d { geometry, .. } if geometry.groups == 4)));
         let integer = IntegerModel::new(&graph).unwrap();
         let int = integer.forward(&x.as_vec()).unwrap();
-        let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let worst = int
-            .iter()
-            .zip(&fq)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            worst <= LOGIT_TOLERANCE * range,
-            "W{bits}A{bits}: integer vs fake-quantized logits differ by {worst} (range {range})"
-        );
+        assert_integer_matches(&int, &fq, bits);
     }
 }
 
@@ -296,10 +306,7 @@ fn split_into_add_into_and_repeated_convert_and_lower() {
     let graph = export_model(&q, &[4], Default::default()).unwrap();
     let fq = q.try_forward(x.clone()).unwrap().as_vec();
     let reference = evaluate(&graph, &x.as_vec(), &|_, _| false).unwrap().output;
-    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
-    for (a, b) in reference.iter().zip(&fq) {
-        assert!((a - b).abs() <= 1e-4 * range, "{a} vs {b}");
-    }
+    assert_matches_reference(&reference, &fq);
 }
 
 /// An embedding's table is quantized per row and trains; its lookup of token ids has no graph
@@ -369,23 +376,13 @@ fn sequences_of_tokens_lower_and_run_on_integers_token_by_token() {
         let fq = q.try_forward(x.clone()).unwrap().as_vec();
         let graph = export_model(&q, &[5, 6], Default::default()).unwrap();
         let reference = evaluate(&graph, &x.as_vec(), &|_, _| false).unwrap().output;
-        let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
         assert_eq!(reference.len(), 4 * 5 * 3);
-        for (a, b) in reference.iter().zip(&fq) {
-            assert!((a - b).abs() <= 1e-4 * range, "{a} vs {b}");
-        }
+        assert_matches_reference(&reference, &fq);
         let integer = IntegerModel::new(&graph).unwrap();
         assert_eq!(integer.output_features(), 5 * 3);
         let int = integer.forward(&x.as_vec()).unwrap();
         assert_eq!(int.len(), fq.len());
-        let worst = int
-            .iter()
-            .zip(&fq)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        assert!(
-            worst <= LOGIT_TOLERANCE * range,
-            "W{bits}A{bits}: integer vs fake-quantized logits differ by {worst} (range {range})"
-        );
+        assert_integer_matches(&int, &fq, bits);
         // A sample of the wrong size is an error, not a reshaped guess.
         assert!(integer.forward(&x.as_vec()[..5 * 6 + 1]).is_err());
     }
