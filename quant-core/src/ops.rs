@@ -27,7 +27,7 @@
 use std::sync::Arc;
 
 mod nonlinear;
-pub use nonlinear::{int_gelu, int_layer_norm, int_softmax, LayerNormInput};
+pub use nonlinear::{int_gelu, int_layer_norm, int_softmax, CodeGrid};
 
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};

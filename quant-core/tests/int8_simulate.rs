@@ -6,7 +6,7 @@
 use dfdx::prelude::*;
 use proptest::prelude::*;
 use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
-use quant_core::ops::{int_gelu, int_layer_norm, int_softmax, LayerNormInput};
+use quant_core::ops::{int_gelu, int_layer_norm, int_softmax, CodeGrid};
 use quant_core::QuantError;
 
 fn approximation() -> impl Strategy<Value = Approximation> {
@@ -255,7 +255,7 @@ fn int_layer_norm_forward_is_simulate_and_its_gradients_are_layer_norm_s() {
     let (gamma_values, beta_values) = ([1.5f32, -0.5, 0.8, 2.0], [0.1f32, 0.0, -0.3, 1.0]);
     let (gamma, beta): (Tensor<Rank1<4>, f32, Cpu>, Tensor<Rank1<4>, f32, Cpu>) =
         (dev.tensor(gamma_values), dev.tensor(beta_values));
-    let input = LayerNormInput {
+    let input = CodeGrid {
         scale,
         zero_point: 128,
         codes: 0..=255,

@@ -60,8 +60,12 @@ pub enum LayerKind {
     GlobalAvgPool,
     /// Global max pooling (dfdx's `MaxPoolGlobal`): slot `input`.
     GlobalMaxPool,
-    /// Layer normalisation (dfdx's `LayerNorm1D`): slot `input`; the normalisation stays float.
+    /// Layer normalisation (dfdx's `LayerNorm1D`): slot `input`. On a quantized input it runs
+    /// the integer kernel the integer runtime runs ([`quant_core::int8::IntLayerNorm`]).
     LayerNorm,
+    /// GELU (dfdx's `AccurateGeLU`): slot `input`. On a quantized input it runs the integer
+    /// kernel the integer runtime runs ([`quant_core::int8::IntGelu`]).
+    Gelu,
     /// An embedding table (dfdx's `Embedding`): slot `weights`, per row.
     Embedding,
     /// Attention's `Q·Kᵀ` (layer `<attention>.scores` of a
@@ -78,7 +82,7 @@ pub enum LayerKind {
 
 impl LayerKind {
     /// Every kind.
-    pub const ALL: [LayerKind; 13] = [
+    pub const ALL: [LayerKind; 14] = [
         LayerKind::Linear,
         LayerKind::Conv2d,
         LayerKind::MaxPool2d,
@@ -88,6 +92,7 @@ impl LayerKind {
         LayerKind::GlobalAvgPool,
         LayerKind::GlobalMaxPool,
         LayerKind::LayerNorm,
+        LayerKind::Gelu,
         LayerKind::Embedding,
         LayerKind::AttentionScores,
         LayerKind::AttentionContext,
@@ -103,7 +108,8 @@ impl LayerKind {
             | LayerKind::Flatten
             | LayerKind::GlobalAvgPool
             | LayerKind::GlobalMaxPool
-            | LayerKind::LayerNorm => &[Slot::INPUT],
+            | LayerKind::LayerNorm
+            | LayerKind::Gelu => &[Slot::INPUT],
             LayerKind::Add => &[Slot::INPUT, Slot::OUTPUT],
             LayerKind::Embedding => &[Slot::WEIGHTS],
             LayerKind::AttentionScores => &[Slot::QUERY, Slot::KEY],
@@ -122,14 +128,18 @@ impl LayerKind {
     }
 
     /// Whether a policy's defaults (`[weights]`, `[input]`) apply to its (non-optional) slots:
-    /// layers with weights, adds and attention's matrix products (an integer add or matrix
-    /// product needs its inputs quantized); the slots of other kinds stay float unless their
-    /// kind's table or an override turns them on.
+    /// layers with weights, adds, attention's matrix products, layer normalisation and GELU
+    /// (their integer forms need their inputs quantized); the slots of other kinds (pooling,
+    /// flattening) stay float unless their kind's table or an override turns them on.
     pub fn quantized_by_default(self) -> bool {
         self.has_weights()
             || matches!(
                 self,
-                LayerKind::Add | LayerKind::AttentionScores | LayerKind::AttentionContext
+                LayerKind::Add
+                    | LayerKind::AttentionScores
+                    | LayerKind::AttentionContext
+                    | LayerKind::LayerNorm
+                    | LayerKind::Gelu
             )
     }
 }
@@ -297,6 +307,7 @@ input_only!(
         shift: Parameter::float("beta", m.beta.as_vec()),
         epsilon: m.epsilon,
     };
+    AccurateGeLU where [] => LayerKind::Gelu, |_m| Op::Gelu;
 );
 
 /// Float modules that stay float: `Convert` into `Float<Self>` (a copy), and their graph op.
@@ -319,12 +330,6 @@ macro_rules! stays_float {
     };
 }
 
-fn no_sequence_values(what: &str) -> std::result::Result<Option<Op>, String> {
-    Err(format!(
-        "{what} works on a sequence of tokens, and the graph has no sequence values yet, so the model cannot be exported (it converts, calibrates and trains)"
-    ))
-}
-
 fn no_graph_op(what: &str) -> std::result::Result<Option<Op>, String> {
     Err(format!(
         "{what} has no graph op yet, so the model cannot be exported: replace it by an activation that has one (ReLU, Tanh, Sigmoid)"
@@ -336,7 +341,6 @@ stays_float!(
     Tanh => |_m| Ok(Some(Op::Tanh));
     Sigmoid => |_m| Ok(Some(Op::Sigmoid));
     FastGeLU => |_m| no_graph_op("FastGeLU");
-    AccurateGeLU => |_m| no_graph_op("AccurateGeLU");
     Softmax => |_m| no_graph_op("Softmax");
     LogSoftmax => |_m| no_graph_op("LogSoftmax");
     LeakyReLU<f32> => |_m| no_graph_op("LeakyReLU");
@@ -350,9 +354,10 @@ stays_float!(
     Sqrt => |_m| no_graph_op("Sqrt");
     Abs => |_m| no_graph_op("Abs");
     MinPoolGlobal => |_m| no_graph_op("MinPoolGlobal");
-    // A vision transformer's tokens stay float until the graph has sequence values.
-    ImageTokens<C, N, f32, Cpu> where [const C: usize, const N: usize] => |_m| no_sequence_values("ImageTokens");
-    MeanTokens => |_m| no_sequence_values("MeanTokens");
+    ImageTokens<C, N, f32, Cpu> where [const C: usize, const N: usize] => |m| Ok(Some(Op::ImageTokens {
+        position: Parameter::float("position", m.position.as_vec()),
+    }));
+    MeanTokens => |_m| Ok(Some(Op::MeanTokens));
     Dropout => |_m| Ok(None);
     DropoutOneIn<N> where [const N: usize] => |_m| Ok(None);
     BatchNorm1D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(

@@ -1,15 +1,16 @@
 //! dfdx's transformer modules converted: `MultiHeadAttention` (quantized projections, quantizers
 //! on the inputs of `Q·Kᵀ` and `softmax(·)·V`), `TransformerEncoderBlock` and
 //! `TransformerEncoder`; their slots by name and by kind, pass-through equality with dfdx,
-//! straight-through gradients against finite differences of the surrogate, training, and the
-//! typed export error.
+//! straight-through gradients against finite differences of the surrogate, training, and
+//! integer-only inference of the trained models.
 
 use dfdx::nn::builders::{MultiHeadAttention, TransformerEncoder};
 use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
 use dfdx::tensor::Gradients;
 use quant_ops::convert::{convert_model, Convert, LayerKind};
-use quant_ops::export::{export_model, ExportError};
+use quant_ops::export::export_model;
+use quant_ops::integer::{IntegerModel, LOGIT_TOLERANCE};
 use quant_ops::layers::{
     layer_bias, QMultiHeadAttention, QuantizedModule, QuantizedModuleExt, QuantizerControl,
     QuantizerMode,
@@ -495,11 +496,37 @@ fn quantized_attention_trains() {
     );
 }
 
+/// Exports `q` for samples of `shape` and runs `x` on integers: the output matches the
+/// fake-quantized model's `fq` within the integer runtime's documented tolerance (the model
+/// simulates the integer softmax, GELU and LayerNorm, so only near-ties of `f32` sums differ).
+fn assert_runs_on_integers<M: QuantizedModule>(q: &M, shape: &[usize], x: &[f32], fq: &[f32]) {
+    let graph = export_model(q, shape, Default::default()).unwrap();
+    for op in [
+        "AttentionScores",
+        "Softmax",
+        "AttentionContext",
+        "LayerNorm",
+    ] {
+        assert!(graph.nodes.iter().any(|n| n.op.name() == op), "{op}");
+    }
+    let integer = IntegerModel::new(&graph).unwrap();
+    let int = integer.forward(x).unwrap();
+    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = int
+        .iter()
+        .zip(fq)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= LOGIT_TOLERANCE * range,
+        "integer vs fake-quantized outputs differ by {worst} (range {range})"
+    );
+}
+
 /// dfdx's `TransformerEncoder` (a `Repeated` of blocks) converts: its slots by dotted name,
-/// pass-through equality while calibrating, training, and export's typed error naming the
-/// attention layer.
+/// pass-through equality while calibrating, the calibrated model exported and run on integers
+/// (softmax and LayerNorm included), and training.
 #[test]
-fn a_transformer_encoder_converts_calibrates_trains_and_reports_that_it_cannot_export() {
+fn a_transformer_encoder_converts_calibrates_trains_and_runs_on_integers() {
     type Encoder = TransformerEncoder<8, 2, 16, 2>;
     let dev = Cpu::seed_from_u64(4);
     let float = dev.build_module::<Encoder, f32>();
@@ -521,10 +548,10 @@ fn a_transformer_encoder_converts_calibrates_trains_and_reports_that_it_cannot_e
             "{name} in {names:?}"
         );
     }
-    // 2 blocks × (4 projections × 2 + 4 matmul inputs + 2 adds) = 28; the LayerNorms' inputs
-    // are not quantized by default.
-    assert_eq!(names.len(), 2 * (4 * 2 + 4 + 2 + 2 * 2), "{names:?}");
-    assert!(!names.iter().any(|(n, _)| n.contains("norm")));
+    // 2 blocks × (4 projections × 2 + 4 matmul inputs + 2 adds + 2 feed-forward layers × 2 +
+    // 2 LayerNorm inputs) = 40.
+    assert_eq!(names.len(), 2 * (4 * 2 + 4 + 2 + 2 * 2 + 2), "{names:?}");
+    assert!(names.contains(&("1.norm2.input".to_string(), LayerKind::LayerNorm)));
 
     let x: Tensor<Rank3<4, 6, 8>, f32, _> = dev.sample_normal();
     assert_eq!(
@@ -537,31 +564,22 @@ fn a_transformer_encoder_converts_calibrates_trains_and_reports_that_it_cannot_e
         float.forward(seq).array()
     );
     q.finish_calibration().unwrap();
+    let fq = q.try_forward(x.clone()).unwrap().as_vec();
+    assert_runs_on_integers(&q, &[6, 8], &x.as_vec(), &fq);
+
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let target: Tensor<Rank3<4, 6, 8>, f32, _> = dev.sample_normal();
     let losses = mse_losses(&mut q, &x, &target, 5e-3, 30);
     assert!(losses[29] < 0.9 * losses[0], "{losses:?}");
-
-    match export_model(&q, &[8], Default::default()) {
-        Err(e @ ExportError::Unsupported { .. }) => {
-            let message = e.to_string();
-            assert!(
-                message.contains("layer `0.self_attn`") && message.contains("attention"),
-                "{message}"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
     let _: &QMultiHeadAttention<8, 2> = &q.modules[0].self_attn;
 }
 
 /// The vision transformer of the notes in `nn::tokens`: 2x2 patches by a strided convolution,
 /// tokens with learned positions, a pre-norm block of attention and a GeLU MLP, mean pooling
-/// and a head. It converts (the tokens stay float, the rest takes its slots), passes dfdx's
-/// result through while calibrating, trains, and export names the first layer it cannot
-/// express.
+/// and a head. It converts, passes dfdx's result through while calibrating, runs on integers
+/// from the first quantizer to the logits, and trains.
 #[test]
-fn a_vision_transformer_converts_calibrates_trains_and_says_why_it_cannot_export() {
+fn a_vision_transformer_converts_calibrates_trains_and_runs_on_integers() {
     use dfdx::nn::builders::{AccurateGeLU, LayerNorm1D, Linear, Residual};
     use quant_ops::nn::builders::{Conv2d, ImageTokens, MeanTokens};
     type Vit = (
@@ -581,6 +599,8 @@ fn a_vision_transformer_converts_calibrates_trains_and_says_why_it_cannot_export
         "1.input",
         "2.0.1.weights",
         "2.0.3.input",
+        "2.0.2.input",
+        "3.0.input",
         "3.2.weights",
     ] {
         assert!(names.iter().any(|n| n == name), "{name} in {names:?}");
@@ -596,19 +616,11 @@ fn a_vision_transformer_converts_calibrates_trains_and_says_why_it_cannot_export
         float.forward(x.clone()).as_vec()
     );
     q.finish_calibration().unwrap();
+    let fq = q.try_forward(x.clone()).unwrap().as_vec();
+    assert_runs_on_integers(&q, &[1, 8, 8], &x.as_vec(), &fq);
+
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let target: Tensor<(usize, Const<10>), f32, Cpu> = dev.sample_normal_like(&(5, Const));
     let losses = mse_losses(&mut q, &x, &target, 5e-3, 30);
     assert!(losses[29] < 0.9 * losses[0], "{losses:?}");
-
-    match export_model(&q, &[1, 8, 8], Default::default()) {
-        Err(e @ ExportError::Unsupported { .. }) => {
-            let message = e.to_string();
-            assert!(
-                message.contains("`0.1`") && message.contains("sequence"),
-                "{message}"
-            );
-        }
-        other => panic!("{other:?}"),
-    }
 }

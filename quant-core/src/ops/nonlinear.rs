@@ -122,10 +122,11 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
     )
 }
 
-/// The input grid of [`int_layer_norm`]: the scale and zero point of the codes, and the range
-/// they lie in.
+/// The grid a kernel's input values lie on (a per-tensor quantizer's): the scale and zero
+/// point of the codes, and the range they lie in ([`int_layer_norm`], and what a layer needs to
+/// prepare an [`IntGelu`] or [`IntSoftmax`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct LayerNormInput {
+pub struct CodeGrid {
     /// The scale of the input codes.
     pub scale: f32,
     /// Their zero point.
@@ -147,7 +148,7 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     gamma: &Tensor<P, f32, Cpu>,
     beta: &Tensor<P, f32, Cpu>,
     epsilon: f32,
-    input: &LayerNormInput,
+    input: &CodeGrid,
     train_affine: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
     let params = vec![

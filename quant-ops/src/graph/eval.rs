@@ -62,6 +62,43 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
             Op::Tanh => xs.iter().map(|v| v.tanh()).collect(),
             Op::Sigmoid => xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
             Op::Flatten => xs.to_vec(),
+            Op::Gelu => xs.iter().map(|v| gelu(*v)).collect(),
+            Op::Softmax => {
+                let row = in_shape.last().copied().unwrap_or(1).max(1);
+                xs.chunks_exact(row).flat_map(softmax).collect()
+            }
+            Op::ImageTokens { position } => {
+                let p = float_values("ImageTokens", &node.name, position)?;
+                let (c, hw) = (in_shape[0], in_shape[1] * in_shape[2]);
+                let mut y = Vec::with_capacity(xs.len());
+                for sample in xs.chunks_exact(c * hw) {
+                    for t in 0..hw {
+                        y.extend((0..c).map(|ch| sample[ch * hw + t] + p[t * c + ch]));
+                    }
+                }
+                y
+            }
+            Op::MeanTokens => {
+                let (tokens, c) = (in_shape[0], in_shape[1]);
+                let mut y = Vec::with_capacity(n * c);
+                for sample in xs.chunks_exact(tokens * c) {
+                    y.extend((0..c).map(|ch| {
+                        (0..tokens).map(|t| sample[t * c + ch]).sum::<f32>() / tokens as f32
+                    }));
+                }
+                y
+            }
+            Op::AttentionScores { heads } => {
+                let k = values[inputs[i][1]].as_deref().unwrap_or(&[]);
+                let [s2, _] = shapes.of_value(inputs[i][1]) else {
+                    unreachable!("checked: keys are [tokens, features]")
+                };
+                attention_scores(xs, k, n, in_shape, *s2, *heads)
+            }
+            Op::AttentionContext { heads } => {
+                let v = values[inputs[i][1]].as_deref().unwrap_or(&[]);
+                attention_context(xs, v, n, in_shape, shapes.of_value(inputs[i][1]), *heads)
+            }
             Op::GlobalAvgPool | Op::GlobalMaxPool => {
                 let plane: usize = in_shape[1..].iter().product();
                 xs.chunks_exact(plane.max(1))
@@ -144,6 +181,89 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
         output: values[output].take().unwrap_or_default(),
         kept,
     })
+}
+
+/// `x · Φ(x)`, in `f64`.
+fn gelu(x: f32) -> f32 {
+    let x = x as f64;
+    (x * quant_core::int8::nonlinear::normal_cdf(x)) as f32
+}
+
+/// The softmax of one row, in `f64`.
+fn softmax(row: &[f32]) -> Vec<f32> {
+    let max = row.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+    let e: Vec<f64> = row.iter().map(|v| (*v as f64 - max).exp()).collect();
+    let sum: f64 = e.iter().sum();
+    e.iter().map(|v| (v / sum) as f32).collect()
+}
+
+/// `[heads, s1, s2]` scores of queries `[s1, f]` and keys `[s2, f]` per sample.
+fn attention_scores(
+    q: &[f32],
+    k: &[f32],
+    n: usize,
+    q_shape: &[usize],
+    s2: usize,
+    heads: usize,
+) -> Vec<f32> {
+    let (s1, f) = (q_shape[0], q_shape[1]);
+    let d = f / heads;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut y = Vec::with_capacity(n * heads * s1 * s2);
+    for b in 0..n {
+        let (qs, ks) = (&q[b * s1 * f..], &k[b * s2 * f..]);
+        for h in 0..heads {
+            for i in 0..s1 {
+                for j in 0..s2 {
+                    let dot: f32 = (0..d)
+                        .map(|e| qs[i * f + h * d + e] * ks[j * f + h * d + e])
+                        .sum();
+                    y.push(dot * scale);
+                }
+            }
+        }
+    }
+    y
+}
+
+/// `[s1, f]` weighted sums of values `[s2, f]` by probabilities `[heads, s1, s2]` per sample.
+fn attention_context(
+    p: &[f32],
+    v: &[f32],
+    n: usize,
+    p_shape: &[usize],
+    v_shape: &[usize],
+    heads: usize,
+) -> Vec<f32> {
+    let (s1, s2, f) = (p_shape[1], p_shape[2], v_shape[1]);
+    let d = f / heads;
+    let mut y = vec![0f32; n * s1 * f];
+    for b in 0..n {
+        let (ps, vs) = (&p[b * heads * s1 * s2..], &v[b * s2 * f..]);
+        let ys = &mut y[b * s1 * f..(b + 1) * s1 * f];
+        for h in 0..heads {
+            for i in 0..s1 {
+                for e in 0..d {
+                    ys[i * f + h * d + e] = (0..s2)
+                        .map(|j| ps[(h * s1 + i) * s2 + j] * vs[j * f + h * d + e])
+                        .sum();
+                }
+            }
+        }
+    }
+    y
+}
+
+/// The values of a float parameter; an error naming the op and node otherwise.
+fn float_values<'a>(op: &str, node: &str, p: &'a Parameter) -> Result<&'a [f32]> {
+    match &p.values {
+        ParamValues::Float(v) => Ok(v),
+        _ => Err(QuantError::InvalidValue {
+            what: format!("{op} parameter"),
+            value: node.to_string(),
+            expected: "float values".into(),
+        }),
+    }
 }
 
 /// The float values of an op's `(scale, shift)` parameters (ChannelAffine, LayerNorm); an

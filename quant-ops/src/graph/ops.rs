@@ -133,6 +133,32 @@ pub enum Op {
         /// Added to the variance.
         epsilon: f64,
     },
+    /// GELU, `x · Φ(x)` with the normal CDF `Φ` (dfdx's `AccurateGeLU`).
+    Gelu,
+    /// Softmax over the last axis.
+    Softmax,
+    /// `[channels, height, width]` maps as `[height · width, channels]` tokens (token
+    /// `y · width + x` holds the channels at `(y, x)`), plus a learned position embedding
+    /// `[tokens, channels]`: a vision transformer's patch tokens.
+    ImageTokens {
+        /// One vector per token.
+        position: Parameter,
+    },
+    /// The mean of `[tokens, features]` over the tokens, giving `[features]`.
+    MeanTokens,
+    /// Attention scores of `heads` heads: inputs `Q [s1, heads · d]` and `K [s2, heads · d]`,
+    /// output `[heads, s1, s2]` with `scores[h][i][j] = Σₑ Q[i][h·d + e] · K[j][h·d + e] / √d`.
+    AttentionScores {
+        /// Heads; they split the features of `Q` and `K` into equal parts.
+        heads: usize,
+    },
+    /// Attention's weighted sum of values: inputs `P [heads, s1, s2]` (the softmax of the
+    /// scores) and `V [s2, heads · d]`, output `[s1, heads · d]` with
+    /// `out[i][h·d + e] = Σⱼ P[h][i][j] · V[j][h·d + e]` (the heads side by side).
+    AttentionContext {
+        /// Heads; they split the features of `V` into equal parts.
+        heads: usize,
+    },
 }
 
 /// Output positions along one axis, `None` when the window does not fit (or sizes overflow).
@@ -170,6 +196,28 @@ fn maps(inputs: &[&[usize]], what: &str) -> Result<(usize, usize, usize), String
     }
 }
 
+/// Two `[tokens, features]` inputs.
+fn token_pair(inputs: &[&[usize]], what: &str) -> Result<([usize; 2], [usize; 2]), String> {
+    match inputs {
+        [[a, b], [c, d]] => Ok(([*a, *b], [*c, *d])),
+        _ => Err(format!(
+            "{what} takes two [tokens, features] inputs; it receives {inputs:?}"
+        )),
+    }
+}
+
+/// At least one head, dividing each of `features`.
+fn check_heads(heads: usize, features: &[(&str, usize)]) -> Result<(), String> {
+    for (what, f) in features {
+        if heads == 0 || f % heads != 0 {
+            return Err(format!(
+                "{heads} heads must be at least 1 and divide the {f} features of the {what}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn single<'a>(inputs: &[&'a [usize]], what: &str) -> Result<&'a [usize], String> {
     match inputs {
         [x] => Ok(x),
@@ -195,6 +243,12 @@ impl Op {
             Op::GlobalAvgPool => "GlobalAvgPool",
             Op::GlobalMaxPool => "GlobalMaxPool",
             Op::LayerNorm { .. } => "LayerNorm",
+            Op::Gelu => "Gelu",
+            Op::Softmax => "Softmax",
+            Op::ImageTokens { .. } => "ImageTokens",
+            Op::MeanTokens => "MeanTokens",
+            Op::AttentionScores { .. } => "AttentionScores",
+            Op::AttentionContext { .. } => "AttentionContext",
         }
     }
 
@@ -207,6 +261,9 @@ impl Op {
             (Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. }, _) => {
                 let c = scale.values.len();
                 vec![(scale, vec![c]), (shift, vec![c])]
+            }
+            (Op::ImageTokens { position }, _) => {
+                vec![(position, vec![position.values.len()])]
             }
             _ => Vec::new(),
         }
@@ -223,6 +280,7 @@ impl Op {
             (Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. }, _) => {
                 vec![(scale, None), (shift, None)]
             }
+            (Op::ImageTokens { position }, _) => vec![(position, None)],
             _ => Vec::new(),
         }
     }
@@ -276,7 +334,49 @@ impl Op {
                 check_quantizer(quantizer, "the quantizer", None)?;
                 Ok(single(inputs, "Quantize")?.to_vec())
             }
-            Op::Relu | Op::Tanh | Op::Sigmoid => Ok(single(inputs, self.name())?.to_vec()),
+            Op::Relu | Op::Tanh | Op::Sigmoid | Op::Gelu | Op::Softmax => {
+                Ok(single(inputs, self.name())?.to_vec())
+            }
+            Op::ImageTokens { position } => {
+                let (c, h, w) = maps(inputs, "ImageTokens")?;
+                let tokens = h * w;
+                if values {
+                    check_parameter(position, "position", tokens * c, tokens * c, &["float"])?;
+                }
+                Ok(vec![tokens, c])
+            }
+            Op::MeanTokens => match inputs {
+                [[_, c]] => Ok(vec![*c]),
+                [other] => Err(format!(
+                    "MeanTokens needs [tokens, features]; it receives {other:?}"
+                )),
+                _ => Err(format!("MeanTokens takes one input; it has {}", inputs.len())),
+            },
+            Op::AttentionScores { heads } => {
+                let ([s1, fq], [s2, fk]) = token_pair(inputs, "AttentionScores")?;
+                check_heads(*heads, &[("queries", fq), ("keys", fk)])?;
+                if fq != fk {
+                    return Err(format!(
+                        "queries have {fq} features and keys {fk}; they must match"
+                    ));
+                }
+                Ok(vec![*heads, s1, s2])
+            }
+            Op::AttentionContext { heads } => match inputs {
+                [[h, s1, s2], [sv, fv]] => {
+                    check_heads(*heads, &[("values", *fv)])?;
+                    if h != heads || s2 != sv {
+                        return Err(format!(
+                            "probabilities {:?} do not fit {heads} heads over {sv} values",
+                            [h, s1, s2]
+                        ));
+                    }
+                    Ok(vec![*s1, *fv])
+                }
+                _ => Err(format!(
+                    "AttentionContext takes probabilities [heads, s1, s2] and values [s2, features]; it receives {inputs:?}"
+                )),
+            },
             Op::Flatten => {
                 let x = single(inputs, "Flatten")?;
                 Ok(vec![checked_numel(x).ok_or("the input is too large")?])

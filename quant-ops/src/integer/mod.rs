@@ -29,6 +29,8 @@ use crate::export::ExportError;
 use crate::graph::Graph;
 
 pub use kernels::{fixed_point_multiplier, rounding_shift};
+pub(crate) use prepare::attention_scale;
+pub use prepare::SOFTMAX_BITS;
 
 /// Widest grid, in bits, the integer runtime runs (activations and weights).
 pub const MAX_BITS: u32 = 8;

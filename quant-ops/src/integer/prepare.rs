@@ -3,6 +3,8 @@
 
 use quant_core::InferableQuantizer;
 
+use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
+
 use super::kernels::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 use super::{
     IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
@@ -19,7 +21,25 @@ pub(super) struct Step {
     pub quantize: Option<Quantize>,
     /// Logits of an accumulator output: one scale per channel (or one).
     pub logit_scales: Vec<f32>,
+    /// The integer kernel of a LayerNorm, Gelu or Softmax node.
+    pub nonlinear: Option<Nonlinear>,
+    /// An ImageTokens node's position embedding `[tokens, channels]`, at its input's scale.
+    pub position: Vec<i32>,
 }
+
+/// The integer kernels of the ops without an exact integer form, from
+/// [`quant_core::int8::nonlinear`]: what the fake-quantized model simulates.
+#[derive(Debug, Clone)]
+pub(super) enum Nonlinear {
+    LayerNorm(IntLayerNorm),
+    Gelu(IntGelu),
+    Softmax(IntSoftmax),
+}
+
+/// Output bits of the integer softmax: its `i32` output at scale `1 / (2^16 - 1)` is
+/// requantized by the quantizer after it (attention's `probs`), as the fake-quantized model's
+/// [`quant_core::ops::int_softmax`] gives it.
+pub const SOFTMAX_BITS: u32 = 16;
 
 /// A quantize node, by what it reads.
 #[derive(Debug, Clone)]
@@ -408,15 +428,201 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 }
                 (rep, Layout::Flat { features: c })
             }
-            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } | Op::LayerNorm { .. } => {
+            Op::LayerNorm {
+                scale,
+                shift,
+                epsilon,
+            } => {
+                let g = codes_in(name, &rep_a, "LayerNorm")?;
+                let (ParamValues::Float(gamma), ParamValues::Float(beta)) =
+                    (&scale.values, &shift.values)
+                else {
+                    return Err(unsupported(name, "its scale and shift are not float"));
+                };
+                let kernel =
+                    IntLayerNorm::new(g.scale as f32, g.lo..=g.hi, gamma, beta, *epsilon as f32)
+                        .map_err(|e| unsupported(name, format!("integer LayerNorm: {e}")))?;
+                cost = numels[a] as u64;
+                let rep = Rep::Acc {
+                    scales: vec![kernel.output_scale() as f64],
+                    bound: i64::from(i32::MAX),
+                };
+                step.nonlinear = Some(Nonlinear::LayerNorm(kernel));
+                (rep, lay_a)
+            }
+            Op::Gelu => {
+                let g = codes_in(name, &rep_a, "Gelu")?;
+                let kernel = IntGelu::new(
+                    g.scale as f32,
+                    g.zero,
+                    g.lo..=g.hi,
+                    Approximation::FixedPoint,
+                )
+                .map_err(|e| unsupported(name, format!("integer GELU: {e}")))?;
+                cost = numels[a] as u64;
+                let rep = Rep::Acc {
+                    scales: vec![kernel.output_scale() as f64],
+                    // |d · Φ| / 2^shift with |d| < 2^shift and Φ ≤ 2^30.
+                    bound: (1 << 30) + 1,
+                };
+                step.nonlinear = Some(Nonlinear::Gelu(kernel));
+                (rep, lay_a)
+            }
+            Op::Softmax => {
+                let Rep::Acc { scales, .. } = &rep_a else {
+                    return Err(unsupported(
+                        name,
+                        "Softmax runs on the accumulators of attention scores; its input here is not one",
+                    ));
+                };
+                let [scale] = scales.as_slice() else {
+                    return Err(unsupported(
+                        name,
+                        "its input has a scale per channel; softmax needs one",
+                    ));
+                };
+                let row = shapes.of_value(a).last().copied().unwrap_or(1);
+                let kernel =
+                    IntSoftmax::new(*scale as f32, row, SOFTMAX_BITS, Approximation::FixedPoint)
+                        .map_err(|e| unsupported(name, format!("integer softmax: {e}")))?;
+                cost = numels[a] as u64;
+                let rep = Rep::Acc {
+                    scales: vec![kernel.output_scale() as f64],
+                    bound: i64::from(kernel.max_code()),
+                };
+                step.nonlinear = Some(Nonlinear::Softmax(kernel));
+                (rep, Layout::Flat { features: row })
+            }
+            Op::ImageTokens { position } => {
+                let Layout::Maps { c, h, w } = lay_a else {
+                    return Err(unsupported(name, "its input is not feature maps"));
+                };
+                let ParamValues::Float(p) = &position.values else {
+                    return Err(unsupported(name, "its position embedding is not float"));
+                };
+                let (scales, bound) = match &rep_a {
+                    Rep::Codes(g) => (vec![g.scale], reach(g)),
+                    Rep::Acc { scales, bound } => (scales.clone(), *bound),
+                    Rep::Float => unreachable!("float inputs are refused above"),
+                };
+                // The embedding joins the accumulators at their scale (per channel).
+                let mut largest = 0i64;
+                let mut at_scale = Vec::with_capacity(p.len());
+                for (k, v) in p.iter().enumerate() {
+                    let s = scales[if scales.len() == 1 { 0 } else { k % c }];
+                    let q = (*v as f64 / s).round();
+                    if !(q.abs() <= f64::from(i32::MAX)) {
+                        return Err(unsupported(
+                            name,
+                            format!(
+                                "position value {v} is out of reach at the accumulator's scale {s}"
+                            ),
+                        ));
+                    }
+                    largest = largest.max(q.abs() as i64);
+                    at_scale.push(q as i32);
+                }
+                let bound = bound.saturating_add(largest);
+                if bound > i64::from(i32::MAX) {
+                    return Err(unsupported(
+                        name,
+                        format!("tokens plus positions up to {bound} could overflow an i32"),
+                    ));
+                }
+                debug_assert_eq!(at_scale.len(), h * w * c);
+                step.position = at_scale;
+                cost = numels[a] as u64;
+                (Rep::Acc { scales, bound }, Layout::Flat { features: c })
+            }
+            Op::MeanTokens => {
+                let Layout::Flat { features: c } = lay_a else {
+                    return Err(unsupported(name, "its input is not tokens"));
+                };
+                let tokens = numels[a] / c.max(1);
+                cost = numels[a] as u64;
+                let rep = match &rep_a {
+                    // The sum of centered codes; the scale carries the division.
+                    Rep::Codes(g) => Rep::Acc {
+                        scales: vec![g.scale / tokens as f64],
+                        bound: reach(g).saturating_mul(tokens as i64),
+                    },
+                    // The mean, rounded to the accumulators' own step (their sum may not fit
+                    // i32).
+                    Rep::Acc { scales, bound } => Rep::Acc {
+                        scales: scales.clone(),
+                        bound: *bound,
+                    },
+                    Rep::Float => unreachable!("float inputs are refused above"),
+                };
+                if let Rep::Acc { bound, .. } = &rep {
+                    if *bound > i64::from(i32::MAX) {
+                        return Err(unsupported(
+                            name,
+                            format!("a sum of up to {bound} could overflow an i32 accumulator"),
+                        ));
+                    }
+                }
+                (rep, Layout::Flat { features: c })
+            }
+            Op::AttentionScores { heads } => {
+                let b = inputs[i][1];
+                let (gq, gk) = (
+                    codes_in(name, &rep_a, "AttentionScores (queries)")?,
+                    codes_in(name, &reps[b], "AttentionScores (keys)")?,
+                );
+                let (s1, f) = (shapes.of_value(a)[0], shapes.of_value(a)[1]);
+                let s2 = shapes.of_value(b)[0];
+                let d = f / heads;
+                let bound = (d as i64)
+                    .saturating_mul(reach(&gq))
+                    .saturating_mul(reach(&gk));
+                if bound > i64::from(i32::MAX) {
+                    return Err(unsupported(
+                        name,
+                        format!("dot products of {d} features up to {bound} could overflow an i32"),
+                    ));
+                }
+                cost = (*heads * s1 * s2 * d) as u64;
+                (
+                    Rep::Acc {
+                        scales: vec![attention_scale(gq.scale, gk.scale, d)],
+                        bound,
+                    },
+                    Layout::Flat { features: s2 },
+                )
+            }
+            Op::AttentionContext { .. } => {
+                let b = inputs[i][1];
+                let (gp, gv) = (
+                    codes_in(name, &rep_a, "AttentionContext (probabilities)")?,
+                    codes_in(name, &reps[b], "AttentionContext (values)")?,
+                );
+                let (s1, s2) = (shapes.of_value(a)[1], shapes.of_value(a)[2]);
+                let f = shapes.of_value(b)[1];
+                let bound = (s2 as i64)
+                    .saturating_mul(reach(&gp))
+                    .saturating_mul(reach(&gv));
+                if bound > i64::from(i32::MAX) {
+                    return Err(unsupported(
+                        name,
+                        format!("weighted sums of {s2} values up to {bound} could overflow an i32"),
+                    ));
+                }
+                cost = (s1 * s2 * f) as u64;
+                (
+                    Rep::Acc {
+                        scales: vec![gp.scale * gv.scale],
+                        bound,
+                    },
+                    Layout::Flat { features: f },
+                )
+            }
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => {
                 let reason = match &node.op {
                     Op::ChannelAffine { .. } => {
                         "an unfolded BatchNorm has no integer form: fold it into the convolution or Linear layer before it"
                     }
-                    Op::LayerNorm { .. } => {
-                        "LayerNorm has no integer form in this runtime: keep it out of models that run on integers"
-                    }
-                    _ => "this activation has no integer form: integer inference supports ReLU",
+                    _ => "this activation has no integer form: integer inference supports ReLU and GELU",
                 };
                 return Err(unsupported(name, format!("{}: {reason}", node.op.name())));
             }
@@ -495,6 +701,24 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
         macs,
         sample_bytes,
     })
+}
+
+/// The grid of codes an op needs as its input, or why it cannot run.
+fn codes_in(node: &str, rep: &Rep, what: &str) -> Result<StoredGrid, ExportError> {
+    match rep {
+        Rep::Codes(g) => Ok(*g),
+        _ => Err(unsupported(
+            node,
+            format!("{what} needs its input quantized to run on integers; quantize it (its layer's input slot)"),
+        )),
+    }
+}
+
+/// The scale of attention scores of codes at `query` and `key` over `d` features per head,
+/// `s_q · s_k / √d`: what [`crate::layers::QMultiHeadAttention`] prepares its simulated
+/// softmax for, computed the same way.
+pub(crate) fn attention_scale(query: f64, key: f64, d: usize) -> f64 {
+    query * key / (d as f64).sqrt()
 }
 
 /// The requantization of values at `scales` (per channel, or one) into `grid`.

@@ -7,7 +7,7 @@ use quant_core::{QuantError, Result};
 use rayon::prelude::*;
 
 use super::kernels::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
-use super::prepare::{Quantize, Weighted};
+use super::prepare::{Nonlinear, Quantize, Weighted};
 use super::{IntegerModel, Layout, Rep};
 use crate::graph::Op;
 
@@ -230,9 +230,96 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     _ => return Err(internal(&node.name)),
                 }
             }
-            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } | Op::LayerNorm { .. } => {
-                return Err(internal(&node.name))
+            Op::LayerNorm { .. } | Op::Gelu | Op::Softmax => {
+                let mut y = zeroed_i32(n * m.numels[i + 1]);
+                match (&step.nonlinear, values[a].as_ref()) {
+                    (Some(Nonlinear::LayerNorm(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
+                    (Some(Nonlinear::Gelu(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
+                    (Some(Nonlinear::Softmax(k)), Some(Buf::I32(x))) => k.run(x, &mut y)?,
+                    _ => return Err(internal(&node.name)),
+                }
+                Buf::I32(y)
             }
+            Op::ImageTokens { .. } => {
+                let pos = &step.position;
+                let mut y = match (take(&mut values, frees, a), &m.reps[a]) {
+                    (Buf::I32(v), _) => v,
+                    (Buf::U8(v), Rep::Codes(g)) => v.iter().map(|q| *q as i32 - g.zero).collect(),
+                    _ => return Err(internal(&node.name)),
+                };
+                // NHWC maps are already [tokens, channels].
+                for sample in y.chunks_mut(pos.len().max(1)) {
+                    sample.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
+                }
+                Buf::I32(y)
+            }
+            Op::MeanTokens => {
+                let Layout::Flat { features: c } = m.layouts[a] else {
+                    return Err(internal(&node.name));
+                };
+                let tokens = m.numels[a] / c.max(1);
+                match (values[a].as_ref(), &m.reps[a]) {
+                    // Prepare bounds the sum of centered codes within i32.
+                    (Some(Buf::U8(v)), Rep::Codes(g)) => Buf::I32(
+                        token_sums(v, c, tokens, |q| i64::from(*q) - i64::from(g.zero))
+                            .map(|s| s as i32)
+                            .collect(),
+                    ),
+                    // The mean, rounded to nearest (ties to even) at the accumulators' scale.
+                    (Some(Buf::I32(v)), _) => Buf::I32(
+                        token_sums(v, c, tokens, |q| i64::from(*q))
+                            .map(|s| rounded_div(s, tokens as i64))
+                            .collect(),
+                    ),
+                    _ => return Err(internal(&node.name)),
+                }
+            }
+            Op::AttentionScores { heads } => {
+                let b = m.inputs[i][1];
+                match (
+                    values[a].as_ref(),
+                    values[b].as_ref(),
+                    &m.reps[a],
+                    &m.reps[b],
+                ) {
+                    (Some(Buf::U8(q)), Some(Buf::U8(k)), Rep::Codes(gq), Rep::Codes(gk)) => {
+                        let (s1, s2) = (m.numels[a] / features(m, a), m.numels[b] / features(m, b));
+                        Buf::I32(attention_scores(
+                            q,
+                            k,
+                            n,
+                            [s1, s2, features(m, a)],
+                            *heads,
+                            [gq.zero, gk.zero],
+                        ))
+                    }
+                    _ => return Err(internal(&node.name)),
+                }
+            }
+            Op::AttentionContext { heads } => {
+                let b = m.inputs[i][1];
+                match (
+                    values[a].as_ref(),
+                    values[b].as_ref(),
+                    &m.reps[a],
+                    &m.reps[b],
+                ) {
+                    (Some(Buf::U8(p)), Some(Buf::U8(v)), Rep::Codes(gp), Rep::Codes(gv)) => {
+                        let (s2, f) = (features(m, a), features(m, b));
+                        let s1 = m.numels[a] / (s2 * heads);
+                        Buf::I32(attention_context(
+                            p,
+                            v,
+                            n,
+                            [s1, s2, f],
+                            *heads,
+                            [gp.zero, gv.zero],
+                        ))
+                    }
+                    _ => return Err(internal(&node.name)),
+                }
+            }
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => return Err(internal(&node.name)),
         };
         values[i + 1] = Some(y);
         for &v in frees {
@@ -242,6 +329,113 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
         }
     }
     output(m, values[m.output].take(), n)
+}
+
+/// The features per row of value `v` (a `Flat` value).
+fn features(m: &IntegerModel, v: usize) -> usize {
+    match m.layouts[v] {
+        Layout::Flat { features } => features.max(1),
+        _ => 1,
+    }
+}
+
+/// Per sample, the sum over `tokens` rows of each of `c` features, in `i64` (`2^31` tokens of
+/// `i32` values fit).
+fn token_sums<'a, T>(
+    x: &'a [T],
+    c: usize,
+    tokens: usize,
+    value: impl Fn(&T) -> i64 + 'a,
+) -> impl Iterator<Item = i64> + 'a {
+    x.chunks(c * tokens).flat_map(move |sample| {
+        let mut sums = vec![0i64; c];
+        for row in sample.chunks(c) {
+            sums.iter_mut().zip(row).for_each(|(s, q)| *s += value(q));
+        }
+        sums
+    })
+}
+
+/// `a / b` rounded to nearest, ties to even, for `b > 0` (a mean of `i32` values fits).
+fn rounded_div(a: i64, b: i64) -> i32 {
+    let (q, r) = (a.div_euclid(b), a.rem_euclid(b));
+    let up = match (2 * r).cmp(&b) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Equal => q % 2 != 0,
+        std::cmp::Ordering::Less => false,
+    };
+    (q + i64::from(up)) as i32
+}
+
+/// Per sample, `[heads, s1, s2]` dot products of centered query codes `[s1, f]` and key codes
+/// `[s2, f]` over each head's `f / heads` features.
+fn attention_scores(
+    q: &[u8],
+    k: &[u8],
+    n: usize,
+    [s1, s2, f]: [usize; 3],
+    heads: usize,
+    [zq, zk]: [i32; 2],
+) -> Vec<i32> {
+    let d = f / heads.max(1);
+    let mut y = zeroed_i32(n * heads * s1 * s2);
+    let mut kc = vec![0i32; s2 * f];
+    for b in 0..n {
+        let qs = &q[b * s1 * f..(b + 1) * s1 * f];
+        for (c, v) in kc.iter_mut().zip(&k[b * s2 * f..(b + 1) * s2 * f]) {
+            *c = *v as i32 - zk;
+        }
+        let ys = &mut y[b * heads * s1 * s2..(b + 1) * heads * s1 * s2];
+        for h in 0..heads {
+            for i in 0..s1 {
+                let qi: Vec<i32> = qs[i * f + h * d..i * f + (h + 1) * d]
+                    .iter()
+                    .map(|v| *v as i32 - zq)
+                    .collect();
+                let row = &mut ys[(h * s1 + i) * s2..(h * s1 + i + 1) * s2];
+                for (j, out) in row.iter_mut().enumerate() {
+                    let kj = &kc[j * f + h * d..j * f + (h + 1) * d];
+                    *out = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Per sample, `[s1, f]` sums of centered value codes `[s2, f]` weighted by centered
+/// probability codes `[heads, s1, s2]`, each head over its `f / heads` features.
+fn attention_context(
+    p: &[u8],
+    v: &[u8],
+    n: usize,
+    [s1, s2, f]: [usize; 3],
+    heads: usize,
+    [zp, zv]: [i32; 2],
+) -> Vec<i32> {
+    let d = f / heads.max(1);
+    let mut y = zeroed_i32(n * s1 * f);
+    for b in 0..n {
+        let ps = &p[b * heads * s1 * s2..(b + 1) * heads * s1 * s2];
+        let vs = &v[b * s2 * f..(b + 1) * s2 * f];
+        let ys = &mut y[b * s1 * f..(b + 1) * s1 * f];
+        for h in 0..heads {
+            for i in 0..s1 {
+                let out = &mut ys[i * f + h * d..i * f + (h + 1) * d];
+                for j in 0..s2 {
+                    let w = ps[(h * s1 + i) * s2 + j] as i32 - zp;
+                    if w == 0 {
+                        continue;
+                    }
+                    let vj = &vs[j * f + h * d..j * f + (h + 1) * d];
+                    out.iter_mut()
+                        .zip(vj)
+                        .for_each(|(o, x)| *o += w * (*x as i32 - zv));
+                }
+            }
+        }
+    }
+    y
 }
 
 /// A pooling node's input maps `(channels, height, width)` and output maps `(height, width)`.

@@ -14,7 +14,9 @@ use super::{
 };
 use crate::convert::{Convert, LayerKind};
 use crate::export::ExportError;
-use crate::graph::{GraphBuilder, ValueId};
+use crate::graph::{GraphBuilder, Op, ValueId};
+use crate::integer::{attention_scale, SOFTMAX_BITS};
+use quant_core::int8::{Approximation, IntSoftmax};
 
 /// A [`QLinear`] whose quantizers are [`TensorQuantizer`]s on dtype `E`, device `D`.
 pub type QLinearOn<const I: usize, const O: usize, E = f32, D = Cpu> =
@@ -68,6 +70,25 @@ impl AttentionQuantizers {
     }
 }
 
+impl AttentionQuantizers {
+    /// The integer softmax the integer runtime runs on the scores, when `query` and `key`
+    /// quantize (so the scores are integers at `s_q · s_k / √d`, `d` features per head):
+    /// [`SOFTMAX_BITS`] bits, fixed point; `None` while either passes values through.
+    ///
+    /// # Errors
+    /// Parameters that cannot be read, or scores the kernel cannot be prepared for.
+    pub fn softmax_kernel(&self, head_features: usize, keys: usize) -> Result<Option<IntSoftmax>> {
+        match (self.query.code_grid()?, self.key.code_grid()?) {
+            (Some(q), Some(k)) => {
+                let scale = attention_scale(q.scale as f64, k.scale as f64, head_features);
+                IntSoftmax::new(scale as f32, keys, SOFTMAX_BITS, Approximation::FixedPoint)
+                    .map(Some)
+            }
+            _ => Ok(None),
+        }
+    }
+}
+
 tensor_collection! {
     impl[E: Dtype, D: Device<E>] AttentionQuantizers<E, D> => AttentionQuantizers<E2, D2>;
     AttentionQuantizers { query, key, probs, value }
@@ -89,10 +110,14 @@ tensor_collection! {
 /// `input = ...` for both slots of a kind, `slots.probs = ...` for one) or by name (an
 /// override with `pattern = "*.scores"`). Both kinds are quantized by the policy's `[input]`
 /// defaults, like the inputs of layers with weights: an integer matrix product needs both
-/// operands on a grid. The softmax itself stays float here (the integer kernel is
-/// [`quant_core::int8::IntSoftmax`], its training-time simulation
-/// [`quant_core::ops::int_softmax`]); attention has no graph form yet, so export reports
-/// [`ExportError::Unsupported`] naming the layer.
+/// operands on a grid.
+///
+/// Once `query` and `key` quantize, the scores are integers at `s_q · s_k / √d`, and the
+/// softmax is the integer runtime's ([`quant_core::int8::IntSoftmax`], fixed point, to
+/// [`SOFTMAX_BITS`] bits), simulated ([`quant_core::ops::int_softmax`]) so that the
+/// fake-quantized and the integer model agree; the `probs` quantizer then requantizes it.
+/// Self-attention lowers to the graph ops [`Op::AttentionScores`], [`Op::Softmax`] and
+/// [`Op::AttentionContext`] between the projections.
 ///
 /// It takes what dfdx's takes: a sequence `[seq, M]` or a batch `[batch, seq, M]` for
 /// self-attention, or a tuple `(queries, keys, values)` of either rank, keys and values without
@@ -204,10 +229,11 @@ macro_rules! attend {
             .try_permute::<_, Axes4<0, 2, 1, 3>>()?;
 
         let scale = 1.0 / ((K / H) as f64).sqrt();
-        let probs = q
-            .try_matmul(k)?
-            .try_mul(scale as f32)?
-            .try_softmax::<Axis<3>>()?;
+        let scores = q.try_matmul(k)?.try_mul(scale as f32)?;
+        let probs = match $self.matmul_inputs.softmax_kernel(K / H, s2.size())? {
+            Some(kernel) => quant_core::ops::int_softmax(scores, &kernel)?,
+            None => scores.try_softmax::<Axis<3>>()?,
+        };
         let probs = $self.matmul_inputs.probs.$quantize(probs)?;
 
         let tokens = probs
@@ -336,18 +362,25 @@ impl<const M: usize, const H: usize, const K: usize, const V: usize> QuantizedMo
         self.w_o.visit_slots(&join_name(name, "w_o"), f)
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        _g: &mut GraphBuilder,
-        _x: ValueId,
-    ) -> Result<ValueId, ExportError> {
-        Err(ExportError::Unsupported {
-            layer: name.to_string(),
-            reason: "multi-head attention has no graph form yet, so it cannot be exported or \
-                     run on integers; evaluate the fake-quantized model instead"
-                .into(),
-        })
+    /// Self-attention on `x` (`[tokens, M]`): the projections, `<name>.scores`
+    /// ([`Op::AttentionScores`]), `<name>.softmax`, `<name>.context`
+    /// ([`Op::AttentionContext`]) and `w_o`, with the quantizers of the matrix products'
+    /// inputs on their inputs.
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+        let inputs = &self.matmul_inputs;
+        let q = self.w_q.lower(&join_name(name, "w_q"), g, x)?;
+        let k = self.w_k.lower(&join_name(name, "w_k"), g, x)?;
+        let v = self.w_v.lower(&join_name(name, "w_v"), g, x)?;
+        let scores = join_name(name, "scores");
+        let context = join_name(name, "context");
+        let q = g.quantize(&join_name(&scores, Slot::QUERY.name), &inputs.query, q)?;
+        let k = g.quantize(&join_name(&scores, Slot::KEY.name), &inputs.key, k)?;
+        let v = g.quantize(&join_name(&context, Slot::VALUE.name), &inputs.value, v)?;
+        let s = g.add(&scores, Op::AttentionScores { heads: H }, &[q, k])?;
+        let p = g.add(&join_name(name, "softmax"), Op::Softmax, &[s])?;
+        let p = g.quantize(&join_name(&context, Slot::PROBS.name), &inputs.probs, p)?;
+        let c = g.add(&context, Op::AttentionContext { heads: H }, &[p, v])?;
+        self.w_o.lower(&join_name(name, "w_o"), g, c)
     }
 }
 
@@ -461,8 +494,11 @@ impl<const M: usize, const H: usize, const F: usize> QuantizedModule
     }
 
     fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
-        // The attention reports that it has no graph form, naming itself.
-        self.self_attn.lower(&join_name(name, "self_attn"), g, x)
+        let y = self.self_attn.lower(&join_name(name, "self_attn"), g, x)?;
+        let x = self.add.lower(&join_name(name, "add"), g, x, y)?;
+        let x = self.norm1.lower(&join_name(name, "norm1"), g, x)?;
+        let x = self.ff.lower(&join_name(name, "ff"), g, x)?;
+        self.norm2.lower(&join_name(name, "norm2"), g, x)
     }
 }
 

@@ -3,6 +3,10 @@
 use dfdx::nn::tensor_collection::TensorCollection;
 use dfdx::prelude::*;
 
+use dfdx::nn::modules::{AccurateGeLU, AvgPoolGlobal, LayerNorm1D, MaxPoolGlobal};
+use dfdx::tensor::CpuError;
+use quant_core::int8::{Approximation, IntGelu};
+use quant_core::ops::{int_gelu, int_layer_norm, CodeGrid};
 use quant_core::{QuantError, Result};
 
 use super::float::lower_op;
@@ -10,6 +14,7 @@ use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, Te
 use crate::convert::InputOnly;
 use crate::export::ExportError;
 use crate::graph::{GraphBuilder, ValueId};
+use crate::nn::{AvgPool2d, Flatten, MaxPool2d};
 
 /// Quantizes the input of a module that has no weights (pooling, flatten, a residual add)
 /// with a per-tensor quantizer, then runs the module: pytorch-quantization's
@@ -38,32 +43,121 @@ tensor_collection! {
     QuantInput { module, input_quantizer }
 }
 
-impl<S: Shape, T: Tape<f32, Cpu>, M: Module<Tensor<S, f32, Cpu, T>>> Module<Tensor<S, f32, Cpu, T>>
+impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>> Module<Tensor<S, f32, Cpu, T>>
     for QuantInput<M>
-where
-    M::Error: Into<QuantError>,
 {
     type Output = M::Output;
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.fake_quantize(x)?;
-        self.module.try_forward(x).map_err(Into::into)
+        let grid = self.input_quantizer.code_grid()?;
+        self.module.forward_on_grid(x, grid.as_ref())
     }
 }
 
-impl<S: Shape, T: Tape<f32, Cpu>, M: ModuleMut<Tensor<S, f32, Cpu, T>>>
+impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>>
     ModuleMut<Tensor<S, f32, Cpu, T>> for QuantInput<M>
-where
-    M::Error: Into<QuantError>,
 {
     type Output = M::Output;
     type Error = QuantError;
 
     fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.fake_quantize_mut(x)?;
-        self.module.try_forward_mut(x).map_err(Into::into)
+        let grid = self.input_quantizer.code_grid()?;
+        self.module.forward_on_grid(x, grid.as_ref())
     }
+}
+
+/// How a weight-free layer computes on its input once [`QuantInput`] has quantized it.
+///
+/// Pooling and flattening compute on grid values as on any floats. Layer normalisation and
+/// GELU have no exact integer form: on a quantized input they run the integer kernel the
+/// integer runtime runs ([`quant_core::int8::IntLayerNorm`], [`quant_core::int8::IntGelu`]),
+/// simulated on the grid's values ([`quant_core::ops`]), so that the fake-quantized model and
+/// the integer model agree; on a float input (quantizer disabled or calibrating) they run the
+/// float layer.
+pub trait OnGrid<X> {
+    /// The layer's output.
+    type Output;
+
+    /// The forward pass on `x`, whose values lie on `grid` when it is `Some`.
+    ///
+    /// # Errors
+    /// The layer's error, or a grid its integer kernel cannot be prepared for.
+    fn forward_on_grid(&self, x: X, grid: Option<&CodeGrid>) -> Result<Self::Output>;
+}
+
+/// [`OnGrid`] for layers that compute on grid values as on any floats.
+macro_rules! float_on_grid {
+    ($($ty:ty $(where [$($g:tt)*])?;)+) => {$(
+        impl<X, $($($g)*)?> OnGrid<X> for $ty
+        where
+            $ty: Module<X>,
+            <$ty as Module<X>>::Error: Into<QuantError>,
+        {
+            type Output = <$ty as Module<X>>::Output;
+
+            fn forward_on_grid(&self, x: X, _grid: Option<&CodeGrid>) -> Result<Self::Output> {
+                self.try_forward(x).map_err(Into::into)
+            }
+        }
+    )+};
+}
+
+float_on_grid!(
+    MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize];
+    AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize];
+    Flatten<N> where [const N: usize];
+    AvgPoolGlobal;
+    MaxPoolGlobal;
+);
+
+impl<const M: usize, S: Shape, T: Tape<f32, Cpu>> OnGrid<Tensor<S, f32, Cpu, T>>
+    for LayerNorm1D<M, f32, Cpu>
+where
+    LayerNorm1D<M, f32, Cpu>:
+        Module<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>, Error = CpuError>,
+{
+    type Output = Tensor<S, f32, Cpu, T>;
+
+    fn forward_on_grid(
+        &self,
+        x: Tensor<S, f32, Cpu, T>,
+        grid: Option<&CodeGrid>,
+    ) -> Result<Self::Output> {
+        match grid {
+            Some(grid) => {
+                int_layer_norm(x, &self.gamma, &self.beta, self.epsilon as f32, grid, true)
+            }
+            None => Ok(self.try_forward(x)?),
+        }
+    }
+}
+
+impl<S: Shape, T: Tape<f32, Cpu>> OnGrid<Tensor<S, f32, Cpu, T>> for AccurateGeLU {
+    type Output = Tensor<S, f32, Cpu, T>;
+
+    fn forward_on_grid(
+        &self,
+        x: Tensor<S, f32, Cpu, T>,
+        grid: Option<&CodeGrid>,
+    ) -> Result<Self::Output> {
+        match grid {
+            Some(grid) => int_gelu(x, &gelu_kernel(grid)?),
+            None => Ok(self.try_forward(x)?),
+        }
+    }
+}
+
+/// The GELU kernel of codes on `grid`, as the integer runtime prepares it.
+pub(crate) fn gelu_kernel(grid: &CodeGrid) -> Result<IntGelu> {
+    IntGelu::new(
+        grid.scale,
+        grid.zero_point,
+        grid.codes.clone(),
+        Approximation::FixedPoint,
+    )
 }
 
 impl<M: InputOnly> QuantizedModule for QuantInput<M> {

@@ -36,7 +36,7 @@ pub use attention::{
 pub use conv::QConv2d;
 pub use embedding::QEmbedding;
 pub use float::Float;
-pub use input::QuantInput;
+pub use input::{OnGrid, QuantInput};
 pub use linear::QLinear;
 pub use param::{fake_quantize_param, fake_quantize_param_mut, LayerInput};
 pub use quantizer::{

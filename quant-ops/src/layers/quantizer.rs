@@ -412,6 +412,26 @@ impl<const C: usize> TensorQuantizer<C> {
     }
 }
 
+impl TensorQuantizer<1> {
+    /// The grid its forward pass puts values on now (scale, zero point, code range), `None`
+    /// while it passes values through (disabled, calibrating or unconfigured): what a layer
+    /// needs to run an integer kernel of [`quant_core::int8`] on the quantized values, as the
+    /// integer runtime will.
+    ///
+    /// # Errors
+    /// Parameters that cannot be read.
+    pub fn code_grid(&self) -> Result<Option<quant_core::ops::CodeGrid>> {
+        if !self.mode().quantizes() || self.setup.is_none() || self.initialized == 0 {
+            return Ok(None);
+        }
+        Ok(self.inferable()?.map(|q| quant_core::ops::CodeGrid {
+            scale: q.qparams().scales()[0],
+            zero_point: q.qparams().zero_points()[0],
+            codes: q.grid().quant_min()..=q.grid().quant_max(),
+        }))
+    }
+}
+
 /// One bank with each slot taken from where the quantizer keeps it: the fixed bank, with the
 /// trainable slots' rows from the learned bank.
 fn merged_bank<const C: usize>(

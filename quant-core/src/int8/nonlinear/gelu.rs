@@ -339,8 +339,9 @@ fn phi_table() -> &'static [[i64; 4]; PIECES] {
 }
 
 /// `Φ(x) = (1 + erf(x / √2)) / 2` in `f64`, saturated to 0 and 1 beyond `|x| = 6`
-/// (`1 - Φ(6) < 10⁻⁹`): for the gradients of the simulated GELU.
-pub(crate) fn normal_cdf(x: f64) -> f64 {
+/// (`1 - Φ(6) < 10⁻⁹`): the exact GELU of float references and of the simulated GELU's
+/// gradients.
+pub fn normal_cdf(x: f64) -> f64 {
     let upper = if x.abs() >= 6.0 {
         1.0
     } else {

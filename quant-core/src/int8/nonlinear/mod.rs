@@ -84,7 +84,7 @@ mod gelu;
 mod layer_norm;
 mod softmax;
 
-pub(crate) use gelu::normal_cdf;
+pub use gelu::normal_cdf;
 pub use gelu::{
     IntGelu, GELU_FIXED_POINT_MAX_ERROR, GELU_IBERT_MAX_ERROR, GELU_IBERT_MAX_INPUT_SCALE,
     GELU_IBERT_SCALE_ERROR, GELU_MAX_INPUT_SCALE, GELU_MIN_INPUT_SCALE,

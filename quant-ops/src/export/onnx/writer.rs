@@ -278,6 +278,20 @@ impl<'g> Writer<'g> {
                     ),
                 })
             }
+            Op::Gelu
+            | Op::Softmax
+            | Op::ImageTokens { .. }
+            | Op::MeanTokens
+            | Op::AttentionScores { .. }
+            | Op::AttentionContext { .. } => {
+                return Err(ExportError::Unsupported {
+                    layer: node.name.clone(),
+                    reason: format!(
+                        "{}: the ONNX writer has no form for the ops of transformers yet (the graph export and the integer runtime run them)",
+                        node.op.name()
+                    ),
+                })
+            }
         }
         Ok(())
     }
