@@ -330,7 +330,7 @@ export("future_version", ["model.json", "format_version 99"], metadata=meta(VALI
 export("old_version", ["model.json", "format_version 1", "export the model again"],
        metadata=meta(VALID_NODES, format_version=1))
 export("unknown_field", ["model.json", "unknown field", "extra"], metadata=meta(VALID_NODES, extra=1))
-export("unknown_op", ["model.json", "Softmax"], metadata=meta(VALID_NODES + [simple("3", "2", "Softmax")]))
+export("unknown_op", ["model.json", "Hardswish"], metadata=meta(VALID_NODES + [simple("3", "2", "Hardswish")]))
 export("empty_input_shape", ["model.json", "input shape"], metadata=meta(VALID_NODES, input_shape=()))
 export("input_shape_overflow", ["model.json", "input shape"],
        metadata=meta(VALID_NODES, input_shape=(2**40, 2**40)))
@@ -470,6 +470,91 @@ export("conv_kernel_80_padding_79", [],
        metadata=meta([CNN_NODES[0], conv("0", "0.input", 1, 1, 80, 1, 79)], input_shape=(1, 8, 8)),
        tensors=[("0.weight", "I8", [1, 1, 80, 80], i8([(i * 7) % 5 - 2 for i in range(6400)])),
                 ("0.bias", "I32", [1], i32([3]))])
+
+# Transformers: self-attention of 2 heads over a sequence of 3 tokens of 4 features, integer
+# softmax, LayerNorm, GELU, the mean of the tokens and a head; and ViT patch tokens.
+def two(name, inputs, op, **fields):
+    return {"name": name, "inputs": list(inputs), "op": dict({"type": op}, **fields)}
+
+
+def layer_norm(name, inp, gamma=None):
+    return {"name": name, "inputs": [inp],
+            "op": {"type": "LayerNorm", "scale": param(gamma or name + ".gamma", "float"),
+                   "shift": param(name + ".beta", "float"), "epsilon": 1e-5}}
+
+
+PROBS_Q = quantizer("Uniform", 8, False, [1 / 255], [0])
+TR_NODES = [quantize("0.input", "input"), linear("q", "0.input", 4, 4), linear("k", "0.input", 4, 4),
+            linear("v", "0.input", 4, 4), quantize("s.query", "q"), quantize("s.key", "k"),
+            quantize("c.value", "v"), two("s", ["s.query", "s.key"], "AttentionScores", heads=2),
+            simple("p", "s", "Softmax"), quantize("c.probs", "p", PROBS_Q),
+            two("c", ["c.probs", "c.value"], "AttentionContext", heads=2),
+            quantize("n.input", "c"), layer_norm("n", "n.input"), quantize("g.input", "n"),
+            simple("g", "g.input", "Gelu"), simple("m", "g", "MeanTokens"), quantize("h.input", "m"),
+            linear("h", "h.input", 4, 2)]
+WQ = [3, -7, 12, 0, 5, 1, -1, 9, -20, 4, 6, -2, 8, 0, -5, 2]
+F32 = lambda vals: struct.pack("<%df" % len(vals), *vals)
+TR_T = ([(f"{n}.weight", "I8", [4, 4], i8(WQ[k:] + WQ[:k])) for k, n in enumerate("qkv")]
+        + [(f"{n}.bias", "I32", [4], i32([10, -20, 5, 0])) for n in "qkv"]
+        + [("n.gamma", "F32", [4], F32([1.0, 0.5, -1.0, 2.0])), ("n.beta", "F32", [4], F32([0.0, 0.1, -0.1, 0.2])),
+           ("h.weight", "I8", [2, 4], i8([3, -4, 5, 6, -7, 8, 1, 0])), ("h.bias", "I32", [2], i32([0, 1]))])
+TR_SHAPE = (3, 4)
+
+
+def with_tr_node(name, node):
+    return [node if n["name"] == name else n for n in TR_NODES]
+
+
+export("valid_attention", [], metadata=meta(TR_NODES, input_shape=TR_SHAPE), tensors=TR_T)
+export("attention_heads_not_dividing", ["model.json", "node `s`", "3 heads", "4 features of the queries"],
+       metadata=meta(with_tr_node("s", two("s", ["s.query", "s.key"], "AttentionScores", heads=3)),
+                     input_shape=TR_SHAPE), tensors=TR_T)
+export("attention_zero_heads", ["model.json", "node `c`", "0 heads"],
+       metadata=meta(with_tr_node("c", two("c", ["c.probs", "c.value"], "AttentionContext", heads=0)),
+                     input_shape=TR_SHAPE), tensors=TR_T)
+# Heads that differ between the two products: the probabilities do not fit the values.
+export("attention_heads_mismatch", ["model.json", "node `c`", "do not fit 4 heads"],
+       metadata=meta(with_tr_node("c", two("c", ["c.probs", "c.value"], "AttentionContext", heads=4)),
+                     input_shape=TR_SHAPE), tensors=TR_T)
+# Keys of another embedding size than the queries.
+export("attention_keys_wrong_size", ["model.json", "node `s`", "queries have 4 features and keys 2"],
+       metadata=meta(TR_NODES[:7] + [linear("k2", "0.input", 4, 2), quantize("k2.q", "k2"),
+                                       two("s", ["s.query", "k2.q"], "AttentionScores", heads=2)],
+                     input_shape=TR_SHAPE),
+       tensors=TR_T + [("k2.weight", "I8", [2, 4], i8(WQ[:8])), ("k2.bias", "I32", [2], i32([0, 0]))])
+export("attention_on_features", ["model.json", "node `s`", "two [tokens, features] inputs"],
+       metadata=meta(VALID_NODES + [two("s", ["2", "2"], "AttentionScores", heads=1)]), tensors=VALID_TENSORS)
+export("layer_norm_wrong_size", ["model.json", "node `n`", "`n.gamma`", "3 values", "needs 4"],
+       metadata=meta(TR_NODES, input_shape=TR_SHAPE),
+       tensors=[t for t in TR_T if t[0] != "n.gamma"] + [("n.gamma", "F32", [3], F32([1.0, 0.5, -1.0]))])
+# The softmax reads codes, not the accumulators of scores: the runtime refuses it.
+export("softmax_on_codes", ["layer `p`", "accumulators"],
+       metadata=meta(TR_NODES[:8] + [quantize("s.codes", "s"), simple("p", "s.codes", "Softmax")] + TR_NODES[9:],
+                     input_shape=TR_SHAPE), tensors=TR_T)
+export("layer_norm_on_accumulators", ["layer `n`", "LayerNorm needs its input quantized"],
+       metadata=meta(with_tr_node("n", layer_norm("n", "c")), input_shape=TR_SHAPE), tensors=TR_T)
+export("gelu_on_accumulators", ["layer `g`", "Gelu needs its input quantized"],
+       metadata=meta(with_tr_node("g", simple("g", "n", "Gelu")), input_shape=TR_SHAPE), tensors=TR_T)
+export("mean_tokens_on_features", ["model.json", "node `m`", "[tokens, features]", "receives [3]"],
+       metadata=meta(VALID_NODES[:3] + [simple("m", "1", "MeanTokens")]), tensors=VALID_TENSORS[:2])
+# ViT patch tokens: a 2x2-patch convolution of a 4x4 image gives 4 tokens of 2 channels plus positions.
+VIT_NODES = [CNN_NODES[0], conv("0", "0.input", 1, 2, 2, 2, 0),
+             {"name": "t", "inputs": ["0"], "op": {"type": "ImageTokens", "position": param("t.position", "float")}},
+             quantize("n.input", "t"), layer_norm("n", "n.input"), simple("m", "n", "MeanTokens"),
+             quantize("h.input", "m"), linear("h", "h.input", 2, 2)]
+VIT_T = [("0.weight", "I8", [2, 1, 2, 2], i8([3, -1, 4, 1, -5, 9, 2, -6])), ("0.bias", "I32", [2], i32([1, -1])),
+         ("t.position", "F32", [4, 2], F32([0.01, -0.02, 0.03, 0.0, -0.01, 0.02, 0.0, 0.01])),
+         ("n.gamma", "F32", [2], F32([1.0, -0.5])), ("n.beta", "F32", [2], F32([0.1, 0.0])),
+         ("h.weight", "I8", [2, 2], i8([3, -4, 5, 6])), ("h.bias", "I32", [2], i32([0, 1]))]
+export("valid_image_tokens", [], metadata=meta(VIT_NODES, input_shape=(1, 4, 4)), tensors=VIT_T)
+# A position embedding for another sequence length (a 3x3 map's 9 tokens) than the image gives.
+export("image_tokens_wrong_length", ["model.safetensors", "node `t`", "`t.position`", "[9, 2]", "needs F32 [4, 2]"],
+       metadata=meta(VIT_NODES, input_shape=(1, 4, 4)),
+       tensors=[t for t in VIT_T if t[0] != "t.position"] + [("t.position", "F32", [9, 2], F32([0.0] * 18))])
+export("image_tokens_on_features", ["model.json", "node `t`", "[channels, height, width]"],
+       metadata=meta(VALID_NODES[:2] + [{"name": "t", "inputs": ["0"],
+                                         "op": {"type": "ImageTokens", "position": param("t.position", "float")}}]),
+       tensors=VALID_TENSORS[:2] + [("t.position", "F32", [3], F32([0.0] * 3))])
 
 # ----- float checkpoints (quant_ops::checkpoint::load_checkpoint into Linear<4, 3>) -----------
 

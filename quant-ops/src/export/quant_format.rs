@@ -141,8 +141,9 @@ impl ExportFormat for QuantFormat {
         let tensors_path = Path::new(TENSORS_FILE);
         let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut names = BTreeSet::new();
-        for node in &graph.nodes {
-            for (p, shape) in node.op.parameters() {
+        let shapes = graph.check()?;
+        for (node, output) in graph.nodes.iter().zip(&shapes.nodes) {
+            for (p, shape) in node.op.parameters(output) {
                 if !names.insert(p.tensor.clone()) {
                     return Err(ExportError::Invalid {
                         node: node.name.clone(),
@@ -240,7 +241,7 @@ impl QuantFormat {
             }
             other => other,
         };
-        graph.check_structure().map_err(in_meta)?;
+        let shapes = graph.check_structure().map_err(in_meta)?;
         let tensor_bytes =
             crate::fs::read_limited(&tensors_path, MAX_TENSOR_FILE_BYTES).map_err(|source| {
                 ExportError::Io {
@@ -256,9 +257,9 @@ impl QuantFormat {
         let (_, tensors) =
             crate::checkpoint::read_safetensors(&tensor_bytes).map_err(&bad_tensor)?;
         let mut used = BTreeSet::new();
-        for node in &mut graph.nodes {
+        for (node, output) in graph.nodes.iter_mut().zip(&shapes.nodes) {
             let node_name = crate::graph::short(&node.name);
-            for (p, expected) in node.op.parameters_mut() {
+            for (p, expected) in node.op.parameters_mut(output) {
                 read_parameter(p, expected, &node_name, &tensors, &mut used)
                     .map_err(&bad_tensor)?;
             }

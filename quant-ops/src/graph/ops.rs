@@ -252,8 +252,9 @@ impl Op {
         }
     }
 
-    /// The op's parameters with their shapes (weight, then bias; scale, then shift).
-    pub fn parameters(&self) -> Vec<(&Parameter, Vec<usize>)> {
+    /// The op's parameters with their shapes (weight, then bias; scale, then shift), for a node
+    /// whose output has the per-sample shape `output` (a position embedding has its shape).
+    pub fn parameters(&self, output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
         match (self, self.weight_and_bias_shapes()) {
             (Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. }, Some([w, b])) => {
                 vec![(weight, w), (bias, b)]
@@ -262,16 +263,17 @@ impl Op {
                 let c = scale.values.len();
                 vec![(scale, vec![c]), (shift, vec![c])]
             }
-            (Op::ImageTokens { position }, _) => {
-                vec![(position, vec![position.values.len()])]
-            }
+            (Op::ImageTokens { position }, _) => vec![(position, output.to_vec())],
             _ => Vec::new(),
         }
     }
 
-    /// The op's parameters, mutably, with the shapes its geometry gives them (`None` for a
-    /// per-channel parameter whose length only the input fixes).
-    pub fn parameters_mut(&mut self) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+    /// The op's parameters, mutably, with the shapes its geometry or its output shape `output`
+    /// gives them (`None` for a per-channel parameter whose length only the input fixes).
+    pub fn parameters_mut(
+        &mut self,
+        output: &[usize],
+    ) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
         let shapes = self.weight_and_bias_shapes();
         match (self, shapes) {
             (Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. }, Some([w, b])) => {
@@ -280,7 +282,7 @@ impl Op {
             (Op::ChannelAffine { scale, shift } | Op::LayerNorm { scale, shift, .. }, _) => {
                 vec![(scale, None), (shift, None)]
             }
-            (Op::ImageTokens { position }, _) => vec![(position, None)],
+            (Op::ImageTokens { position }, _) => vec![(position, Some(output.to_vec()))],
             _ => Vec::new(),
         }
     }

@@ -67,7 +67,8 @@ pub(crate) fn lower_op<M: GraphOp>(
     match m.graph_op() {
         Ok(None) => Ok(x),
         Ok(Some(mut op)) => {
-            for (p, _) in op.parameters_mut() {
+            // Only the names change: the shapes do not matter here.
+            for (p, _) in op.parameters_mut(&[]) {
                 p.tensor = join_name(name, &p.tensor);
             }
             g.add(name, op, &[x])
