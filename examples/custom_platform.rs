@@ -40,6 +40,9 @@ fn my_dsp_int8() -> Platform {
             false,
             ObserverConfig::from_kind("Percentile").unwrap_or_default(),
         ),
+        // The DSP has no integer LayerNorm: those inputs stay float unless a policy says.
+        float_kinds: vec![quant_ops::convert::LayerKind::LayerNorm],
+        attention: "matmul inputs quantized; softmax and LayerNorm in float".into(),
     }
 }
 

@@ -35,6 +35,7 @@ use std::fmt;
 use linkme::distributed_slice;
 use quant_core::{QuantError, QuantizationMethod, Result, RoundingPolicy, TrainingMethod};
 
+use crate::convert::LayerKind;
 use crate::observers::{HistogramBins, Momentum, ObserverConfig};
 use crate::policy::QuantizerSettings;
 
@@ -49,13 +50,29 @@ pub struct Platform {
     pub weights: QuantizerSettings,
     /// Defaults for activation (input) quantizers.
     pub input: QuantizerSettings,
+    /// Layer kinds the target computes in floating point: their slots stay float by default
+    /// under this platform (a policy's `[kinds.X]` table or an override still turns them on).
+    /// TensorRT and OpenVINO run LayerNorm and GELU in float (or fp16); quant's integer runtime
+    /// runs them on integers, so its presets keep none.
+    pub float_kinds: Vec<LayerKind>,
+    /// What the target does with a transformer's attention, softmax, GELU and LayerNorm.
+    pub attention: String,
 }
 
 impl fmt::Display for Platform {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.name, self.description)
+        write!(
+            f,
+            "{}: {}. Transformers: {}",
+            self.name, self.description, self.attention
+        )
     }
 }
+
+/// What quant's integer runtime does with attention, for the presets that target it.
+const INTEGER_RUNTIME_ATTENTION: &str = "every attention matmul input, the softmax output, \
+     LayerNorm and GELU inputs quantized; quant's integer runtime runs softmax, GELU and \
+     LayerNorm on integers (fixed-point kernels the fake-quantized model simulates)";
 
 /// A registered platform: its name and how to build it.
 pub struct PlatformEntry {
@@ -189,6 +206,8 @@ fn academic() -> Platform {
             None,
             ObserverConfig::MinMax,
         ),
+        float_kinds: Vec::new(),
+        attention: INTEGER_RUNTIME_ATTENTION.into(),
     }
 }
 
@@ -216,6 +235,11 @@ fn tensorrt_int8() -> Platform {
                 bins: HistogramBins::DEFAULT,
             },
         ),
+        float_kinds: vec![LayerKind::LayerNorm, LayerKind::Gelu],
+        attention: "Q/DQ on the inputs of both attention matmuls (queries, keys, softmax output, \
+             values), as pytorch-quantization's BERT; softmax, LayerNorm and GELU run in \
+             float or fp16, so their inputs are not quantized"
+            .into(),
     }
 }
 
@@ -243,6 +267,10 @@ fn openvino_int8() -> Platform {
                 momentum: Momentum::DEFAULT,
             },
         ),
+        float_kinds: vec![LayerKind::LayerNorm, LayerKind::Gelu],
+        attention: "FakeQuantize on the inputs of both attention matmuls (as NNCF's transformer \
+             preset); softmax, LayerNorm and GELU run in float, so their inputs are not quantized"
+            .into(),
     }
 }
 
@@ -272,6 +300,8 @@ fn generic_int4() -> Platform {
                 bins: HistogramBins::DEFAULT,
             },
         ),
+        float_kinds: Vec::new(),
+        attention: INTEGER_RUNTIME_ATTENTION.into(),
     }
 }
 
@@ -299,6 +329,8 @@ mod tests {
             }
         }
         let trt = find_platform("TensorRtInt8").unwrap();
+        assert_eq!(trt.float_kinds, [LayerKind::LayerNorm, LayerKind::Gelu]);
+        assert!(trt.attention.contains("softmax"));
         assert_eq!(trt.weights.narrow_range, Some(true));
         assert_eq!(trt.weights.per_channel, Some(true));
         let err = find_platform("TensorRT").unwrap_err().to_string();

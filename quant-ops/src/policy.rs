@@ -26,6 +26,11 @@
 //! unmatched_patterns = "error"     # or "warn": an override that matches no layer
 //! ```
 //!
+//! Which slots the defaults cover: those of layers with weights, adds, attention's matrix
+//! products, LayerNorm and GELU (what an integer model needs quantized), except the kinds the
+//! platform computes in float ([`Platform::float_kinds`](crate::platform::Platform): TensorRT
+//! keeps LayerNorm and GELU float).
+//!
 //! Settings merge field by field: platform, then `[weights]` / `[input]`, then
 //! `[kinds.<Kind>]`, then every matching override in file order. `"float"` leaves a slot float
 //! (a later table turns it back on). Loading checks everything it can before any model exists:
@@ -374,6 +379,17 @@ impl Policy {
         Policy::from_toml_str(&text, &path.display().to_string())
     }
 
+    /// Whether the platform computes layers of `kind` in float (their slots then stay float
+    /// unless the policy's kind table or an override turns them on).
+    fn platform_keeps_float(&self, kind: LayerKind) -> Result<bool> {
+        match &self.platform {
+            Some(name) if name.len() <= MAX_NAME_BYTES => {
+                Ok(find_platform(name)?.float_kinds.contains(&kind))
+            }
+            _ => Ok(false),
+        }
+    }
+
     /// The platform's defaults, or empty settings.
     fn base(&self) -> Result<(QuantizerSettings, QuantizerSettings)> {
         match &self.platform {
@@ -524,11 +540,9 @@ impl Policy {
             QuantizationTarget::Weights => default_w,
             QuantizationTarget::Activation => default_i,
         };
-        let mut acc = if kind.quantized_by_default() && !slot.optional {
-            defaults.clone()
-        } else {
-            None
-        };
+        let by_default =
+            kind.quantized_by_default() && !slot.optional && !self.platform_keeps_float(kind)?;
+        let mut acc = if by_default { defaults.clone() } else { None };
         let mut step = |setting: Option<&SlotSetting>| {
             if acc.is_none() && matches!(setting, Some(SlotSetting::Quantize(_))) {
                 acc = defaults.clone();

@@ -286,3 +286,34 @@ fn a_layer_left_float_converts_to_exactly_the_float_layer() {
         model.2.forward(h).array()
     );
 }
+
+/// LayerNorm and GELU inputs are quantized by default (quant's integer runtime runs them on
+/// integers); a platform that computes them in float (TensorRT) leaves them float unless the
+/// policy's kind table turns them on. Attention's matmul inputs are quantized under both.
+#[test]
+fn platforms_say_which_transformer_layers_stay_float() {
+    let academic = Policy::from_toml_str("platform = \"Academic\"\n", "a.toml").unwrap();
+    let trt = Policy::from_toml_str("platform = \"TensorRtInt8\"\n", "t.toml").unwrap();
+    let trt_ln = Policy::from_toml_str(
+        "platform = \"TensorRtInt8\"\n[kinds.LayerNorm]\ninput = {}\n",
+        "t.toml",
+    )
+    .unwrap();
+    for kind in [LayerKind::LayerNorm, LayerKind::Gelu] {
+        assert!(academic.resolve("n", kind, Slot::INPUT).unwrap().is_some());
+        assert!(
+            trt.resolve("n", kind, Slot::INPUT).unwrap().is_none(),
+            "{kind}"
+        );
+    }
+    assert!(trt_ln
+        .resolve("n", LayerKind::LayerNorm, Slot::INPUT)
+        .unwrap()
+        .is_some());
+    for slot in [Slot::QUERY, Slot::KEY] {
+        assert!(trt
+            .resolve("a.scores", LayerKind::AttentionScores, slot)
+            .unwrap()
+            .is_some());
+    }
+}
