@@ -58,7 +58,8 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
-    /// List every registered trainable quantizer: target, methods, id, where it is defined.
+    /// List every registered trainable quantizer (target, methods, id, where it is defined),
+    /// every layer kind with its quantizer slots, and every platform.
     List,
     /// Run an exported integer model, an ONNX file, or both, on the digits test split.
     ///
@@ -243,6 +244,34 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     methods.join(", "),
                     m.path()
                 );
+            }
+            println!(
+                "\n{:<17} {:<21} quantized by default",
+                "layer kind", "slots"
+            );
+            for kind in quant_ops::convert::LayerKind::ALL {
+                let slots: Vec<&str> = kind.slots().iter().map(|s| s.name).collect();
+                let slots = if slots.is_empty() {
+                    "(declared by the layer)".to_string()
+                } else {
+                    slots.join(", ")
+                };
+                let default = if kind.quantized_by_default() {
+                    "yes"
+                } else {
+                    "no"
+                };
+                println!("{:<17} {slots:<21} {default}", kind.to_string());
+            }
+            println!("\nplatforms");
+            for name in quant_ops::platform::platform_names() {
+                let p = quant_ops::platform::find_platform(name)?;
+                let float: Vec<String> = p.float_kinds.iter().map(|k| k.to_string()).collect();
+                println!("  {}: {}", p.name, p.description);
+                println!("    transformers: {}", p.attention);
+                if !float.is_empty() {
+                    println!("    kept float: {}", float.join(", "));
+                }
             }
             Ok(())
         }

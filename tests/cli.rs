@@ -62,13 +62,22 @@ bits = 8
 }
 
 #[test]
-fn list_shows_every_built_in_quantizer_with_where_it_is_defined() {
+fn list_shows_quantizers_layer_kinds_with_their_slots_and_platforms() {
     let o = quant(&["list"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for line in [
         "Weights     Lsq        Symmetric, Uniform               quant_ops::quantizers::lsq::LsqWeightsQuantizer",
         "Activation  Pact       Uniform                          quant_ops::quantizers::pact::PactActivationQuantizer",
+        // Layer kinds with their slots, the transformer ones included.
+        "AttentionScores   query, key            yes",
+        "AttentionContext  probs, value          yes",
+        "LayerNorm         input                 yes",
+        "Gelu              input                 yes",
+        "MaxPool2d         input                 no",
+        // Platforms say what they do with attention.
+        "TensorRtInt8",
+        "kept float: LayerNorm, Gelu",
     ] {
         assert!(out.contains(line), "missing `{line}` in:\n{out}");
     }
