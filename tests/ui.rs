@@ -1,5 +1,8 @@
 //! Compile-fail tests of `#[mark_quantizer]` and the derive macros: every rejected attribute
-//! form has a test here, with the expected error next to it (`.stderr`).
+//! form has a test here, with the expected error next to it (`.stderr`). The `pass` cases are
+//! crates outside the workspace (trybuild builds each as its own project) that must build and
+//! run: a quantizer registered by its own crate, a derived layer, and a user's dfdx
+//! `TransformerEncoder` converted by a policy file, trained and run on integers.
 
 #[test]
 fn macros_reject_bad_attributes_on_the_offending_token() {
