@@ -13,6 +13,18 @@
 //! `s / kernel²`. A graph that ends in accumulators returns `acc as f32 · (s_input · s_weight[o])`
 //! as logits, one `f32` multiplication each.
 //!
+//! Transformers run on integers too. A sequence `[tokens, features]` is rows of features (a
+//! ViT's patch convolution writes NHWC maps, which are already its tokens, so `ImageTokens`
+//! only adds the position embedding, rounded once to the accumulators' scale). Both attention
+//! matrix products multiply centered codes into `i32` (`Q·Kᵀ` at `s_q · s_k / √d`, probabilities
+//! times `V` at `s_p · s_v`). The ops without an exact integer form run the fixed-point kernels
+//! of [`quant_core::int8::nonlinear`] on integers only: softmax on the score accumulators
+//! ([`SOFTMAX_BITS`]-bit output, requantized by the `probs` quantizer), GELU and LayerNorm on
+//! the codes of their input quantizer (their `i32` outputs at the kernels' scales are
+//! requantized by the next quantizer). The fake-quantized model runs the same kernels on the
+//! same codes (`quant_core::ops::int_softmax` and the others), so the two agree as they do
+//! for the MLP. The mean of the tokens sums them in `i64` and rounds to the accumulators' step.
+//!
 //! Feature maps are stored channels-last (NHWC) so that a convolution's im2col rows and its
 //! output rows are contiguous; flattened maps keep that order and the next layer's weight
 //! columns are permuted once to match, so results are those of the graph's NCHW semantics.
