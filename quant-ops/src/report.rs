@@ -67,7 +67,8 @@ pub fn sqnr_db(reference: &[f32], quantized: &[f32]) -> f64 {
 }
 
 /// The per-layer report of `quantized` on the batch `x` (whole samples of `input_shape`): each
-/// layer's configured quantizers, and for each layer with weights the SQNR of its output
+/// layer's configured quantizers, and for each layer with weights, add, attention matrix
+/// product, LayerNorm and GELU ([`Op::is_measured_layer`]) the SQNR of its output
 /// against the same model with every quantizer disabled, so that it measures quantization
 /// alone. Both models run through their graphs ([`crate::graph::evaluate`]); a model holding a
 /// layer with no graph form (a user's own layer) gets its quantizers reported without SQNRs.
@@ -82,12 +83,12 @@ pub fn layer_report<Q: QuantizedModule + Clone>(
 ) -> std::result::Result<Vec<LayerReport>, ExportError> {
     let mut reference = quantized.clone();
     reference.set_mode("*", QuantizerMode::Disabled)?;
-    let with_weights = |_: usize, op: &Op| op.has_weights();
+    let measured = |_: usize, op: &Op| op.is_measured_layer();
     // A model holding a layer with no graph form (a user's own layer) still gets its
     // quantizers reported, without SQNRs.
     let taps = |m: &Q| -> std::result::Result<Vec<(String, Vec<f32>)>, ExportError> {
         match export_model(m, input_shape, BTreeMap::new()) {
-            Ok(graph) => Ok(evaluate(&graph, x, &with_weights)?.kept),
+            Ok(graph) => Ok(evaluate(&graph, x, &measured)?.kept),
             Err(ExportError::Unsupported { .. }) => Ok(Vec::new()),
             Err(e) => Err(e),
         }

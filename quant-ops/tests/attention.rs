@@ -16,6 +16,7 @@ use quant_ops::layers::{
     QuantizerMode,
 };
 use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::report::layer_report;
 
 const POLICY: &str = r#"
 [weights]
@@ -618,6 +619,26 @@ fn a_vision_transformer_converts_calibrates_trains_and_runs_on_integers() {
     q.finish_calibration().unwrap();
     let fq = q.try_forward(x.clone()).unwrap().as_vec();
     assert_runs_on_integers(&q, &[1, 8, 8], &x.as_vec(), &fq);
+    // The report measures the attention products, the LayerNorms and the GELU too.
+    let report = layer_report(&q, &[1, 8, 8], &x.as_vec()).unwrap();
+    for (layer, slots) in [
+        ("1.0.1.scores", vec!["query", "key"]),
+        ("1.0.1.context", vec!["probs", "value"]),
+        ("2.0.0", vec!["input"]),
+        ("2.0.2", vec!["input"]),
+    ] {
+        let l = report
+            .iter()
+            .find(|l| l.layer == layer)
+            .unwrap_or_else(|| panic!("{layer} in {report:?}"));
+        let named: Vec<&str> = l.quantizers.iter().map(|q| q.slot.as_str()).collect();
+        assert_eq!(named, slots, "{layer}");
+        assert!(
+            l.sqnr_db.is_some_and(|db| db > 10.0),
+            "{layer}: {:?}",
+            l.sqnr_db
+        );
+    }
 
     q.set_mode("*", QuantizerMode::Training).unwrap();
     let target: Tensor<(usize, Const<10>), f32, Cpu> = dev.sample_normal_like(&(5, Const));

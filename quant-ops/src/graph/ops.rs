@@ -303,9 +303,23 @@ impl Op {
         }
     }
 
-    /// Whether the op multiplies by weights (a layer whose output a report measures).
+    /// Whether the op multiplies by weights.
     pub fn has_weights(&self) -> bool {
         matches!(self, Op::Linear { .. } | Op::Conv2d { .. })
+    }
+
+    /// Whether it is a layer whose output a report measures: one with weights, an add, an
+    /// attention matrix product, a LayerNorm or a GELU (the nodes named like their layers).
+    pub fn is_measured_layer(&self) -> bool {
+        self.has_weights()
+            || matches!(
+                self,
+                Op::Add
+                    | Op::AttentionScores { .. }
+                    | Op::AttentionContext { .. }
+                    | Op::LayerNorm { .. }
+                    | Op::Gelu
+            )
     }
 
     /// The bias of an op with weights, if it is held at the accumulator's scale (which needs a
