@@ -4,13 +4,15 @@
 //! straight-through gradients against finite differences of the surrogate, training, and
 //! integer-only inference of the trained models.
 
+mod common;
+use common::assert_integer_matches;
 use dfdx::nn::builders::{MultiHeadAttention, TransformerEncoder};
 use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
 use dfdx::tensor::Gradients;
 use quant_ops::convert::{convert_model, Convert, LayerKind};
 use quant_ops::export::export_model;
-use quant_ops::integer::{IntegerModel, LOGIT_TOLERANCE};
+use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{
     layer_bias, QMultiHeadAttention, QuantizedModule, QuantizedModuleExt, QuantizerControl,
     QuantizerMode,
@@ -510,17 +512,8 @@ fn assert_runs_on_integers<M: QuantizedModule>(q: &M, shape: &[usize], x: &[f32]
     ] {
         assert!(graph.nodes.iter().any(|n| n.op.name() == op), "{op}");
     }
-    let integer = IntegerModel::new(&graph).unwrap();
-    let int = integer.forward(x).unwrap();
-    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = int
-        .iter()
-        .zip(fq)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        worst <= LOGIT_TOLERANCE * range,
-        "integer vs fake-quantized outputs differ by {worst} (range {range})"
-    );
+    let int = IntegerModel::new(&graph).unwrap().forward(x).unwrap();
+    assert_integer_matches(&int, fq, "transformer");
 }
 
 /// dfdx's `TransformerEncoder` (a `Repeated` of blocks) converts: its slots by dotted name,

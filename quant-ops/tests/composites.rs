@@ -2,6 +2,8 @@
 //! AddInto, Repeated, LayerNorm1D, Embedding; their names, calibration, training, gradients,
 //! graphs and integer inference.
 
+mod common;
+use common::assert_integer_matches;
 use dfdx::nn::builders::{Embedding, LayerNorm1D, Linear};
 use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
@@ -10,7 +12,7 @@ use quant_core::{QuantizationMethod, QuantizationTarget, TrainingMethod};
 use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::export::export_model;
 use quant_ops::graph::{evaluate, Op};
-use quant_ops::integer::{IntegerModel, LOGIT_TOLERANCE};
+use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, QuantizerSpec, Slot};
 use quant_ops::observers::ObserverConfig;
 use quant_ops::policy::Policy;
@@ -32,19 +34,6 @@ fn assert_matches_reference(reference: &[f32], fq: &[f32]) {
     for (a, b) in reference.iter().zip(fq) {
         assert!((a - b).abs() <= 1e-4 * range, "{a} vs {b}");
     }
-}
-
-/// Integer logits match the fake-quantized model's within the documented tolerance.
-fn assert_integer_matches(int: &[f32], fq: &[f32], bits: u32) {
-    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let worst = int
-        .iter()
-        .zip(fq)
-        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-    assert!(
-        worst <= LOGIT_TOLERANCE * range,
-        "W{bits}A{bits}: integer vs fake-quantized logits differ by {worst} (range {range})"
-    );
 }
 
 fn names(q: &mut impl QuantizedModule) -> Vec<(String, LayerKind)> {
@@ -128,7 +117,7 @@ fn a_residual_block_and_layer_norm_convert_calibrate_and_train() {
     // runtime does.
     let fq = q.try_forward(x.clone()).unwrap().as_vec();
     let integer = IntegerModel::new(&graph).unwrap();
-    assert_integer_matches(&integer.forward(&x.as_vec()).unwrap(), &fq, 8);
+    assert_integer_matches(&integer.forward(&x.as_vec()).unwrap(), &fq, "W8A8");
 }
 
 /// In a model, the add's gradient reaches both branches and the shared quantizer's LSQ scale.
@@ -272,7 +261,7 @@ fn residual_cnn_runs_on_integers_like_the_fake_quantized_model() {
             .any(|n| matches!(&n.op, Op::Conv2d { geometry, .. } if geometry.groups == 4)));
         let integer = IntegerModel::new(&graph).unwrap();
         let int = integer.forward(&x.as_vec()).unwrap();
-        assert_integer_matches(&int, &fq, bits);
+        assert_integer_matches(&int, &fq, &format!("W{bits}A{bits}"));
     }
 }
 
@@ -382,7 +371,7 @@ fn sequences_of_tokens_lower_and_run_on_integers_token_by_token() {
         assert_eq!(integer.output_features(), 5 * 3);
         let int = integer.forward(&x.as_vec()).unwrap();
         assert_eq!(int.len(), fq.len());
-        assert_integer_matches(&int, &fq, bits);
+        assert_integer_matches(&int, &fq, &format!("W{bits}A{bits}"));
         // A sample of the wrong size is an error, not a reshaped guess.
         assert!(integer.forward(&x.as_vec()[..5 * 6 + 1]).is_err());
     }

@@ -385,12 +385,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                     Rep::Float => unreachable!("float inputs are refused above"),
                 };
                 let bound = bound.saturating_mul(window as i64);
-                if bound > i64::from(i32::MAX) {
-                    return Err(unsupported(
-                        name,
-                        format!("a window sum of up to {bound} could overflow an i32 accumulator"),
-                    ));
-                }
+                within_i32(name, bound, "a window sum of")?;
                 (
                     Rep::Acc {
                         scales: scales.iter().map(|s| s / window as f64).collect(),
@@ -419,12 +414,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                     (_, Rep::Float) => unreachable!("float inputs are refused above"),
                 };
                 if let Rep::Acc { bound, .. } = &rep {
-                    if *bound > i64::from(i32::MAX) {
-                        return Err(unsupported(
-                            name,
-                            format!("a sum of up to {bound} could overflow an i32 accumulator"),
-                        ));
-                    }
+                    within_i32(name, *bound, "a sum")?;
                 }
                 (rep, Layout::Flat { features: c })
             }
@@ -523,12 +513,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                     at_scale.push(q as i32);
                 }
                 let bound = bound.saturating_add(largest);
-                if bound > i64::from(i32::MAX) {
-                    return Err(unsupported(
-                        name,
-                        format!("tokens plus positions up to {bound} could overflow an i32"),
-                    ));
-                }
+                within_i32(name, bound, "tokens plus positions")?;
                 debug_assert_eq!(at_scale.len(), h * w * c);
                 step.position = at_scale;
                 cost = numels[a] as u64;
@@ -555,12 +540,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                     Rep::Float => unreachable!("float inputs are refused above"),
                 };
                 if let Rep::Acc { bound, .. } = &rep {
-                    if *bound > i64::from(i32::MAX) {
-                        return Err(unsupported(
-                            name,
-                            format!("a sum of up to {bound} could overflow an i32 accumulator"),
-                        ));
-                    }
+                    within_i32(name, *bound, "a sum")?;
                 }
                 (rep, Layout::Flat { features: c })
             }
@@ -576,12 +556,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 let bound = (d as i64)
                     .saturating_mul(reach(&gq))
                     .saturating_mul(reach(&gk));
-                if bound > i64::from(i32::MAX) {
-                    return Err(unsupported(
-                        name,
-                        format!("dot products of {d} features up to {bound} could overflow an i32"),
-                    ));
-                }
+                within_i32(name, bound, &format!("dot products of {d} features"))?;
                 cost = (*heads * s1 * s2 * d) as u64;
                 (
                     Rep::Acc {
@@ -602,12 +577,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 let bound = (s2 as i64)
                     .saturating_mul(reach(&gp))
                     .saturating_mul(reach(&gv));
-                if bound > i64::from(i32::MAX) {
-                    return Err(unsupported(
-                        name,
-                        format!("weighted sums of {s2} values up to {bound} could overflow an i32"),
-                    ));
-                }
+                within_i32(name, bound, &format!("weighted sums of {s2} values"))?;
                 cost = (s1 * s2 * f) as u64;
                 (
                     Rep::Acc {
@@ -701,6 +671,17 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
         macs,
         sample_bytes,
     })
+}
+
+/// An error unless values up to `bound` (`what` they are) fit an `i32` accumulator.
+fn within_i32(node: &str, bound: i64, what: &str) -> Result<(), ExportError> {
+    if bound > i64::from(i32::MAX) {
+        return Err(unsupported(
+            node,
+            format!("{what} up to {bound} could overflow an i32 accumulator"),
+        ));
+    }
+    Ok(())
 }
 
 /// The grid of codes an op needs as its input, or why it cannot run.

@@ -274,50 +274,24 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     _ => return Err(internal(&node.name)),
                 }
             }
-            Op::AttentionScores { heads } => {
+            Op::AttentionScores { heads } | Op::AttentionContext { heads } => {
                 let b = m.inputs[i][1];
-                match (
+                let (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(gx), Rep::Codes(gy)) = (
                     values[a].as_ref(),
                     values[b].as_ref(),
                     &m.reps[a],
                     &m.reps[b],
-                ) {
-                    (Some(Buf::U8(q)), Some(Buf::U8(k)), Rep::Codes(gq), Rep::Codes(gk)) => {
-                        let (s1, s2) = (m.numels[a] / features(m, a), m.numels[b] / features(m, b));
-                        Buf::I32(attention_scores(
-                            q,
-                            k,
-                            n,
-                            [s1, s2, features(m, a)],
-                            *heads,
-                            [gq.zero, gk.zero],
-                        ))
-                    }
-                    _ => return Err(internal(&node.name)),
-                }
-            }
-            Op::AttentionContext { heads } => {
-                let b = m.inputs[i][1];
-                match (
-                    values[a].as_ref(),
-                    values[b].as_ref(),
-                    &m.reps[a],
-                    &m.reps[b],
-                ) {
-                    (Some(Buf::U8(p)), Some(Buf::U8(v)), Rep::Codes(gp), Rep::Codes(gv)) => {
-                        let (s2, f) = (features(m, a), features(m, b));
-                        let s1 = m.numels[a] / (s2 * heads);
-                        Buf::I32(attention_context(
-                            p,
-                            v,
-                            n,
-                            [s1, s2, f],
-                            *heads,
-                            [gp.zero, gv.zero],
-                        ))
-                    }
-                    _ => return Err(internal(&node.name)),
-                }
+                ) else {
+                    return Err(internal(&node.name));
+                };
+                let (fx, fy, zeros) = (features(m, a), features(m, b), [gx.zero, gy.zero]);
+                Buf::I32(if matches!(node.op, Op::AttentionScores { .. }) {
+                    let sizes = [m.numels[a] / fx, m.numels[b] / fy, fx];
+                    attention_scores(x, y, n, sizes, *heads, zeros)
+                } else {
+                    let sizes = [m.numels[a] / (fx * heads), fx, fy];
+                    attention_context(x, y, n, sizes, *heads, zeros)
+                })
             }
             Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => return Err(internal(&node.name)),
         };

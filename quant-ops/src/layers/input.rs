@@ -113,42 +113,36 @@ float_on_grid!(
     MaxPoolGlobal;
 );
 
-impl<const M: usize, S: Shape, T: Tape<f32, Cpu>> OnGrid<Tensor<S, f32, Cpu, T>>
-    for LayerNorm1D<M, f32, Cpu>
-where
-    LayerNorm1D<M, f32, Cpu>:
-        Module<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>, Error = CpuError>,
-{
-    type Output = Tensor<S, f32, Cpu, T>;
+/// [`OnGrid`] for layers with an integer kernel: `$kernel` on a quantized input (values on
+/// `$grid`), the float layer otherwise.
+macro_rules! kernel_on_grid {
+    ($([$($g:tt)*] $ty:ty => |$m:ident, $x:ident, $grid:ident| $kernel:expr;)+) => {$(
+        impl<$($g)* S: Shape, T: Tape<f32, Cpu>> OnGrid<Tensor<S, f32, Cpu, T>> for $ty
+        where
+            $ty: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>, Error = CpuError>,
+        {
+            type Output = Tensor<S, f32, Cpu, T>;
 
-    fn forward_on_grid(
-        &self,
-        x: Tensor<S, f32, Cpu, T>,
-        grid: Option<&CodeGrid>,
-    ) -> Result<Self::Output> {
-        match grid {
-            Some(grid) => {
-                int_layer_norm(x, &self.gamma, &self.beta, self.epsilon as f32, grid, true)
+            fn forward_on_grid(
+                &self,
+                $x: Tensor<S, f32, Cpu, T>,
+                grid: Option<&CodeGrid>,
+            ) -> Result<Self::Output> {
+                let $m = self;
+                match grid {
+                    Some($grid) => $kernel,
+                    None => Ok(self.try_forward($x)?),
+                }
             }
-            None => Ok(self.try_forward(x)?),
         }
-    }
+    )+};
 }
 
-impl<S: Shape, T: Tape<f32, Cpu>> OnGrid<Tensor<S, f32, Cpu, T>> for AccurateGeLU {
-    type Output = Tensor<S, f32, Cpu, T>;
-
-    fn forward_on_grid(
-        &self,
-        x: Tensor<S, f32, Cpu, T>,
-        grid: Option<&CodeGrid>,
-    ) -> Result<Self::Output> {
-        match grid {
-            Some(grid) => int_gelu(x, &gelu_kernel(grid)?),
-            None => Ok(self.try_forward(x)?),
-        }
-    }
-}
+kernel_on_grid!(
+    [const M: usize,] LayerNorm1D<M, f32, Cpu> => |m, x, grid|
+        int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
+    [] AccurateGeLU => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
+);
 
 /// The GELU kernel of codes on `grid`, as the integer runtime prepares it.
 pub(crate) fn gelu_kernel(grid: &CodeGrid) -> Result<IntGelu> {

@@ -1,0 +1,18 @@
+//! Checks shared by the integration tests.
+
+use quant_ops::integer::LOGIT_TOLERANCE;
+
+/// Integer outputs match the fake-quantized model's within the integer runtime's documented
+/// tolerance, relative to the largest |output| (`what` names the model in the message).
+pub fn assert_integer_matches(int: &[f32], fq: &[f32], what: &str) {
+    assert_eq!(int.len(), fq.len(), "{what}: output lengths");
+    let range = fq.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let worst = int
+        .iter()
+        .zip(fq)
+        .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    assert!(
+        worst <= LOGIT_TOLERANCE * range,
+        "{what}: integer vs fake-quantized outputs differ by {worst} (range {range})"
+    );
+}
