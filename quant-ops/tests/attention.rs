@@ -637,4 +637,13 @@ fn a_vision_transformer_converts_calibrates_trains_and_runs_on_integers() {
     let target: Tensor<(usize, Const<10>), f32, Cpu> = dev.sample_normal_like(&(5, Const));
     let losses = mse_losses(&mut q, &x, &target, 5e-3, 30);
     assert!(losses[29] < 0.9 * losses[0], "{losses:?}");
+
+    // W4A4 too: the position embedding joins accumulators whose scale (s_in · s_w) is then
+    // coarse; the runtime refines it, so integers still match the fake-quantized model.
+    let w4a4 = policy("[[overrides]]\npattern = \"*\"\ninput = { bits = 4 }\n");
+    let mut q = convert_model(&float, &w4a4).unwrap();
+    q.try_forward_mut(x.clone()).unwrap();
+    q.finish_calibration().unwrap();
+    let fq = q.try_forward(x.clone()).unwrap().as_vec();
+    assert_runs_on_integers(&q, &[1, 8, 8], &x.as_vec(), &fq);
 }

@@ -23,8 +23,11 @@ pub(super) struct Step {
     pub logit_scales: Vec<f32>,
     /// The integer kernel of a LayerNorm, Gelu or Softmax node.
     pub nonlinear: Option<Nonlinear>,
-    /// An ImageTokens node's position embedding `[tokens, channels]`, at its input's scale.
+    /// An ImageTokens node's position embedding `[tokens, channels]`, at its input's scale
+    /// divided by `2^position_shift`.
     pub position: Vec<i32>,
+    /// The shift that refines an ImageTokens node's input before the embedding joins it.
+    pub position_shift: u32,
 }
 
 /// The integer kernels of the ops without an exact integer form, from
@@ -40,6 +43,9 @@ pub(super) enum Nonlinear {
 /// requantized by the quantizer after it (attention's `probs`), as the fake-quantized model's
 /// [`quant_core::ops::int_softmax`] gives it.
 pub const SOFTMAX_BITS: u32 = 16;
+
+/// Most bits by which an ImageTokens node refines its accumulators' scale.
+const MAX_POSITION_SHIFT: u32 = 24;
 
 /// A quantize node, by what it reads.
 #[derive(Debug, Clone)]
@@ -495,27 +501,39 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                     Rep::Acc { scales, bound } => (scales.clone(), *bound),
                     Rep::Float => unreachable!("float inputs are refused above"),
                 };
-                // The embedding joins the accumulators at their scale (per channel).
-                let mut largest = 0i64;
-                let mut at_scale = Vec::with_capacity(p.len());
-                for (k, v) in p.iter().enumerate() {
-                    let s = scales[if scales.len() == 1 { 0 } else { k % c }];
-                    let q = (*v as f64 / s).round();
-                    if !(q.abs() <= f64::from(i32::MAX)) {
-                        return Err(unsupported(
+                // The embedding joins the accumulators at their scale (per channel), refined
+                // by 2^shift first: at 4 bits that scale (s_in · s_w) is coarse next to a
+                // position embedding, which would otherwise be rounded by up to half of it.
+                let (shift, at_scale, bound) = (0..=MAX_POSITION_SHIFT)
+                    .rev()
+                    .find_map(|shift| {
+                        let finer = 2f64.powi(shift as i32);
+                        let at_scale: Option<Vec<i64>> = p
+                            .iter()
+                            .enumerate()
+                            .map(|(k, v)| {
+                                let s = scales[if scales.len() == 1 { 0 } else { k % c }];
+                                let q = (*v as f64 * finer / s).round();
+                                (q.abs() <= f64::from(i32::MAX)).then_some(q as i64)
+                            })
+                            .collect();
+                        let at_scale = at_scale?;
+                        let largest = at_scale.iter().map(|q| q.abs()).max().unwrap_or(0);
+                        let total = bound.checked_mul(1 << shift)?.checked_add(largest)?;
+                        (total <= i64::from(i32::MAX)).then_some((shift, at_scale, total))
+                    })
+                    .ok_or_else(|| {
+                        unsupported(
                             name,
-                            format!(
-                                "position value {v} is out of reach at the accumulator's scale {s}"
-                            ),
-                        ));
-                    }
-                    largest = largest.max(q.abs() as i64);
-                    at_scale.push(q as i32);
-                }
-                let bound = bound.saturating_add(largest);
-                within_i32(name, bound, "tokens plus positions")?;
+                            "tokens plus positions could overflow an i32 accumulator at the accumulators' scale",
+                        )
+                    })?;
+                let finer = 2f64.powi(shift as i32);
+                let scales = scales.iter().map(|s| s / finer).collect();
+                let at_scale: Vec<i32> = at_scale.into_iter().map(|q| q as i32).collect();
                 debug_assert_eq!(at_scale.len(), h * w * c);
                 step.position = at_scale;
+                step.position_shift = shift;
                 cost = numels[a] as u64;
                 (Rep::Acc { scales, bound }, Layout::Flat { features: c })
             }

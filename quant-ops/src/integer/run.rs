@@ -247,9 +247,13 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     (Buf::U8(v), Rep::Codes(g)) => v.iter().map(|q| *q as i32 - g.zero).collect(),
                     _ => return Err(internal(&node.name)),
                 };
-                // NHWC maps are already [tokens, channels].
+                // NHWC maps are already [tokens, channels]; prepare bounds the result in i32.
+                let shift = step.position_shift;
                 for sample in y.chunks_mut(pos.len().max(1)) {
-                    sample.iter_mut().zip(pos).for_each(|(v, p)| *v += p);
+                    sample
+                        .iter_mut()
+                        .zip(pos)
+                        .for_each(|(v, p)| *v = (*v << shift) + p);
                 }
                 Buf::I32(y)
             }
