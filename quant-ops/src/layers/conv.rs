@@ -93,68 +93,49 @@ impl<
     }
 }
 
-impl<
-        B: Dim,
-        H: Dim,
-        W: Dim,
-        const C_IN: usize,
-        const C_OUT: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        WQ: FakeQuantizer,
-        AQ: FakeQuantizer,
-        T: Tape<f32, Cpu> + Merge<T>,
-    > Module<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
-    for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
-{
-    type Output = FeatureMaps<B, C_OUT, T>;
-    type Error = QuantError;
+/// `Module` (evaluation) and `ModuleMut` (training and calibration) run the same forward pass;
+/// only the quantizer call differs: `fake_quantize_mut` lets the quantizers calibrate, the
+/// weights from themselves (see QLinear). `(mut)` gives the method `&mut self`.
+macro_rules! conv_modules {
+    ($($trait:ident::$method:ident($($mut:ident)?) => $fake_quantize:ident;)+) => {$(
+        impl<
+                B: Dim,
+                H: Dim,
+                W: Dim,
+                const C_IN: usize,
+                const C_OUT: usize,
+                const K: usize,
+                const S: usize,
+                const P: usize,
+                const G: usize,
+                const CG: usize,
+                WQ: FakeQuantizer,
+                AQ: FakeQuantizer,
+                T: Tape<f32, Cpu> + Merge<T>,
+            > $trait<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
+            for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
+        {
+            type Output = FeatureMaps<B, C_OUT, T>;
+            type Error = QuantError;
 
-    fn try_forward(&self, x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>) -> Result<Self::Output> {
-        let x = self.input_quantizer.fake_quantize(x)?;
-        let w = self
-            .weights_quantizer
-            .fake_quantize(self.weight.retaped::<T>())?;
-        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-        conv2d_grouped(x, w, bias, S, P, G)
-    }
+            fn $method(
+                &$($mut)? self,
+                x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
+            ) -> Result<Self::Output> {
+                let x = self.input_quantizer.$fake_quantize(x)?;
+                let w = self
+                    .weights_quantizer
+                    .$fake_quantize(self.weight.retaped::<T>())?;
+                let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
+                conv2d_grouped(x, w, bias, S, P, G)
+            }
+        }
+    )+};
 }
 
-impl<
-        B: Dim,
-        H: Dim,
-        W: Dim,
-        const C_IN: usize,
-        const C_OUT: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        WQ: FakeQuantizer,
-        AQ: FakeQuantizer,
-        T: Tape<f32, Cpu> + Merge<T>,
-    > ModuleMut<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
-    for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
-{
-    type Output = FeatureMaps<B, C_OUT, T>;
-    type Error = QuantError;
-
-    fn try_forward_mut(
-        &mut self,
-        x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
-    ) -> Result<Self::Output> {
-        let x = self.input_quantizer.fake_quantize_mut(x)?;
-        // Weights calibrate from themselves (see QLinear).
-        let w = self
-            .weights_quantizer
-            .fake_quantize_mut(self.weight.retaped::<T>())?;
-        let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-        conv2d_grouped(x, w, bias, S, P, G)
-    }
+conv_modules! {
+    Module::try_forward() => fake_quantize;
+    ModuleMut::try_forward_mut(mut) => fake_quantize_mut;
 }
 
 impl<

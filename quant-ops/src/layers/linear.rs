@@ -73,20 +73,22 @@ impl<const I: usize, const O: usize> QLinear<I, O> {
     }
 }
 
-impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QLinear<I, O, WQ, AQ> {
-    /// The fake-quantized weight, on tape `T` when its quantizer trains.
-    fn quantized_weight<T: Tape<f32, Cpu>>(&self) -> Result<Tensor<Rank2<O, I>, f32, Cpu, T>> {
-        self.weights_quantizer
-            .fake_quantize(self.weight.retaped::<T>())
-    }
-}
-
 /// `Module` and `ModuleMut` for every input rank dfdx's Linear takes: `[I]`, `[batch, I]` and
 /// `[batch, seq, I]` (features on the last axis; the other axes are rows, as in dfdx). The input
 /// quantizer is per tensor whatever the rank; the weights quantizer's channels are the weight's
 /// output rows (axis 0 of `[O, I]`), whatever the input.
 macro_rules! linear_modules {
     ($([$($dim:ident),*] => |$x:ident, $w:ident, $b:ident| $apply:expr;)+) => {$(
+        linear_modules!(@impl Module::try_forward() => fake_quantize;
+            [$($dim),*] |$x, $w, $b| $apply);
+        linear_modules!(@impl ModuleMut::try_forward_mut(mut) => fake_quantize_mut;
+            [$($dim),*] |$x, $w, $b| $apply);
+    )+};
+    // One impl; `Module` evaluates (`fake_quantize`), `ModuleMut` trains and calibrates
+    // (`fake_quantize_mut`, `(mut)` for `&mut self`): weights calibrate from themselves, the
+    // observer seeing the weight on every step while the weight passes through.
+    (@impl $trait:ident::$method:ident($($mut:ident)?) => $fake_quantize:ident;
+        [$($dim:ident),*] |$x:ident, $w:ident, $b:ident| $apply:expr) => {
         impl<
                 $($dim: Dim,)*
                 const I: usize,
@@ -94,52 +96,27 @@ macro_rules! linear_modules {
                 WQ: FakeQuantizer,
                 AQ: FakeQuantizer,
                 T: Tape<f32, Cpu> + Merge<T>,
-            > Module<Tensor<($($dim,)* Const<I>,), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
+            > $trait<Tensor<($($dim,)* Const<I>,), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
         {
             type Output = Tensor<($($dim,)* Const<O>,), f32, Cpu, T>;
             type Error = QuantError;
 
-            fn try_forward(
-                &self,
+            fn $method(
+                &$($mut)? self,
                 x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
             ) -> Result<Self::Output> {
-                let $x = self.input_quantizer.fake_quantize(x)?;
-                let $b: Tensor<Rank1<O>, f32, Cpu, T> =
-                    super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-                let $w = self.quantized_weight::<T>()?.try_permute::<_, Axes2<1, 0>>()?;
-                $apply
-            }
-        }
-
-        impl<
-                $($dim: Dim,)*
-                const I: usize,
-                const O: usize,
-                WQ: FakeQuantizer,
-                AQ: FakeQuantizer,
-                T: Tape<f32, Cpu> + Merge<T>,
-            > ModuleMut<Tensor<($($dim,)* Const<I>,), f32, Cpu, T>> for QLinear<I, O, WQ, AQ>
-        {
-            type Output = Tensor<($($dim,)* Const<O>,), f32, Cpu, T>;
-            type Error = QuantError;
-
-            fn try_forward_mut(
-                &mut self,
-                x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
-            ) -> Result<Self::Output> {
-                let $x = self.input_quantizer.fake_quantize_mut(x)?;
-                // Weights calibrate from themselves: while calibrating, the observer sees the
-                // weight on every step and the weight passes through.
+                let $x = self.input_quantizer.$fake_quantize(x)?;
                 let $w = self
                     .weights_quantizer
-                    .fake_quantize_mut(self.weight.retaped::<T>())?
+                    .$fake_quantize(self.weight.retaped::<T>())?
                     .try_permute::<_, Axes2<1, 0>>()?;
+                // After the weights quantizer: calibration may have moved its scales.
                 let $b: Tensor<Rank1<O>, f32, Cpu, T> =
                     super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
                 $apply
             }
         }
-    )+};
+    };
 }
 
 linear_modules!(

@@ -337,8 +337,8 @@ impl Histogram {
 }
 
 /// What the three histogram observers share: the layout, one histogram per channel, the
-/// skipped count.
-#[derive(Debug, Clone)]
+/// skipped count. The default has the default bins.
+#[derive(Debug, Clone, Default)]
 pub(crate) struct HistogramState {
     bins: HistogramBins,
     guard: LayoutGuard,
@@ -472,7 +472,7 @@ macro_rules! histogram_observer_common {
 /// assert!((q.scales()[0] * 128.0 - 8.55).abs() < 1e-5);
 /// # Ok::<(), quant_core::QuantError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct PercentileObserver {
     percentile: Percentile,
     state: HistogramState,
@@ -490,12 +490,6 @@ impl PercentileObserver {
     /// One histogram per observed channel (empty before the first batch).
     pub fn histograms(&self) -> &[Histogram] {
         &self.state.hists
-    }
-}
-
-impl Default for PercentileObserver {
-    fn default() -> Self {
-        PercentileObserver::new(Percentile::DEFAULT, HistogramBins::DEFAULT)
     }
 }
 
@@ -542,7 +536,7 @@ impl Observer for PercentileObserver {
 /// assert!(q.scales()[0] * 8.0 < 5.0); // MinMax would take the threshold 100
 /// # Ok::<(), quant_core::QuantError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct MseObserver {
     state: HistogramState,
 }
@@ -558,12 +552,6 @@ impl MseObserver {
     /// One histogram per observed channel (empty before the first batch).
     pub fn histograms(&self) -> &[Histogram] {
         &self.state.hists
-    }
-}
-
-impl Default for MseObserver {
-    fn default() -> Self {
-        MseObserver::new(HistogramBins::DEFAULT)
     }
 }
 
@@ -618,7 +606,7 @@ impl Observer for MseObserver {
 /// assert!(q.scales()[0] > 0.0 && q.scales()[0] <= 1.0 / 128.0 + 1e-6);
 /// # Ok::<(), quant_core::QuantError>(())
 /// ```
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 pub struct EntropyObserver {
     state: HistogramState,
 }
@@ -654,12 +642,6 @@ impl EntropyObserver {
                 }
             }
         }
-    }
-}
-
-impl Default for EntropyObserver {
-    fn default() -> Self {
-        EntropyObserver::new(HistogramBins::DEFAULT)
     }
 }
 

@@ -13,6 +13,7 @@
 //!
 //! [`InferableQuantizer`]: quant_core::InferableQuantizer
 
+mod affine;
 mod dsq;
 mod lsq;
 mod pact;
@@ -23,51 +24,7 @@ pub use lsq::{LsqActivationQuantizer, LsqWeightsQuantizer};
 pub use pact::PactActivationQuantizer;
 pub use ste::{SteActivationQuantizer, SteWeightsQuantizer};
 
-use quant_core::{
-    kernels, power_of_two_scale, IntegerGrid, ParamBank, ParamBankMut, ParamDecl, QParams,
-    QuantizationMethod, QuantizerConfig, QuantizerInput, Result,
-};
-
-/// Fake-quantizes `x` into `y` with fixed `qparams` (one per channel of `x.layout`, or one).
-pub(crate) fn forward_affine(
-    x: QuantizerInput<'_>,
-    q: &QParams,
-    config: &QuantizerConfig,
-    y: &mut [f32],
-) -> Result<()> {
-    kernels::fake_quantize_affine_into(
-        x.data,
-        y,
-        x.layout,
-        q.scales(),
-        q.zero_points(),
-        x.grid.quant_min(),
-        x.grid.quant_max(),
-        config.rounding(),
-    )
-}
-
-/// Adds the straight-through gradient of [`forward_affine`] into `dx`.
-pub(crate) fn backward_ste(
-    x: QuantizerInput<'_>,
-    q: &QParams,
-    config: &QuantizerConfig,
-    dy: &[f32],
-    dx: &mut [f32],
-) {
-    // Cannot fail: the forward pass validated the same arguments.
-    let _ = kernels::fake_quantize_affine_backward_into(
-        x.data,
-        dy,
-        dx,
-        x.layout,
-        q.scales(),
-        q.zero_points(),
-        x.grid.quant_min(),
-        x.grid.quant_max(),
-        config.rounding(),
-    );
-}
+use quant_core::{IntegerGrid, ParamBankMut, QuantizerConfig, QuantizerInput, Result};
 
 /// The range `[min, max]` covered by affine parameters on `grid`: `(q - z) * s` at both ends.
 pub(crate) fn affine_range(scale: f32, zero_point: i32, grid: IntegerGrid) -> (f32, f32) {
@@ -84,58 +41,6 @@ pub(crate) fn axis_of(x: &QuantizerInput<'_>) -> Option<usize> {
     } else {
         None
     }
-}
-
-/// The parameter slots of an affine engine: slot 0 the scale, slot 1 the zero point (read
-/// with [`read_zero_points`], written with [`write_affine`]).
-pub(crate) fn affine_parameters(
-    scale_trainable: bool,
-    zero_point_trainable: bool,
-) -> Vec<ParamDecl> {
-    vec![
-        ParamDecl {
-            name: "scale",
-            trainable: scale_trainable,
-        },
-        ParamDecl {
-            name: "zero_point",
-            trainable: zero_point_trainable,
-        },
-    ]
-}
-
-/// The zero points kept in slot 1 (as floats), rounded onto `grid`.
-pub(crate) fn read_zero_points(
-    params: &ParamBank<'_>,
-    grid: IntegerGrid,
-    axis: Option<usize>,
-) -> Result<Vec<i32>> {
-    kernels::round_zero_points(params.values(1, axis), grid.quant_min(), grid.quant_max())
-}
-
-/// Stores `qparams` as (scale, zero point) slots, adjusted to `method`: Symmetric zeroes the
-/// zero point, PowerOfTwo also rounds the threshold up to a power of two.
-pub(crate) fn write_affine(
-    qparams: &QParams,
-    method: QuantizationMethod,
-    grid: IntegerGrid,
-    params: &mut ParamBankMut<'_>,
-) -> Result<()> {
-    qparams.check_zero_points(grid)?;
-    let scales: Vec<f32> = match method {
-        QuantizationMethod::PowerOfTwo => qparams
-            .scales()
-            .iter()
-            .map(|s| power_of_two_scale(s * grid.power_of_two_divisor(), grid))
-            .collect::<Result<Vec<f32>>>()?,
-        _ => qparams.scales().to_vec(),
-    };
-    let zero_points: Vec<f32> = match method {
-        QuantizationMethod::Uniform => qparams.zero_points().iter().map(|z| *z as f32).collect(),
-        _ => vec![0.0; qparams.channels()],
-    };
-    params.set(0, &scales)?;
-    params.set(1, &zero_points)
 }
 
 /// Reads an option that is off when absent or 0: `Some(v)` for a finite `v > 0`, `None` for 0.
