@@ -202,6 +202,35 @@ fn the_cnn_runs_end_to_end_with_batchnorm_folded() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// The vision transformer runs to the end, with a warm-up. Until the graph can express its
+/// token layers, it has no integer model: the report says why and no export is written, and
+/// the run still succeeds; once it can, the export is there.
+#[test]
+fn the_vit_runs_end_to_end_with_a_warmup() {
+    let dir = scratch("vit");
+    let cfg = tiny_config(&dir, "vit", "warmup_epochs = 1");
+    let export = dir.join("export");
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--out",
+        export.to_str().unwrap(),
+        "--no-cache",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    assert!(out.contains("model vit"), "{out}");
+    assert!(out.contains("QAT warm-up 1 epochs"), "{out}");
+    if export.join("model.json").exists() {
+        assert!(!out.contains("no integer model"), "{out}");
+    } else {
+        assert!(out.contains("no integer model: layer"), "{out}");
+        assert!(!export.exists(), "no export, not even an empty directory");
+    }
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn bad_input_is_a_clear_error_and_writes_nothing() {
     let dir = scratch("bad");

@@ -2,8 +2,9 @@
 //!
 //! ```toml
 //! [model]
-//! kind = "mlp"                  # "mlp" (64-256-256-10), "cnn" (conv + BatchNorm, folded) or
+//! kind = "mlp"                  # "mlp" (64-256-256-10), "cnn" (conv + BatchNorm, folded),
 //!                               # "resnet" (residual blocks, depthwise conv, projection shortcut)
+//!                               # or "vit" (vision transformer: 2x2 patches as 16 tokens)
 //!
 //! [data]
 //! # path = "my_digits.csv.gz"   # default: the bundled file
@@ -16,6 +17,9 @@
 //! [float]                       # float training (cached per model, seed and schedule)
 //! epochs = 60
 //! lr = 1e-3
+//! warmup_epochs = 0             # linear warm-up of the learning rate, step by step, from
+//!                               # lr/steps to lr over these epochs, then the schedule over the
+//!                               # rest (cosine: from lr to 0); 0..=epochs, default 0
 //! label_smoothing = 0.1         # targets (1 - 0.1)·onehot + 0.1/10; default 0
 //! weight_decay = 0.0            # decoupled (AdamW-style) decay of layer weights; default 0
 //!
@@ -25,6 +29,7 @@
 //! [qat]
 //! epochs = 60
 //! lr = 1e-3
+//! warmup_epochs = 0             # as in [float]
 //! init = "first_batch"          # or "ptq": start from the PTQ-calibrated parameters
 //! distillation = { weight = 0.5, temperature = 4.0 }
 //! label_smoothing = 0.1         # as in [float]
@@ -66,6 +71,11 @@ pub enum ModelKind {
     /// depthwise convolution, a block with a strided 1x1 projection shortcut, global average
     /// pooling and a Linear head. BatchNorm is folded into the convolutions before quantization.
     Resnet,
+    /// A small vision transformer on the 8×8 images: 2×2 patches (a strided convolution) as
+    /// 16 tokens of 48 features with a learned position embedding, two pre-norm encoder blocks
+    /// (4-head self-attention; a GeLU MLP 48-96-48), LayerNorm, the mean of the tokens and a
+    /// Linear head.
+    Vit,
 }
 
 impl std::fmt::Display for ModelKind {
@@ -74,6 +84,7 @@ impl std::fmt::Display for ModelKind {
             ModelKind::Mlp => "mlp",
             ModelKind::Cnn => "cnn",
             ModelKind::Resnet => "resnet",
+            ModelKind::Vit => "vit",
         })
     }
 }
@@ -152,6 +163,12 @@ pub enum Schedule {
     Cosine,
 }
 
+/// Leaves a warm-up of 0 epochs out of the serialized config, so that the float cache key of a
+/// recipe without warm-up is what it was before the key existed.
+fn is_zero(v: &usize) -> bool {
+    *v == 0
+}
+
 fn default_float_epochs() -> usize {
     60
 }
@@ -178,6 +195,11 @@ pub struct FloatSection {
     /// Learning-rate schedule.
     #[serde(default)]
     pub schedule: Schedule,
+    /// Linear warm-up: over the first `warmup_epochs` epochs the learning rate rises step by
+    /// step from `lr / steps` to `lr`, then [`schedule`](Self::schedule) runs over the
+    /// remaining epochs; 0 (the default) = none, at most `epochs`.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warmup_epochs: usize,
     /// Augmentation: random translation by up to this many pixels (0 = none).
     #[serde(default)]
     pub shift: usize,
@@ -200,6 +222,7 @@ impl Default for FloatSection {
             batch_size: default_batch(),
             lr: default_lr(),
             schedule: Schedule::default(),
+            warmup_epochs: 0,
             shift: 0,
             optimizer: Optimizer::Adam,
             weight_decay: 0.0,
@@ -275,6 +298,9 @@ pub struct QatSection {
     /// Learning-rate schedule.
     #[serde(default)]
     pub schedule: Schedule,
+    /// Linear warm-up of the learning rate, as in [`FloatSection::warmup_epochs`].
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub warmup_epochs: usize,
     /// Initialisation of the quantizers.
     #[serde(default)]
     pub init: QatInit,
@@ -301,6 +327,7 @@ impl Default for QatSection {
             batch_size: default_batch(),
             lr: default_lr(),
             schedule: Schedule::default(),
+            warmup_epochs: 0,
             init: QatInit::default(),
             distillation: None,
             shift: 0,
@@ -376,6 +403,22 @@ impl RunConfig {
                     key,
                     &format!("at most {MAX_EPOCHS} epochs"),
                     v.to_string(),
+                ));
+            }
+        }
+        for (key, warmup, epochs) in [
+            (
+                "float.warmup_epochs",
+                cfg.float.warmup_epochs,
+                cfg.float.epochs,
+            ),
+            ("qat.warmup_epochs", cfg.qat.warmup_epochs, cfg.qat.epochs),
+        ] {
+            if warmup > epochs {
+                return Err(invalid(
+                    key,
+                    &format!("a warm-up of 0..={epochs} epochs (at most the phase's epochs)"),
+                    warmup.to_string(),
                 ));
             }
         }
@@ -524,6 +567,8 @@ bits = 4
         assert_eq!(cfg.float.weight_decay, 0.0);
         assert_eq!(cfg.qat.label_smoothing, 0.0);
         assert_eq!(cfg.qat.weight_decay, 0.0);
+        assert_eq!(cfg.float.warmup_epochs, 0);
+        assert_eq!(cfg.qat.warmup_epochs, 0);
         assert_eq!(cfg.data.holdout, None);
     }
 
@@ -531,10 +576,12 @@ bits = 4
     fn recipe_options_parse() {
         let cfg = with(
             "[data]\nholdout = { folds = 5, fold = 4 }\n\
-             [float]\nlabel_smoothing = 0.1\nweight_decay = 0.01\n\
-             [qat]\nlabel_smoothing = 0.2\nweight_decay = 0.001\n",
+             [float]\nlabel_smoothing = 0.1\nweight_decay = 0.01\nwarmup_epochs = 2\n\
+             [qat]\nlabel_smoothing = 0.2\nweight_decay = 0.001\nepochs = 5\nwarmup_epochs = 5\n",
         )
         .unwrap();
+        assert_eq!(cfg.float.warmup_epochs, 2);
+        assert_eq!(cfg.qat.warmup_epochs, 5);
         assert_eq!(cfg.data.holdout, Some(Holdout { folds: 5, fold: 4 }));
         assert_eq!(cfg.float.label_smoothing, 0.1);
         assert_eq!(cfg.float.weight_decay, 0.01);
@@ -549,6 +596,11 @@ bits = 4
             ("[qat]\nlabel_smoothing = -0.1", "qat.label_smoothing"),
             ("[float]\nweight_decay = -1.0", "float.weight_decay"),
             ("[qat]\nweight_decay = nan", "qat.weight_decay"),
+            (
+                "[float]\nepochs = 10\nwarmup_epochs = 11",
+                "float.warmup_epochs",
+            ),
+            ("[qat]\nepochs = 0\nwarmup_epochs = 1", "qat.warmup_epochs"),
             (
                 "[data]\nholdout = { folds = 1, fold = 0 }",
                 "data.holdout.folds",
@@ -570,5 +622,19 @@ bits = 4
         assert!(e.to_string().contains("data.holdout"), "{e}");
         let e = with("[qat]\nlabel_smoothing = \"a lot\"").unwrap_err();
         assert!(e.to_string().contains("qat.label_smoothing"), "{e}");
+        let e = with("[float]\nwarmup_epochs = -1").unwrap_err();
+        assert!(e.to_string().contains("float.warmup_epochs"), "{e}");
+    }
+
+    #[test]
+    fn vit_is_a_model_kind_and_unknown_kinds_list_it() {
+        let cfg = RunConfig::from_toml_str(&BASE.replace("\"mlp\"", "\"vit\""), "t").unwrap();
+        assert_eq!(cfg.model.kind, ModelKind::Vit);
+        assert_eq!(cfg.model.kind.to_string(), "vit");
+        let e = RunConfig::from_toml_str(&BASE.replace("\"mlp\"", "\"vgg\""), "t").unwrap_err();
+        let message = e.to_string();
+        for kind in ["mlp", "cnn", "resnet", "vit"] {
+            assert!(message.contains(kind), "{message}");
+        }
     }
 }

@@ -180,6 +180,7 @@ pub fn run_staged(
         ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data, export, on_seed),
         ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data, export, on_seed),
         ModelKind::Resnet => run_net::<nets::ResnetNet>(cfg, opts, &data, export, on_seed),
+        ModelKind::Vit => run_net::<nets::VitNet>(cfg, opts, &data, export, on_seed),
     }
 }
 

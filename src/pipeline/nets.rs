@@ -267,3 +267,58 @@ impl Net for ResnetNet {
         )
     }
 }
+
+/// One pre-norm encoder block of the ViT: LayerNorm, 4-head self-attention and a residual
+/// add; LayerNorm, a GeLU MLP 48-96-48 and a residual add.
+pub type VitBlockBuilder = (
+    dfdx::nn::builders::Residual<(
+        dfdx::nn::builders::LayerNorm1D<48>,
+        dfdx::nn::builders::MultiHeadAttention<48, 4>,
+    )>,
+    dfdx::nn::builders::Residual<(
+        dfdx::nn::builders::LayerNorm1D<48>,
+        dfdx::nn::builders::Linear<48, 96>,
+        dfdx::nn::builders::AccurateGeLU,
+        dfdx::nn::builders::Linear<96, 48>,
+    )>,
+);
+
+/// The vision transformer, as builders: the 2x2 patches of the 8x8 image embedded by a
+/// strided convolution (a 4x4 map of 48 channels), turned into 16 tokens with a learned
+/// position embedding, two pre-norm encoder blocks, a final LayerNorm, the mean of the tokens
+/// and a Linear head. No BatchNorm: the trained model is the one quantized.
+pub type VitBuilder = (
+    quant_ops::nn::builders::Conv2d<1, 48, 2, 2, 0>,
+    quant_ops::nn::builders::ImageTokens<48, 16>,
+    VitBlockBuilder,
+    VitBlockBuilder,
+    (
+        dfdx::nn::builders::LayerNorm1D<48>,
+        quant_ops::nn::MeanTokens,
+        dfdx::nn::builders::Linear<48, 10>,
+    ),
+);
+/// The built vision transformer.
+pub type Vit = <VitBuilder as BuildOnDevice<Cpu, f32>>::Built;
+/// The quantized vision transformer.
+pub type QVit = <Vit as Convert>::Quantized;
+
+/// The small vision transformer.
+pub struct VitNet;
+
+impl Net for VitNet {
+    const KIND: ModelKind = ModelKind::Vit;
+    const INPUT_SHAPE: &'static [usize] = &[1, 8, 8];
+    type Input = (usize, Const<1>, Const<8>, Const<8>);
+    type Float = Vit;
+    type Deploy = Vit;
+    type Quantized = QVit;
+
+    fn build(dev: &Cpu) -> Vit {
+        dev.build_module::<VitBuilder, f32>()
+    }
+
+    fn deploy(float: &Vit) -> Vit {
+        float.clone()
+    }
+}

@@ -178,6 +178,11 @@ pub(crate) fn recipe(cfg: &RunConfig) -> String {
         q.batch_size,
         q.init
     );
+    for (phase, warmup) in [("float", cfg.float.warmup_epochs), ("QAT", q.warmup_epochs)] {
+        if warmup > 0 {
+            s.push_str(&format!("; {phase} warm-up {warmup} epochs"));
+        }
+    }
     if cfg.float.shift > 0 || q.shift > 0 {
         s.push_str(&format!(
             "; random shifts of up to {} px (float) / {} px (QAT)",

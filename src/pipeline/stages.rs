@@ -37,6 +37,7 @@ macro_rules! phase_of {
             batch_size: section.batch_size,
             lr: section.lr,
             schedule: section.schedule,
+            warmup_epochs: section.warmup_epochs,
             shift: section.shift,
             optimizer: section.optimizer,
             weight_decay: section.weight_decay,
@@ -249,8 +250,9 @@ pub(crate) struct IntegerStage {
 }
 
 /// Stage 4: exports the QAT model to a graph and runs it on integers. `Ok(Err(reason))` when
-/// the policy leaves a layer float: there is then no integer model, and the run still reports
-/// the rest.
+/// the graph or the integer runtime cannot express the model (a layer the policy leaves
+/// float, a layer with no graph form yet): there is then no integer model and no export, and
+/// the run still reports the rest.
 pub(crate) fn integer<N: Net>(
     s: &Seed<'_>,
     qat: &QatStage<N>,
@@ -259,7 +261,13 @@ pub(crate) fn integer<N: Net>(
     info.insert("model".into(), s.cfg.model.kind.to_string());
     info.insert("policy".into(), s.opts.policy_name.clone());
     info.insert("seed".into(), s.seed.to_string());
-    let graph = export_model(&qat.model, N::INPUT_SHAPE, info)?;
+    let graph = match export_model(&qat.model, N::INPUT_SHAPE, info) {
+        Ok(graph) => graph,
+        Err(ExportError::Unsupported { layer, reason }) => {
+            return Ok(Err(format!("layer `{layer}`: {reason}")))
+        }
+        Err(e) => return Err(e.into()),
+    };
     match IntegerModel::new(&graph) {
         Ok(model) => {
             let predictions = model.predict(&s.data.test.images)?;

@@ -51,8 +51,10 @@ pub struct Phase {
     pub batch_size: usize,
     /// Peak learning rate.
     pub lr: f64,
-    /// Schedule.
+    /// Schedule, over the epochs after the warm-up.
     pub schedule: Schedule,
+    /// Epochs of linear warm-up (see [`lr_at`]); 0 = none.
+    pub warmup_epochs: usize,
     /// Random translation of each training image by up to this many pixels in x and y (zero
     /// fill); 0 disables it.
     pub shift: usize,
@@ -140,11 +142,23 @@ fn augment(pixels: &mut [f32], shift: usize, rng: &mut StdRng) {
     }
 }
 
-fn lr_at(phase: &Phase, epoch: usize) -> f64 {
+/// The learning rate of step `step` (0-based) of epoch `epoch`, with `steps` steps per epoch.
+///
+/// During the first `warmup_epochs` epochs it rises linearly, step by step, from `lr / n` to
+/// `lr` at the last warm-up step (`n` warm-up steps in all); after them the schedule runs over
+/// the remaining epochs, epoch by epoch (cosine: `lr` at the first, towards 0 at the end).
+/// Without warm-up, that is the schedule over the whole phase.
+pub fn lr_at(phase: &Phase, epoch: usize, step: usize, steps: usize) -> f64 {
+    let warmup = phase.warmup_epochs.min(phase.epochs);
+    if epoch < warmup {
+        let warm_steps = (warmup * steps).max(1);
+        let k = epoch * steps + step + 1;
+        return phase.lr * k.min(warm_steps) as f64 / warm_steps as f64;
+    }
     match phase.schedule {
         Schedule::Constant => phase.lr,
         Schedule::Cosine => {
-            let t = epoch as f64 / phase.epochs.max(1) as f64;
+            let t = (epoch - warmup) as f64 / (phase.epochs - warmup).max(1) as f64;
             0.5 * phase.lr * (1.0 + (std::f64::consts::PI * t).cos())
         }
     }
@@ -278,13 +292,14 @@ where
     // The run file's limit bounds the epochs; a caller's count does not size an allocation.
     let mut epoch_losses = Vec::with_capacity(phase.epochs.min(super::config::MAX_EPOCHS));
     let mut grads = model.try_alloc_grads()?;
+    let steps = data.len().div_ceil(phase.batch_size.max(1));
     for epoch in 0..phase.epochs {
-        let lr = lr_at(phase, epoch);
-        opt.set_lr(lr);
         order.shuffle(&mut rng);
         let mut total = 0.0f64;
         let mut batches = 0usize;
-        for idx in order.chunks(phase.batch_size) {
+        for (step, idx) in order.chunks(phase.batch_size).enumerate() {
+            let lr = lr_at(phase, epoch, step, steps);
+            opt.set_lr(lr);
             let n = idx.len();
             let (mut pixels, labels) = data.gather(idx);
             augment(&mut pixels, phase.shift, &mut rng);
@@ -398,6 +413,41 @@ mod tests {
         assert!((smooth[3] - 0.91).abs() < 1e-6);
         assert!((smooth[0] - 0.01).abs() < 1e-6);
         assert!((smooth[CLASSES] - 0.91).abs() < 1e-6);
+    }
+
+    #[test]
+    fn warmup_rises_step_by_step_then_the_schedule_runs_over_the_rest() {
+        let phase = |schedule, warmup_epochs| Phase {
+            epochs: 10,
+            batch_size: 4,
+            lr: 1.0,
+            schedule,
+            warmup_epochs,
+            shift: 0,
+            optimizer: Optimizer::Adam,
+            weight_decay: 0.0,
+            label_smoothing: 0.0,
+        };
+        // Without warm-up: the schedule over the whole phase, constant within an epoch.
+        let plain = phase(Schedule::Cosine, 0);
+        assert_eq!(lr_at(&plain, 0, 0, 5), 1.0);
+        assert_eq!(lr_at(&plain, 0, 4, 5), 1.0);
+        assert!((lr_at(&plain, 5, 2, 5) - 0.5).abs() < 1e-12);
+        // Two warm-up epochs of 5 steps: 0.1, 0.2, ..., 1.0, then cosine over 8 epochs.
+        let warm = phase(Schedule::Cosine, 2);
+        for k in 0..10 {
+            let lr = lr_at(&warm, k / 5, k % 5, 5);
+            assert!((lr - (k + 1) as f64 / 10.0).abs() < 1e-12, "step {k}: {lr}");
+        }
+        assert_eq!(lr_at(&warm, 2, 0, 5), 1.0);
+        assert!((lr_at(&warm, 6, 3, 5) - 0.5).abs() < 1e-12);
+        assert!(lr_at(&warm, 9, 4, 5) < 0.05);
+        let constant = phase(Schedule::Constant, 2);
+        assert!((lr_at(&constant, 0, 0, 5) - 0.1).abs() < 1e-12);
+        assert_eq!(lr_at(&constant, 9, 0, 5), 1.0);
+        // A warm-up of the whole phase ends at lr.
+        let all = phase(Schedule::Cosine, 10);
+        assert!((lr_at(&all, 9, 4, 5) - 1.0).abs() < 1e-12);
     }
 
     #[test]
