@@ -5,7 +5,7 @@
 //!    MLP, batch 64, one thread.
 //! 2. Integer inference: the exported W4A4 integer model against the float dfdx model it was
 //!    converted from (BatchNorm folded, as exported), for every network of the main job (MLP,
-//!    CNN, ResNet), on the test split (360 images) and on a batch of 64 with one thread, and
+//!    CNN, ResNet, ViT), on the test split (360 images) and on a batch of 64 with one thread, and
 //!    on the test split with rayon's default pool (every core).
 //!
 //! The two sides of a comparison are timed in alternating blocks of consecutive runs (a block
@@ -238,5 +238,6 @@ fn main() -> Result<(), BoxError> {
     inference::<nets::MlpNet>("MLP", &data, &single)?;
     inference::<nets::CnnNet>("CNN", &data, &single)?;
     inference::<nets::ResnetNet>("ResNet", &data, &single)?;
+    inference::<nets::VitNet>("ViT", &data, &single)?;
     Ok(())
 }

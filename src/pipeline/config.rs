@@ -72,7 +72,7 @@ pub enum ModelKind {
     /// pooling and a Linear head. BatchNorm is folded into the convolutions before quantization.
     Resnet,
     /// A small vision transformer on the 8×8 images: 2×2 patches (a strided convolution) as
-    /// 16 tokens of 48 features with a learned position embedding, two pre-norm encoder blocks
+    /// 16 tokens of 48 features with a learned position embedding, three pre-norm encoder blocks
     /// (4-head self-attention; a GeLU MLP 48-96-48), LayerNorm, the mean of the tokens and a
     /// Linear head.
     Vit,

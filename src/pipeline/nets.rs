@@ -268,34 +268,40 @@ impl Net for ResnetNet {
     }
 }
 
+/// The ViT's token width.
+pub const VIT_WIDTH: usize = 48;
+/// The width of the ViT's GeLU MLPs.
+pub const VIT_HIDDEN: usize = 96;
+
 /// One pre-norm encoder block of the ViT: LayerNorm, 4-head self-attention and a residual
-/// add; LayerNorm, a GeLU MLP 48-96-48 and a residual add.
+/// add; LayerNorm, a GeLU MLP and a residual add.
 pub type VitBlockBuilder = (
     dfdx::nn::builders::Residual<(
-        dfdx::nn::builders::LayerNorm1D<48>,
-        dfdx::nn::builders::MultiHeadAttention<48, 4>,
+        dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
+        dfdx::nn::builders::MultiHeadAttention<VIT_WIDTH, 4>,
     )>,
     dfdx::nn::builders::Residual<(
-        dfdx::nn::builders::LayerNorm1D<48>,
-        dfdx::nn::builders::Linear<48, 96>,
+        dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
+        dfdx::nn::builders::Linear<VIT_WIDTH, VIT_HIDDEN>,
         dfdx::nn::builders::AccurateGeLU,
-        dfdx::nn::builders::Linear<96, 48>,
+        dfdx::nn::builders::Linear<VIT_HIDDEN, VIT_WIDTH>,
     )>,
 );
 
 /// The vision transformer, as builders: the 2x2 patches of the 8x8 image embedded by a
-/// strided convolution (a 4x4 map of 48 channels), turned into 16 tokens with a learned
-/// position embedding, two pre-norm encoder blocks, a final LayerNorm, the mean of the tokens
+/// strided convolution (a 4x4 map of `VIT_WIDTH` channels), turned into 16 tokens with a learned
+/// position embedding, three pre-norm encoder blocks, a final LayerNorm, the mean of the tokens
 /// and a Linear head. No BatchNorm: the trained model is the one quantized.
 pub type VitBuilder = (
-    quant_ops::nn::builders::Conv2d<1, 48, 2, 2, 0>,
-    quant_ops::nn::builders::ImageTokens<48, 16>,
+    quant_ops::nn::builders::Conv2d<1, VIT_WIDTH, 2, 2, 0>,
+    quant_ops::nn::builders::ImageTokens<VIT_WIDTH, 16>,
+    VitBlockBuilder,
     VitBlockBuilder,
     VitBlockBuilder,
     (
-        dfdx::nn::builders::LayerNorm1D<48>,
+        dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
         quant_ops::nn::MeanTokens,
-        dfdx::nn::builders::Linear<48, 10>,
+        dfdx::nn::builders::Linear<VIT_WIDTH, 10>,
     ),
 );
 /// The built vision transformer.
