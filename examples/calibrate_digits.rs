@@ -28,6 +28,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         batch_size: 64,
         lr: 1e-3,
         schedule: Schedule::Cosine,
+        warmup_epochs: 0,
         shift: 0,
         optimizer: Optimizer::Adam,
         weight_decay: 0.0,

@@ -61,6 +61,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         batch_size: 64,
         lr: 1e-3,
         schedule: quant::pipeline::config::Schedule::Cosine,
+        warmup_epochs: 0,
         shift: 0,
         optimizer: quant::pipeline::config::Optimizer::Adam,
         weight_decay: 0.0,

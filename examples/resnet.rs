@@ -54,6 +54,7 @@ fn phase(epochs: usize) -> Phase {
         batch_size: 64,
         lr: 1e-3,
         schedule: Schedule::Cosine,
+        warmup_epochs: 0,
         shift: 0,
         optimizer: Optimizer::Adam,
         weight_decay: 0.0,

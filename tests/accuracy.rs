@@ -19,13 +19,14 @@ use std::path::{Path, PathBuf};
 
 use quant::pipeline::{self, RunConfig, RunOptions, RunReport};
 
-fn run(config: &str) -> RunReport {
+/// Runs the committed `config` (float checkpoints cached in `cache_dir`, if any): 3 seeds.
+fn run_config(config: &str, cache_dir: Option<PathBuf>) -> RunReport {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("configs")
         .join(config);
     let cfg = RunConfig::from_file(&path).unwrap_or_else(|e| panic!("{config}: {e}"));
     let opts = RunOptions {
-        cache_dir: None,
+        cache_dir,
         export_dir: None,
         progress: false,
         policy_name: config.to_string(),
@@ -36,6 +37,11 @@ fn run(config: &str) -> RunReport {
         3,
         "{config}: the targets are means of 3 seeds"
     );
+    report
+}
+
+fn run(config: &str) -> RunReport {
+    let report = run_config(config, None);
     for r in &report.runs {
         let agreement = r
             .integer_agreement
@@ -110,27 +116,6 @@ fn resnet_w4a4_qat_is_at_least_float_minus_0_3() {
     );
 }
 
-/// Runs `config` with its float checkpoints cached in `cache_dir`.
-fn run_cached(config: &str, cache_dir: PathBuf) -> RunReport {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("configs")
-        .join(config);
-    let cfg = RunConfig::from_file(&path).unwrap_or_else(|e| panic!("{config}: {e}"));
-    let opts = RunOptions {
-        cache_dir: Some(cache_dir),
-        export_dir: None,
-        progress: false,
-        policy_name: config.to_string(),
-    };
-    let report = pipeline::run(&cfg, &opts).unwrap_or_else(|e| panic!("{config}: {e}"));
-    assert_eq!(
-        report.seeds.len(),
-        3,
-        "{config}: the targets are means of 3 seeds"
-    );
-    report
-}
-
 /// The three ViT configs share their `[float]` section and seeds, so they share a cache
 /// directory, new and empty: the first config trains each seed's float model (a cold run), the
 /// other two load the very same models instead of training them again. In the debug test
@@ -142,7 +127,7 @@ fn vit_w8a8_ptq_w4a8_and_w4a4_qat_reach_their_targets() {
     let mut failures = Vec::new();
     let mut fp32 = None;
     for config in ["vit_w8a8.toml", "vit_w4a8.toml", "vit_w4a4.toml"] {
-        let r = run_cached(config, cache.clone());
+        let r = run_config(config, Some(cache.clone()));
         eprintln!("{config}\n{}", r.table());
         // One float model per seed for all three.
         assert_eq!(*fp32.get_or_insert(r.fp32_accuracy), r.fp32_accuracy);
