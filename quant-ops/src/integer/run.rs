@@ -357,19 +357,20 @@ fn attention_scores(
 ) -> Vec<i32> {
     let d = f / heads.max(1);
     let mut y = zeroed_i32(n * heads * s1 * s2);
-    let mut kc = vec![0i32; s2 * f];
+    // Each sample's codes centered once, not once per row that reads them.
+    let (mut qc, mut kc) = (vec![0i32; s1 * f], vec![0i32; s2 * f]);
     for b in 0..n {
-        let qs = &q[b * s1 * f..(b + 1) * s1 * f];
-        for (c, v) in kc.iter_mut().zip(&k[b * s2 * f..(b + 1) * s2 * f]) {
-            *c = *v as i32 - zk;
-        }
+        let center = |out: &mut [i32], codes: &[u8], z: i32| {
+            out.iter_mut()
+                .zip(codes)
+                .for_each(|(c, v)| *c = *v as i32 - z)
+        };
+        center(&mut qc, &q[b * s1 * f..(b + 1) * s1 * f], zq);
+        center(&mut kc, &k[b * s2 * f..(b + 1) * s2 * f], zk);
         let ys = &mut y[b * heads * s1 * s2..(b + 1) * heads * s1 * s2];
         for h in 0..heads {
             for i in 0..s1 {
-                let qi: Vec<i32> = qs[i * f + h * d..i * f + (h + 1) * d]
-                    .iter()
-                    .map(|v| *v as i32 - zq)
-                    .collect();
+                let qi = &qc[i * f + h * d..i * f + (h + 1) * d];
                 let row = &mut ys[(h * s1 + i) * s2..(h * s1 + i + 1) * s2];
                 for (j, out) in row.iter_mut().enumerate() {
                     let kj = &kc[j * f + h * d..j * f + (h + 1) * d];

@@ -51,8 +51,7 @@ impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>> Module<Tens
 
     fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.fake_quantize(x)?;
-        let grid = self.input_quantizer.code_grid()?;
-        self.module.forward_on_grid(x, grid.as_ref())
+        self.module.forward_on_grid(x, &self.input_quantizer)
     }
 }
 
@@ -64,8 +63,7 @@ impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>>
 
     fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
         let x = self.input_quantizer.fake_quantize_mut(x)?;
-        let grid = self.input_quantizer.code_grid()?;
-        self.module.forward_on_grid(x, grid.as_ref())
+        self.module.forward_on_grid(x, &self.input_quantizer)
     }
 }
 
@@ -81,11 +79,12 @@ pub trait OnGrid<X> {
     /// The layer's output.
     type Output;
 
-    /// The forward pass on `x`, whose values lie on `grid` when it is `Some`.
+    /// The forward pass on `x`, as `quantizer` left it: on its grid
+    /// ([`TensorQuantizer::code_grid`], read only by the layers that need it) while it quantizes.
     ///
     /// # Errors
     /// The layer's error, or a grid its integer kernel cannot be prepared for.
-    fn forward_on_grid(&self, x: X, grid: Option<&CodeGrid>) -> Result<Self::Output>;
+    fn forward_on_grid(&self, x: X, quantizer: &TensorQuantizer<1>) -> Result<Self::Output>;
 }
 
 /// [`OnGrid`] for layers that compute on grid values as on any floats.
@@ -98,7 +97,7 @@ macro_rules! float_on_grid {
         {
             type Output = <$ty as Module<X>>::Output;
 
-            fn forward_on_grid(&self, x: X, _grid: Option<&CodeGrid>) -> Result<Self::Output> {
+            fn forward_on_grid(&self, x: X, _: &TensorQuantizer<1>) -> Result<Self::Output> {
                 self.try_forward(x).map_err(Into::into)
             }
         }
@@ -126,10 +125,10 @@ macro_rules! kernel_on_grid {
             fn forward_on_grid(
                 &self,
                 $x: Tensor<S, f32, Cpu, T>,
-                grid: Option<&CodeGrid>,
+                quantizer: &TensorQuantizer<1>,
             ) -> Result<Self::Output> {
                 let $m = self;
-                match grid {
+                match quantizer.code_grid()?.as_ref() {
                     Some($grid) => $kernel,
                     None => Ok(self.try_forward($x)?),
                 }
