@@ -254,20 +254,13 @@ impl<const I: usize, const O: usize> Convert for Linear<I, O, f32, Cpu> {
     }
 }
 
-impl<
-        const C_IN: usize,
-        const C_OUT: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-    > Convert for Conv2d<C_IN, C_OUT, K, S, P, G, CG, f32, Cpu>
-{
-    type Quantized = QConv2d<C_IN, C_OUT, K, S, P, G, CG>;
+impl_for_conv! {
+    [] Convert for Conv2d<C_IN, C_OUT, K, S, P, G, CG, f32, Cpu> {
+        type Quantized = QConv2d<C_IN, C_OUT, K, S, P, G, CG>;
 
-    fn convert(&self) -> Self::Quantized {
-        QConv2d::from_conv(self)
+        fn convert(&self) -> Self::Quantized {
+            QConv2d::from_conv(self)
+        }
     }
 }
 

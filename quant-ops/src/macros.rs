@@ -6,6 +6,8 @@
 //!   each field once, with its key in save files when that differs from the field's name and
 //!   its options when it holds a tensor or a scalar rather than a module.
 //! - `for_each_tuple!`: the tuple arities a model may chain, in one place.
+//! - `impl_for_conv!`: the seven const parameters of a convolution's geometry, which every
+//!   impl over the stable `Conv2d` and its quantized twin lists, in one place.
 
 /// Implements `TensorCollection<E, D>` (the dtype and device parameters must be called `E` and
 /// `D`; `To` is written with `E2` and `D2`):
@@ -77,5 +79,28 @@ macro_rules! for_each_tuple {
         $m!(A 0, B 1, C 2, D 3);
         $m!(A 0, B 1, C 2, D 3, E 4);
         $m!(A 0, B 1, C 2, D 3, E 4, F 5);
+    };
+}
+
+/// Writes `impl<const C_IN, const C_OUT, const K, const S, const P, const G, const CG, ..>`:
+/// an impl over every geometry of [`Conv2d`](crate::nn::Conv2d) (input and output channels,
+/// kernel, stride, padding, groups and input channels per group), followed by the impl's own
+/// generics in brackets and the rest of the item.
+///
+/// ```text
+/// impl_for_conv! { [E: Dtype] Trait for Conv2d<C_IN, C_OUT, K, S, P, G, CG, E> { .. } }
+/// ```
+macro_rules! impl_for_conv {
+    ([$($generics:tt)*] $($item:tt)*) => {
+        impl<
+            const C_IN: usize,
+            const C_OUT: usize,
+            const K: usize,
+            const S: usize,
+            const P: usize,
+            const G: usize,
+            const CG: usize,
+            $($generics)*
+        > $($item)*
     };
 }

@@ -70,25 +70,18 @@ tensor_collection! {
     }
 }
 
-impl<
-        const C_IN: usize,
-        const C_OUT: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-    > QConv2d<C_IN, C_OUT, K, S, P, G, CG>
-{
-    /// Wraps a float convolution (weights copied) with unconfigured quantizers: until
-    /// configured, the layer computes exactly what the float convolution does.
-    pub fn from_conv(conv: &Conv2d<C_IN, C_OUT, K, S, P, G, CG, f32, Cpu>) -> Self {
-        let dev = conv.weight.device();
-        QConv2d {
-            weight: conv.weight.clone(),
-            bias: conv.bias.clone(),
-            weights_quantizer: TensorQuantizer::new(dev),
-            input_quantizer: TensorQuantizer::new(dev),
+impl_for_conv! {
+    [] QConv2d<C_IN, C_OUT, K, S, P, G, CG> {
+        /// Wraps a float convolution (weights copied) with unconfigured quantizers: until
+        /// configured, the layer computes exactly what the float convolution does.
+        pub fn from_conv(conv: &Conv2d<C_IN, C_OUT, K, S, P, G, CG, f32, Cpu>) -> Self {
+            let dev = conv.weight.device();
+            QConv2d {
+                weight: conv.weight.clone(),
+                bias: conv.bias.clone(),
+                weights_quantizer: TensorQuantizer::new(dev),
+                input_quantizer: TensorQuantizer::new(dev),
+            }
         }
     }
 }
@@ -98,36 +91,32 @@ impl<
 /// weights from themselves (see QLinear). `(mut)` gives the method `&mut self`.
 macro_rules! conv_modules {
     ($($trait:ident::$method:ident($($mut:ident)?) => $fake_quantize:ident;)+) => {$(
-        impl<
+        impl_for_conv! {
+            [
                 B: Dim,
                 H: Dim,
                 W: Dim,
-                const C_IN: usize,
-                const C_OUT: usize,
-                const K: usize,
-                const S: usize,
-                const P: usize,
-                const G: usize,
-                const CG: usize,
                 WQ: FakeQuantizer,
                 AQ: FakeQuantizer,
                 T: Tape<f32, Cpu> + Merge<T>,
-            > $trait<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
+            ] $trait<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
             for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
-        {
-            type Output = FeatureMaps<B, C_OUT, T>;
-            type Error = QuantError;
+            {
+                type Output = FeatureMaps<B, C_OUT, T>;
+                type Error = QuantError;
 
-            fn $method(
-                &$($mut)? self,
-                x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
-            ) -> Result<Self::Output> {
-                let x = self.input_quantizer.$fake_quantize(x)?;
-                let w = self
-                    .weights_quantizer
-                    .$fake_quantize(self.weight.retaped::<T>())?;
-                let bias = layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-                conv2d_grouped(x, w, bias, S, P, G)
+                fn $method(
+                    &$($mut)? self,
+                    x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
+                ) -> Result<Self::Output> {
+                    let x = self.input_quantizer.$fake_quantize(x)?;
+                    let w = self
+                        .weights_quantizer
+                        .$fake_quantize(self.weight.retaped::<T>())?;
+                    let bias =
+                        layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
+                    conv2d_grouped(x, w, bias, S, P, G)
+                }
             }
         }
     )+};
@@ -138,51 +127,44 @@ conv_modules! {
     ModuleMut::try_forward_mut(mut) => fake_quantize_mut;
 }
 
-impl<
-        const C_IN: usize,
-        const C_OUT: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        WQ: FakeQuantizer,
-        AQ: FakeQuantizer,
-    > QuantizedModule for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
-{
-    fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
-        visit_layer_slots(
-            name,
-            LayerKind::Conv2d,
-            [
-                (Slot::INPUT, &mut self.input_quantizer),
-                (Slot::WEIGHTS, &mut self.weights_quantizer),
-            ],
-            f,
-        )
-    }
+impl_for_conv! {
+    [WQ: FakeQuantizer, AQ: FakeQuantizer] QuantizedModule
+    for QConv2d<C_IN, C_OUT, K, S, P, G, CG, WQ, AQ>
+    {
+        fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
+            visit_layer_slots(
+                name,
+                LayerKind::Conv2d,
+                [
+                    (Slot::INPUT, &mut self.input_quantizer),
+                    (Slot::WEIGHTS, &mut self.weights_quantizer),
+                ],
+                f,
+            )
+        }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
-        let geometry = Conv2dGeometry {
-            in_channels: C_IN,
-            out_channels: C_OUT,
-            kernel: K,
-            stride: S,
-            padding: P,
-            groups: G,
-        };
-        lower_weighted(
-            name,
-            g,
-            x,
-            (&self.input_quantizer, &self.weights_quantizer),
-            (&self.weight.as_vec(), &geometry.weight_shape()),
-            &self.bias.as_vec(),
-            |weight, bias| Op::Conv2d {
-                geometry,
-                weight,
-                bias,
-            },
-        )
+        fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+            let geometry = Conv2dGeometry {
+                in_channels: C_IN,
+                out_channels: C_OUT,
+                kernel: K,
+                stride: S,
+                padding: P,
+                groups: G,
+            };
+            lower_weighted(
+                name,
+                g,
+                x,
+                (&self.input_quantizer, &self.weights_quantizer),
+                (&self.weight.as_vec(), &geometry.weight_shape()),
+                &self.bias.as_vec(),
+                |weight, bias| Op::Conv2d {
+                    geometry,
+                    weight,
+                    bias,
+                },
+            )
+        }
     }
 }

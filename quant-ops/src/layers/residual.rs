@@ -146,82 +146,66 @@ tensor_collection! {
     QGeneralizedResidual { f, r, add }
 }
 
-impl<S: Shape, T, F> Module<Tensor<S, f32, Cpu, T>> for QResidual<F>
-where
-    T: Tape<f32, Cpu> + Merge<T> + Default,
-    F: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>>,
-    F::Error: Into<QuantError>,
-{
-    type Output = Tensor<S, f32, Cpu, T>;
-    type Error = QuantError;
+/// `Module` (evaluation) and `ModuleMut` (training and calibration) of the residuals and of
+/// [`QRepeated`] run the same forward pass over the same branches; `(mut)` gives the method `&mut self`, and `add_mut` lets the add's
+/// quantizers calibrate.
+macro_rules! residual_modules {
+    ($($trait:ident::$method:ident($($mut:ident)?) => $add:ident;)+) => {$(
+        impl<S: Shape, T, F> $trait<Tensor<S, f32, Cpu, T>> for QResidual<F>
+        where
+            T: Tape<f32, Cpu> + Merge<T> + Default,
+            F: $trait<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>>,
+            F::Error: Into<QuantError>,
+        {
+            type Output = Tensor<S, f32, Cpu, T>;
+            type Error = QuantError;
 
-    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let y = self
-            .module
-            .try_forward(x.with_empty_tape())
-            .map_err(Into::into)?;
-        self.add.add(x, y)
-    }
+            fn $method(&$($mut)? self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+                let y = self.module.$method(x.with_empty_tape()).map_err(Into::into)?;
+                self.add.$add(x, y)
+            }
+        }
+
+        impl<S: Shape, O: Shape, T, F, R> $trait<Tensor<S, f32, Cpu, T>>
+            for QGeneralizedResidual<F, R>
+        where
+            T: Tape<f32, Cpu> + Merge<T> + Default,
+            F: $trait<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
+            R: $trait<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
+            F::Error: Into<QuantError>,
+            R::Error: Into<QuantError>,
+        {
+            type Output = Tensor<O, f32, Cpu, T>;
+            type Error = QuantError;
+
+            fn $method(&$($mut)? self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+                let f = self.f.$method(x.with_empty_tape()).map_err(Into::into)?;
+                let r = self.r.$method(x).map_err(Into::into)?;
+                self.add.$add(f, r)
+            }
+        }
+
+        impl<X, T, const N: usize> $trait<X> for QRepeated<T, N>
+        where
+            T: $trait<X, Output = X>,
+            T::Error: Into<QuantError>,
+        {
+            type Output = X;
+            type Error = QuantError;
+
+            fn $method(&$($mut)? self, mut x: X) -> Result<X> {
+                for m in &$($mut)? self.modules {
+                    x = m.$method(x).map_err(Into::into)?;
+                }
+                Ok(x)
+            }
+        }
+    )+};
 }
 
-impl<S: Shape, T, F> ModuleMut<Tensor<S, f32, Cpu, T>> for QResidual<F>
-where
-    T: Tape<f32, Cpu> + Merge<T> + Default,
-    F: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>>,
-    F::Error: Into<QuantError>,
-{
-    type Output = Tensor<S, f32, Cpu, T>;
-    type Error = QuantError;
-
-    fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let y = self
-            .module
-            .try_forward_mut(x.with_empty_tape())
-            .map_err(Into::into)?;
-        self.add.add_mut(x, y)
-    }
-}
-
-impl<S: Shape, O: Shape, T, F, R> Module<Tensor<S, f32, Cpu, T>> for QGeneralizedResidual<F, R>
-where
-    T: Tape<f32, Cpu> + Merge<T> + Default,
-    F: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
-    R: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
-    F::Error: Into<QuantError>,
-    R::Error: Into<QuantError>,
-{
-    type Output = Tensor<O, f32, Cpu, T>;
-    type Error = QuantError;
-
-    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let f = self
-            .f
-            .try_forward(x.with_empty_tape())
-            .map_err(Into::into)?;
-        let r = self.r.try_forward(x).map_err(Into::into)?;
-        self.add.add(f, r)
-    }
-}
-
-impl<S: Shape, O: Shape, T, F, R> ModuleMut<Tensor<S, f32, Cpu, T>> for QGeneralizedResidual<F, R>
-where
-    T: Tape<f32, Cpu> + Merge<T> + Default,
-    F: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
-    R: ModuleMut<Tensor<S, f32, Cpu, T>, Output = Tensor<O, f32, Cpu, T>>,
-    F::Error: Into<QuantError>,
-    R::Error: Into<QuantError>,
-{
-    type Output = Tensor<O, f32, Cpu, T>;
-    type Error = QuantError;
-
-    fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
-        let f = self
-            .f
-            .try_forward_mut(x.with_empty_tape())
-            .map_err(Into::into)?;
-        let r = self.r.try_forward_mut(x).map_err(Into::into)?;
-        self.add.add_mut(f, r)
-    }
+residual_modules! {
+    Module::try_forward() => add;
+    ModuleMut::try_forward_mut(mut) => add_mut;
 }
 
 impl<F: QuantizedModule> QuantizedModule for QResidual<F> {
@@ -277,36 +261,6 @@ impl<E: Dtype, D: Device<E>, T: TensorCollection<E, D>, const N: usize> TensorCo
                 .collect::<Vec<_>>(),
             |modules| QRepeated { modules },
         )
-    }
-}
-
-impl<X, T: Module<X, Output = X>, const N: usize> Module<X> for QRepeated<T, N>
-where
-    T::Error: Into<QuantError>,
-{
-    type Output = X;
-    type Error = QuantError;
-
-    fn try_forward(&self, mut x: X) -> Result<X> {
-        for m in &self.modules {
-            x = m.try_forward(x).map_err(Into::into)?;
-        }
-        Ok(x)
-    }
-}
-
-impl<X, T: ModuleMut<X, Output = X>, const N: usize> ModuleMut<X> for QRepeated<T, N>
-where
-    T::Error: Into<QuantError>,
-{
-    type Output = X;
-    type Error = QuantError;
-
-    fn try_forward_mut(&mut self, mut x: X) -> Result<X> {
-        for m in &mut self.modules {
-            x = m.try_forward_mut(x).map_err(Into::into)?;
-        }
-        Ok(x)
     }
 }
 

@@ -416,25 +416,17 @@ pub mod builder {
     > = Conv2d<C, C, K, STRIDE, PAD, C, 1>;
 }
 
-impl<
-        const I: usize,
-        const O: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        E,
-        D,
-    > BuildOnDevice<D, E> for builder::Conv2d<I, O, K, S, P, G, CG>
-where
-    E: Dtype,
-    D: Device<E>,
-    Conv2d<I, O, K, S, P, G, CG, E, D>: BuildModule<D, E>,
-{
-    type Built = Conv2d<I, O, K, S, P, G, CG, E, D>;
-    fn try_build_on_device(device: &D) -> std::result::Result<Self::Built, D::Err> {
-        Self::Built::try_build(device)
+impl_for_conv! {
+    [E, D] BuildOnDevice<D, E> for builder::Conv2d<C_IN, C_OUT, K, S, P, G, CG>
+    where
+        E: Dtype,
+        D: Device<E>,
+        Conv2d<C_IN, C_OUT, K, S, P, G, CG, E, D>: BuildModule<D, E>,
+    {
+        type Built = Conv2d<C_IN, C_OUT, K, S, P, G, CG, E, D>;
+        fn try_build_on_device(device: &D) -> std::result::Result<Self::Built, D::Err> {
+            Self::Built::try_build(device)
+        }
     }
 }
 
@@ -509,62 +501,44 @@ impl<const I: usize, const O: usize, const G: usize, const CG: usize> Groups<I, 
     );
 }
 
-impl<
-        const I: usize,
-        const O: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        E: Dtype,
-        D: Storage<E>,
-    > NonMutableModule for Conv2d<I, O, K, S, P, G, CG, E, D>
-{
+impl_for_conv! {
+    [E: Dtype, D: Storage<E>] NonMutableModule for Conv2d<C_IN, C_OUT, K, S, P, G, CG, E, D> {}
 }
 
-impl<
-        const I: usize,
-        const O: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        E,
-        D,
-    > TensorCollection<E, D> for Conv2d<I, O, K, S, P, G, CG, E, D>
-where
-    E: Dtype + SampleUniform,
-    D: Device<E>,
-{
-    type To<E2: Dtype, D2: Device<E2>> = Conv2d<I, O, K, S, P, G, CG, E2, D2>;
+impl_for_conv! {
+    [E, D] TensorCollection<E, D> for Conv2d<C_IN, C_OUT, K, S, P, G, CG, E, D>
+    where
+        E: Dtype + SampleUniform,
+        D: Device<E>,
+    {
+        type To<E2: Dtype, D2: Device<E2>> = Conv2d<C_IN, C_OUT, K, S, P, G, CG, E2, D2>;
 
-    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
-        visitor: &mut V,
-    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
-        let () = Groups::<I, O, G, CG>::VALID;
-        visitor.visit_fields(
-            (
-                Self::tensor(
-                    "weight",
-                    |s| &s.weight,
-                    |s| &mut s.weight,
-                    TensorOptions::reset_with(|t| {
-                        t.try_fill_with_distr(init_distribution::<E>(CG * K * K))
-                    }),
+        fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+            visitor: &mut V,
+        ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+            let () = Groups::<C_IN, C_OUT, G, CG>::VALID;
+            visitor.visit_fields(
+                (
+                    Self::tensor(
+                        "weight",
+                        |s| &s.weight,
+                        |s| &mut s.weight,
+                        TensorOptions::reset_with(|t| {
+                            t.try_fill_with_distr(init_distribution::<E>(CG * K * K))
+                        }),
+                    ),
+                    Self::tensor(
+                        "bias",
+                        |s| &s.bias,
+                        |s| &mut s.bias,
+                        TensorOptions::reset_with(|t| {
+                            t.try_fill_with_distr(init_distribution::<E>(CG * K * K))
+                        }),
+                    ),
                 ),
-                Self::tensor(
-                    "bias",
-                    |s| &s.bias,
-                    |s| &mut s.bias,
-                    TensorOptions::reset_with(|t| {
-                        t.try_fill_with_distr(init_distribution::<E>(CG * K * K))
-                    }),
-                ),
-            ),
-            |(weight, bias)| Conv2d { weight, bias },
-        )
+                |(weight, bias)| Conv2d { weight, bias },
+            )
+        }
     }
 }
 
@@ -581,41 +555,21 @@ fn init_distribution<E: Dtype + SampleUniform>(fan_in: usize) -> rand::distribut
     rand::distributions::Uniform::new(zero - b, b)
 }
 
-impl<
-        const I: usize,
-        const O: usize,
-        const K: usize,
-        const S: usize,
-        const P: usize,
-        const G: usize,
-        const CG: usize,
-        B,
-        H,
-        W,
-        T,
-    > Module<Tensor<(B, Const<I>, H, W), f32, Cpu, T>> for Conv2d<I, O, K, S, P, G, CG, f32, Cpu>
-where
-    B: Dim,
-    H: Dim,
-    W: Dim,
-    T: Tape<f32, Cpu> + Merge<T>,
-{
-    type Output = FeatureMaps<B, O, T>;
-    type Error = CpuError;
+impl_for_conv! {
+    [B: Dim, H: Dim, W: Dim, T: Tape<f32, Cpu> + Merge<T>]
+    Module<Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>>
+    for Conv2d<C_IN, C_OUT, K, S, P, G, CG, f32, Cpu>
+    {
+        type Output = FeatureMaps<B, C_OUT, T>;
+        type Error = CpuError;
 
-    fn try_forward(
-        &self,
-        x: Tensor<(B, Const<I>, H, W), f32, Cpu, T>,
-    ) -> std::result::Result<Self::Output, CpuError> {
-        let () = Groups::<I, O, G, CG>::VALID;
-        conv2d_grouped(
-            x,
-            self.weight.retaped::<T>(),
-            self.bias.retaped::<T>(),
-            S,
-            P,
-            G,
-        )
-        .map_err(super::to_cpu_error)
+        fn try_forward(
+            &self,
+            x: Tensor<(B, Const<C_IN>, H, W), f32, Cpu, T>,
+        ) -> std::result::Result<Self::Output, CpuError> {
+            let () = Groups::<C_IN, C_OUT, G, CG>::VALID;
+            let (weight, bias) = (self.weight.retaped::<T>(), self.bias.retaped::<T>());
+            conv2d_grouped(x, weight, bias, S, P, G).map_err(super::to_cpu_error)
+        }
     }
 }

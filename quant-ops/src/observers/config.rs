@@ -14,119 +14,84 @@ use super::lsq::LsqInitObserver;
 use super::minmax::{MinMaxObserver, MovingAverageMinMaxObserver};
 use super::Observer;
 
-/// The smoothing constant `c` of [`MovingAverageMinMaxObserver`]: `v += c·(v_batch − v)`,
-/// with `0 < c ≤ 1` (1 keeps only the last batch).
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
-pub struct Momentum(f64);
+/// A checked option of an observer: the newtype `$name($ty)`, its `DEFAULT`, `new` (which
+/// accepts what `$valid` accepts and otherwise names option `$key` and what it may be), `get`
+/// and `Default`.
+macro_rules! checked_option {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident($ty:ty) = $default:expr;
+        $key:literal: |$v:ident| $valid:expr, else $expected:expr;
+    ) => {
+        $(#[$attr])*
+        pub struct $name($ty);
 
-impl Momentum {
-    /// PyTorch's `averaging_constant`: 0.01.
-    pub const DEFAULT: Momentum = Momentum(0.01);
+        impl $name {
+            /// The default.
+            pub const DEFAULT: $name = $name($default);
 
-    /// Checks `0 < c ≤ 1`.
-    ///
-    /// # Errors
-    /// [`QuantError::InvalidValue`] otherwise (NaN included).
-    pub fn new(c: f64) -> Result<Momentum> {
-        if c > 0.0 && c <= 1.0 {
-            Ok(Momentum(c))
-        } else {
-            Err(QuantError::InvalidValue {
-                what: "momentum".into(),
-                value: c.to_string(),
-                expected: "a number in (0, 1] (default 0.01)".into(),
-            })
+            /// Checks the value (see the type's docs).
+            ///
+            /// # Errors
+            /// [`QuantError::InvalidValue`] otherwise, NaN included.
+            pub fn new($v: $ty) -> Result<$name> {
+                if $valid {
+                    Ok($name($v))
+                } else {
+                    Err(QuantError::InvalidValue {
+                        what: $key.into(),
+                        value: $v.to_string(),
+                        expected: $expected.into(),
+                    })
+                }
+            }
+
+            /// The value.
+            pub fn get(self) -> $ty {
+                self.0
+            }
         }
-    }
 
-    /// The value.
-    pub fn get(self) -> f64 {
-        self.0
-    }
-}
-
-impl Default for Momentum {
-    fn default() -> Self {
-        Momentum::DEFAULT
-    }
-}
-
-/// The percentile of [`PercentileObserver`], in `(50, 100]`: the share of values (or of
-/// `|x|`) the chosen range keeps. 100 keeps everything, like MinMax.
-#[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
-pub struct Percentile(f64);
-
-impl Percentile {
-    /// 99.99 (PPQ's and NVIDIA's usual choice).
-    pub const DEFAULT: Percentile = Percentile(99.99);
-
-    /// Checks `50 < p ≤ 100`.
-    ///
-    /// # Errors
-    /// [`QuantError::InvalidValue`] otherwise (NaN included).
-    pub fn new(p: f64) -> Result<Percentile> {
-        if p > 50.0 && p <= 100.0 {
-            Ok(Percentile(p))
-        } else {
-            Err(QuantError::InvalidValue {
-                what: "percentile".into(),
-                value: p.to_string(),
-                expected: "a number in (50, 100] (default 99.99)".into(),
-            })
+        impl Default for $name {
+            fn default() -> Self {
+                $name::DEFAULT
+            }
         }
-    }
-
-    /// The value, in percent.
-    pub fn get(self) -> f64 {
-        self.0
-    }
+    };
 }
 
-impl Default for Percentile {
-    fn default() -> Self {
-        Percentile::DEFAULT
-    }
+checked_option! {
+    /// The smoothing constant `c` of [`MovingAverageMinMaxObserver`]: `v += c·(v_batch − v)`,
+    /// with `0 < c ≤ 1` (1 keeps only the last batch); PyTorch's `averaging_constant` 0.01 by
+    /// default.
+    #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+    pub struct Momentum(f64) = 0.01;
+    "momentum": |c| c > 0.0 && c <= 1.0, else "a number in (0, 1] (default 0.01)";
 }
 
-/// The number of histogram bins of `|x|` (TensorRT's 2048 by default), in `8..=65536`.
-/// The signed histogram the observers keep has twice as many.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct HistogramBins(usize);
+checked_option! {
+    /// The percentile of [`PercentileObserver`], in `(50, 100]`: the share of values (or of
+    /// `|x|`) the chosen range keeps. 100 keeps everything, like MinMax. 99.99 by default
+    /// (PPQ's and NVIDIA's usual choice).
+    #[derive(Debug, Clone, Copy, PartialEq, PartialOrd)]
+    pub struct Percentile(f64) = 99.99;
+    "percentile": |p| p > 50.0 && p <= 100.0, else "a number in (50, 100] (default 99.99)";
+}
+
+checked_option! {
+    /// The number of histogram bins of `|x|`, in `8..=65536`; TensorRT's 2048 by default.
+    /// The signed histogram the observers keep has twice as many.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+    pub struct HistogramBins(usize) = 2048;
+    "bins": |bins| (HistogramBins::MIN..=HistogramBins::MAX).contains(&bins),
+        else "an integer in 8..=65536 (default 2048)";
+}
 
 impl HistogramBins {
-    /// TensorRT's 2048.
-    pub const DEFAULT: HistogramBins = HistogramBins(2048);
     /// Fewest bins.
     pub const MIN: usize = 8;
     /// Most bins.
     pub const MAX: usize = 1 << 16;
-
-    /// Checks `8 ≤ bins ≤ 65536`.
-    ///
-    /// # Errors
-    /// [`QuantError::InvalidValue`] otherwise.
-    pub fn new(bins: usize) -> Result<HistogramBins> {
-        if (Self::MIN..=Self::MAX).contains(&bins) {
-            Ok(HistogramBins(bins))
-        } else {
-            Err(QuantError::InvalidValue {
-                what: "bins".into(),
-                value: bins.to_string(),
-                expected: format!("an integer in {}..={} (default 2048)", Self::MIN, Self::MAX),
-            })
-        }
-    }
-
-    /// The value.
-    pub fn get(self) -> usize {
-        self.0
-    }
-}
-
-impl Default for HistogramBins {
-    fn default() -> Self {
-        HistogramBins::DEFAULT
-    }
 }
 
 /// Which observer to use, as written in code and in policy files.
