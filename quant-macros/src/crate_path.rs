@@ -46,6 +46,10 @@ impl Errors {
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
     }
+    /// How many were added.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
     /// One `compile_error!` per error, each on its own span.
     pub fn to_compile_errors(&self) -> TokenStream {
         let errs = self.0.iter().map(syn::Error::to_compile_error);

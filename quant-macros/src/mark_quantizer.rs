@@ -103,118 +103,91 @@ fn parse_attr(args: TokenStream, errors: &mut Errors) -> Option<Attr> {
     let mut id: Option<Path> = None;
     let mut krate: Option<Path> = None;
     let mut seen: Vec<String> = Vec::new();
-    let mut broken = false;
+    // Any error from here on leaves the attribute unusable; all of them are still reported.
+    let errors_before = errors.len();
+    let error = |tokens: &dyn quote::ToTokens, message: String, errors: &mut Errors| {
+        errors.push(syn::Error::new_spanned(tokens, message))
+    };
     for arg in args.0 {
         let key = arg.key.to_string();
         if seen.contains(&key) {
-            errors.push(syn::Error::new_spanned(
-                &arg.key,
-                format!("`{key}` is given more than once"),
-            ));
-            broken = true;
+            error(&arg.key, format!("`{key}` is given more than once"), errors);
             continue;
         }
         seen.push(key.clone());
         match key.as_str() {
-            "target" => match as_ident(&arg.value, "a target", "Weights or Activation", errors) {
-                Some(t) if check_known(&t, TARGETS, "target", errors) => target = Some(t),
-                _ => broken = true,
-            },
+            "target" => {
+                if let Some(t) = as_ident(&arg.value, "a target", "Weights or Activation", errors) {
+                    if check_known(&t, TARGETS, "target", errors) {
+                        target = Some(t);
+                    }
+                }
+            }
             "method" => {
                 // Decided: `method = Symmetric` is accepted as a one-element list.
                 let elems: Vec<Expr> = match &arg.value {
-                    Expr::Array(a) => {
-                        if a.elems.is_empty() {
-                            errors.push(syn::Error::new_spanned(
-                                &arg.value,
-                                format!(
-                                    "`method` needs at least one quantization method: {}",
-                                    METHODS.join(", ")
-                                ),
-                            ));
-                            broken = true;
-                            continue;
-                        }
-                        a.elems.iter().cloned().collect()
+                    Expr::Array(a) if a.elems.is_empty() => {
+                        let valid = METHODS.join(", ");
+                        let message = format!("`method` needs at least one quantization method: {valid}");
+                        error(&arg.value, message, errors);
+                        continue;
                     }
+                    Expr::Array(a) => a.elems.iter().cloned().collect(),
                     other => vec![other.clone()],
                 };
                 let mut list: Vec<Ident> = Vec::new();
                 for e in &elems {
                     let Some(m) = as_ident(e, "a quantization method", &METHODS.join(", "), errors)
                     else {
-                        broken = true;
                         continue;
                     };
                     if !check_known(&m, METHODS, "quantization method", errors) {
-                        broken = true;
-                    } else if list.iter().any(|x| x == &m) {
-                        errors.push(syn::Error::new_spanned(
-                            &m,
-                            format!("method `{m}` is listed twice"),
-                        ));
-                        broken = true;
+                        continue;
+                    }
+                    if list.contains(&m) {
+                        error(&m, format!("method `{m}` is listed twice"), errors);
                     } else {
                         list.push(m);
                     }
                 }
                 methods = Some(list);
             }
+            // `id = Lsq` or `id = TrainingMethod::Lsq`: keep the last segment, which names an
+            // associated constant of `TrainingMethod` (built in or from a `training_methods!`
+            // extension trait in scope).
             "id" => match &arg.value {
                 Expr::Path(p) if p.qself.is_none() => {
-                    let path = &p.path;
-                    let last = path.segments.last().map(|s| s.ident.clone());
-                    // `id = Lsq` or `id = TrainingMethod::Lsq`: keep the last segment, which names
-                    // an associated constant of `TrainingMethod` (built in or from a
-                    // `training_methods!` extension trait in scope).
-                    match last {
-                        Some(last) if path.segments.len() == 1 || path.segments.len() == 2 => {
-                            if path.segments.len() == 2
-                                && path.segments[0].ident != "TrainingMethod"
-                            {
-                                errors.push(syn::Error::new_spanned(
-                                    path,
-                                    "expected a training-method id: `Lsq` or `TrainingMethod::Lsq`",
-                                ));
-                                broken = true;
-                            } else {
-                                id = Some(Path::from(last));
-                            }
-                        }
-                        _ => {
-                            errors.push(syn::Error::new_spanned(
-                                path,
-                                "expected a training-method id: `Lsq` or `TrainingMethod::Lsq`",
-                            ));
-                            broken = true;
-                        }
+                    let segments = &p.path.segments;
+                    let qualified_ok = segments.len() == 1
+                        || (segments.len() == 2 && segments[0].ident == "TrainingMethod");
+                    match segments.last() {
+                        Some(last) if qualified_ok => id = Some(Path::from(last.ident.clone())),
+                        _ => error(
+                            &p.path,
+                            "expected a training-method id: `Lsq` or `TrainingMethod::Lsq`".into(),
+                            errors,
+                        ),
                     }
                 }
-                other => {
-                    errors.push(syn::Error::new_spanned(
-                        other,
-                        "expected a training-method id as an identifier (Ste, Lsq, Pact, Dsq, or one declared with training_methods!)",
-                    ));
-                    broken = true;
-                }
+                other => error(
+                    other,
+                    "expected a training-method id as an identifier (Ste, Lsq, Pact, Dsq, or one declared with training_methods!)".into(),
+                    errors,
+                ),
             },
             "crate" => match &arg.value {
                 Expr::Path(p) if p.qself.is_none() => krate = Some(p.path.clone()),
-                other => {
-                    errors.push(syn::Error::new_spanned(
-                        other,
-                        "expected a path to quant-core, e.g. `crate = ::quant::core`",
-                    ));
-                    broken = true;
-                }
+                other => error(
+                    other,
+                    "expected a path to quant-core, e.g. `crate = ::quant::core`".into(),
+                    errors,
+                ),
             },
-            _ => {
-                errors.push(syn::Error::new_spanned(
-                    &arg.key,
-                    format!("unknown key `{key}`; expected one of {KEYS}"),
-                ));
-                broken = true;
-            }
+            _ => error(
+                &arg.key,
+                format!("unknown key `{key}`; expected one of {KEYS}"),
+                errors,
+            ),
         }
     }
     let missing = |key: &str, form: &str, errors: &mut Errors| {
@@ -232,7 +205,7 @@ fn parse_attr(args: TokenStream, errors: &mut Errors) -> Option<Attr> {
     if id.is_none() && !seen.iter().any(|k| k == "id") {
         missing("id", "<training method, e.g. Lsq>", errors);
     }
-    if broken {
+    if errors.len() > errors_before {
         return None;
     }
     Some(Attr {

@@ -40,6 +40,15 @@ impl Derive {
             Derive::Model => &[],
         }
     }
+
+    /// The keys `#[quantized(...)]` accepts on a field (`on_field`) or on the struct.
+    fn keys(self, on_field: bool) -> &'static [&'static str] {
+        if on_field {
+            self.field_keys()
+        } else {
+            self.struct_keys()
+        }
+    }
 }
 
 /// One `key` or `key = value` of `#[quantized(...)]`.
@@ -94,12 +103,7 @@ fn misplaced(derive: Derive, key: &str, on_field: bool) -> Option<String> {
         Derive::Layer => Derive::Model,
         Derive::Model => Derive::Layer,
     };
-    let here = if on_field {
-        derive.struct_keys()
-    } else {
-        derive.field_keys()
-    };
-    if here.contains(&key) {
+    if derive.keys(!on_field).contains(&key) {
         Some(if on_field {
             format!("`{key}` goes on the struct, not on a field")
         } else {
@@ -117,11 +121,7 @@ fn misplaced(derive: Derive, key: &str, on_field: bool) -> Option<String> {
 
 fn unknown_key(derive: Derive, key: &Ident, on_field: bool) -> syn::Error {
     let name = key.unraw().to_string();
-    let valid = if on_field {
-        derive.field_keys()
-    } else {
-        derive.struct_keys()
-    };
+    let valid = derive.keys(on_field);
     let expected = if valid.is_empty() {
         format!(
             "#[derive({})] takes no field arguments: a model's fields are layers, converted by their own `Convert`",
@@ -171,6 +171,14 @@ fn bare_ident(e: &Expr) -> Option<&Ident> {
     }
 }
 
+/// The arguments of `#[quantized(...)]` in `attrs` with their keys, the first of each key.
+fn keyed_args(attrs: &[Attribute], errors: &mut Errors) -> Vec<(String, Arg)> {
+    let args = first_of_each(quantized_args(attrs, errors), errors);
+    args.into_iter()
+        .map(|arg| (arg.key.unraw().to_string(), arg))
+        .collect()
+}
+
 /// Keeps the first occurrence of each key; reports the others.
 fn first_of_each(args: Vec<Arg>, errors: &mut Errors) -> Vec<Arg> {
     let mut seen: Vec<String> = Vec::new();
@@ -211,13 +219,11 @@ pub fn struct_options(
     errors: &mut Errors,
 ) -> StructOptions {
     let mut opts = StructOptions::default();
-    for arg in first_of_each(quantized_args(attrs, errors), errors) {
-        let key = arg.key.unraw().to_string();
-        if !derive.struct_keys().contains(&key.as_str()) {
-            errors.push(unknown_key(derive, &arg.key, false));
-            continue;
-        }
+    for (key, arg) in keyed_args(attrs, errors) {
         match key.as_str() {
+            key if !derive.keys(false).contains(&key) => {
+                errors.push(unknown_key(derive, &arg.key, false))
+            }
             "name" => {
                 let example = match derive {
                     Derive::Layer => "name = QMyLayer",
@@ -295,13 +301,11 @@ pub struct FieldOptions {
 pub fn field_options(derive: Derive, attrs: &[Attribute], errors: &mut Errors) -> FieldOptions {
     let mut opts = FieldOptions::default();
     let mut channels_key: Option<Ident> = None;
-    for arg in first_of_each(quantized_args(attrs, errors), errors) {
-        let key = arg.key.unraw().to_string();
-        if !derive.field_keys().contains(&key.as_str()) {
-            errors.push(unknown_key(derive, &arg.key, true));
-            continue;
-        }
+    for (key, arg) in keyed_args(attrs, errors) {
         match key.as_str() {
+            key if !derive.keys(true).contains(&key) => {
+                errors.push(unknown_key(derive, &arg.key, true))
+            }
             "weights" => {
                 opts.weights = flag(&arg, errors);
             }
