@@ -8,7 +8,7 @@ use syn::{DeriveInput, Ident};
 
 use crate::crate_path::Errors;
 use crate::derive_common::{
-    self, binding, doc, float_collection, quantized_module_impl, refuse_lowering, visit_fields,
+    self, binding, collection_impl, doc, float_collection, quantized_module_impl, refuse_lowering,
     with_type_param, Derive, FieldInfo, Paths, StructInfo,
 };
 
@@ -116,31 +116,24 @@ fn generate(info: &StructInfo) -> TokenStream {
                     .push(syn::parse_quote!(#p: #dfdx::nn::TensorCollection<__E, __D>));
             }
         }
-        let (ig, _, wc) = g.split_for_impl();
         let to_args = twin_args_with(
             &consts,
             &params,
             |p| quote!(<#p as #dfdx::nn::TensorCollection<__E, __D>>::To<__E2, __D2>),
         );
-        let (fields_list, pattern) = visit_fields(&paths, &visits);
         let inits = fields.iter().enumerate().map(|(k, f)| {
             let b = binding(k);
             quote!(#f: #b)
         });
-        quote! {
-            impl #ig #dfdx::nn::TensorCollection<__E, __D> for #twin_ty #wc {
-                type To<__E2: #dfdx::shapes::Dtype, __D2: #dfdx::tensor_ops::Device<__E2>> = #twin #to_args;
-
-                fn iter_tensors<__V: #dfdx::nn::ModuleVisitor<Self, __E, __D>>(
-                    visitor: &mut __V,
-                ) -> ::core::result::Result<
-                    ::core::option::Option<Self::To<__V::E2, __V::D2>>,
-                    __V::Err,
-                > {
-                    visitor.visit_fields(#fields_list, |#pattern| #twin { #(#inits,)* })
-                }
-            }
-        }
+        collection_impl(
+            &paths,
+            &g,
+            &twin_ty,
+            [quote!(__E), quote!(__D)],
+            quote!(#twin #to_args),
+            &visits,
+            quote!(#twin { #(#inits,)* }),
+        )
     };
     let float_collection = float_collection(info, &paths, &visits);
 

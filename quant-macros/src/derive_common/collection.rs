@@ -98,21 +98,44 @@ pub fn concrete_collection(
     visits: &[Visit],
     build: TokenStream,
 ) -> TokenStream {
-    let Paths { dfdx, cpu, .. } = paths;
+    let cpu = &paths.cpu;
+    collection_impl(
+        paths,
+        generics,
+        self_ty,
+        [quote!(f32), quote!(#cpu)],
+        quote!(::core::option::Option<Self>),
+        visits,
+        quote!(::core::option::Option::Some(#build)),
+    )
+}
+
+/// `impl TensorCollection<E, D> for self_ty` (with `generics`' parameters and where-clause)
+/// whose `To<__E2, __D2>` is `to`: it visits `visits` and rebuilds from their bindings with
+/// `rebuild`.
+pub fn collection_impl(
+    paths: &Paths,
+    generics: &Generics,
+    self_ty: &TokenStream,
+    [e, d]: [TokenStream; 2],
+    to: TokenStream,
+    visits: &[Visit],
+    rebuild: TokenStream,
+) -> TokenStream {
+    let dfdx = &paths.dfdx;
     let (impl_generics, _, where_clause) = generics.split_for_impl();
     let (fields, pattern) = visit_fields(paths, visits);
     quote! {
-        impl #impl_generics #dfdx::nn::TensorCollection<f32, #cpu> for #self_ty #where_clause {
-            type To<__E2: #dfdx::shapes::Dtype, __D2: #dfdx::tensor_ops::Device<__E2>> =
-                ::core::option::Option<Self>;
+        impl #impl_generics #dfdx::nn::TensorCollection<#e, #d> for #self_ty #where_clause {
+            type To<__E2: #dfdx::shapes::Dtype, __D2: #dfdx::tensor_ops::Device<__E2>> = #to;
 
-            fn iter_tensors<__V: #dfdx::nn::ModuleVisitor<Self, f32, #cpu>>(
+            fn iter_tensors<__V: #dfdx::nn::ModuleVisitor<Self, #e, #d>>(
                 visitor: &mut __V,
             ) -> ::core::result::Result<
                 ::core::option::Option<Self::To<__V::E2, __V::D2>>,
                 __V::Err,
             > {
-                visitor.visit_fields(#fields, |#pattern| ::core::option::Option::Some(#build))
+                visitor.visit_fields(#fields, |#pattern| #rebuild)
             }
         }
     }
@@ -173,28 +196,22 @@ pub fn float_collection(info: &StructInfo, paths: &Paths, visits: &[Visit]) -> T
         w.predicates
             .push(syn::parse_quote!(#d: #dfdx::tensor_ops::Device<#e>));
     }
-    let (impl_generics, ty_generics, where_clause) = generics.split_for_impl();
+    let (_, ty_generics, _) = generics.split_for_impl();
     let to_args = info.args_with(&quote!(__E2), &quote!(__D2));
-    let (fields, pattern) = visit_fields(paths, visits);
     let inits = info.fields.iter().enumerate().map(|(k, f)| {
         let fi = &f.ident;
         let b = binding(k);
         quote!(#fi: #b)
     });
-    quote! {
-        impl #impl_generics #dfdx::nn::TensorCollection<#e, #d> for #ident #ty_generics #where_clause {
-            type To<__E2: #dfdx::shapes::Dtype, __D2: #dfdx::tensor_ops::Device<__E2>> = #ident #to_args;
-
-            fn iter_tensors<__V: #dfdx::nn::ModuleVisitor<Self, #e, #d>>(
-                visitor: &mut __V,
-            ) -> ::core::result::Result<
-                ::core::option::Option<Self::To<__V::E2, __V::D2>>,
-                __V::Err,
-            > {
-                visitor.visit_fields(#fields, |#pattern| #ident { #(#inits,)* })
-            }
-        }
-    }
+    collection_impl(
+        paths,
+        &generics,
+        &quote!(#ident #ty_generics),
+        [quote!(#e), quote!(#d)],
+        quote!(#ident #to_args),
+        visits,
+        quote!(#ident { #(#inits,)* }),
+    )
 }
 
 /// `impl QuantizedModule for self_ty` (with `generics`' parameters and where-clause):
