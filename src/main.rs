@@ -361,6 +361,7 @@ fn eval(
         }
     }
     if let Some(path) = onnx {
+        #[cfg(feature = "onnx-runtime")]
         eval_onnx(
             path,
             data,
@@ -369,6 +370,15 @@ fn eval(
             integer_predictions.as_deref(),
             show_predictions,
         )?;
+        #[cfg(not(feature = "onnx-runtime"))]
+        {
+            let _ = integer_predictions;
+            return Err(format!(
+                "{}: this quant was built without the `onnx-runtime` feature, which runs ONNX files; rebuild with default features",
+                path.display()
+            )
+            .into());
+        }
     }
     Ok(())
 }
@@ -406,20 +416,4 @@ fn eval_onnx(
         println!("tract: {ms:.4} ms per batch of {samples} (median of {r} runs)");
     }
     Ok(())
-}
-
-#[cfg(not(feature = "onnx-runtime"))]
-fn eval_onnx(
-    path: &Path,
-    _: Option<&Path>,
-    _: Option<u32>,
-    _: &[f32],
-    _: Option<&[usize]>,
-    _: bool,
-) -> Result<(), Box<dyn std::error::Error>> {
-    Err(format!(
-        "{}: this quant was built without the `onnx-runtime` feature, which runs ONNX files; rebuild with default features",
-        path.display()
-    )
-    .into())
 }
