@@ -201,13 +201,7 @@ impl QuantFormat {
             path: meta_path.clone(),
             message,
         };
-        let meta_bytes =
-            crate::fs::read_limited(&meta_path, MAX_METADATA_BYTES).map_err(|source| {
-                ExportError::Io {
-                    path: meta_path.clone(),
-                    source,
-                }
-            })?;
+        let meta_bytes = read_file(&meta_path, MAX_METADATA_BYTES)?;
         let header: Header =
             serde_json::from_slice(&meta_bytes).map_err(|e| bad_meta(e.to_string()))?;
         match (header.format.as_deref(), header.format_version) {
@@ -242,13 +236,7 @@ impl QuantFormat {
             other => other,
         };
         let shapes = graph.check_structure().map_err(in_meta)?;
-        let tensor_bytes =
-            crate::fs::read_limited(&tensors_path, MAX_TENSOR_FILE_BYTES).map_err(|source| {
-                ExportError::Io {
-                    path: tensors_path.clone(),
-                    source,
-                }
-            })?;
+        let tensor_bytes = read_file(&tensors_path, MAX_TENSOR_FILE_BYTES)?;
         let bad_tensor = |message: String| ExportError::Tensors {
             path: tensors_path.clone(),
             message,
@@ -310,4 +298,12 @@ fn read_parameter(
     }
     decode_values(&mut p.values, want, t.data());
     Ok(())
+}
+
+/// The bytes of the file at `path`, at most `limit` of them (see [`crate::fs::read_limited`]).
+fn read_file(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, ExportError> {
+    crate::fs::read_limited(path, limit).map_err(|source| ExportError::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }

@@ -312,31 +312,43 @@ tensor_collection! {
     QAddInto { modules as "0", add }
 }
 
+/// `Module` (evaluation) and `ModuleMut` (training and calibration) of [`QSplitInto`] and
+/// [`QAddInto`] for one tuple arity: the same forward pass, `(mut)` giving the method `&mut self`
+/// and `$add` naming the add's method (`add_mut` lets its quantizers calibrate).
+macro_rules! split_add_modules {
+    ($trait:ident::$method:ident($($mut:ident)?) => $add:ident; $([$m:ident $i:tt $x:ident])+) => {
+        impl<X: WithEmptyTape, $($m: $trait<X>),+> $trait<X> for QSplitInto<($($m,)+)>
+        where
+            $($m::Error: Into<QuantError>,)+
+        {
+            type Output = ($($m::Output,)+);
+            type Error = QuantError;
+
+            fn $method(&$($mut)? self, x: X) -> Result<Self::Output> {
+                Ok(($(self.0.$i.$method(x.with_empty_tape()).map_err(Into::into)?,)+))
+            }
+        }
+
+        impl<S: Shape, T: Tape<f32, Cpu> + Merge<T>, $($x,)+ $($m),+> $trait<($($x,)+)>
+            for QAddInto<($($m,)+)>
+        where
+            $($m: $trait<$x, Output = Tensor<S, f32, Cpu, T>>, $m::Error: Into<QuantError>,)+
+        {
+            type Output = Tensor<S, f32, Cpu, T>;
+            type Error = QuantError;
+
+            fn $method(&$($mut)? self, x: ($($x,)+)) -> Result<Self::Output> {
+                let ys = ($(self.modules.$i.$method(x.$i).map_err(Into::into)?,)+);
+                add_all!(self.add, $add, ys, $($i)+)
+            }
+        }
+    };
+}
+
 macro_rules! split_add_impls {
     ($n:literal; $([$m:ident $i:tt $x:ident])+) => {
-        impl<X: WithEmptyTape, $($m: Module<X>),+> Module<X> for QSplitInto<($($m,)+)>
-        where
-            $($m::Error: Into<QuantError>,)+
-        {
-            type Output = ($($m::Output,)+);
-            type Error = QuantError;
-
-            fn try_forward(&self, x: X) -> Result<Self::Output> {
-                Ok(($(self.0.$i.try_forward(x.with_empty_tape()).map_err(Into::into)?,)+))
-            }
-        }
-
-        impl<X: WithEmptyTape, $($m: ModuleMut<X>),+> ModuleMut<X> for QSplitInto<($($m,)+)>
-        where
-            $($m::Error: Into<QuantError>,)+
-        {
-            type Output = ($($m::Output,)+);
-            type Error = QuantError;
-
-            fn try_forward_mut(&mut self, x: X) -> Result<Self::Output> {
-                Ok(($(self.0.$i.try_forward_mut(x.with_empty_tape()).map_err(Into::into)?,)+))
-            }
-        }
+        split_add_modules!(Module::try_forward() => add; $([$m $i $x])+);
+        split_add_modules!(ModuleMut::try_forward_mut(mut) => add_mut; $([$m $i $x])+);
 
         impl<$($m: QuantizedModule),+> QuantizedModule for QSplitInto<($($m,)+)> {
             fn visit_slots(&mut self, name: &str, f: &mut SlotVisitor<'_>) -> Result<()> {
@@ -353,34 +365,6 @@ macro_rules! split_add_impls {
                     return Err(tuple_value(name, "SplitInto takes one value; it receives", xs.len()));
                 };
                 Ok(vec![$(self.0.$i.lower(&join_name(name, concat!("0.", stringify!($i))), g, *x)?,)+])
-            }
-        }
-
-        impl<S: Shape, T: Tape<f32, Cpu> + Merge<T>, $($x,)+ $($m),+> Module<($($x,)+)>
-            for QAddInto<($($m,)+)>
-        where
-            $($m: Module<$x, Output = Tensor<S, f32, Cpu, T>>, $m::Error: Into<QuantError>,)+
-        {
-            type Output = Tensor<S, f32, Cpu, T>;
-            type Error = QuantError;
-
-            fn try_forward(&self, x: ($($x,)+)) -> Result<Self::Output> {
-                let ys = ($(self.modules.$i.try_forward(x.$i).map_err(Into::into)?,)+);
-                add_all!(self.add, add, ys, $($i)+)
-            }
-        }
-
-        impl<S: Shape, T: Tape<f32, Cpu> + Merge<T>, $($x,)+ $($m),+> ModuleMut<($($x,)+)>
-            for QAddInto<($($m,)+)>
-        where
-            $($m: ModuleMut<$x, Output = Tensor<S, f32, Cpu, T>>, $m::Error: Into<QuantError>,)+
-        {
-            type Output = Tensor<S, f32, Cpu, T>;
-            type Error = QuantError;
-
-            fn try_forward_mut(&mut self, x: ($($x,)+)) -> Result<Self::Output> {
-                let ys = ($(self.modules.$i.try_forward_mut(x.$i).map_err(Into::into)?,)+);
-                add_all!(self.add, add_mut, ys, $($i)+)
             }
         }
 
