@@ -562,48 +562,42 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 }
                 (rep, Layout::Flat { features: c })
             }
-            Op::AttentionScores { heads } => {
+            Op::AttentionScores { .. } | Op::AttentionContext { .. } => {
                 let b = inputs[i][1];
-                let (gq, gk) = (
-                    codes_in(name, &rep_a, "AttentionScores (queries)")?,
-                    codes_in(name, &reps[b], "AttentionScores (keys)")?,
-                );
-                let (s1, f) = (shapes.of_value(a)[0], shapes.of_value(a)[1]);
-                let s2 = shapes.of_value(b)[0];
-                let d = f / heads;
-                let bound = (d as i64)
-                    .saturating_mul(reach(&gq))
-                    .saturating_mul(reach(&gk));
-                within_i32(name, bound, &format!("dot products of {d} features"))?;
-                cost = (*heads * s1 * s2 * d) as u64;
-                (
-                    Rep::Acc {
-                        scales: vec![attention_scale(gq.scale, gk.scale, d)],
-                        bound,
-                    },
-                    Layout::Flat { features: s2 },
-                )
-            }
-            Op::AttentionContext { .. } => {
-                let b = inputs[i][1];
-                let (gp, gv) = (
-                    codes_in(name, &rep_a, "AttentionContext (probabilities)")?,
-                    codes_in(name, &reps[b], "AttentionContext (values)")?,
-                );
-                let (s1, s2) = (shapes.of_value(a)[1], shapes.of_value(a)[2]);
-                let f = shapes.of_value(b)[1];
-                let bound = (s2 as i64)
-                    .saturating_mul(reach(&gp))
-                    .saturating_mul(reach(&gv));
-                within_i32(name, bound, &format!("weighted sums of {s2} values"))?;
-                cost = (s1 * s2 * f) as u64;
-                (
-                    Rep::Acc {
-                        scales: vec![gp.scale * gv.scale],
-                        bound,
-                    },
-                    Layout::Flat { features: f },
-                )
+                let what = match node.op {
+                    Op::AttentionScores { .. } => {
+                        ["AttentionScores (queries)", "AttentionScores (keys)"]
+                    }
+                    _ => [
+                        "AttentionContext (probabilities)",
+                        "AttentionContext (values)",
+                    ],
+                };
+                let ga = codes_in(name, &rep_a, what[0])?;
+                let gb = codes_in(name, &reps[b], what[1])?;
+                let (x, y) = (shapes.of_value(a), shapes.of_value(b));
+                // Scores: queries [s1, f] by keys [s2, f], d = f / heads terms per output.
+                // Context: probabilities [heads, s1, s2] by values [s2, f], s2 terms per output.
+                let (terms, features, scale, sums) = match node.op {
+                    Op::AttentionScores { heads } => {
+                        let d = x[1] / heads;
+                        let scale = attention_scale(ga.scale, gb.scale, d);
+                        (d, y[0], scale, format!("dot products of {d} features"))
+                    }
+                    _ => (
+                        x[2],
+                        y[1],
+                        ga.scale * gb.scale,
+                        format!("weighted sums of {} values", x[2]),
+                    ),
+                };
+                let bound = (terms as i64)
+                    .saturating_mul(reach(&ga))
+                    .saturating_mul(reach(&gb));
+                within_i32(name, bound, &sums)?;
+                cost = (numels[i + 1] as u64) * (terms as u64);
+                let scales = vec![scale];
+                (Rep::Acc { scales, bound }, Layout::Flat { features })
             }
             Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => {
                 let reason = match &node.op {
