@@ -29,31 +29,12 @@ pub struct IntegerGrid {
     narrow_range: bool,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct GridRepr {
+serde_via_new!(IntegerGrid as GridRepr {
     bits: u32,
     signed: bool,
     #[serde(default)]
     narrow_range: bool,
-}
-
-impl TryFrom<GridRepr> for IntegerGrid {
-    type Error = QuantError;
-    fn try_from(r: GridRepr) -> Result<Self> {
-        IntegerGrid::new(r.bits, r.signed, r.narrow_range)
-    }
-}
-
-impl From<IntegerGrid> for GridRepr {
-    fn from(g: IntegerGrid) -> Self {
-        GridRepr {
-            bits: g.bits,
-            signed: g.signed,
-            narrow_range: g.narrow_range,
-        }
-    }
-}
+});
 
 impl IntegerGrid {
     /// Smallest supported bit width.
@@ -172,31 +153,12 @@ pub struct QParams {
     axis: Option<usize>,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct QParamsRepr {
+serde_via_new!(QParams as QParamsRepr {
     scales: Vec<f32>,
     zero_points: Vec<i32>,
     #[serde(default)]
     axis: Option<usize>,
-}
-
-impl TryFrom<QParamsRepr> for QParams {
-    type Error = QuantError;
-    fn try_from(r: QParamsRepr) -> Result<Self> {
-        QParams::new(r.scales, r.zero_points, r.axis)
-    }
-}
-
-impl From<QParams> for QParamsRepr {
-    fn from(q: QParams) -> Self {
-        QParamsRepr {
-            scales: q.scales,
-            zero_points: q.zero_points,
-            axis: q.axis,
-        }
-    }
-}
+});
 
 impl QParams {
     /// Creates per-tensor (`axis = None`, one scale) or per-channel parameters.

@@ -39,33 +39,13 @@ pub struct InferableQuantizer {
     qparams: QParams,
 }
 
-#[derive(Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InferableRepr {
+serde_via_new!(InferableQuantizer as InferableRepr {
     method: QuantizationMethod,
     grid: IntegerGrid,
     #[serde(default)]
     rounding: RoundingPolicy,
     qparams: QParams,
-}
-
-impl TryFrom<InferableRepr> for InferableQuantizer {
-    type Error = QuantError;
-    fn try_from(r: InferableRepr) -> Result<Self> {
-        InferableQuantizer::new(r.method, r.grid, r.rounding, r.qparams)
-    }
-}
-
-impl From<InferableQuantizer> for InferableRepr {
-    fn from(q: InferableQuantizer) -> Self {
-        InferableRepr {
-            method: q.method,
-            grid: q.grid,
-            rounding: q.rounding,
-            qparams: q.qparams,
-        }
-    }
-}
+});
 
 /// The signature the kernels of an affine grid share: `(input, out, layout, scales,
 /// zero_points, quant_min, quant_max, rounding)`.

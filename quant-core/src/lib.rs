@@ -29,6 +29,33 @@
 // Lets `::quant_core::...` paths emitted by the macros resolve inside this crate's own tests.
 extern crate self as quant_core;
 
+/// Serde through a type's constructor: `$repr` holds `$name`'s fields as files store them
+/// (unknown fields rejected); `$name` deserializes by passing them, in field order, to
+/// `$name::new`, which checks them, and serializes through them. `$name` derives `Serialize`
+/// and `Deserialize` with `#[serde(try_from = "$repr", into = "$repr")]`.
+macro_rules! serde_via_new {
+    ($name:ident as $repr:ident { $($(#[$attr:meta])* $field:ident: $ty:ty),* $(,)? }) => {
+        #[derive(serde::Serialize, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct $repr {
+            $($(#[$attr])* $field: $ty,)*
+        }
+
+        impl TryFrom<$repr> for $name {
+            type Error = $crate::QuantError;
+            fn try_from(r: $repr) -> $crate::Result<Self> {
+                $name::new($(r.$field),*)
+            }
+        }
+
+        impl From<$name> for $repr {
+            fn from(v: $name) -> Self {
+                $repr { $($field: v.$field),* }
+            }
+        }
+    };
+}
+
 pub mod config;
 pub mod error;
 pub mod grid;

@@ -4,7 +4,7 @@
 //! costs a copy of every tap; here a tap's channels are contiguous in the input and in the
 //! filter, so the inner loop runs across channels in the widest registers the CPU has.
 
-use super::nhwc::{inside, Window};
+use super::nhwc::{inside, volume, Window};
 use super::{check_len, checked_size, Isa};
 use crate::error::{QuantError, Result};
 
@@ -122,11 +122,7 @@ impl DepthwiseFilter {
         let [oh, ow] = window.checked_output(input.len(), shape)?;
         check_len(
             "depthwise output",
-            checked_size(
-                "depthwise output",
-                checked_size("depthwise output", oh, ow)?,
-                c,
-            )?,
+            volume("depthwise output", [oh, ow, c])?,
             out.len(),
         )?;
         let job = Job {

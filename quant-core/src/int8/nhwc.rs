@@ -59,7 +59,7 @@ impl Window {
 }
 
 /// `a·b·c`, or an error naming `what` when it overflows.
-fn volume(what: &str, [a, b, c]: [usize; 3]) -> Result<usize> {
+pub(super) fn volume(what: &str, [a, b, c]: [usize; 3]) -> Result<usize> {
     checked_size(what, checked_size(what, a, b)?, c)
 }
 

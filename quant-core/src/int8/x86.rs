@@ -3,170 +3,185 @@
 //! One generic tile ([`tile`]) keeps `R` rows × `B` panels of output channels in registers and
 //! walks the fan-in one group (4 `u8 × i8` or 2 `i16 × i16` products per `i32` lane) at a
 //! time: load `B` weight vectors, then for each row broadcast its group of activations and
-//! add the dot products. [`Simd`] says how one instruction set does each step; the generic
-//! code is inlined into one `#[target_feature]` entry per instruction set and weight form, so
-//! every intrinsic compiles to its instruction in place.
+//! add the dot products. [`Register`] says how one register width does each step, [`Simd`]
+//! how one instruction set forms the dot products; the generic code is inlined into one
+//! `#[target_feature]` entry per instruction set and weight form, so every intrinsic compiles
+//! to its instruction in place.
 
 use std::arch::x86_64::*;
+use std::marker::PhantomData;
 
 use super::gemm::{Form, PackedMatrix};
 use super::Isa;
 
-/// One vector instruction set with one dot-product form.
-trait Simd {
-    type V: Copy;
+/// The operations of one register width, the same for every dot-product form.
+trait Register: Copy {
     /// `i32` lanes per register: output channels per panel.
     const LANES: usize;
-    unsafe fn zero() -> Self::V;
+    unsafe fn zero() -> Self;
     /// Every lane set to one group of activations.
-    unsafe fn splat(x: i32) -> Self::V;
+    unsafe fn splat(x: i32) -> Self;
     /// One group of weights for every lane (`4 · LANES` bytes).
-    unsafe fn load(p: *const u8) -> Self::V;
-    unsafe fn load_i32(p: *const i32) -> Self::V;
+    unsafe fn load(p: *const u8) -> Self;
+    unsafe fn load_i32(p: *const i32) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn store(p: *mut i32, v: Self);
+    /// Stores the first `count` (< `LANES`) lanes.
+    unsafe fn store_first(p: *mut i32, v: Self, count: usize);
+    /// `vpmaddubsw`: `u8 × i8` products, adjacent pairs summed into `i16` (saturating).
+    unsafe fn maddubs(a: Self, w: Self) -> Self;
+    /// `vpmaddwd`: `i16 × i16` products, adjacent pairs summed into `i32`.
+    unsafe fn madd(a: Self, w: Self) -> Self;
+    /// Every `i16` lane 1.
+    unsafe fn ones_i16() -> Self;
+}
+
+/// Implements [`Register`] for one width: the two widths differ only in their intrinsics (and
+/// in how they store a partial register).
+macro_rules! register {
+    (
+        $v:ty, lanes: $lanes:literal, zero: $zero:ident, splat: $splat:ident,
+        loadu: $loadu:ident, add: $add:ident, storeu: $storeu:ident, maddubs: $maddubs:ident,
+        madd: $madd:ident, set1_i16: $set1_i16:ident,
+        store_first: |$p:ident, $x:ident, $count:ident| $store_first:expr
+    ) => {
+        impl Register for $v {
+            const LANES: usize = $lanes;
+            #[inline(always)]
+            unsafe fn zero() -> $v {
+                $zero()
+            }
+            #[inline(always)]
+            unsafe fn splat(x: i32) -> $v {
+                $splat(x)
+            }
+            #[inline(always)]
+            unsafe fn load(p: *const u8) -> $v {
+                $loadu(p as *const $v)
+            }
+            #[inline(always)]
+            unsafe fn load_i32(p: *const i32) -> $v {
+                $loadu(p as *const $v)
+            }
+            #[inline(always)]
+            unsafe fn add(a: $v, b: $v) -> $v {
+                $add(a, b)
+            }
+            #[inline(always)]
+            unsafe fn store(p: *mut i32, v: $v) {
+                $storeu(p as *mut $v, v)
+            }
+            #[inline(always)]
+            unsafe fn store_first($p: *mut i32, $x: $v, $count: usize) {
+                $store_first
+            }
+            #[inline(always)]
+            unsafe fn maddubs(a: $v, w: $v) -> $v {
+                $maddubs(a, w)
+            }
+            #[inline(always)]
+            unsafe fn madd(a: $v, w: $v) -> $v {
+                $madd(a, w)
+            }
+            #[inline(always)]
+            unsafe fn ones_i16() -> $v {
+                $set1_i16(1)
+            }
+        }
+    };
+}
+
+register!(
+    __m256i,
+    lanes: 8,
+    zero: _mm256_setzero_si256,
+    splat: _mm256_set1_epi32,
+    loadu: _mm256_loadu_si256,
+    add: _mm256_add_epi32,
+    storeu: _mm256_storeu_si256,
+    maddubs: _mm256_maddubs_epi16,
+    madd: _mm256_madd_epi16,
+    set1_i16: _mm256_set1_epi16,
+    store_first: |p, v, count| {
+        let mut lanes = [0i32; 8];
+        _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, v);
+        std::ptr::copy_nonoverlapping(lanes.as_ptr(), p, count.min(8));
+    }
+);
+register!(
+    __m512i,
+    lanes: 16,
+    zero: _mm512_setzero_si512,
+    splat: _mm512_set1_epi32,
+    loadu: _mm512_loadu_si512,
+    add: _mm512_add_epi32,
+    storeu: _mm512_storeu_si512,
+    maddubs: _mm512_maddubs_epi16,
+    madd: _mm512_madd_epi16,
+    set1_i16: _mm512_set1_epi16,
+    store_first: |p, v, count| {
+        let mask = ((1u32 << count.min(16)) - 1) as __mmask16;
+        _mm512_mask_storeu_epi32(p, mask, v)
+    }
+);
+
+/// One vector instruction set with one dot-product form.
+trait Simd {
+    type V: Register;
+    /// `i32` lanes per register: output channels per panel.
+    const LANES: usize = <Self::V as Register>::LANES;
     /// `acc` plus, in each lane, the dot product of the activations' and the weights' group.
     unsafe fn dot(acc: Self::V, a: Self::V, w: Self::V) -> Self::V;
-    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
-    unsafe fn store(p: *mut i32, v: Self::V);
-    /// Stores the first `count` (< `LANES`) lanes.
-    unsafe fn store_first(p: *mut i32, v: Self::V, count: usize);
 }
 
-macro_rules! simd256 {
-    ($(#[$doc:meta])* $name:ident, |$acc:ident, $a:ident, $w:ident| $dot:expr) => {
+/// AVX2 or AVX-512 BW, weights within ±64: `vpmaddubsw` (exact: `2 · 255 · 64 < 2^15`), then
+/// `vpmaddwd` by ones into `i32`.
+struct Quads<V>(PhantomData<V>);
+
+impl<V: Register> Simd for Quads<V> {
+    type V = V;
+    #[inline(always)]
+    unsafe fn dot(acc: V, a: V, w: V) -> V {
+        V::add(acc, V::madd(V::maddubs(a, w), V::ones_i16()))
+    }
+}
+
+/// AVX2 or AVX-512 BW, `i16` weights and activations: `vpmaddwd`.
+struct Pairs<V>(PhantomData<V>);
+
+impl<V: Register> Simd for Pairs<V> {
+    type V = V;
+    #[inline(always)]
+    unsafe fn dot(acc: V, a: V, w: V) -> V {
+        V::add(acc, V::madd(a, w))
+    }
+}
+
+/// Dot-product forms of one instruction (`acc` plus the dot products, in one).
+macro_rules! fused {
+    ($($(#[$doc:meta])* $name:ident: $v:ty = $dot:ident;)*) => {$(
         $(#[$doc])*
         struct $name;
         impl Simd for $name {
-            type V = __m256i;
-            const LANES: usize = 8;
+            type V = $v;
             #[inline(always)]
-            unsafe fn zero() -> __m256i {
-                _mm256_setzero_si256()
-            }
-            #[inline(always)]
-            unsafe fn splat(x: i32) -> __m256i {
-                _mm256_set1_epi32(x)
-            }
-            #[inline(always)]
-            unsafe fn load(p: *const u8) -> __m256i {
-                _mm256_loadu_si256(p as *const __m256i)
-            }
-            #[inline(always)]
-            unsafe fn load_i32(p: *const i32) -> __m256i {
-                _mm256_loadu_si256(p as *const __m256i)
-            }
-            #[inline(always)]
-            unsafe fn dot($acc: __m256i, $a: __m256i, $w: __m256i) -> __m256i {
-                $dot
-            }
-            #[inline(always)]
-            unsafe fn add(a: __m256i, b: __m256i) -> __m256i {
-                _mm256_add_epi32(a, b)
-            }
-            #[inline(always)]
-            unsafe fn store(p: *mut i32, v: __m256i) {
-                _mm256_storeu_si256(p as *mut __m256i, v)
-            }
-            #[inline(always)]
-            unsafe fn store_first(p: *mut i32, v: __m256i, count: usize) {
-                let mut lanes = [0i32; 8];
-                _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, v);
-                std::ptr::copy_nonoverlapping(lanes.as_ptr(), p, count.min(8));
+            unsafe fn dot(acc: $v, a: $v, w: $v) -> $v {
+                $dot(acc, a, w)
             }
         }
-    };
+    )*};
 }
 
-macro_rules! simd512 {
-    ($(#[$doc:meta])* $name:ident, |$acc:ident, $a:ident, $w:ident| $dot:expr) => {
-        $(#[$doc])*
-        struct $name;
-        impl Simd for $name {
-            type V = __m512i;
-            const LANES: usize = 16;
-            #[inline(always)]
-            unsafe fn zero() -> __m512i {
-                _mm512_setzero_si512()
-            }
-            #[inline(always)]
-            unsafe fn splat(x: i32) -> __m512i {
-                _mm512_set1_epi32(x)
-            }
-            #[inline(always)]
-            unsafe fn load(p: *const u8) -> __m512i {
-                _mm512_loadu_si512(p as *const __m512i)
-            }
-            #[inline(always)]
-            unsafe fn load_i32(p: *const i32) -> __m512i {
-                _mm512_loadu_si512(p as *const __m512i)
-            }
-            #[inline(always)]
-            unsafe fn dot($acc: __m512i, $a: __m512i, $w: __m512i) -> __m512i {
-                $dot
-            }
-            #[inline(always)]
-            unsafe fn add(a: __m512i, b: __m512i) -> __m512i {
-                _mm512_add_epi32(a, b)
-            }
-            #[inline(always)]
-            unsafe fn store(p: *mut i32, v: __m512i) {
-                _mm512_storeu_si512(p as *mut __m512i, v)
-            }
-            #[inline(always)]
-            unsafe fn store_first(p: *mut i32, v: __m512i, count: usize) {
-                let mask = ((1u32 << count.min(16)) - 1) as __mmask16;
-                _mm512_mask_storeu_epi32(p, mask, v)
-            }
-        }
-    };
-}
-
-simd256!(
-    /// AVX2, weights within ±64: `vpmaddubsw` (exact: `2 · 255 · 64 < 2^15`), then `vpmaddwd`
-    /// by ones into `i32`.
-    Avx2Quads,
-    |acc, a, w| _mm256_add_epi32(
-        acc,
-        _mm256_madd_epi16(_mm256_maddubs_epi16(a, w), _mm256_set1_epi16(1))
-    )
-);
-simd256!(
-    /// AVX2, `i16` weights and activations: `vpmaddwd`.
-    Avx2Pairs,
-    |acc, a, w| _mm256_add_epi32(acc, _mm256_madd_epi16(a, w))
-);
-simd256!(
+fused! {
     /// AVX-VNNI, `i8` weights: `vpdpbusd`.
-    AvxVnniQuads,
-    |acc, a, w| _mm256_dpbusd_avx_epi32(acc, a, w)
-);
-simd256!(
+    AvxVnniQuads: __m256i = _mm256_dpbusd_avx_epi32;
     /// AVX-VNNI, `i16` weights and activations: `vpdpwssd`.
-    AvxVnniPairs,
-    |acc, a, w| _mm256_dpwssd_avx_epi32(acc, a, w)
-);
-simd512!(
-    /// AVX-512 BW, weights within ±64: `vpmaddubsw` then `vpmaddwd` by ones.
-    Avx512Quads,
-    |acc, a, w| _mm512_add_epi32(
-        acc,
-        _mm512_madd_epi16(_mm512_maddubs_epi16(a, w), _mm512_set1_epi16(1))
-    )
-);
-simd512!(
-    /// AVX-512 BW, `i16` weights and activations: `vpmaddwd`.
-    Avx512Pairs,
-    |acc, a, w| _mm512_add_epi32(acc, _mm512_madd_epi16(a, w))
-);
-simd512!(
+    AvxVnniPairs: __m256i = _mm256_dpwssd_avx_epi32;
     /// AVX-512 VNNI, `i8` weights: `vpdpbusd`.
-    Vnni512Quads,
-    |acc, a, w| _mm512_dpbusd_epi32(acc, a, w)
-);
-simd512!(
+    Vnni512Quads: __m512i = _mm512_dpbusd_epi32;
     /// AVX-512 VNNI, `i16` weights and activations: `vpdpwssd`.
-    Vnni512Pairs,
-    |acc, a, w| _mm512_dpwssd_epi32(acc, a, w)
-);
+    Vnni512Pairs: __m512i = _mm512_dpwssd_epi32;
+}
 
 /// Where one tile reads and writes.
 struct Tile {
@@ -194,14 +209,14 @@ struct Tile {
 /// weights, `B · LANES` constants and `R` rows of `cols` outputs.
 #[inline(always)]
 unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
-    let mut acc = [[S::zero(); B]; R];
+    let mut acc = [[S::V::zero(); B]; R];
     for g in 0..t.groups {
-        let mut w = [S::zero(); B];
+        let mut w = [S::V::zero(); B];
         for (b, w) in w.iter_mut().enumerate() {
-            *w = S::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4));
+            *w = S::V::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4));
         }
         for (r, acc) in acc.iter_mut().enumerate() {
-            let a = S::splat(t.a.add(r * t.a_stride + g).read_unaligned());
+            let a = S::V::splat(t.a.add(r * t.a_stride + g).read_unaligned());
             for (acc, w) in acc.iter_mut().zip(&w) {
                 *acc = S::dot(*acc, a, *w);
             }
@@ -213,12 +228,12 @@ unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
             if first >= t.cols {
                 break;
             }
-            let v = S::add(*acc, S::load_i32(t.columns.add(first)));
+            let v = S::V::add(*acc, S::V::load_i32(t.columns.add(first)));
             let out = t.out.add(r * t.out_stride + first);
             if first + S::LANES <= t.cols {
-                S::store(out, v);
+                S::V::store(out, v);
             } else {
-                S::store_first(out, v, t.cols - first);
+                S::V::store_first(out, v, t.cols - first);
             }
         }
     }
@@ -342,12 +357,12 @@ macro_rules! entry {
     };
 }
 
-entry!(avx2_quads, "avx2", Avx2Quads, 4);
-entry!(avx2_pairs, "avx2", Avx2Pairs, 4);
+entry!(avx2_quads, "avx2", Quads<__m256i>, 4);
+entry!(avx2_pairs, "avx2", Pairs<__m256i>, 4);
 entry!(avxvnni_quads, "avx2,avxvnni", AvxVnniQuads, 6);
 entry!(avxvnni_pairs, "avx2,avxvnni", AvxVnniPairs, 6);
-entry!(avx512_quads, "avx512f,avx512bw", Avx512Quads, 8);
-entry!(avx512_pairs, "avx512f,avx512bw", Avx512Pairs, 8);
+entry!(avx512_quads, "avx512f,avx512bw", Quads<__m512i>, 8);
+entry!(avx512_pairs, "avx512f,avx512bw", Pairs<__m512i>, 8);
 entry!(
     vnni512_quads,
     "avx512f,avx512bw,avx512vnni",
@@ -389,16 +404,12 @@ mod tests {
     use super::*;
     use crate::int8::gemm_u8;
 
-    simd256!(
+    fused! {
         /// AVX-VNNI's `vpdpbusd` in its EVEX encoding.
-        EvexQuads,
-        |acc, a, w| _mm256_dpbusd_epi32(acc, a, w)
-    );
-    simd256!(
+        EvexQuads: __m256i = _mm256_dpbusd_epi32;
         /// AVX-VNNI's `vpdpwssd` in its EVEX encoding.
-        EvexPairs,
-        |acc, a, w| _mm256_dpwssd_epi32(acc, a, w)
-    );
+        EvexPairs: __m256i = _mm256_dpwssd_epi32;
+    }
     entry!(evex_quads, "avx2,avx512f,avx512vl,avx512vnni", EvexQuads, 6);
     entry!(evex_pairs, "avx2,avx512f,avx512vl,avx512vnni", EvexPairs, 6);
 

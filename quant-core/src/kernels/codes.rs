@@ -3,8 +3,8 @@
 
 use std::marker::PhantomData;
 
-use super::driver::{drive, Constants, Map, Walk};
-use super::params::{affines, check_len, Grid, Path};
+use super::driver::{drive, Unary, Walk};
+use super::params::{affines, check_len, Affine, Grid, Path};
 use super::round::{clamp, small_int, Round};
 use crate::error::{QuantError, Result};
 use crate::quantizer::ChannelLayout;
@@ -77,34 +77,28 @@ quant_int!(u16, true);
 quant_int!(i32, false);
 
 /// `q = R(clamp(x * (1/s), lo, hi)) + z`, stored as `T`.
-struct Quantize<R>(PhantomData<R>);
+struct Quantize<T, R>(PhantomData<(T, R)>);
 
-impl<T: QuantInt, R: Round> Map<(&[f32], &mut [T])> for Quantize<R> {
+impl<T: QuantInt, R: Round> Unary for Quantize<T, R> {
+    type In = f32;
+    type Out = T;
     #[inline(always)]
-    fn map<C: Constants>(&self, (x, q): (&[f32], &mut [T]), c: &C) {
-        let n = x.len().min(q.len());
-        let (x, q, c) = (&x[..n], &mut q[..n], c.prefix(n));
-        for i in 0..n {
-            let p = c.at(i);
-            q[i] = T::from_i32(small_int(
-                R::round(clamp(x[i] * p.inv, p.lo, p.hi)) + p.zero_point,
-            ));
-        }
+    fn apply(&self, x: f32, p: &Affine) -> T {
+        T::from_i32(small_int(
+            R::round(clamp(x * p.inv, p.lo, p.hi)) + p.zero_point,
+        ))
     }
 }
 
 /// `y = (q - z) * s`.
-struct Dequantize;
+struct Dequantize<T>(PhantomData<T>);
 
-impl<T: QuantInt> Map<(&[T], &mut [f32])> for Dequantize {
+impl<T: QuantInt> Unary for Dequantize<T> {
+    type In = T;
+    type Out = f32;
     #[inline(always)]
-    fn map<C: Constants>(&self, (q, y): (&[T], &mut [f32]), c: &C) {
-        let n = q.len().min(y.len());
-        let (q, y, c) = (&q[..n], &mut y[..n], c.prefix(n));
-        for i in 0..n {
-            let p = c.at(i);
-            y[i] = q[i].minus_zero_point(p.zero_point_i) * p.scale;
-        }
+    fn apply(&self, q: T, p: &Affine) -> f32 {
+        q.minus_zero_point(p.zero_point_i) * p.scale
     }
 }
 
@@ -158,7 +152,7 @@ pub fn quantize_into<T: QuantInt>(
     let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, rounding);
     grid.run(|path, params| match path {
         Path::Fast(walk) => with_rounding!(rounding, R => {
-            drive(&Quantize::<R>(PhantomData), (x, q), &walk, layout.channels);
+            drive(&Quantize::<T, R>(PhantomData), (x, q), &walk, layout.channels);
         }),
         Path::Exact => {
             for (i, (qi, xi)) in q.iter_mut().zip(x).enumerate() {
@@ -196,6 +190,11 @@ pub fn dequantize_into<T: QuantInt>(
         return Ok(());
     }
     let walk = Walk::new(layout, &params);
-    drive(&Dequantize, (q, y), &walk, layout.channels);
+    drive(
+        &Dequantize::<T>(PhantomData),
+        (q, y),
+        &walk,
+        layout.channels,
+    );
     Ok(())
 }

@@ -115,23 +115,23 @@ impl<S: Streams> Iterator for Chunks<S> {
     }
 }
 
-/// Where an element-wise result goes: into a caller's buffer (`f32`), or into fresh storage
-/// (`MaybeUninit<f32>`, written once and never read, so an allocating function need not zero
+/// Where an element-wise result goes: into a caller's buffer (`T`), or into fresh storage
+/// (`MaybeUninit<T>`, written once and never read, so an allocating function need not zero
 /// its output first).
-pub(super) trait Out: Send {
-    fn set(&mut self, v: f32);
+pub(super) trait Out<T = f32>: Send {
+    fn set(&mut self, v: T);
 }
 
-impl Out for f32 {
+impl<T: Send> Out<T> for T {
     #[inline(always)]
-    fn set(&mut self, v: f32) {
+    fn set(&mut self, v: T) {
         *self = v;
     }
 }
 
-impl Out for MaybeUninit<f32> {
+impl<T: Send> Out<T> for MaybeUninit<T> {
     #[inline(always)]
-    fn set(&mut self, v: f32) {
+    fn set(&mut self, v: T) {
         self.write(v);
     }
 }
@@ -405,6 +405,24 @@ pub(super) trait ElementKernel<S: Streams>: Sync {
 pub(super) trait Map<S: Streams>: Sync {
     /// Processes every element of `s`, element `i` with the constants `c.at(i)`.
     fn map<C: Constants>(&self, s: S, c: &C);
+}
+
+/// A [`Map`] from one input to one output, element by element: `y[i] = apply(x[i], c.at(i))`.
+pub(super) trait Unary: Sync {
+    type In: Copy + Sync;
+    type Out;
+    fn apply(&self, x: Self::In, p: &Affine) -> Self::Out;
+}
+
+impl<U: Unary, O: Out<U::Out>> Map<(&[U::In], &mut [O])> for U {
+    #[inline(always)]
+    fn map<C: Constants>(&self, (x, y): (&[U::In], &mut [O]), c: &C) {
+        let n = x.len().min(y.len());
+        let (x, y, c) = (&x[..n], &mut y[..n], c.prefix(n));
+        for i in 0..n {
+            y[i].set(self.apply(x[i], &c.at(i)));
+        }
+    }
 }
 
 impl<S: Streams, M: Map<S>> ElementKernel<S> for M {

@@ -3,7 +3,7 @@
 
 use std::marker::PhantomData;
 
-use super::driver::{drive, uninit_vec, Constants, Map, Out};
+use super::driver::{drive, uninit_vec, Out, Unary};
 use super::params::{check_len, Affine, Grid, Path};
 use super::round::{clamp, Round};
 use super::torch::Torch;
@@ -14,15 +14,12 @@ use crate::vocab::RoundingPolicy::{self, HalfEven};
 /// `y = R(clamp(x * (1/s), lo, hi)) * s`.
 struct FakeQuant<R>(PhantomData<R>);
 
-impl<R: Round, O: Out> Map<(&[f32], &mut [O])> for FakeQuant<R> {
+impl<R: Round> Unary for FakeQuant<R> {
+    type In = f32;
+    type Out = f32;
     #[inline(always)]
-    fn map<C: Constants>(&self, (x, y): (&[f32], &mut [O]), c: &C) {
-        let n = x.len().min(y.len());
-        let (x, y, c) = (&x[..n], &mut y[..n], c.prefix(n));
-        for i in 0..n {
-            let p = c.at(i);
-            y[i].set(R::round(clamp(x[i] * p.inv, p.lo, p.hi)) * p.scale);
-        }
+    fn apply(&self, x: f32, p: &Affine) -> f32 {
+        R::round(clamp(x * p.inv, p.lo, p.hi)) * p.scale
     }
 }
 

@@ -6,8 +6,8 @@ use std::marker::PhantomData;
 #[cfg(target_arch = "x86_64")]
 use super::driver::use_avx2;
 use super::driver::{
-    drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Sums, BLOCK,
-    CHUNK, LANES,
+    drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Streams, Sums,
+    BLOCK, CHUNK, LANES,
 };
 use super::params::{check_len, check_range, Affine, Grid, Path};
 use super::round::{clamp, rne, Round};
@@ -117,11 +117,7 @@ fn lsq_span<R: Round, O: GradOut>(x: &[f32], dy: &[f32], dx: &mut [O], p: &Affin
     }
     let mut ts = [0f32; CHUNK];
     let mut tz = [0f32; CHUNK];
-    for ((x, dy), g) in x
-        .chunks(CHUNK)
-        .zip(dy.chunks(CHUNK))
-        .zip(dx.chunks_mut(CHUNK))
-    {
+    for (x, dy, g) in (x, dy, dx).chunks(CHUNK) {
         let m = x.len().min(dy.len()).min(g.len()).min(CHUNK);
         let (x, dy, g, ts, tz) = (&x[..m], &dy[..m], &mut g[..m], &mut ts[..m], &mut tz[..m]);
         // Phase 1, element-wise: the input gradient, and each element's terms.

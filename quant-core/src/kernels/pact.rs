@@ -1,6 +1,8 @@
 //! PACT (Choi et al. 2018): activations clipped to a learned `[0, α]`, then quantized.
 
-use super::driver::{drive, reduce_blocks, ElementKernel, Expanded, Walk, BLOCK, CHUNK, LANES};
+use super::driver::{
+    drive, reduce_blocks, ElementKernel, Expanded, Streams, Walk, BLOCK, CHUNK, LANES,
+};
 use super::fake_quant::fake_quantize_affine_into;
 use super::params::Affine;
 use crate::error::{QuantError, Result};
@@ -70,11 +72,7 @@ fn pact_span(x: &[f32], dy: &[f32], dx: &mut [f32], alpha: f32) -> f64 {
     let mut wide = [0f64; LANES];
     let mut dalpha = 0f64;
     let mut ta = [0f32; CHUNK];
-    for ((x, dy), g) in x
-        .chunks(CHUNK)
-        .zip(dy.chunks(CHUNK))
-        .zip(dx.chunks_mut(CHUNK))
-    {
+    for (x, dy, g) in (x, dy, dx).chunks(CHUNK) {
         let m = x.len().min(dy.len()).min(g.len()).min(CHUNK);
         let (x, dy, g, ta) = (&x[..m], &dy[..m], &mut g[..m], &mut ta[..m]);
         for i in 0..m {

@@ -167,46 +167,19 @@ fn quantize_dequantize_equals_fake_quantize() {
     let x: Vec<f32> = (0..300).map(|i| (i as f32 - 150.0) * 0.031).collect();
     let layout = ChannelLayout::new(&[3, 100], Some(0)).unwrap();
     let (s, z) = ([0.02, 0.05, 0.1], [-3, 0, 5]);
+    let quantize = |x: &[f32], q: &mut [i8], qmin, qmax| {
+        quantize_into(x, q, layout, &s, &z, qmin, qmax, RoundingPolicy::HalfEven)
+    };
     let mut q = vec![0i8; 300];
-    quantize_into(
-        &x,
-        &mut q,
-        layout,
-        &s,
-        &z,
-        -128,
-        127,
-        RoundingPolicy::HalfEven,
-    )
-    .unwrap();
+    quantize(&x, &mut q, -128, 127).unwrap();
     let mut y = vec![0.0; 300];
     dequantize_into(&q, &mut y, layout, &s, &z, -128, 127).unwrap();
     let f = fake_quantize_per_channel_affine(&x, &[3, 100], 0, &s, &z, -128, 127).unwrap();
     assert_eq!(y, f);
-    assert!(quantize_into(
-        &x,
-        &mut vec![0i8; 300],
-        layout,
-        &s,
-        &z,
-        0,
-        255,
-        RoundingPolicy::HalfEven
-    )
-    .is_err());
+    assert!(quantize(&x, &mut vec![0i8; 300], 0, 255).is_err());
     let mut nan = x.clone();
     nan[7] = f32::NAN;
-    let err = quantize_into(
-        &nan,
-        &mut q,
-        layout,
-        &s,
-        &z,
-        -128,
-        127,
-        RoundingPolicy::HalfEven,
-    )
-    .unwrap_err();
+    let err = quantize(&nan, &mut q, -128, 127).unwrap_err();
     assert!(err.to_string().contains("x[7]"), "{err}");
 }
 
@@ -254,6 +227,25 @@ fn params(channels: usize) -> (Vec<f32>, Vec<i32>) {
     (scales, zps)
 }
 
+/// Runs `f` on every layout of [`layouts`] with its [`params`]: `f(label, layout, scales,
+/// zero_points)`.
+fn each_layout(mut f: impl FnMut(&str, ChannelLayout, &[f32], &[i32])) {
+    for (shape, axis) in layouts() {
+        let layout = ChannelLayout::new(&shape, axis).unwrap();
+        let (scales, zps) = params(layout.channels);
+        f(&format!("{shape:?} {axis:?}"), layout, &scales, &zps);
+    }
+}
+
+/// [`each_layout`] on both SIMD levels ([`both_levels`]), with labels naming both.
+fn each_level_and_layout(mut f: impl FnMut(&str, ChannelLayout, &[f32], &[i32])) {
+    both_levels(|level| {
+        each_layout(|shape, layout, scales, zps| {
+            f(&format!("{level} {shape}"), layout, scales, zps)
+        })
+    });
+}
+
 fn lsq_reference(
     x: f32,
     dy: f32,
@@ -278,7 +270,6 @@ fn lsq_reference(
     })
 }
 
-/// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code.
 /// LSQ's gradient on the signed 8-bit grid, rounding half to even, from zero: `(dx, dscales,
 /// dzero_points)` (one scale and zero-point gradient per channel of `layout`).
 fn lsq_int8(
@@ -309,6 +300,7 @@ fn lsq_int8(
     (dx, ds, dz)
 }
 
+/// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code.
 fn both_levels(mut f: impl FnMut(&str)) {
     use std::sync::atomic::Ordering::Relaxed;
     f("default");
@@ -320,40 +312,35 @@ fn both_levels(mut f: impl FnMut(&str)) {
 #[test]
 fn every_kernel_matches_the_scalar_reference_on_every_layout() {
     let (qmin, qmax) = (-128, 127);
-    both_levels(|level| {
-        for (shape, axis) in layouts() {
-            let layout = ChannelLayout::new(&shape, axis).unwrap();
-            let n = layout.numel();
-            let (scales, zps) = params(layout.channels);
-            let x = inputs(n, 0.5, 7);
-            let dy = inputs(n, 0.01, 11);
-            for policy in RoundingPolicy::ALL {
-                let what = format!("{level} {shape:?} {axis:?} {policy:?}");
-                let mut y = vec![0.0; n];
-                fake_quantize_affine_into(&x, &mut y, layout, &scales, &zps, qmin, qmax, policy)
-                    .unwrap();
-                let mut dx = vec![0.0; n];
-                fake_quantize_affine_backward_into(
-                    &x, &dy, &mut dx, layout, &scales, &zps, qmin, qmax, policy,
-                )
-                .unwrap();
-                let mut q = vec![0i8; n];
-                quantize_into(&x, &mut q, layout, &scales, &zps, qmin, qmax, policy).unwrap();
-                let mut dq = vec![0.0; n];
-                dequantize_into(&q, &mut dq, layout, &scales, &zps, qmin, qmax).unwrap();
-                for i in (0..n).step_by(1 + n / 20_000) {
-                    let c = layout.channel_of(i);
-                    let e = reference(x[i], scales[c], zps[c], qmin, qmax, policy);
-                    assert_eq!(y[i].to_bits(), e.to_bits(), "{what}: y[{i}], x = {}", x[i]);
-                    assert_eq!(
-                        dq[i].to_bits(),
-                        e.to_bits(),
-                        "{what}: dequantize(quantize)[{i}]"
-                    );
-                    let code = policy.round(x[i] * (1.0 / scales[c])) as i64 + zps[c] as i64;
-                    let inside = (qmin as i64..=qmax as i64).contains(&code);
-                    assert_eq!(dx[i], if inside { dy[i] } else { 0.0 }, "{what}: dx[{i}]");
-                }
+    each_level_and_layout(|label, layout, scales, zps| {
+        let n = layout.numel();
+        let x = inputs(n, 0.5, 7);
+        let dy = inputs(n, 0.01, 11);
+        for policy in RoundingPolicy::ALL {
+            let what = format!("{label} {policy:?}");
+            let mut y = vec![0.0; n];
+            fake_quantize_affine_into(&x, &mut y, layout, scales, zps, qmin, qmax, policy).unwrap();
+            let mut dx = vec![0.0; n];
+            fake_quantize_affine_backward_into(
+                &x, &dy, &mut dx, layout, scales, zps, qmin, qmax, policy,
+            )
+            .unwrap();
+            let mut q = vec![0i8; n];
+            quantize_into(&x, &mut q, layout, scales, zps, qmin, qmax, policy).unwrap();
+            let mut dq = vec![0.0; n];
+            dequantize_into(&q, &mut dq, layout, scales, zps, qmin, qmax).unwrap();
+            for i in (0..n).step_by(1 + n / 20_000) {
+                let c = layout.channel_of(i);
+                let e = reference(x[i], scales[c], zps[c], qmin, qmax, policy);
+                assert_eq!(y[i].to_bits(), e.to_bits(), "{what}: y[{i}], x = {}", x[i]);
+                assert_eq!(
+                    dq[i].to_bits(),
+                    e.to_bits(),
+                    "{what}: dequantize(quantize)[{i}]"
+                );
+                let code = policy.round(x[i] * (1.0 / scales[c])) as i64 + zps[c] as i64;
+                let inside = (qmin as i64..=qmax as i64).contains(&code);
+                assert_eq!(dx[i], if inside { dy[i] } else { 0.0 }, "{what}: dx[{i}]");
             }
         }
     });
@@ -362,56 +349,50 @@ fn every_kernel_matches_the_scalar_reference_on_every_layout() {
 #[test]
 fn lsq_matches_the_scalar_reference_on_every_layout() {
     let (qmin, qmax) = (-8, 7);
-    both_levels(|level| {
-        for (shape, axis) in layouts() {
-            let layout = ChannelLayout::new(&shape, axis).unwrap();
-            let n = layout.numel();
-            let (scales, zps) = params(layout.channels);
-            let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
-            let x = inputs(n, 0.5, 3);
-            let dy = inputs(n, 0.01, 5);
-            for policy in [
-                RoundingPolicy::HalfEven,
-                RoundingPolicy::HalfUp,
-                RoundingPolicy::Floor,
-            ] {
-                let what = format!("{level} {shape:?} {axis:?} {policy:?}");
-                let channels = layout.channels;
-                let mut dx = vec![0.0; n];
-                let (mut ds, mut dz) = (vec![0.0; channels], vec![0.0; channels]);
-                fake_quantize_learnable_affine_backward_into(
-                    &x, &dy, &mut dx, layout, &scales, &zf, qmin, qmax, 1.0, policy, &mut ds,
-                    &mut dz,
-                )
-                .unwrap();
-                // (ds, dz, Σ|ds terms|, Σ|dz terms|)
-                let mut exact = vec![(0f64, 0f64, 0f64, 0f64); channels];
-                for i in 0..n {
-                    let c = layout.channel_of(i);
-                    let (inside, t, u) =
-                        lsq_reference(x[i], dy[i], scales[c], zps[c], qmin, qmax, policy).unwrap();
-                    assert_eq!(dx[i], if inside { dy[i] } else { 0.0 }, "{what}: dx[{i}]");
-                    exact[c].0 += t;
-                    exact[c].1 += u;
-                    exact[c].2 += t.abs();
-                    exact[c].3 += u.abs();
-                }
-                // Within 1e-6 of the exact sum, relative to the sum or (when terms of both
-                // signs cancel) to 1e-3 of the sum of their absolute values.
-                let close = |got: f32, e: f64, l1: f64| {
-                    (got as f64 - e).abs() <= 1e-6 * e.abs().max(l1 * 1e-3)
-                };
-                for c in 0..channels {
-                    let (es, ez, l1s, l1z) = exact[c];
-                    let s = scales[c] as f64;
-                    assert!(close(ds[c], es, l1s), "{what}: ds[{c}] {} vs {es}", ds[c]);
-                    assert!(
-                        close(dz[c], -ez * s, l1z * s),
-                        "{what}: dz[{c}] {} vs {}",
-                        dz[c],
-                        -ez * s
-                    );
-                }
+    each_level_and_layout(|label, layout, scales, zps| {
+        let n = layout.numel();
+        let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
+        let x = inputs(n, 0.5, 3);
+        let dy = inputs(n, 0.01, 5);
+        for policy in [
+            RoundingPolicy::HalfEven,
+            RoundingPolicy::HalfUp,
+            RoundingPolicy::Floor,
+        ] {
+            let what = format!("{label} {policy:?}");
+            let channels = layout.channels;
+            let mut dx = vec![0.0; n];
+            let (mut ds, mut dz) = (vec![0.0; channels], vec![0.0; channels]);
+            fake_quantize_learnable_affine_backward_into(
+                &x, &dy, &mut dx, layout, scales, &zf, qmin, qmax, 1.0, policy, &mut ds, &mut dz,
+            )
+            .unwrap();
+            // (ds, dz, Σ|ds terms|, Σ|dz terms|)
+            let mut exact = vec![(0f64, 0f64, 0f64, 0f64); channels];
+            for i in 0..n {
+                let c = layout.channel_of(i);
+                let (inside, t, u) =
+                    lsq_reference(x[i], dy[i], scales[c], zps[c], qmin, qmax, policy).unwrap();
+                assert_eq!(dx[i], if inside { dy[i] } else { 0.0 }, "{what}: dx[{i}]");
+                exact[c].0 += t;
+                exact[c].1 += u;
+                exact[c].2 += t.abs();
+                exact[c].3 += u.abs();
+            }
+            // Within 1e-6 of the exact sum, relative to the sum or (when terms of both
+            // signs cancel) to 1e-3 of the sum of their absolute values.
+            let close =
+                |got: f32, e: f64, l1: f64| (got as f64 - e).abs() <= 1e-6 * e.abs().max(l1 * 1e-3);
+            for c in 0..channels {
+                let (es, ez, l1s, l1z) = exact[c];
+                let s = scales[c] as f64;
+                assert!(close(ds[c], es, l1s), "{what}: ds[{c}] {} vs {es}", ds[c]);
+                assert!(
+                    close(dz[c], -ez * s, l1z * s),
+                    "{what}: dz[{c}] {} vs {}",
+                    dz[c],
+                    -ez * s
+                );
             }
         }
     });
@@ -419,15 +400,13 @@ fn lsq_matches_the_scalar_reference_on_every_layout() {
 
 #[test]
 fn nan_inputs_add_nothing_to_lsq_sums_and_nan_gradients_propagate() {
-    for (shape, axis) in layouts() {
-        let layout = ChannelLayout::new(&shape, axis).unwrap();
+    each_layout(|shape, layout, scales, zps| {
         let n = layout.numel();
         let channels = layout.channels;
-        let (scales, zps) = params(channels);
         let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
         let x = inputs(n, 0.5, 9);
         let dy = inputs(n, 0.01, 13);
-        let run = |x: &[f32], dy: &[f32]| lsq_int8(x, dy, layout, &scales, &zf, 1.0);
+        let run = |x: &[f32], dy: &[f32]| lsq_int8(x, dy, layout, scales, &zf, 1.0);
         // Element 0 dropped from the sums: its terms are recomputed without it.
         let mut x_nan = x.clone();
         x_nan[0] = f32::NAN;
@@ -435,26 +414,26 @@ fn nan_inputs_add_nothing_to_lsq_sums_and_nan_gradients_propagate() {
         let mut dy_zero = dy.clone();
         dy_zero[0] = 0.0;
         let (_, ds_ref, dz_ref) = run(&x, &dy_zero);
-        assert_eq!(dx_nan[0], 0.0, "{shape:?}");
+        assert_eq!(dx_nan[0], 0.0, "{shape}");
         for c in 0..channels {
             assert!(
                 ds_nan[c].is_finite() && dz_nan[c].is_finite(),
-                "{shape:?} channel {c}"
+                "{shape} channel {c}"
             );
             assert!(
                 (ds_nan[c] - ds_ref[c]).abs() <= 1e-5 * ds_ref[c].abs().max(1.0),
-                "{shape:?} {c}"
+                "{shape} {c}"
             );
             assert!(
                 (dz_nan[c] - dz_ref[c]).abs() <= 1e-5 * dz_ref[c].abs().max(1.0),
-                "{shape:?} {c}"
+                "{shape} {c}"
             );
         }
         let mut dy_nan = dy.clone();
         dy_nan[0] = f32::NAN;
         let (_, ds, _) = run(&x, &dy_nan);
-        assert!(ds[layout.channel_of(0)].is_nan(), "{shape:?}");
-    }
+        assert!(ds[layout.channel_of(0)].is_nan(), "{shape}");
+    });
 }
 
 #[test]
@@ -535,39 +514,28 @@ fn wide_grids_keep_integer_codes_exact() {
     let mut y = [0.0; 6];
     dequantize_into(&q, &mut y, layout, &[1.0], &[3], i32::MIN, i32::MAX).unwrap();
     assert_eq!(y[0], 16_777_216.0); // (2^24 + 1) as f32
-                                    // PyTorch's per-tensor mask compares f32 codes with f32(quant_max): 2^31 is inside.
-    let mut dx = [0.0; 1];
-    let top = [2_147_483_648.0f32];
-    let l1 = ChannelLayout::per_tensor(1);
-    fake_quantize_affine_backward_into(
-        &top,
-        &[1.0],
-        &mut dx,
-        l1,
-        &[1.0],
-        &[0],
-        i32::MIN,
-        i32::MAX,
-        RoundingPolicy::HalfEven,
-    )
-    .unwrap();
-    assert_eq!(dx, [1.0]);
+                                    // The straight-through mask of x = 2^31 on the widest grid.
+    let mask_of_2_pow_31 = |layout| {
+        let mut dx = [0.0; 1];
+        fake_quantize_affine_backward_into(
+            &[2_147_483_648.0f32],
+            &[1.0],
+            &mut dx,
+            layout,
+            &[1.0],
+            &[0],
+            i32::MIN,
+            i32::MAX,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        dx
+    };
+    // PyTorch's per-tensor mask compares f32 codes with f32(quant_max): 2^31 is inside.
+    assert_eq!(mask_of_2_pow_31(ChannelLayout::per_tensor(1)), [1.0]);
     // Per channel, the code is an int64: 2^31 is outside.
-    let lc = ChannelLayout::new(&[1], Some(0)).unwrap();
-    let mut dx = [0.0; 1];
-    fake_quantize_affine_backward_into(
-        &top,
-        &[1.0],
-        &mut dx,
-        lc,
-        &[1.0],
-        &[0],
-        i32::MIN,
-        i32::MAX,
-        RoundingPolicy::HalfEven,
-    )
-    .unwrap();
-    assert_eq!(dx, [0.0]);
+    let per_channel = ChannelLayout::new(&[1], Some(0)).unwrap();
+    assert_eq!(mask_of_2_pow_31(per_channel), [0.0]);
 }
 
 #[test]

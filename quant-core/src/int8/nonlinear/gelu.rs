@@ -4,7 +4,7 @@
 use std::ops::RangeInclusive;
 use std::sync::OnceLock;
 
-use super::{check_code_range, check_scale, codes_of, round_shift, values_of};
+use super::{check_code_range, check_input_scale, codes_of, round_shift, values_of};
 use super::{Approximation, FixedPointInput};
 use super::{InputCode, FRACTION_BITS, ONE};
 use crate::error::Result;
@@ -84,16 +84,12 @@ impl IntGelu {
         codes: RangeInclusive<i32>,
         approximation: Approximation,
     ) -> Result<IntGelu> {
-        let max_scale = match approximation {
-            Approximation::IBert => GELU_IBERT_MAX_INPUT_SCALE,
-            Approximation::FixedPoint => GELU_MAX_INPUT_SCALE,
-        };
-        check_scale(
-            "gelu input scale",
+        check_input_scale(
+            "GELU",
             input_scale,
             GELU_MIN_INPUT_SCALE,
-            max_scale,
-            &format!("for the {approximation} GELU (use fixed_point for coarser scales)"),
+            [GELU_IBERT_MAX_INPUT_SCALE, GELU_MAX_INPUT_SCALE],
+            approximation,
         )?;
         check_code_range("gelu", &codes)?;
         let reach = |q: i32| (q as i64 - zero_point as i64).unsigned_abs();
@@ -147,12 +143,10 @@ impl IntGelu {
     /// approximation's error ([`GELU_IBERT_MAX_ERROR`] `+` [`GELU_IBERT_SCALE_ERROR`]` · scale`,
     /// or [`GELU_FIXED_POINT_MAX_ERROR`]) and half an output step.
     pub fn max_error(&self) -> f64 {
-        let approximation = match self.approximation {
-            Approximation::IBert => {
-                GELU_IBERT_MAX_ERROR + GELU_IBERT_SCALE_ERROR * self.input_scale as f64
-            }
-            Approximation::FixedPoint => GELU_FIXED_POINT_MAX_ERROR,
-        };
+        let approximation = self.approximation.pick(
+            GELU_IBERT_MAX_ERROR + GELU_IBERT_SCALE_ERROR * self.input_scale as f64,
+            GELU_FIXED_POINT_MAX_ERROR,
+        );
         approximation + 0.5 * self.output_scale() as f64
     }
 

@@ -125,6 +125,15 @@ impl Approximation {
             Approximation::FixedPoint => "fixed_point",
         }
     }
+
+    /// `ibert` or `fixed_point`, whichever names this approximation: a kernel's constant (a
+    /// largest scale, an error bound) for each.
+    fn pick<T>(self, ibert: T, fixed_point: T) -> T {
+        match self {
+            Approximation::IBert => ibert,
+            Approximation::FixedPoint => fixed_point,
+        }
+    }
 }
 
 impl std::fmt::Display for Approximation {
@@ -272,6 +281,24 @@ fn check_scale(what: &str, scale: f32, min: f32, max: f32, why: &str) -> Result<
         });
     }
     Ok(())
+}
+
+/// [`check_scale`] of the input scale of `kernel` (`"GELU"`, `"softmax"`), whose largest scale
+/// depends on the approximation: `max` holds it for I-BERT and for fixed point.
+fn check_input_scale(
+    kernel: &str,
+    scale: f32,
+    min: f32,
+    [ibert_max, fixed_point_max]: [f32; 2],
+    approximation: Approximation,
+) -> Result<()> {
+    check_scale(
+        &format!("{} input scale", kernel.to_lowercase()),
+        scale,
+        min,
+        approximation.pick(ibert_max, fixed_point_max),
+        &format!("for the {approximation} {kernel} (use fixed_point for coarser scales)"),
+    )
 }
 
 /// An error unless `input` is whole rows of `row_len` and `out` is as long.

@@ -1,7 +1,7 @@
 //! Integer softmax over rows: `exp` of each code minus the row's largest, approximated in
 //! integers, then one integer division per row for the normalisation.
 
-use super::{check_rows, check_scale, codes_of, values_of};
+use super::{check_input_scale, check_rows, codes_of, values_of};
 use super::{Approximation, FixedPointInput, InputCode, OutputCode};
 use super::{FRACTION_BITS, ONE};
 use crate::error::{QuantError, Result};
@@ -90,16 +90,12 @@ impl IntSoftmax {
         output_bits: u32,
         approximation: Approximation,
     ) -> Result<IntSoftmax> {
-        let max_scale = match approximation {
-            Approximation::IBert => SOFTMAX_IBERT_MAX_INPUT_SCALE,
-            Approximation::FixedPoint => SOFTMAX_MAX_INPUT_SCALE,
-        };
-        check_scale(
-            "softmax input scale",
+        check_input_scale(
+            "softmax",
             input_scale,
             f32::MIN_POSITIVE,
-            max_scale,
-            &format!("for the {approximation} softmax (use fixed_point for coarser scales)"),
+            [SOFTMAX_IBERT_MAX_INPUT_SCALE, SOFTMAX_MAX_INPUT_SCALE],
+            approximation,
         )?;
         if !(1..=SOFTMAX_MAX_ROW_LEN).contains(&row_len) {
             return Err(QuantError::InvalidValue {
@@ -168,12 +164,10 @@ impl IntSoftmax {
     /// [`SOFTMAX_IBERT_SCALE_ERROR`]` · scale`, or [`SOFTMAX_FIXED_POINT_MAX_ERROR`]), half an
     /// output step, and the `f32` rounding of [`IntSoftmax::output_scale`].
     pub fn max_error(&self) -> f64 {
-        let approximation = match self.approximation {
-            Approximation::IBert => {
-                SOFTMAX_IBERT_MAX_ERROR + SOFTMAX_IBERT_SCALE_ERROR * self.input_scale as f64
-            }
-            Approximation::FixedPoint => SOFTMAX_FIXED_POINT_MAX_ERROR,
-        };
+        let approximation = self.approximation.pick(
+            SOFTMAX_IBERT_MAX_ERROR + SOFTMAX_IBERT_SCALE_ERROR * self.input_scale as f64,
+            SOFTMAX_FIXED_POINT_MAX_ERROR,
+        );
         approximation + 0.5 / self.max_code as f64 + f32::EPSILON as f64
     }
 
