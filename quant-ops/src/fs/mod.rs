@@ -164,7 +164,7 @@ pub fn shorten_quoted(message: &str) -> Cow<'_, str> {
 /// A byte count in words: `67108864 bytes (64 MiB)`.
 pub fn describe_size(bytes: u64) -> String {
     for (unit, shift) in [("GiB", 30), ("MiB", 20), ("KiB", 10)] {
-        if bytes >= 1 << shift && bytes % (1 << shift) == 0 {
+        if bytes >= 1 << shift && bytes.is_multiple_of(1 << shift) {
             return format!("{bytes} bytes ({} {unit})", bytes >> shift);
         }
     }

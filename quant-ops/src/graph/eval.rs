@@ -31,7 +31,7 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
         expected: e.to_string(),
     })?;
     let in_numel: usize = shapes.input.iter().product();
-    if x.len() % in_numel != 0 {
+    if !x.len().is_multiple_of(in_numel) {
         return Err(QuantError::LengthMismatch {
             what: format!("input (whole samples of {:?})", shapes.input),
             expected: x.len().div_ceil(in_numel) * in_numel,

@@ -117,7 +117,7 @@ where
     W: Dim,
     T: Tape<f32, Cpu> + Merge<T>,
 {
-    if groups == 0 || CG.checked_mul(groups) != Some(C) || O % groups != 0 {
+    if groups == 0 || CG.checked_mul(groups) != Some(C) || !O.is_multiple_of(groups) {
         return Err(super::window::invalid(
             "conv2d",
             "groups",
@@ -496,7 +496,7 @@ pub(crate) struct Groups<const I: usize, const O: usize, const G: usize, const C
 impl<const I: usize, const O: usize, const G: usize, const CG: usize> Groups<I, O, G, CG> {
     /// Evaluated wherever such a convolution is built or run.
     pub(crate) const VALID: () = assert!(
-        G > 0 && CG * G == I && O % G == 0,
+        G > 0 && CG * G == I && O.is_multiple_of(G),
         "a grouped Conv2d needs C_GROUP * GROUPS == C_IN and GROUPS dividing C_OUT"
     );
 }

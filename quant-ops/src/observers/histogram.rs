@@ -127,7 +127,7 @@ impl Histogram {
         let half = counts.len() / 2;
         let bins = HistogramBins::new(half)
             .ok()
-            .filter(|_| counts.len() % 2 == 0)
+            .filter(|_| counts.len().is_multiple_of(2))
             .ok_or_else(|| QuantError::InvalidValue {
                 what: "histogram counts".into(),
                 value: format!("{} counts", counts.len()),
