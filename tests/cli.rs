@@ -137,13 +137,14 @@ fn run_writes_the_report_and_an_export_that_eval_reproduces() {
         stdout(&o)
     );
     assert!(json["no_onnx_model"].is_null(), "{json}");
-    eval_onnx_agrees(&export);
+    eval_onnx_agrees(&export, 99.7);
     std::fs::remove_dir_all(&dir).ok();
 }
 
 /// `quant eval DIR --onnx DIR/model.onnx`: tract runs the export's ONNX model, whose
-/// predictions agree with the integer model's on at least 99.7% of the test samples.
-fn eval_onnx_agrees(export: &Path) {
+/// predictions agree with the integer model's on at least `min_agreement` percent of the test
+/// samples.
+fn eval_onnx_agrees(export: &Path, min_agreement: f64) {
     let onnx = export.join("model.onnx");
     assert!(onnx.is_file(), "quant run writes model.onnx");
     if !cfg!(feature = "onnx-runtime") {
@@ -165,7 +166,7 @@ fn eval_onnx_agrees(export: &Path) {
         .and_then(|l| l.split('%').next())
         .and_then(|v| v.parse().ok())
         .unwrap_or_else(|| panic!("no agreement line in {out}"));
-    assert!(agreement >= 99.7, "{out}");
+    assert!(agreement >= min_agreement, "{out}");
     for label in ["integer", "ONNX"] {
         let line = out
             .lines()
@@ -198,12 +199,13 @@ fn the_cnn_runs_end_to_end_with_batchnorm_folded() {
         !meta.contains("BatchNorm"),
         "the exported model has no BatchNorm left"
     );
-    eval_onnx_agrees(&export);
+    eval_onnx_agrees(&export, 99.7);
     std::fs::remove_dir_all(&dir).ok();
 }
 
-/// The vision transformer runs to the end, with a warm-up, and its export runs on integers in
-/// `quant eval` (without `model.onnx`: the ONNX writer has no transformer ops yet).
+/// The vision transformer runs to the end, with a warm-up; its export runs on integers in
+/// `quant eval`, and its `model.onnx` in tract (LayerNorm, GELU and the softmax exact there, in
+/// fixed point in the integer model: see tests/onnx.rs).
 #[test]
 fn the_vit_runs_end_to_end_with_a_warmup() {
     let dir = scratch("vit");
@@ -223,10 +225,12 @@ fn the_vit_runs_end_to_end_with_a_warmup() {
     assert!(out.contains("QAT warm-up 1 epochs"), "{out}");
     assert!(!out.contains("no integer model"), "{out}");
     assert!(export.join("model.json").exists(), "{out}");
-    assert!(!export.join("model.onnx").exists(), "{out}");
     let o = quant(&["eval", export.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("accuracy"), "{}", stdout(&o));
+    // The tiny schedule leaves the model barely trained (about 25% accurate), its logits near
+    // ties: measured agreement 98.3%.
+    eval_onnx_agrees(&export, 95.0);
     std::fs::remove_dir_all(&dir).ok();
 }
 

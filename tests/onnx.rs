@@ -42,6 +42,12 @@ const CONFIGS: &[&str] = &[
 /// this was measured on).
 const MIN_WITHIN_TOLERANCE: f64 = 0.99;
 
+/// Fraction of test samples on which tract's run of a ViT export must predict what quant's
+/// integer model predicts, and whose logits must lie within the tolerance of the graph's float
+/// reference (see `the_vit_exports_onnx_that_tract_runs_like_quant`; measured on the short
+/// schedule: 99.2% for both at W8A8, 100% at W4A4).
+const VIT_MIN_AGREEMENT: f64 = 0.98;
+
 /// A scratch directory shared by this file's tests (float checkpoints are cached in it).
 fn scratch() -> PathBuf {
     let dir = std::env::temp_dir().join(format!("quant-onnx-tests-{}", std::process::id()));
@@ -54,6 +60,8 @@ fn run(mut cfg: RunConfig, name: &str) -> (RunReport, PathBuf) {
     cfg.run.seeds = vec![0];
     cfg.float.epochs = 3;
     cfg.qat.epochs = cfg.qat.epochs.min(1);
+    cfg.float.warmup_epochs = cfg.float.warmup_epochs.min(cfg.float.epochs);
+    cfg.qat.warmup_epochs = cfg.qat.warmup_epochs.min(cfg.qat.epochs);
     let dir = scratch().join(name);
     let _ = std::fs::remove_dir_all(&dir);
     let opts = RunOptions {
@@ -184,6 +192,43 @@ fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
         eprintln!("{name}: {c:?}");
         assert!(c.agreement >= 0.997, "{name}: {c:?}");
         assert!(c.within_tolerance >= MIN_WITHIN_TOLERANCE, "{name}: {c:?}");
+    }
+}
+
+/// The vision transformer's export: LayerNorm, GELU, the softmax and both attention products
+/// written in opset-13 operators that tract runs. ONNX computes LayerNorm, GELU and the softmax
+/// exactly, as the graph's float reference does, so its logits match that reference as closely
+/// as the other configs' do; quant's integer model computes them in fixed point (as QAT trains),
+/// within a fraction of a step, so a few values near a rounding boundary of the next quantizer
+/// land one level apart and the predictions agree on a measured, slightly lower share.
+#[test]
+fn the_vit_exports_onnx_that_tract_runs_like_quant() {
+    for name in ["vit_w8a8.toml", "vit_w4a4.toml"] {
+        let (report, dir) = run(config(name), name);
+        assert_eq!(report.no_onnx_model, None, "{name}");
+        let model = decode(&dir);
+        let ops: Vec<&str> = model
+            .graph
+            .as_ref()
+            .unwrap()
+            .node
+            .iter()
+            .map(|n| n.op_type.as_str())
+            .collect();
+        for op in [
+            "Erf",
+            "ReduceMean",
+            "Softmax",
+            "MatMul",
+            "Transpose",
+            "Reshape",
+        ] {
+            assert!(ops.contains(&op), "{name}: no {op} in {ops:?}");
+        }
+        let c = compare(&dir);
+        eprintln!("{name}: {c:?}");
+        assert!(c.agreement >= VIT_MIN_AGREEMENT, "{name}: {c:?}");
+        assert!(c.within_tolerance >= VIT_MIN_AGREEMENT, "{name}: {c:?}");
     }
 }
 

@@ -18,10 +18,21 @@
 //! | `Relu`, `Tanh`, `Sigmoid`, `Add` | the operator of that name |
 //! | `MaxPool2d`, `AvgPool2d` | `MaxPool`, `AveragePool` (`count_include_pad = 1`) |
 //! | `Flatten` | `Flatten` (`axis = 1`) |
+//! | `LayerNorm` | `ReduceMean`, `Sub`, `Mul`, `ReduceMean`, `Add` ε, `Sqrt`, `Div`, then `Mul` γ and `Add` β over the last axis (`LayerNormalization` came with opset 17) |
+//! | `Gelu` | `x · ½(1 + Erf(x/√2))` (`Gelu` came with opset 20) |
+//! | `Softmax` | `Softmax` over the last axis |
+//! | `AttentionScores`, `AttentionContext` | per head: `Reshape` + `Transpose` into `[N, heads, tokens, d]`, `MatMul` (and `Mul` by `1/√d` for the scores); the context's heads are transposed and reshaped back to `[N, tokens, features]` |
+//! | `ImageTokens` | `Reshape` + `Transpose` of `[N, C, H, W]` into `[N, H·W, C]`, `Add` of the position embedding |
+//! | `MeanTokens` | `ReduceMean` over the tokens |
 //!
 //! A runtime that fuses each `DequantizeLinear` → op → `QuantizeLinear` pattern runs the model on
 //! integers; one that does not runs it in float on the dequantized values. Either computes
-//! what the fake-quantized model computes, up to [`LOGIT_TOLERANCE`].
+//! what the fake-quantized model computes, up to [`LOGIT_TOLERANCE`]. LayerNorm, GELU and the
+//! softmax are written as their exact functions, as the graph's float reference computes them:
+//! quant's integer runtime (and QAT, which trains through the same kernels) computes them in
+//! fixed point within a small fraction of an output step, so a value that falls that close to a
+//! rounding boundary of the next quantizer can land one level apart (see the README's
+//! Transformers section for the measured agreement).
 //!
 //! # Widths below 8 bits
 //!

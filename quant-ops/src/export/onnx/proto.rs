@@ -17,6 +17,8 @@ pub mod data_type {
     pub const INT8: i32 = 3;
     /// `INT32`.
     pub const INT32: i32 = 6;
+    /// `INT64` (shapes).
+    pub const INT64: i32 = 7;
 }
 
 /// `AttributeProto.AttributeType` values the writer uses.

@@ -6,6 +6,8 @@ use std::collections::{HashMap, HashSet};
 
 use prost::Message;
 
+mod transformer;
+
 use super::proto::{
     attribute_type, data_type, AttributeProto, Dimension, DimensionValue, GraphProto, ModelProto,
     NodeProto, OperatorSetIdProto, StringStringEntryProto, TensorProto, TensorShapeProto,
@@ -102,6 +104,17 @@ fn transposed<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
     (0..rows * cols)
         .map(|k| v[(k % rows) * cols + k / rows])
         .collect()
+}
+
+/// The values of a parameter that must hold floats (a scale, shift or position embedding).
+fn float_values<'p>(node: &Node, p: &'p Parameter) -> Result<&'p [f32], ExportError> {
+    match &p.values {
+        ParamValues::Float(v) => Ok(v),
+        _ => Err(ExportError::Invalid {
+            node: node.name.clone(),
+            reason: format!("`{}` must hold float values", p.tensor),
+        }),
+    }
 }
 
 fn f32_bytes(values: &[f32]) -> Vec<u8> {
@@ -270,27 +283,35 @@ impl<'g> Writer<'g> {
                     vec![int_attr("axis", 1)],
                 );
             }
-            Op::LayerNorm { .. } => {
-                return Err(ExportError::Unsupported {
-                    layer: node.name.clone(),
-                    reason: format!(
-                        "LayerNorm: opset {OPSET} has no LayerNormalization (it came with opset 17), and the exporter writes opset {OPSET}"
-                    ),
-                })
+            Op::LayerNorm {
+                scale,
+                shift,
+                epsilon,
+            } => self.layer_norm(node, [scale, shift], *epsilon, (x, in_shape), out)?,
+            Op::Gelu => self.gelu(node, x, out),
+            Op::Softmax => {
+                let axis = in_shape.len() as i64;
+                self.op(
+                    "Softmax",
+                    &node.name,
+                    &[x],
+                    out,
+                    vec![int_attr("axis", axis)],
+                )
             }
-            Op::Gelu
-            | Op::Softmax
-            | Op::ImageTokens { .. }
-            | Op::MeanTokens
-            | Op::AttentionScores { .. }
-            | Op::AttentionContext { .. } => {
-                return Err(ExportError::Unsupported {
-                    layer: node.name.clone(),
-                    reason: format!(
-                        "{}: the ONNX writer has no form for the ops of transformers yet (the graph export and the integer runtime run them)",
-                        node.op.name()
-                    ),
-                })
+            Op::ImageTokens { position } => {
+                self.image_tokens(node, position, (x, in_shape), out)?
+            }
+            Op::MeanTokens => self.mean_tokens(node, x, out),
+            Op::AttentionScores { heads } | Op::AttentionContext { heads } => {
+                let inputs = [x, self.input(node, 1)];
+                let shapes = [in_shape, self.input_shape(node, 1)];
+                match node.op {
+                    Op::AttentionScores { .. } => {
+                        self.attention_scores(node, *heads, inputs, shapes, out)
+                    }
+                    _ => self.attention_context(node, *heads, inputs, shapes, out),
+                }
             }
         }
         Ok(())
@@ -653,15 +674,8 @@ impl<'g> Writer<'g> {
     ) -> Result<(), ExportError> {
         let mut dims = vec![1usize; in_shape.len()];
         dims[0] = in_shape[0];
-        let factor = |p: &Parameter, w: &mut Self| match &p.values {
-            ParamValues::Float(v) => Ok(w.floats(&p.tensor, &dims, v)),
-            _ => Err(ExportError::Invalid {
-                node: node.name.clone(),
-                reason: format!("`{}` must hold float values", p.tensor),
-            }),
-        };
-        let s = factor(scale, self)?;
-        let t = factor(shift, self)?;
+        let s = self.floats(&scale.tensor, &dims, float_values(node, scale)?);
+        let t = self.floats(&shift.tensor, &dims, float_values(node, shift)?);
         let scaled = self.value(&format!("{}.scaled", node.name));
         self.op("Mul", &node.name, &[x, s], scaled.clone(), Vec::new());
         self.op("Add", &node.name, &[scaled, t], out, Vec::new());

@@ -1,0 +1,172 @@
+//! The transformer ops in opset-13 operators: LayerNorm as reductions (LayerNormalization came
+//! with opset 17), GELU through `Erf` (`Gelu` came with opset 20), the softmax over the last
+//! axis, the attention products as per-head `MatMul`s between `Reshape`s and `Transpose`s, and
+//! the ViT's token ops. Each computes what the graph's float reference computes; the values
+//! around them are quantized by the `QuantizeLinear` / `DequantizeLinear` pairs the graph's
+//! `Quantize` nodes become.
+
+use super::{float_values, int_attr, ints_attr, Writer};
+use crate::export::onnx::proto::data_type;
+use crate::export::ExportError;
+use crate::graph::{Node, Parameter};
+
+impl Writer<'_> {
+    /// An int64 initializer (the shape input of `Reshape`); `0` copies the input's dimension,
+    /// which keeps the batch dynamic.
+    fn shape_constant(&mut self, base: &str, dims: &[usize]) -> String {
+        let raw = dims
+            .iter()
+            .flat_map(|d| (*d as i64).to_le_bytes())
+            .collect();
+        self.initializer(base, data_type::INT64, &[dims.len()], raw)
+    }
+
+    /// `x` reshaped to `[N, dims...]`.
+    fn reshape(&mut self, node: &Node, x: String, dims: &[usize], what: &str) -> String {
+        let mut shape = vec![0];
+        shape.extend_from_slice(dims);
+        let shape = self.shape_constant(&format!("{}.{what}_shape", node.name), &shape);
+        let out = self.value(&format!("{}.{what}", node.name));
+        self.op("Reshape", &node.name, &[x, shape], out.clone(), Vec::new());
+        out
+    }
+
+    /// `x` with its axes permuted (`perm` includes the batch axis 0).
+    fn transpose(&mut self, node: &Node, x: String, perm: &[usize], what: &str) -> String {
+        let out = self.value(&format!("{}.{what}", node.name));
+        let attrs = vec![ints_attr("perm", perm)];
+        self.op("Transpose", &node.name, &[x], out.clone(), attrs);
+        out
+    }
+
+    /// A one-element float initializer.
+    fn scalar(&mut self, node: &Node, what: &str, value: f32) -> String {
+        self.floats(&format!("{}.{what}", node.name), &[], &[value])
+    }
+
+    /// Adds `op_type(inputs)` as a new value named after `what` and returns it.
+    fn step(&mut self, node: &Node, op_type: &str, inputs: &[String], what: &str) -> String {
+        let out = self.value(&format!("{}.{what}", node.name));
+        self.op(op_type, &node.name, inputs, out.clone(), Vec::new());
+        out
+    }
+
+    /// The mean over the last of `rank` per-sample axes, kept as an axis of one.
+    fn mean_last(&mut self, node: &Node, x: String, rank: usize, what: &str) -> String {
+        let out = self.value(&format!("{}.{what}", node.name));
+        let attrs = vec![ints_attr("axes", &[rank]), int_attr("keepdims", 1)];
+        self.op("ReduceMean", &node.name, &[x], out.clone(), attrs);
+        out
+    }
+
+    /// `LayerNorm` over the last axis: `(x − mean) / √(var + ε) · γ + β`, the variance the
+    /// biased one.
+    pub(super) fn layer_norm(
+        &mut self,
+        node: &Node,
+        [scale, shift]: [&Parameter; 2],
+        epsilon: f64,
+        (x, in_shape): (String, &[usize]),
+        out: String,
+    ) -> Result<(), ExportError> {
+        let rank = in_shape.len();
+        let features = in_shape.last().copied().unwrap_or(1);
+        let gamma = float_values(node, scale)?;
+        let beta = float_values(node, shift)?;
+        let mean = self.mean_last(node, x.clone(), rank, "mean");
+        let centered = self.step(node, "Sub", &[x, mean], "centered");
+        let squares = self.step(
+            node,
+            "Mul",
+            &[centered.clone(), centered.clone()],
+            "squares",
+        );
+        let variance = self.mean_last(node, squares, rank, "variance");
+        let eps = self.scalar(node, "epsilon", epsilon as f32);
+        let shifted = self.step(node, "Add", &[variance, eps], "variance_eps");
+        let deviation = self.step(node, "Sqrt", &[shifted], "deviation");
+        let normalized = self.step(node, "Div", &[centered, deviation], "normalized");
+        let g = self.floats(&format!("{}.scale", node.name), &[features], gamma);
+        let scaled = self.step(node, "Mul", &[normalized, g], "scaled");
+        let b = self.floats(&format!("{}.shift", node.name), &[features], beta);
+        self.op("Add", &node.name, &[scaled, b], out, Vec::new());
+        Ok(())
+    }
+
+    /// GELU, exactly: `x · ½(1 + erf(x / √2))`.
+    pub(super) fn gelu(&mut self, node: &Node, x: String, out: String) {
+        let sqrt2 = self.scalar(node, "sqrt2", std::f32::consts::SQRT_2);
+        let scaled = self.step(node, "Div", &[x.clone(), sqrt2], "scaled");
+        let erf = self.step(node, "Erf", &[scaled], "erf");
+        let one = self.scalar(node, "one", 1.0);
+        let cdf2 = self.step(node, "Add", &[erf, one], "erf_plus_one");
+        let product = self.step(node, "Mul", &[x, cdf2], "product");
+        let half = self.scalar(node, "half", 0.5);
+        self.op("Mul", &node.name, &[product, half], out, Vec::new());
+    }
+
+    /// `ImageTokens`: the feature maps `[N, C, H, W]` as `H·W` tokens of `C` channels (row-major
+    /// positions), plus the position embedding.
+    pub(super) fn image_tokens(
+        &mut self,
+        node: &Node,
+        position: &Parameter,
+        (x, in_shape): (String, &[usize]),
+        out: String,
+    ) -> Result<(), ExportError> {
+        let (c, tokens) = (in_shape[0], in_shape[1] * in_shape[2]);
+        let p = float_values(node, position)?;
+        let planes = self.reshape(node, x, &[c, tokens], "planes");
+        let t = self.transpose(node, planes, &[0, 2, 1], "tokens");
+        let p = self.floats(&format!("{}.position", node.name), &[tokens, c], p);
+        self.op("Add", &node.name, &[t, p], out, Vec::new());
+        Ok(())
+    }
+
+    /// `MeanTokens`: `[N, T, C]` → `[N, C]`.
+    pub(super) fn mean_tokens(&mut self, node: &Node, x: String, out: String) {
+        let attrs = vec![ints_attr("axes", &[1]), int_attr("keepdims", 0)];
+        self.op("ReduceMean", &node.name, &[x], out, attrs);
+    }
+
+    /// `AttentionScores`: queries `[N, s1, f]` by keys `[N, s2, f]`, per head over its
+    /// `d = f / heads` features, scaled by `1/√d`: `[N, heads, s1, s2]`.
+    pub(super) fn attention_scores(
+        &mut self,
+        node: &Node,
+        heads: usize,
+        [q, k]: [String; 2],
+        [q_shape, k_shape]: [&[usize]; 2],
+        out: String,
+    ) {
+        let (s1, f, s2) = (q_shape[0], q_shape[1], k_shape[0]);
+        let d = f / heads;
+        let q = self.reshape(node, q, &[s1, heads, d], "query_heads");
+        let q = self.transpose(node, q, &[0, 2, 1, 3], "query_by_head");
+        let k = self.reshape(node, k, &[s2, heads, d], "key_heads");
+        let k = self.transpose(node, k, &[0, 2, 3, 1], "key_by_head");
+        let dots = self.step(node, "MatMul", &[q, k], "dots");
+        let scale = self.scalar(node, "scale", 1.0 / (d as f32).sqrt());
+        self.op("Mul", &node.name, &[dots, scale], out, Vec::new());
+    }
+
+    /// `AttentionContext`: probabilities `[N, heads, s1, s2]` by values `[N, s2, f]`, each head
+    /// over its `f / heads` features, heads concatenated: `[N, s1, f]`.
+    pub(super) fn attention_context(
+        &mut self,
+        node: &Node,
+        heads: usize,
+        [p, v]: [String; 2],
+        [p_shape, v_shape]: [&[usize]; 2],
+        out: String,
+    ) {
+        let (s1, s2, f) = (p_shape[1], v_shape[0], v_shape[1]);
+        let d = f / heads;
+        let v = self.reshape(node, v, &[s2, heads, d], "value_heads");
+        let v = self.transpose(node, v, &[0, 2, 1, 3], "value_by_head");
+        let context = self.step(node, "MatMul", &[p, v], "context_by_head");
+        let context = self.transpose(node, context, &[0, 2, 1, 3], "context_heads");
+        let shape = self.shape_constant(&format!("{}.context_shape", node.name), &[0, s1, f]);
+        self.op("Reshape", &node.name, &[context, shape], out, Vec::new());
+    }
+}
