@@ -306,12 +306,7 @@ impl<'g> Writer<'g> {
             Op::AttentionScores { heads } | Op::AttentionContext { heads } => {
                 let inputs = [x, self.input(node, 1)];
                 let shapes = [in_shape, self.input_shape(node, 1)];
-                match node.op {
-                    Op::AttentionScores { .. } => {
-                        self.attention_scores(node, *heads, inputs, shapes, out)
-                    }
-                    _ => self.attention_context(node, *heads, inputs, shapes, out),
-                }
+                self.attention(node, *heads, inputs, shapes, out)
             }
         }
         Ok(())

@@ -8,7 +8,7 @@
 use super::{float_values, int_attr, ints_attr, Writer};
 use crate::export::onnx::proto::data_type;
 use crate::export::ExportError;
-use crate::graph::{Node, Parameter};
+use crate::graph::{Node, Op, Parameter};
 
 impl Writer<'_> {
     /// An int64 initializer (the shape input of `Reshape`); `0` copies the input's dimension,
@@ -129,44 +129,37 @@ impl Writer<'_> {
         self.op("ReduceMean", &node.name, &[x], out, attrs);
     }
 
-    /// `AttentionScores`: queries `[N, s1, f]` by keys `[N, s2, f]`, per head over its
-    /// `d = f / heads` features, scaled by `1/√d`: `[N, heads, s1, s2]`.
-    pub(super) fn attention_scores(
+    /// The attention products, each head over its `d = f / heads` features:
+    /// - `AttentionScores`: queries `[N, s1, f]` by keys `[N, s2, f]`, scaled by `1/√d`:
+    ///   `[N, heads, s1, s2]`;
+    /// - `AttentionContext`: probabilities `[N, heads, s1, s2]` by values `[N, s2, f]`, the
+    ///   heads concatenated: `[N, s1, f]`.
+    pub(super) fn attention(
         &mut self,
         node: &Node,
         heads: usize,
-        [q, k]: [String; 2],
-        [q_shape, k_shape]: [&[usize]; 2],
+        [a, b]: [String; 2],
+        [a_shape, b_shape]: [&[usize]; 2],
         out: String,
     ) {
-        let (s1, f, s2) = (q_shape[0], q_shape[1], k_shape[0]);
+        // The right operand, keys or values, is `[N, s2, f]` either way: split into heads.
+        let (s2, f) = (b_shape[0], b_shape[1]);
         let d = f / heads;
-        let q = self.reshape(node, q, &[s1, heads, d], "query_heads");
-        let q = self.transpose(node, q, &[0, 2, 1, 3], "query_by_head");
-        let k = self.reshape(node, k, &[s2, heads, d], "key_heads");
-        let k = self.transpose(node, k, &[0, 2, 3, 1], "key_by_head");
-        let dots = self.step(node, "MatMul", &[q, k], "dots");
-        let scale = self.scalar(node, "scale", 1.0 / (d as f32).sqrt());
-        self.op("Mul", &node.name, &[dots, scale], out, Vec::new());
-    }
-
-    /// `AttentionContext`: probabilities `[N, heads, s1, s2]` by values `[N, s2, f]`, each head
-    /// over its `f / heads` features, heads concatenated: `[N, s1, f]`.
-    pub(super) fn attention_context(
-        &mut self,
-        node: &Node,
-        heads: usize,
-        [p, v]: [String; 2],
-        [p_shape, v_shape]: [&[usize]; 2],
-        out: String,
-    ) {
-        let (s1, s2, f) = (p_shape[1], v_shape[0], v_shape[1]);
-        let d = f / heads;
-        let v = self.reshape(node, v, &[s2, heads, d], "value_heads");
-        let v = self.transpose(node, v, &[0, 2, 1, 3], "value_by_head");
-        let context = self.step(node, "MatMul", &[p, v], "context_by_head");
-        let context = self.transpose(node, context, &[0, 2, 1, 3], "context_heads");
-        let shape = self.shape_constant(&format!("{}.context_shape", node.name), &[0, s1, f]);
-        self.op("Reshape", &node.name, &[context, shape], out, Vec::new());
+        let b = self.reshape(node, b, &[s2, heads, d], "right_heads");
+        if let Op::AttentionScores { .. } = node.op {
+            let q = self.reshape(node, a, &[a_shape[0], heads, d], "query_heads");
+            let q = self.transpose(node, q, &[0, 2, 1, 3], "query_by_head");
+            let k = self.transpose(node, b, &[0, 2, 3, 1], "key_by_head");
+            let dots = self.step(node, "MatMul", &[q, k], "dots");
+            let scale = self.scalar(node, "scale", 1.0 / (d as f32).sqrt());
+            self.op("Mul", &node.name, &[dots, scale], out, Vec::new());
+        } else {
+            let v = self.transpose(node, b, &[0, 2, 1, 3], "value_by_head");
+            let context = self.step(node, "MatMul", &[a, v], "context_by_head");
+            let context = self.transpose(node, context, &[0, 2, 1, 3], "context_heads");
+            let shape = [0, a_shape[1], f];
+            let shape = self.shape_constant(&format!("{}.context_shape", node.name), &shape);
+            self.op("Reshape", &node.name, &[context, shape], out, Vec::new());
+        }
     }
 }
