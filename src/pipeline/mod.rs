@@ -97,8 +97,9 @@ pub struct StagedRun {
     /// The report (its `export_dir` names where the export goes).
     pub report: RunReport,
     /// The first seed's export, staged beside its directory: [`StagedDir::commit`] puts it in
-    /// place; dropping it leaves the directory as it was. `None` without an integer model or
-    /// without [`RunOptions::export_dir`].
+    /// place; dropping it leaves the directory as it was. `None` when the model has no graph
+    /// form or without [`RunOptions::export_dir`]; a graph the integer runtime cannot run (a
+    /// layer the policy leaves float) is still exported, with its ONNX.
     pub export: Option<StagedDir>,
 }
 

@@ -150,7 +150,11 @@ impl RunReport {
             let _ = writeln!(s, "\nno integer model: {why}");
         }
         if let Some(dir) = &self.export_dir {
-            let _ = writeln!(s, "\nexported integer model (seed {}): {dir}", self.seed);
+            let what = match self.no_integer_model {
+                None => "integer model",
+                Some(_) => "model (graph and ONNX, for the policy's runtime; no integer model)",
+            };
+            let _ = writeln!(s, "\nexported {what} (seed {}): {dir}", self.seed);
         }
         if let Some(why) = &self.no_onnx_model {
             let _ = writeln!(s, "no model.onnx: {why}");
