@@ -273,8 +273,7 @@ impl<'g> Writer<'g> {
                     Op::GlobalAvgPool => "GlobalAveragePool",
                     _ => "GlobalMaxPool",
                 };
-                let pooled = self.value(&format!("{}.pooled", node.name));
-                self.op(op_type, &node.name, &[x], pooled.clone(), Vec::new());
+                let pooled = self.step(node, op_type, &[x], Vec::new(), "pooled");
                 self.op(
                     "Flatten",
                     &node.name,
@@ -358,6 +357,20 @@ impl<'g> Writer<'g> {
             domain: String::new(),
             attribute,
         });
+    }
+
+    /// Adds `op_type(inputs)` writing a new value named `<node>.<what>`, and returns that value.
+    fn step(
+        &mut self,
+        node: &Node,
+        op_type: &str,
+        inputs: &[String],
+        attribute: Vec<AttributeProto>,
+        what: &str,
+    ) -> String {
+        let out = self.value(&format!("{}.{what}", node.name));
+        self.op(op_type, &node.name, inputs, out.clone(), attribute);
+        out
     }
 
     /// Adds an initializer named after `base` and returns its name.
@@ -446,24 +459,10 @@ impl<'g> Writer<'g> {
             let hi = (grid.quant_max() - z) as f32 * s;
             let lo = self.floats(&format!("{}.min", node.name), &[], &[lo]);
             let hi = self.floats(&format!("{}.max", node.name), &[], &[hi]);
-            let clipped = self.value(&format!("{}.clipped", node.name));
-            self.op(
-                "Clip",
-                &node.name,
-                &[x, lo, hi],
-                clipped.clone(),
-                Vec::new(),
-            );
-            x = clipped;
+            x = self.step(node, "Clip", &[x, lo, hi], Vec::new(), "clipped");
         }
-        let codes = self.value(&format!("{}.codes", node.name));
-        self.op(
-            "QuantizeLinear",
-            &node.name,
-            &[x, scale.clone(), zero.clone()],
-            codes.clone(),
-            Vec::new(),
-        );
+        let inputs = [x, scale.clone(), zero.clone()];
+        let codes = self.step(node, "QuantizeLinear", &inputs, Vec::new(), "codes");
         self.op(
             "DequantizeLinear",
             &node.name,
@@ -626,8 +625,7 @@ impl<'g> Writer<'g> {
                 vec![int_attr("transB", 1)],
             );
         } else {
-            let product = self.value(&format!("{}.matmul", node.name));
-            self.op("MatMul", &node.name, &[x, w], product.clone(), Vec::new());
+            let product = self.step(node, "MatMul", &[x, w], Vec::new(), "matmul");
             self.op("Add", &node.name, &[product, b], out, Vec::new());
         }
         Ok(())
@@ -671,8 +669,7 @@ impl<'g> Writer<'g> {
         dims[0] = in_shape[0];
         let s = self.floats(&scale.tensor, &dims, float_values(node, scale)?);
         let t = self.floats(&shift.tensor, &dims, float_values(node, shift)?);
-        let scaled = self.value(&format!("{}.scaled", node.name));
-        self.op("Mul", &node.name, &[x, s], scaled.clone(), Vec::new());
+        let scaled = self.step(node, "Mul", &[x, s], Vec::new(), "scaled");
         self.op("Add", &node.name, &[scaled, t], out, Vec::new());
         Ok(())
     }

@@ -26,17 +26,12 @@ impl Writer<'_> {
         let mut shape = vec![0];
         shape.extend_from_slice(dims);
         let shape = self.shape_constant(&format!("{}.{what}_shape", node.name), &shape);
-        let out = self.value(&format!("{}.{what}", node.name));
-        self.op("Reshape", &node.name, &[x, shape], out.clone(), Vec::new());
-        out
+        self.step(node, "Reshape", &[x, shape], Vec::new(), what)
     }
 
     /// `x` with its axes permuted (`perm` includes the batch axis 0).
     fn transpose(&mut self, node: &Node, x: String, perm: &[usize], what: &str) -> String {
-        let out = self.value(&format!("{}.{what}", node.name));
-        let attrs = vec![ints_attr("perm", perm)];
-        self.op("Transpose", &node.name, &[x], out.clone(), attrs);
-        out
+        self.step(node, "Transpose", &[x], vec![ints_attr("perm", perm)], what)
     }
 
     /// A one-element float initializer.
@@ -44,19 +39,10 @@ impl Writer<'_> {
         self.floats(&format!("{}.{what}", node.name), &[], &[value])
     }
 
-    /// Adds `op_type(inputs)` as a new value named after `what` and returns it.
-    fn step(&mut self, node: &Node, op_type: &str, inputs: &[String], what: &str) -> String {
-        let out = self.value(&format!("{}.{what}", node.name));
-        self.op(op_type, &node.name, inputs, out.clone(), Vec::new());
-        out
-    }
-
     /// The mean over the last of `rank` per-sample axes, kept as an axis of one.
     fn mean_last(&mut self, node: &Node, x: String, rank: usize, what: &str) -> String {
-        let out = self.value(&format!("{}.{what}", node.name));
         let attrs = vec![ints_attr("axes", &[rank]), int_attr("keepdims", 1)];
-        self.op("ReduceMean", &node.name, &[x], out.clone(), attrs);
-        out
+        self.step(node, "ReduceMean", &[x], attrs, what)
     }
 
     /// `LayerNorm` over the last axis: `(x − mean) / √(var + ε) · γ + β`, the variance the
@@ -74,20 +60,22 @@ impl Writer<'_> {
         let gamma = float_values(node, scale)?;
         let beta = float_values(node, shift)?;
         let mean = self.mean_last(node, x.clone(), rank, "mean");
-        let centered = self.step(node, "Sub", &[x, mean], "centered");
-        let squares = self.step(
-            node,
-            "Mul",
-            &[centered.clone(), centered.clone()],
-            "squares",
-        );
+        let centered = self.step(node, "Sub", &[x, mean], Vec::new(), "centered");
+        let squared = [centered.clone(), centered.clone()];
+        let squares = self.step(node, "Mul", &squared, Vec::new(), "squares");
         let variance = self.mean_last(node, squares, rank, "variance");
         let eps = self.scalar(node, "epsilon", epsilon as f32);
-        let shifted = self.step(node, "Add", &[variance, eps], "variance_eps");
-        let deviation = self.step(node, "Sqrt", &[shifted], "deviation");
-        let normalized = self.step(node, "Div", &[centered, deviation], "normalized");
+        let shifted = self.step(node, "Add", &[variance, eps], Vec::new(), "variance_eps");
+        let deviation = self.step(node, "Sqrt", &[shifted], Vec::new(), "deviation");
+        let normalized = self.step(
+            node,
+            "Div",
+            &[centered, deviation],
+            Vec::new(),
+            "normalized",
+        );
         let g = self.floats(&format!("{}.scale", node.name), &[features], gamma);
-        let scaled = self.step(node, "Mul", &[normalized, g], "scaled");
+        let scaled = self.step(node, "Mul", &[normalized, g], Vec::new(), "scaled");
         let b = self.floats(&format!("{}.shift", node.name), &[features], beta);
         self.op("Add", &node.name, &[scaled, b], out, Vec::new());
         Ok(())
@@ -96,11 +84,11 @@ impl Writer<'_> {
     /// GELU, exactly: `x · ½(1 + erf(x / √2))`.
     pub(super) fn gelu(&mut self, node: &Node, x: String, out: String) {
         let sqrt2 = self.scalar(node, "sqrt2", std::f32::consts::SQRT_2);
-        let scaled = self.step(node, "Div", &[x.clone(), sqrt2], "scaled");
-        let erf = self.step(node, "Erf", &[scaled], "erf");
+        let scaled = self.step(node, "Div", &[x.clone(), sqrt2], Vec::new(), "scaled");
+        let erf = self.step(node, "Erf", &[scaled], Vec::new(), "erf");
         let one = self.scalar(node, "one", 1.0);
-        let cdf2 = self.step(node, "Add", &[erf, one], "erf_plus_one");
-        let product = self.step(node, "Mul", &[x, cdf2], "product");
+        let cdf2 = self.step(node, "Add", &[erf, one], Vec::new(), "erf_plus_one");
+        let product = self.step(node, "Mul", &[x, cdf2], Vec::new(), "product");
         let half = self.scalar(node, "half", 0.5);
         self.op("Mul", &node.name, &[product, half], out, Vec::new());
     }
@@ -150,12 +138,12 @@ impl Writer<'_> {
             let q = self.reshape(node, a, &[a_shape[0], heads, d], "query_heads");
             let q = self.transpose(node, q, &[0, 2, 1, 3], "query_by_head");
             let k = self.transpose(node, b, &[0, 2, 3, 1], "key_by_head");
-            let dots = self.step(node, "MatMul", &[q, k], "dots");
+            let dots = self.step(node, "MatMul", &[q, k], Vec::new(), "dots");
             let scale = self.scalar(node, "scale", 1.0 / (d as f32).sqrt());
             self.op("Mul", &node.name, &[dots, scale], out, Vec::new());
         } else {
             let v = self.transpose(node, b, &[0, 2, 1, 3], "value_by_head");
-            let context = self.step(node, "MatMul", &[a, v], "context_by_head");
+            let context = self.step(node, "MatMul", &[a, v], Vec::new(), "context_by_head");
             let context = self.transpose(node, context, &[0, 2, 1, 3], "context_heads");
             let shape = [0, a_shape[1], f];
             let shape = self.shape_constant(&format!("{}.context_shape", node.name), &shape);
