@@ -19,6 +19,62 @@
 //! assert_eq!(quantizer.parameters()[0].name, "scale");
 //! # Ok::<(), quant::QuantError>(())
 //! ```
+//!
+//! ## A quantizer of your own
+//!
+//! `#[mark_quantizer]` records a quantizer's metadata and registers it, so that code and run
+//! files find it by (target, method, training method) like a built-in:
+//!
+//! ```
+//! use quant::prelude::*;
+//! use quant::{kernels, registry};
+//!
+//! quant::training_methods!(pub trait MyMethods { HalfStep });
+//!
+//! /// Symmetric weights with a fixed scale of 1/2 (a real quantizer learns or observes it).
+//! #[mark_quantizer(target = Weights, method = [Symmetric], id = HalfStep)]
+//! #[derive(Debug)]
+//! pub struct HalfStepQuantizer(QuantizerConfig);
+//!
+//! impl WeightsQuantizer for HalfStepQuantizer {
+//!     fn from_config(config: &WeightsQuantizerConfig) -> quant::Result<Self> {
+//!         Ok(HalfStepQuantizer(config.clone().into()))
+//!     }
+//! }
+//!
+//! impl TrainableQuantizer for HalfStepQuantizer {
+//!     fn config(&self) -> &QuantizerConfig {
+//!         &self.0
+//!     }
+//!     fn parameters(&self) -> Vec<ParamDecl> {
+//!         Vec::new()
+//!     }
+//!     fn set_qparams(&self, _: &QParams, _: IntegerGrid, _: &mut ParamBankMut<'_>) -> quant::Result<()> {
+//!         Ok(())
+//!     }
+//!     fn qparams(&self, _: &ParamBank<'_>, _: IntegerGrid, _: Option<usize>) -> quant::Result<QParams> {
+//!         QParams::per_tensor(0.5, 0)
+//!     }
+//!     fn forward(&self, x: QuantizerInput<'_>, _: &ParamBank<'_>, y: &mut [f32]) -> quant::Result<()> {
+//!         let (g, r) = (x.grid, self.0.rounding());
+//!         kernels::fake_quantize_per_tensor_affine_into(x.data, y, 0.5, 0, g.quant_min(), g.quant_max(), r)
+//!     }
+//!     fn backward(&self, _: QuantizerInput<'_>, _: &ParamBank<'_>, dy: &[f32], dx: &mut [f32], _: &mut ParamBankMut<'_>) {
+//!         for (g, d) in dx.iter_mut().zip(dy) {
+//!             *g += d;
+//!         }
+//!     }
+//! }
+//!
+//! // The attribute recorded the metadata and registered the quantizer: code and config files
+//! // find it by (target, method, training method).
+//! assert_eq!(HalfStepQuantizer::METADATA.training_method, TrainingMethod::HalfStep);
+//! let config = WeightsQuantizerConfig::new(TrainingMethod::HalfStep, QuantizationMethod::Symmetric, 4);
+//! let entry = registry::find(QuantizationTarget::Weights, QuantizationMethod::Symmetric, TrainingMethod::HalfStep)?;
+//! assert_eq!(entry.metadata.name, "HalfStepQuantizer");
+//! assert_eq!(entry.build(&config.into())?.config().bits(), 4);
+//! # Ok::<(), quant::QuantError>(())
+//! ```
 
 #![warn(missing_docs)]
 // Errors carry the file, key path or layer and a message that says what is valid: they are

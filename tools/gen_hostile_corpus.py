@@ -3,7 +3,7 @@
 
 Every file (or export directory) is one hostile input for one loader; the manifest says which
 loader reads it and which substrings its error message must contain (the file, key, tensor or
-layer it names). tests/hostile.rs feeds each to its loader and checks the error. Rerun after
+layer it names). tests/integration/hostile.rs feeds each to its loader and checks the error. Rerun after
 editing: `python3 tools/gen_hostile_corpus.py` (standard library only).
 """
 
@@ -68,7 +68,7 @@ case("policy/deep_tables.toml", "policy", ["deep_tables.toml"], "weights = " + "
 case("policy/huge_string.toml", "policy", ["`platform`", "\u2026 (20000 bytes)"], 'platform = "' + "x" * 20000 + '"\n')
 case("policy/duplicate_key.toml", "policy", ["duplicate_key.toml"], LSQ_W + "bits = 8\n")
 # Issue 10: glob patterns are length-limited before globset sees them (it panics on some huge
-# ones; the 200 KB and 1 MB cases are generated at test time by tests/safety.rs); long values
+# ones; the 200 KB and 1 MB cases are generated at test time by tests/integration/safety.rs); long values
 # and keys are quoted cut; a UTF-8 byte-order mark is accepted, a UTF-16 one named.
 case("policy/pattern_too_long.toml", "policy",
      ["`overrides[0].pattern`", "at most 512 bytes", "\u2026 (600 bytes)"],
@@ -267,7 +267,7 @@ if os.path.isdir(os.path.join(ROOT, "export")):
     shutil.rmtree(os.path.join(ROOT, "export"))
 
 VALID_ST = st_bytes(VALID_TENSORS)
-# The control: a valid export, which must load and run (tests/hostile.rs checks it does).
+# The control: a valid export, which must load and run (tests/integration/hostile.rs checks it does).
 export("valid", [])
 
 # Files and the tensor file's header.
@@ -573,7 +573,7 @@ case("checkpoint/truncated.safetensors", "checkpoint", ["truncated.safetensors"]
      st_bytes([("bias", "F32", [3], B), ("weight", "F32", [3, 4], W)])[:-7])
 case("checkpoint/empty.safetensors", "checkpoint", ["empty.safetensors", "too short"], b"")
 # Issue 10: a header claiming 79 MB (past the 16 MiB limit) is refused before it is parsed; the
-# real 79 MB header of 1.2 million empty tensors is generated at test time (tests/safety.rs).
+# real 79 MB header of 1.2 million empty tensors is generated at test time (tests/integration/safety.rs).
 case("checkpoint/header_79mb_claim.safetensors", "checkpoint", ["header claims 79000000 bytes", "16777216"],
      struct.pack("<Q", 79_000_000) + b"{" + b" " * 100)
 

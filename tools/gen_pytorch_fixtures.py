@@ -4,7 +4,7 @@
 Run by hand (CI never runs Python; the output is committed):
 
     pip install torch numpy
-    python3 tools/gen_pytorch_fixtures.py      # writes quant-core/tests/fixtures/pytorch_fake_quant.json
+    python3 tools/gen_pytorch_fixtures.py      # writes quant-core/tests/integration/fixtures/pytorch_fake_quant.json
 
 The outputs come from real PyTorch on the CPU, single-threaded:
 
@@ -53,7 +53,7 @@ os.environ["ATEN_CPU_CAPABILITY"] = "default"
 import torch  # noqa: E402
 
 F32 = np.float32
-OUT = os.path.join(os.path.dirname(__file__), "..", "quant-core", "tests", "fixtures", "pytorch_fake_quant.json")
+OUT = os.path.join(os.path.dirname(__file__), "..", "quant-core", "tests", "integration", "fixtures", "pytorch_fake_quant.json")
 RNG = np.random.default_rng(20240611)
 
 

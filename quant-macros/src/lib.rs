@@ -2,59 +2,12 @@
 //! quant-core (through its hidden `__private` module) and quant-ops (through its hidden
 //! `layers::derive` module). Use them through the `quant` facade.
 //!
-//! ```
-//! use quant::prelude::*;
-//! use quant::{kernels, registry};
-//!
-//! quant::training_methods!(pub trait MyMethods { HalfStep });
-//!
-//! /// Symmetric weights with a fixed scale of 1/2 (a real quantizer learns or observes it).
-//! #[mark_quantizer(target = Weights, method = [Symmetric], id = HalfStep)]
-//! #[derive(Debug)]
-//! pub struct HalfStepQuantizer(QuantizerConfig);
-//!
-//! impl WeightsQuantizer for HalfStepQuantizer {
-//!     fn from_config(config: &WeightsQuantizerConfig) -> quant::Result<Self> {
-//!         Ok(HalfStepQuantizer(config.clone().into()))
-//!     }
-//! }
-//!
-//! impl TrainableQuantizer for HalfStepQuantizer {
-//!     fn config(&self) -> &QuantizerConfig {
-//!         &self.0
-//!     }
-//!     fn parameters(&self) -> Vec<ParamDecl> {
-//!         Vec::new()
-//!     }
-//!     fn set_qparams(&self, _: &QParams, _: IntegerGrid, _: &mut ParamBankMut<'_>) -> quant::Result<()> {
-//!         Ok(())
-//!     }
-//!     fn qparams(&self, _: &ParamBank<'_>, _: IntegerGrid, _: Option<usize>) -> quant::Result<QParams> {
-//!         QParams::per_tensor(0.5, 0)
-//!     }
-//!     fn forward(&self, x: QuantizerInput<'_>, _: &ParamBank<'_>, y: &mut [f32]) -> quant::Result<()> {
-//!         let (g, r) = (x.grid, self.0.rounding());
-//!         kernels::fake_quantize_per_tensor_affine_into(x.data, y, 0.5, 0, g.quant_min(), g.quant_max(), r)
-//!     }
-//!     fn backward(&self, _: QuantizerInput<'_>, _: &ParamBank<'_>, dy: &[f32], dx: &mut [f32], _: &mut ParamBankMut<'_>) {
-//!         for (g, d) in dx.iter_mut().zip(dy) {
-//!             *g += d;
-//!         }
-//!     }
-//! }
-//!
-//! // The attribute recorded the metadata and registered the quantizer: code and config files
-//! // find it by (target, method, training method).
-//! assert_eq!(HalfStepQuantizer::METADATA.training_method, TrainingMethod::HalfStep);
-//! let config = WeightsQuantizerConfig::new(TrainingMethod::HalfStep, QuantizationMethod::Symmetric, 4);
-//! let entry = registry::find(QuantizationTarget::Weights, QuantizationMethod::Symmetric, TrainingMethod::HalfStep)?;
-//! assert_eq!(entry.metadata.name, "HalfStepQuantizer");
-//! assert_eq!(entry.build(&config.into())?.config().bits(), 4);
-//! # Ok::<(), quant::QuantError>(())
-//! ```
+//! The `quant` crate's documentation shows `#[mark_quantizer]` on a quantizer of your own,
+//! registered and found by enum (a doctest there: this crate cannot depend on the facade that
+//! re-exports it without building the facade a second time for its own tests).
 //!
 //! The derives, `#[derive(QuantizedLayer)]` and `#[derive(QuantizedModel)]`, are shown end to
-//! end in the workspace's `tests/derive.rs` and `examples/custom_wrapper.rs`.
+//! end in the workspace's `tests/integration/derive.rs` and `examples/custom_wrapper.rs`.
 
 #![warn(missing_docs)]
 

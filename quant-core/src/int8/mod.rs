@@ -12,7 +12,7 @@
 //! # Instruction sets
 //! The widest instructions the CPU has are chosen at run time ([`Isa::detected`]); a default
 //! build needs no `-C target-cpu`. [`Isa::Portable`] is scalar Rust and the reference: every
-//! other path gives the same bits (the property tests in `quant-core/tests/int8.rs` force each
+//! other path gives the same bits (the property tests in `quant-core/tests/integration/int8.rs` force each
 //! path the CPU has with [`PackedMatrix::with_isa`], [`Requantizer::with_isa`] and
 //! [`DepthwiseFilter::with_isa`]).
 //!

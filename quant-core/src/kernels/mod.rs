@@ -7,7 +7,7 @@
 //! `y = (clamp(q, quant_min, quant_max) - zero_point) * scale`, in `f32`.
 //! The `_into` variants write into a caller's buffer, take a
 //! [`RoundingPolicy`](crate::RoundingPolicy) and a [`ChannelLayout`](crate::ChannelLayout), and
-//! are what the dfdx ops use. `quant-core/tests/pytorch_reference.rs` checks all of this
+//! are what the dfdx ops use. `quant-core/tests/integration/pytorch_reference.rs` checks all of this
 //! against vectors that real PyTorch produced (`tools/gen_pytorch_fixtures.py`).
 //!
 //! # PyTorch's LSQ backward

@@ -54,7 +54,7 @@ pub const MAX_BITS: u32 = 8;
 /// sums `f32` products; the two pick the same code except where a value lies within `f32`
 /// rounding (about `1e-6` relative) of a rounding boundary, and then only the final
 /// dequantization (`acc · s_input · s_weight`, one `f32` product against an `f32` sum) differs.
-/// On random MLPs and CNNs (tests/properties.rs) the largest difference seen is about `2e-7` of
+/// On random MLPs and CNNs (tests/integration/properties.rs) the largest difference seen is about `2e-7` of
 /// the range; the bound leaves a margin of 50. Where a value does fall on such a boundary, the
 /// two codes differ by one level and the logits by that level's contribution: the pipeline
 /// reports how often the predictions agree (`integer_agreement`).

@@ -1,5 +1,5 @@
 //! Quantizers registered from a crate other than the one that looks them up: the registry
-//! tests (`tests/registry.rs` at the workspace root) find them by enum. Two of them share one
+//! tests (`tests/integration/registry.rs` at the workspace root) find them by enum. Two of them share one
 //! `(target, method, training method)` on purpose, to exercise the `Ambiguous` error.
 
 use quant_core::{

@@ -24,7 +24,7 @@ pub const GELU_IBERT_MAX_INPUT_SCALE: f32 = 0.0625;
 
 /// The error of I-BERT's GELU at fine input scales, in the output's real units (the paper
 /// reports 0.018 for its `erf` polynomial): measured worst case `1.815·10⁻²`, at `x ≈ ±2.35`
-/// (scales up to `2^-12`, `quant-core/tests/int8_nonlinear_measure.rs`); set
+/// (scales up to `2^-12`, `quant-core/examples/nonlinear_error_bounds.rs`); set
 /// with a margin.
 pub const GELU_IBERT_MAX_ERROR: f64 = 0.0185;
 

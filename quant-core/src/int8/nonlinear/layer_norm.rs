@@ -10,7 +10,7 @@ use crate::error::{QuantError, Result};
 
 /// The error of [`IntLayerNorm`] in output steps ([`IntLayerNorm::output_scale`]), for every
 /// accepted input: measured worst case `1.53` steps (200 000 random rows, scales `2^-20` to
-/// `2^10`, `quant-core/tests/int8_nonlinear_measure.rs`); set with a margin.
+/// `2^10`, `quant-core/examples/nonlinear_error_bounds.rs`); set with a margin.
 /// An output step is at most `2 · (max|γ| · √(n - 1) + max|β|) / 2^30`, so in real units this is
 /// about `10⁻⁸` of the output's range: the requantization that follows dominates.
 pub const LAYER_NORM_MAX_ERROR: f64 = 3.0;

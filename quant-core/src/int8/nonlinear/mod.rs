@@ -46,7 +46,7 @@
 //! normalisation in `f64`). The bound is built from the constants in this module
 //! ([`SOFTMAX_IBERT_MAX_ERROR`], ...), which were measured on dense sweeps (see each one) and
 //! set with a margin, plus the rounding of the output to its grid (half an output step). The
-//! property tests in `quant-core/tests/int8_nonlinear.rs` check every bound on random inputs
+//! property tests in `quant-core/tests/integration/int8_nonlinear.rs` check every bound on random inputs
 //! and scales over the whole accepted range.
 //!
 //! | kernel | [`Approximation::IBert`] (input scale `s ≤ 2^-4`) | [`Approximation::FixedPoint`] |

@@ -23,7 +23,7 @@ pub const SOFTMAX_IBERT_MAX_INPUT_SCALE: f32 = 0.0625;
 
 /// The error of I-BERT's softmax at fine input scales, in probability: its polynomial's
 /// relative error on `exp` spans `[-0.31 %, +0.25 %]`. Measured worst case `8.43·10⁻⁴` (scales
-/// up to `2^-12`, `quant-core/tests/int8_nonlinear_measure.rs`); set with a
+/// up to `2^-12`, `quant-core/examples/nonlinear_error_bounds.rs`); set with a
 /// margin.
 pub const SOFTMAX_IBERT_MAX_ERROR: f64 = 1.0e-3;
 

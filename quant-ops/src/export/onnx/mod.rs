@@ -101,7 +101,7 @@ pub const IR_VERSION: i64 = 7;
 /// `QuantizeLinear` *divides* by the scale where quant (like PyTorch, and tract per tensor)
 /// multiplies by the `f32` reciprocal of the scale, and `x / s` and `x · (1/s)` can fall on
 /// different sides of the half-way point. Such a sample's logits differ by that level's
-/// contribution, which no relative bound covers. tests/onnx.rs therefore requires this
+/// contribution, which no relative bound covers. tests/integration/onnx.rs therefore requires this
 /// tolerance on at least 99% of the samples (all but at most one of the 360 digits test
 /// samples, measured), and predictions (the argmax) that agree with quant's integer model on
 /// at least 99.7% of them (all, measured).

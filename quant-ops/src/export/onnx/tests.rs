@@ -1,5 +1,5 @@
 //! The ONNX writer: the operators, initializers and attributes each graph op becomes (decoded
-//! back with the writer's own messages), the conventions, and bad input. tests/onnx.rs runs
+//! back with the writer's own messages), the conventions, and bad input. tests/integration/onnx.rs runs
 //! the files in tract and checks the numbers.
 
 use std::path::PathBuf;

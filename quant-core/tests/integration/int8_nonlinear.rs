@@ -5,7 +5,7 @@
 //! cases (rows of one value, equal values, extreme codes, zero variance) and the typed errors
 //! for what the kernels refuse.
 //!
-//! The constants the bounds are built from were measured by `int8_nonlinear_measure.rs`.
+//! The constants the bounds are built from were measured by `quant-core/examples/nonlinear_error_bounds.rs`.
 
 use proptest::prelude::*;
 use quant_core::int8::nonlinear::{
@@ -17,8 +17,7 @@ use quant_core::int8::nonlinear::{
 use quant_core::int8::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 use quant_core::QuantError;
 
-mod nonlinear_reference;
-use nonlinear_reference::{erfc, gelu, layer_norm, max_scale, softmax};
+use crate::nonlinear_reference::{erfc, gelu, layer_norm, max_scale, softmax};
 
 #[test]
 #[allow(clippy::excessive_precision)] // mpmath's digits, as printed

@@ -205,7 +205,7 @@ fn the_cnn_runs_end_to_end_with_batchnorm_folded() {
 
 /// The vision transformer runs to the end, with a warm-up; its export runs on integers in
 /// `quant eval`, and its `model.onnx` in tract (LayerNorm, GELU and the softmax exact there, in
-/// fixed point in the integer model: see tests/onnx.rs).
+/// fixed point in the integer model: see tests/integration/onnx.rs).
 #[test]
 fn the_vit_runs_end_to_end_with_a_warmup() {
     let dir = scratch("vit");

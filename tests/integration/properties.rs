@@ -11,7 +11,7 @@
 //!   within the tolerance documented in `quant_ops::integer`.
 //!
 //! Observers' properties (finite positive scales for any finite input, constants and single
-//! elements included) are in `quant-ops/tests/observers.rs`.
+//! elements included) are in `quant-ops/tests/integration/observers.rs`.
 
 use dfdx::prelude::*;
 use proptest::prelude::*;

@@ -2,8 +2,7 @@
 //! AddInto, Repeated, LayerNorm1D, Embedding; their names, calibration, training, gradients,
 //! graphs and integer inference.
 
-mod common;
-use common::assert_integer_matches;
+use crate::common::assert_integer_matches;
 use dfdx::nn::builders::{Embedding, LayerNorm1D, Linear};
 use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;

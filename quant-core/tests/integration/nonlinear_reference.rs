@@ -1,7 +1,7 @@
 //! Exact references in `f64` for the integer softmax, GELU and layer normalisation, shared
-//! by `int8_nonlinear.rs` (the bounds checked) and `int8_nonlinear_measure.rs` (the bounds
-//! measured).
-#![allow(dead_code)] // each test crate uses part of it
+//! by `int8_nonlinear.rs` (the bounds checked) and `examples/nonlinear_error_bounds.rs` (the
+//! bounds measured).
+#![allow(dead_code)] // the tests and the example each use part of it
 
 use quant_core::int8::Approximation;
 

@@ -2,10 +2,10 @@
 //! data raises it, says what is wrong and names the offending value, key, layer or file.
 //!
 //! Elsewhere: policy and run-file parse/validation errors with key paths
-//! (`quant-ops/tests/policy.rs`, `tests/hostile.rs`), export metadata and tensor errors and data
-//! files (`tests/hostile.rs`), observer errors (`quant-ops/tests/observers.rs`), the registry's
-//! `Ambiguous` (`tests/registry.rs`), the data file's size limits (`DataError::TooLarge`) and
-//! empty splits (`DataError::EmptySplit`) in `tests/safety.rs`. `QuantError::Device` wraps dfdx's allocation failure and
+//! (`quant-ops/tests/integration/policy.rs`, `tests/integration/hostile.rs`), export metadata and tensor errors and data
+//! files (`tests/integration/hostile.rs`), observer errors (`quant-ops/tests/integration/observers.rs`), the registry's
+//! `Ambiguous` (`tests/integration/registry.rs`), the data file's size limits (`DataError::TooLarge`) and
+//! empty splits (`DataError::EmptySplit`) in `tests/integration/safety.rs`. `QuantError::Device` wraps dfdx's allocation failure and
 //! is not raised on purpose here.
 
 #![allow(clippy::result_large_err)]

@@ -4,8 +4,7 @@
 //! straight-through gradients against finite differences of the surrogate, training, and
 //! integer-only inference of the trained models.
 
-mod common;
-use common::assert_integer_matches;
+use crate::common::assert_integer_matches;
 use dfdx::nn::builders::{MultiHeadAttention, TransformerEncoder};
 use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;

@@ -7,7 +7,7 @@
 //!
 //! The configs train with short schedules here (3 float epochs, 1 QAT epoch, one seed): what
 //! the export must express is each config's quantization policy, not its accuracy, which
-//! tests/accuracy.rs checks with the full schedules.
+//! tests/integration/accuracy.rs checks with the full schedules.
 
 use std::path::{Path, PathBuf};
 

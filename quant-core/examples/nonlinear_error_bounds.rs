@@ -1,11 +1,12 @@
 //! Measures the worst errors of the integer softmax, GELU and layer normalisation, which the
-//! constants in `quant_core::int8::nonlinear` were set from (ignored: it prints figures and
-//! takes minutes):
+//! constants in `quant_core::int8::nonlinear` were set from (a measurement, not a check: it
+//! prints figures and takes minutes):
 //!
 //! ```text
-//! cargo test -p quant-core --release --test int8_nonlinear_measure -- --ignored --nocapture
+//! cargo run -p quant-core --release --example nonlinear_error_bounds
 //! ```
 
+#[path = "../tests/integration/nonlinear_reference.rs"]
 mod nonlinear_reference;
 
 use nonlinear_reference::{gelu, layer_norm, max_scale, next, softmax};
@@ -82,9 +83,7 @@ fn gelu_worst(approximation: Approximation, scale: f32, max_codes: i64) -> (f64,
 /// rounding of its output, which the constants in `quant_core::int8::nonlinear` were set from:
 /// for I-BERT's, the error at fine scales (`A`) and the largest `(error - A) / scale` over a
 /// dense sweep of coarse scales (`B`), since its constants are whole input codes.
-#[test]
-#[ignore = "a measurement, not a check: prints the error bounds the constants were set from (run with --ignored --nocapture)"]
-fn measure_error_bounds() {
+fn main() {
     let log_uniform = |lo: f64, hi: f64, n: usize| -> Vec<f32> {
         (0..n)
             .map(|i| 2f64.powf(lo + (hi - lo) * i as f64 / (n - 1) as f64) as f32)

@@ -1,7 +1,7 @@
 //! Issue 10, "never destroy a user's files, never trust a stale cache, bounded memory on every
 //! input": each numbered case of the issue, mostly against the `quant` binary, where a user
 //! meets it. Large inputs are generated here in a temporary directory (sparse or as streams, so
-//! the tests stay fast); the small hostile files are in `tests/hostile/` (`tests/hostile.rs`).
+//! the tests stay fast); the small hostile files are in `tests/hostile/` (`tests/integration/hostile.rs`).
 //!
 //! Memory is bounded by running the binary under a 1 GiB address-space limit (`ulimit -v`): an
 //! allocation past it aborts the process, which these tests would see as a signal instead of

@@ -1,0 +1,11 @@
+//! quant-core's integration tests, in one binary: the int8 kernels and their nonlinear
+//! functions against exact references, the fake-quantization kernels against PyTorch and on
+//! hostile arguments, and the dfdx ops. One binary links dfdx once instead of once per file.
+
+mod int8;
+mod int8_nonlinear;
+mod int8_simulate;
+mod kernels_hostile;
+mod nonlinear_reference;
+mod ops;
+mod pytorch_reference;

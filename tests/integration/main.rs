@@ -1,0 +1,18 @@
+//! The workspace's integration tests, in one binary (one link of dfdx and tract instead of one
+//! per file). The slow checks (full-schedule accuracy runs, trybuild's crates that must build
+//! and run) are `#[ignore]`d with the reason: the README's slow tier runs them
+//! (`cargo test --workspace -- --ignored`).
+
+mod accuracy;
+mod cli;
+mod derive;
+mod determinism;
+mod error_messages;
+mod hostile;
+mod loaders_fuzz;
+#[cfg(feature = "onnx-runtime")]
+mod onnx;
+mod properties;
+mod registry;
+mod safety;
+mod ui;
