@@ -76,10 +76,7 @@
 //! # Ok::<(), quant::QuantError>(())
 //! ```
 
-#![warn(missing_docs)]
-// Errors carry the file, key path or layer and a message that says what is valid: they are
-// returned once per failed load or run, never on a hot path, so their size does not matter.
-#![allow(clippy::result_large_err)]
+#![forbid(unsafe_code)]
 
 pub use quant_core as core;
 pub use quant_core::*;

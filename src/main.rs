@@ -1,9 +1,7 @@
 //! The `quant` command line: run the whole pipeline from a config file, list the registered
 //! quantizers, evaluate an exported integer model.
 
-// Errors carry the file, key path or layer and a message that says what is valid: they are
-// returned once per failed load or run, never on a hot path, so their size does not matter.
-#![allow(clippy::result_large_err)]
+#![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;

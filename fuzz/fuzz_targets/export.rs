@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quant_ops::export::ExportedModel;
+use quant_ops::export;
 use quant_ops::integer::IntegerModel;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,7 +18,7 @@ fuzz_target!(|data: &[u8]| {
     std::fs::create_dir_all(&dir).expect("scratch directory");
     std::fs::write(dir.join("model.json"), meta).expect("write model.json");
     std::fs::write(dir.join("model.safetensors"), tensors).expect("write model.safetensors");
-    let Ok(model) = ExportedModel::load(&dir) else {
+    let Ok(model) = export::load(&dir) else {
         return;
     };
     let Ok(integer) = IntegerModel::new(&model) else {

@@ -24,8 +24,6 @@
 //!
 //! Most users depend on the `quant` facade crate, which re-exports this one.
 
-#![warn(missing_docs)]
-
 // Lets `::quant_core::...` paths emitted by the macros resolve inside this crate's own tests.
 extern crate self as quant_core;
 

@@ -9,7 +9,7 @@
 //! The derives, `#[derive(QuantizedLayer)]` and `#[derive(QuantizedModel)]`, are shown end to
 //! end in the workspace's `tests/integration/derive.rs` and `examples/custom_wrapper.rs`.
 
-#![warn(missing_docs)]
+#![forbid(unsafe_code)]
 
 mod crate_path;
 mod derive_common;

@@ -14,7 +14,7 @@
 //! # Adding a layer kind
 //! A weight-free layer whose graph form is one op: implement [`GraphOp`] for it (below, next
 //! to its `Convert` impl, through `stays_float!` or `input_only!`), add its op to
-//! [`Op`](crate::graph::Op) with its shape ([`crate::graph`]), its float reference
+//! [`Op`] with its shape ([`crate::graph`]), its float reference
 //! ([`crate::graph::evaluate`]) and its integer kernel ([`crate::integer`]). A layer with
 //! weights or several slots: a twin struct that implements [`QuantizedModule`] (its slots, its
 //! lowering) and a `Convert` impl here. The README's architecture section has the checklist.

@@ -43,10 +43,8 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-#![warn(missing_docs)]
-// Errors carry the file, key path or layer and a message that says what is valid: they are
-// returned once per failed load or run, never on a hot path, so their size does not matter.
-#![allow(clippy::result_large_err)]
+// No unsafe code: only linkme's registration statics (link sections), allowed where declared.
+#![deny(unsafe_code)]
 
 extern crate self as quant_ops;
 

@@ -84,6 +84,7 @@ pub struct PlatformEntry {
 
 /// Every platform registered with [`register_platform!`](crate::register_platform), built-ins
 /// included.
+#[allow(unsafe_code)] // linkme's link section; see `register_platform!`
 #[distributed_slice]
 pub static PLATFORMS: [PlatformEntry];
 
@@ -105,6 +106,9 @@ pub static PLATFORMS: [PlatformEntry];
 #[macro_export]
 macro_rules! register_platform {
     ($ident:ident = $name:literal, $build:path) => {
+        // linkme puts the entry in a link section: the `unsafe_code` lint's only concern in
+        // quant-ops, which denies it everywhere else.
+        #[allow(unsafe_code)]
         #[$crate::__ops_private::linkme::distributed_slice($crate::platform::PLATFORMS)]
         #[linkme(crate = $crate::__ops_private::linkme)]
         static $ident: $crate::platform::PlatformEntry = $crate::platform::PlatformEntry {

@@ -10,7 +10,6 @@
 
 // The tests drive the binary through `sh` (`ulimit -v`), `mkfifo` and `kill`.
 #![cfg(unix)]
-#![allow(clippy::result_large_err)]
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -193,12 +193,22 @@ impl Job<'_> {
         self.body(out)
     }
 
+    /// [`Job::body`] compiled for AVX2.
+    ///
+    /// # Safety
+    /// The CPU supports AVX2 (the filter's [`Isa`], checked by [`DepthwiseFilter::with_isa`]
+    /// with `is_x86_feature_detected!`).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx2")]
     unsafe fn avx2(&self, out: &mut [i32]) {
         self.body(out)
     }
 
+    /// [`Job::body`] compiled for AVX-512 F and BW.
+    ///
+    /// # Safety
+    /// The CPU supports AVX-512 F and BW (the filter's [`Isa`], checked by
+    /// [`DepthwiseFilter::with_isa`] with `is_x86_feature_detected!`).
     #[cfg(target_arch = "x86_64")]
     #[target_feature(enable = "avx512f,avx512bw")]
     unsafe fn avx512(&self, out: &mut [i32]) {

@@ -335,13 +335,21 @@ mod x86 {
         ];
         let mut o = 0;
         while o < whole {
-            let a = _mm512_loadu_si512(acc.as_ptr().add(o) as *const __m512i);
-            let first = eight::<ADJUST>(q, o, _mm512_castsi512_si256(a), bounds);
-            let second = eight::<ADJUST>(q, o + 8, _mm512_extracti64x4_epi64::<1>(a), bounds);
-            _mm_storeu_si128(
-                out.as_mut_ptr().add(o) as *mut __m128i,
-                _mm_unpacklo_epi64(first, second),
-            );
+            // SAFETY: `o + 16 <= whole <= acc.len()`: the 16 `i32`s from `o` lie in `acc`.
+            let a = unsafe { _mm512_loadu_si512(acc.as_ptr().add(o) as *const __m512i) };
+            // SAFETY: the caller guarantees AVX-512 F, and `o + 16 <= n <= q.m.len()`, the
+            // length of every constant vector `eight` reads.
+            let first = unsafe { eight::<ADJUST>(q, o, _mm512_castsi512_si256(a), bounds) };
+            // SAFETY: as above, for channels `o + 8..o + 16`.
+            let second =
+                unsafe { eight::<ADJUST>(q, o + 8, _mm512_extracti64x4_epi64::<1>(a), bounds) };
+            // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
+            unsafe {
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(o) as *mut __m128i,
+                    _mm_unpacklo_epi64(first, second),
+                )
+            };
             o += 16;
         }
         whole
@@ -349,6 +357,10 @@ mod x86 {
 
     /// Channels `o..o + 8` of [`row_avx512`] (`bounds`: zero point, lo, hi): 8 codes in the
     /// low 64 bits.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F (checked with `is_x86_feature_detected!`), and
+    /// `o + 8 <= q.m.len()` (the length of every constant vector of `q`).
     #[inline(always)]
     unsafe fn eight<const ADJUST: u8>(
         q: &Requantizer,
@@ -356,27 +368,41 @@ mod x86 {
         a: __m256i,
         [zp, lo, hi]: [__m512i; 3],
     ) -> __m128i {
-        let load = |v: &[i64]| _mm512_loadu_si512(v.as_ptr().add(o) as *const __m512i);
-        let (m, s, base, unit) = (load(&q.m), load(&q.shift), load(&q.base), load(&q.unit));
-        // m < 2^31 and a sign-extended i32: the low halves multiply exactly.
-        let p = _mm512_mul_epi32(_mm512_cvtepi32_epi64(a), m);
-        let sign = _mm512_srli_epi64::<63>(p);
-        let adjust = match ADJUST {
-            1 => _mm512_and_si512(_mm512_srav_epi64(p, s), unit),
-            2 => _mm512_andnot_si512(sign, unit),
-            3 => _mm512_and_si512(sign, unit),
-            _ => _mm512_setzero_si512(),
+        let load = |v: &[i64]| {
+            // SAFETY: the caller guarantees AVX-512 F and `o + 8 <= q.m.len()`; `v` is one of
+            // `q`'s constant vectors, all as long as `q.m`: the 8 `i64`s from `o` lie in `v`.
+            unsafe { _mm512_loadu_si512(v.as_ptr().add(o) as *const __m512i) }
         };
-        let r = _mm512_srav_epi64(_mm512_add_epi64(_mm512_add_epi64(p, base), adjust), s);
-        let c = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(r, zp), lo), hi);
-        _mm512_cvtepi64_epi8(c)
+        let (m, s, base, unit) = (load(&q.m), load(&q.shift), load(&q.base), load(&q.unit));
+        // SAFETY: the caller guarantees AVX-512 F, all that these register-only intrinsics
+        // require.
+        unsafe {
+            // m < 2^31 and a sign-extended i32: the low halves multiply exactly.
+            let p = _mm512_mul_epi32(_mm512_cvtepi32_epi64(a), m);
+            let sign = _mm512_srli_epi64::<63>(p);
+            let adjust = match ADJUST {
+                1 => _mm512_and_si512(_mm512_srav_epi64(p, s), unit),
+                2 => _mm512_andnot_si512(sign, unit),
+                3 => _mm512_and_si512(sign, unit),
+                _ => _mm512_setzero_si512(),
+            };
+            let r = _mm512_srav_epi64(_mm512_add_epi64(_mm512_add_epi64(p, base), adjust), s);
+            let c = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(r, zp), lo), hi);
+            _mm512_cvtepi64_epi8(c)
+        }
     }
 
     /// `a >> s` per 64-bit lane, arithmetic (AVX2 has only the logical `vpsrlvq`).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 (checked with `is_x86_feature_detected!`).
     #[inline(always)]
     unsafe fn sra64(a: __m256i, s: __m256i) -> __m256i {
-        let sign = _mm256_cmpgt_epi64(_mm256_setzero_si256(), a);
-        _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(a, sign), s), sign)
+        // SAFETY: the caller guarantees AVX2, all that these register-only intrinsics require.
+        unsafe {
+            let sign = _mm256_cmpgt_epi64(_mm256_setzero_si256(), a);
+            _mm256_xor_si256(_mm256_srlv_epi64(_mm256_xor_si256(a, sign), s), sign)
+        }
     }
 
     /// One row on AVX2, 8 channels at a time: returns how many channels it did.
@@ -398,19 +424,29 @@ mod x86 {
         ];
         let mut o = 0;
         while o < whole {
-            let a = _mm256_loadu_si256(acc.as_ptr().add(o) as *const __m256i);
-            let first = four::<ADJUST>(q, o, _mm256_castsi256_si128(a), bounds);
-            let second = four::<ADJUST>(q, o + 4, _mm256_extracti128_si256::<1>(a), bounds);
+            // SAFETY: `o + 8 <= whole <= acc.len()`: the 8 `i32`s from `o` lie in `acc`.
+            let a = unsafe { _mm256_loadu_si256(acc.as_ptr().add(o) as *const __m256i) };
+            // SAFETY: the caller guarantees AVX2, and `o + 8 <= n <= q.m.len()`, the length of
+            // every constant vector `four` reads.
+            let first = unsafe { four::<ADJUST>(q, o, _mm256_castsi256_si128(a), bounds) };
+            // SAFETY: as above, for channels `o + 4..o + 8`.
+            let second =
+                unsafe { four::<ADJUST>(q, o + 4, _mm256_extracti128_si256::<1>(a), bounds) };
             // Every value is in [0, 255]: the saturating packs only narrow.
             let words = _mm_packus_epi32(first, second);
             let bytes = _mm_packus_epi16(words, words);
-            _mm_storel_epi64(out.as_mut_ptr().add(o) as *mut __m128i, bytes);
+            // SAFETY: `o + 8 <= whole <= out.len()`: the 8 bytes from `o` lie in `out`.
+            unsafe { _mm_storel_epi64(out.as_mut_ptr().add(o) as *mut __m128i, bytes) };
             o += 8;
         }
         whole
     }
 
     /// Channels `o..o + 4` of [`row_avx2`] (`bounds`: zero point, lo, hi): 4 codes as `i32`.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 (checked with `is_x86_feature_detected!`), and `o + 4 <= q.m.len()`
+    /// (the length of every constant vector of `q`).
     #[inline(always)]
     unsafe fn four<const ADJUST: u8>(
         q: &Requantizer,
@@ -418,22 +454,30 @@ mod x86 {
         a: __m128i,
         [zp, lo, hi]: [__m256i; 3],
     ) -> __m128i {
-        let load = |v: &[i64]| _mm256_loadu_si256(v.as_ptr().add(o) as *const __m256i);
-        let (m, s, base, unit) = (load(&q.m), load(&q.shift), load(&q.base), load(&q.unit));
-        let p = _mm256_mul_epi32(_mm256_cvtepi32_epi64(a), m);
-        let sign = _mm256_srli_epi64::<63>(p);
-        let adjust = match ADJUST {
-            1 => _mm256_and_si256(sra64(p, s), unit),
-            2 => _mm256_andnot_si256(sign, unit),
-            3 => _mm256_and_si256(sign, unit),
-            _ => _mm256_setzero_si256(),
+        let load = |v: &[i64]| {
+            // SAFETY: the caller guarantees AVX2 and `o + 4 <= q.m.len()`; `v` is one of `q`'s
+            // constant vectors, all as long as `q.m`: the 4 `i64`s from `o` lie in `v`.
+            unsafe { _mm256_loadu_si256(v.as_ptr().add(o) as *const __m256i) }
         };
-        let r = sra64(_mm256_add_epi64(_mm256_add_epi64(p, base), adjust), s);
-        let c = _mm256_add_epi64(r, zp);
-        let c = _mm256_blendv_epi8(c, lo, _mm256_cmpgt_epi64(lo, c));
-        let c = _mm256_blendv_epi8(c, hi, _mm256_cmpgt_epi64(c, hi));
-        // The low halves of the four lanes, in order, in the low 128 bits.
-        let evens = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
-        _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c, evens))
+        let (m, s, base, unit) = (load(&q.m), load(&q.shift), load(&q.base), load(&q.unit));
+        // SAFETY: the caller guarantees AVX2, all that these register-only intrinsics (and
+        // `sra64`) require.
+        unsafe {
+            let p = _mm256_mul_epi32(_mm256_cvtepi32_epi64(a), m);
+            let sign = _mm256_srli_epi64::<63>(p);
+            let adjust = match ADJUST {
+                1 => _mm256_and_si256(sra64(p, s), unit),
+                2 => _mm256_andnot_si256(sign, unit),
+                3 => _mm256_and_si256(sign, unit),
+                _ => _mm256_setzero_si256(),
+            };
+            let r = sra64(_mm256_add_epi64(_mm256_add_epi64(p, base), adjust), s);
+            let c = _mm256_add_epi64(r, zp);
+            let c = _mm256_blendv_epi8(c, lo, _mm256_cmpgt_epi64(lo, c));
+            let c = _mm256_blendv_epi8(c, hi, _mm256_cmpgt_epi64(c, hi));
+            // The low halves of the four lanes, in order, in the low 128 bits.
+            let evens = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+            _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c, evens))
+        }
     }
 }

@@ -15,77 +15,172 @@ use super::gemm::{Form, PackedMatrix};
 use super::Isa;
 
 /// The operations of one register width, the same for every dot-product form.
+///
+/// Every method runs intrinsics of the width's instruction set, AVX2 for `__m256i` and
+/// AVX-512 F + BW for `__m512i`, from code that need not enable it itself (the
+/// `#[target_feature]` entries below inline them): each is an `unsafe fn` whose callers
+/// guarantee that the CPU runs that instruction set.
 trait Register: Copy {
     /// `i32` lanes per register: output channels per panel.
     const LANES: usize;
+    /// Every lane 0.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn zero() -> Self;
     /// Every lane set to one group of activations.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn splat(x: i32) -> Self;
     /// One group of weights for every lane (`4 · LANES` bytes).
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set, and `p` points to `4 · LANES` readable
+    /// bytes (any alignment).
     unsafe fn load(p: *const u8) -> Self;
+    /// `LANES` values from `p`.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set, and `p` points to `LANES` readable `i32`s
+    /// (any alignment).
     unsafe fn load_i32(p: *const i32) -> Self;
+    /// Lane-wise wrapping `i32` sums.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn add(a: Self, b: Self) -> Self;
+    /// Stores every lane at `p`.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set, and `p` points to `LANES` writable `i32`s
+    /// (any alignment).
     unsafe fn store(p: *mut i32, v: Self);
     /// Stores the first `count` (< `LANES`) lanes.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set, and `p` points to `count.min(LANES)`
+    /// writable `i32`s (any alignment); nothing past them is touched.
     unsafe fn store_first(p: *mut i32, v: Self, count: usize);
     /// `vpmaddubsw`: `u8 × i8` products, adjacent pairs summed into `i16` (saturating).
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn maddubs(a: Self, w: Self) -> Self;
     /// `vpmaddwd`: `i16 × i16` products, adjacent pairs summed into `i32`.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn madd(a: Self, w: Self) -> Self;
     /// Every `i16` lane 1.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn ones_i16() -> Self;
 }
 
 /// Implements [`Register`] for one width: the two widths differ only in their intrinsics (and
-/// in how they store a partial register).
+/// in how they store a partial register). `$features` names the width's instruction set for
+/// the `# Safety` sections.
 macro_rules! register {
     (
-        $v:ty, lanes: $lanes:literal, zero: $zero:ident, splat: $splat:ident,
-        loadu: $loadu:ident, add: $add:ident, storeu: $storeu:ident, maddubs: $maddubs:ident,
-        madd: $madd:ident, set1_i16: $set1_i16:ident,
+        $v:ty, features: $features:literal, lanes: $lanes:literal, zero: $zero:ident,
+        splat: $splat:ident, loadu: $loadu:ident, add: $add:ident, storeu: $storeu:ident,
+        maddubs: $maddubs:ident, madd: $madd:ident, set1_i16: $set1_i16:ident,
         store_first: |$p:ident, $x:ident, $count:ident| $store_first:expr
     ) => {
         impl Register for $v {
             const LANES: usize = $lanes;
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
             #[inline(always)]
             unsafe fn zero() -> $v {
-                $zero()
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $zero() }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
             #[inline(always)]
             unsafe fn splat(x: i32) -> $v {
-                $splat(x)
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $splat(x) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, ", and `p` points to")]
+            /// `4 · LANES` readable bytes (any alignment).
             #[inline(always)]
             unsafe fn load(p: *const u8) -> $v {
-                $loadu(p as *const $v)
+                // SAFETY: the caller guarantees the instruction set and that `p` points to
+                // `4 · LANES` readable bytes, one register; `loadu` takes any alignment.
+                unsafe { $loadu(p as *const $v) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, ", and `p` points to")]
+            /// `LANES` readable `i32`s (any alignment).
             #[inline(always)]
             unsafe fn load_i32(p: *const i32) -> $v {
-                $loadu(p as *const $v)
+                // SAFETY: the caller guarantees the instruction set and that `p` points to
+                // `LANES` readable `i32`s, one register; `loadu` takes any alignment.
+                unsafe { $loadu(p as *const $v) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
             #[inline(always)]
             unsafe fn add(a: $v, b: $v) -> $v {
-                $add(a, b)
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $add(a, b) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, ", and `p` points to")]
+            /// `LANES` writable `i32`s (any alignment).
             #[inline(always)]
             unsafe fn store(p: *mut i32, v: $v) {
-                $storeu(p as *mut $v, v)
+                // SAFETY: the caller guarantees the instruction set and that `p` points to
+                // `LANES` writable `i32`s, one register; `storeu` takes any alignment.
+                unsafe { $storeu(p as *mut $v, v) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, ", and `p` points to")]
+            /// `count.min(LANES)` writable `i32`s (any alignment).
             #[inline(always)]
             unsafe fn store_first($p: *mut i32, $x: $v, $count: usize) {
-                $store_first
+                // SAFETY: the caller guarantees the instruction set and that `p` points to
+                // `count.min(LANES)` writable `i32`s; the store writes no more than those
+                // (a copy of `count.min(LANES)` lanes, or a store masked to them).
+                unsafe { $store_first }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
             #[inline(always)]
             unsafe fn maddubs(a: $v, w: $v) -> $v {
-                $maddubs(a, w)
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $maddubs(a, w) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
             #[inline(always)]
             unsafe fn madd(a: $v, w: $v) -> $v {
-                $madd(a, w)
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $madd(a, w) }
             }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
             #[inline(always)]
             unsafe fn ones_i16() -> $v {
-                $set1_i16(1)
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $set1_i16(1) }
             }
         }
     };
@@ -93,6 +188,7 @@ macro_rules! register {
 
 register!(
     __m256i,
+    features: "AVX2",
     lanes: 8,
     zero: _mm256_setzero_si256,
     splat: _mm256_set1_epi32,
@@ -110,6 +206,7 @@ register!(
 );
 register!(
     __m512i,
+    features: "AVX-512 F and BW",
     lanes: 16,
     zero: _mm512_setzero_si512,
     splat: _mm512_set1_epi32,
@@ -131,6 +228,10 @@ trait Simd {
     /// `i32` lanes per register: output channels per panel.
     const LANES: usize = <Self::V as Register>::LANES;
     /// `acc` plus, in each lane, the dot product of the activations' and the weights' group.
+    ///
+    /// # Safety
+    /// The CPU runs this instruction set (the implementing type's doc names it; checked with
+    /// `is_x86_feature_detected!`).
     unsafe fn dot(acc: Self::V, a: Self::V, w: Self::V) -> Self::V;
 }
 
@@ -140,9 +241,14 @@ struct Quads<V>(PhantomData<V>);
 
 impl<V: Register> Simd for Quads<V> {
     type V = V;
+    /// # Safety
+    /// The CPU runs `V`'s instruction set: AVX2 for `__m256i`, AVX-512 F and BW for
+    /// `__m512i`.
     #[inline(always)]
     unsafe fn dot(acc: V, a: V, w: V) -> V {
-        V::add(acc, V::madd(V::maddubs(a, w), V::ones_i16()))
+        // SAFETY: the caller guarantees `V`'s instruction set, all that these `Register`
+        // operations (no memory access) require.
+        unsafe { V::add(acc, V::madd(V::maddubs(a, w), V::ones_i16())) }
     }
 }
 
@@ -151,9 +257,14 @@ struct Pairs<V>(PhantomData<V>);
 
 impl<V: Register> Simd for Pairs<V> {
     type V = V;
+    /// # Safety
+    /// The CPU runs `V`'s instruction set: AVX2 for `__m256i`, AVX-512 F and BW for
+    /// `__m512i`.
     #[inline(always)]
     unsafe fn dot(acc: V, a: V, w: V) -> V {
-        V::add(acc, V::madd(a, w))
+        // SAFETY: the caller guarantees `V`'s instruction set, all that these `Register`
+        // operations (no memory access) require.
+        unsafe { V::add(acc, V::madd(a, w)) }
     }
 }
 
@@ -164,9 +275,14 @@ macro_rules! fused {
         struct $name;
         impl Simd for $name {
             type V = $v;
+            /// # Safety
+            #[doc = concat!("The CPU runs the instruction set of `", stringify!($dot), "`")]
+            /// (see the type's doc).
             #[inline(always)]
             unsafe fn dot(acc: $v, a: $v, w: $v) -> $v {
-                $dot(acc, a, w)
+                // SAFETY: the caller guarantees the intrinsic's instruction set, its only
+                // requirement (it takes no pointers).
+                unsafe { $dot(acc, a, w) }
             }
         }
     )*};
@@ -209,16 +325,24 @@ struct Tile {
 /// weights, `B · LANES` constants and `R` rows of `cols` outputs.
 #[inline(always)]
 unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
-    let mut acc = [[S::V::zero(); B]; R];
+    // SAFETY: the caller guarantees that the CPU runs `S`.
+    let zero = unsafe { S::V::zero() };
+    let mut acc = [[zero; B]; R];
     for g in 0..t.groups {
-        let mut w = [S::V::zero(); B];
+        let mut w = [zero; B];
         for (b, w) in w.iter_mut().enumerate() {
-            *w = S::V::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4));
+            // SAFETY: the CPU runs `S` (the caller's guarantee). A panel is `groups` groups of
+            // `4 · LANES` bytes, and `t.w` addresses `B` of them: group `g < groups` of panel
+            // `b < B` lies inside.
+            *w = unsafe { S::V::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4)) };
         }
         for (r, acc) in acc.iter_mut().enumerate() {
-            let a = S::V::splat(t.a.add(r * t.a_stride + g).read_unaligned());
+            // SAFETY: the CPU runs `S`; `t.a` addresses `R` rows, `a_stride` apart, of
+            // `groups` `i32` groups (read unaligned), so group `g` of row `r < R` lies inside.
+            let a = unsafe { S::V::splat(t.a.add(r * t.a_stride + g).read_unaligned()) };
             for (acc, w) in acc.iter_mut().zip(&w) {
-                *acc = S::dot(*acc, a, *w);
+                // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is accessed.
+                *acc = unsafe { S::dot(*acc, a, *w) };
             }
         }
     }
@@ -228,18 +352,31 @@ unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
             if first >= t.cols {
                 break;
             }
-            let v = S::V::add(*acc, S::V::load_i32(t.columns.add(first)));
-            let out = t.out.add(r * t.out_stride + first);
+            // SAFETY: the CPU runs `S`; `t.columns` addresses `B · LANES` constants, and
+            // `first + LANES <= B · LANES` since `b < B`.
+            let v = unsafe { S::V::add(*acc, S::V::load_i32(t.columns.add(first))) };
+            // SAFETY: `t.out` addresses `R` rows, `out_stride` apart, of `cols` outputs, and
+            // `r < R`, `first < cols`: the offset stays inside row `r`.
+            let out = unsafe { t.out.add(r * t.out_stride + first) };
             if first + S::LANES <= t.cols {
-                S::V::store(out, v);
+                // SAFETY: the CPU runs `S`; outputs `first..first + LANES` of the row are
+                // within its `cols`.
+                unsafe { S::V::store(out, v) };
             } else {
-                S::V::store_first(out, v, t.cols - first);
+                // SAFETY: the CPU runs `S`; the `cols - first` (< `LANES`) outputs from
+                // `first` are the rest of the row's `cols`.
+                unsafe { S::V::store_first(out, v, t.cols - first) };
             }
         }
     }
 }
 
 /// [`tile`] for `rows` (at most `MR`) rows and `panels` (1 or `NB`) panels.
+///
+/// # Safety
+/// The CPU runs `S`; `t` addresses what [`tile`] reads and writes for `rows` rows and
+/// `panels` panels (a tile of 1 panel, chosen for any `panels` other than `NB`, reads and
+/// writes only the first).
 #[inline(always)]
 unsafe fn dispatch<S: Simd, const MR: usize, const NB: usize>(
     rows: usize,
@@ -248,16 +385,21 @@ unsafe fn dispatch<S: Simd, const MR: usize, const NB: usize>(
 ) {
     macro_rules! by_rows {
         ($b:expr) => {
-            match rows {
-                1 => tile::<S, 1, $b>(t),
-                2 => tile::<S, 2, $b>(t),
-                3 => tile::<S, 3, $b>(t),
-                4 => tile::<S, 4, $b>(t),
-                5 if MR >= 5 => tile::<S, 5, $b>(t),
-                6 if MR >= 6 => tile::<S, 6, $b>(t),
-                7 if MR >= 7 => tile::<S, 7, $b>(t),
-                8 if MR >= 8 => tile::<S, 8, $b>(t),
-                _ => unreachable!("tiles have at most {MR} rows"),
+            // SAFETY: the caller guarantees `S` and that `t` covers `rows` rows and
+            // `panels` panels; each arm runs a tile of exactly `rows` rows and of `NB`
+            // panels when `panels == NB`, else of 1 (other row counts panic).
+            unsafe {
+                match rows {
+                    1 => tile::<S, 1, $b>(t),
+                    2 => tile::<S, 2, $b>(t),
+                    3 => tile::<S, 3, $b>(t),
+                    4 => tile::<S, 4, $b>(t),
+                    5 if MR >= 5 => tile::<S, 5, $b>(t),
+                    6 if MR >= 6 => tile::<S, 6, $b>(t),
+                    7 if MR >= 7 => tile::<S, 7, $b>(t),
+                    8 if MR >= 8 => tile::<S, 8, $b>(t),
+                    _ => unreachable!("tiles have at most {MR} rows"),
+                }
             }
         };
     }
@@ -320,7 +462,8 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
     while r0 < rows {
         let mr = (rows - r0).min(MR);
         let a_tile = if in_place {
-            a.as_ptr().add(r0 * k) as *const i32
+            // SAFETY: `r0 < rows` and `a` holds `rows · k` codes: the offset is inside `a`.
+            unsafe { a.as_ptr().add(r0 * k) as *const i32 }
         } else {
             for (r, row) in packed.chunks_mut(groups.max(1)).take(mr).enumerate() {
                 pack_row(&a[(r0 + r) * k..(r0 + r + 1) * k], w.form(), row);
@@ -330,29 +473,51 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
         let mut p = 0;
         while p < panels {
             let nb = (panels - p).min(NB);
-            let t = Tile {
-                a: a_tile,
-                a_stride: groups,
-                groups,
-                w: w.packed_bytes().add(p * w.panel_bytes()),
-                panel_bytes: w.panel_bytes(),
-                columns: columns.as_ptr().add(p * S::LANES),
-                out: out.as_mut_ptr().add(r0 * n + p * S::LANES),
-                out_stride: n,
-                cols: (n - p * S::LANES).min(nb * S::LANES),
+            // SAFETY: `p < panels`, so the offsets stay inside what the caller guarantees:
+            // panel `p` of the `panels` panels `w` packs, constant `p · LANES` of `columns`
+            // (one per packed channel), and output `r0 · n + p · LANES < rows · n` of `out`
+            // (`r0 < rows`, `p · LANES < n`).
+            let t = unsafe {
+                Tile {
+                    a: a_tile,
+                    a_stride: groups,
+                    groups,
+                    w: w.packed_bytes().add(p * w.panel_bytes()),
+                    panel_bytes: w.panel_bytes(),
+                    columns: columns.as_ptr().add(p * S::LANES),
+                    out: out.as_mut_ptr().add(r0 * n + p * S::LANES),
+                    out_stride: n,
+                    cols: (n - p * S::LANES).min(nb * S::LANES),
+                }
             };
-            dispatch::<S, MR, NB>(mr, nb, &t);
+            // SAFETY: the caller guarantees `S`. `t` covers `mr <= MR` rows of `groups`
+            // groups (rows `r0..r0 + mr` of `a`, read in place as `k = 4 · groups` bytes each,
+            // or the `mr` rows packed into `packed`, `MR · groups` long), panels `p..p + nb`
+            // (`nb <= NB`) of the weights and of `columns`, and `cols` outputs of each of
+            // those rows of `out` (`n` apart).
+            unsafe { dispatch::<S, MR, NB>(mr, nb, &t) };
             p += nb;
         }
         r0 += mr;
     }
 }
 
+/// One `#[target_feature]` entry: [`run`] on `$simd` with tiles of `$mr` rows × 2 panels.
 macro_rules! entry {
     ($name:ident, $features:literal, $simd:ty, $mr:literal) => {
+        #[doc = concat!("[`run`] on `", stringify!($simd), "`, compiled for ", $features, ".")]
+        ///
+        /// # Safety
+        #[doc = concat!("The CPU supports ", $features, " (checked with")]
+        /// `is_x86_feature_detected!`),
+        /// and `w` is packed for this entry's register width and form; `a`, `columns` and
+        /// `out` are as long as [`run`] requires.
         #[target_feature(enable = $features)]
         unsafe fn $name(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
-            run::<$simd, $mr, 2>(a, rows, w, columns, out)
+            // SAFETY: the caller guarantees the CPU features enabled here, which include
+            // the instruction set of the tiles' intrinsics, and `run`'s other requirements
+            // (packing and lengths).
+            unsafe { run::<$simd, $mr, 2>(a, rows, w, columns, out) }
         }
     };
 }

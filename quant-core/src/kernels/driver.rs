@@ -505,6 +505,10 @@ fn job<S: Streams, K: ElementKernel<S>>(
     #[cfg(target_arch = "x86_64")]
     {
         // `unsafe fn`: safe functions with target features need Rust 1.86.
+        /// [`job_body`] compiled for AVX2.
+        ///
+        /// # Safety
+        /// The CPU supports AVX2 (checked with [`use_avx2`]).
         #[target_feature(enable = "avx2")]
         unsafe fn avx2<S: Streams, K: ElementKernel<S>>(
             kernel: &K,

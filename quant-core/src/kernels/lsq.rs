@@ -179,22 +179,31 @@ mod avx2 {
         let scale = _mm256_set1_ps(p.scale);
         let (qmin, qmax) = (_mm256_set1_ps(p.quant_min), _mm256_set1_ps(p.quant_max));
         let magic = _mm256_set1_ps(MAGIC);
-        let (mut ds_lo, mut ds_hi) = (
-            _mm256_loadu_pd(ds.as_ptr()),
-            _mm256_loadu_pd(ds.as_ptr().add(4)),
-        );
-        let (mut dz_lo, mut dz_hi) = (
-            _mm256_loadu_pd(dz.as_ptr()),
-            _mm256_loadu_pd(dz.as_ptr().add(4)),
-        );
+        // SAFETY: `ds` holds `LANES` = 8 `f64`s: the 4 from 0 and the 4 from 4.
+        let (mut ds_lo, mut ds_hi) = unsafe {
+            (
+                _mm256_loadu_pd(ds.as_ptr()),
+                _mm256_loadu_pd(ds.as_ptr().add(4)),
+            )
+        };
+        // SAFETY: `dz` holds `LANES` = 8 `f64`s: the 4 from 0 and the 4 from 4.
+        let (mut dz_lo, mut dz_hi) = unsafe {
+            (
+                _mm256_loadu_pd(dz.as_ptr()),
+                _mm256_loadu_pd(dz.as_ptr().add(4)),
+            )
+        };
         let mut i = 0;
         while i + BLOCK <= n {
             let mut s_acc = _mm256_setzero_ps();
             let mut z_acc = _mm256_setzero_ps();
             for _ in 0..BLOCK / 8 {
-                // SAFETY (all pointer reads and writes): i + 8 <= n, the length of each slice.
-                let xv = _mm256_loadu_ps(xp.add(i));
-                let dyv = _mm256_loadu_ps(yp.add(i));
+                // Every pointer read and write below covers `i..i + 8`, and `i + 8 <= n` (the
+                // block loop keeps `i + BLOCK <= n`), `n` being the shortest slice's length.
+                // SAFETY: `i + 8 <= n <= x.len()`: the 8 `f32`s from `i` lie in `x`.
+                let xv = unsafe { _mm256_loadu_ps(xp.add(i)) };
+                // SAFETY: `i + 8 <= n <= dy.len()`: the 8 `f32`s from `i` lie in `dy`.
+                let dyv = unsafe { _mm256_loadu_ps(yp.add(i)) };
                 // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp`.
                 let w = _mm256_add_ps(_mm256_mul_ps(xv, inv), zp);
                 let r = _mm256_sub_ps(_mm256_add_ps(w, magic), magic);
@@ -206,12 +215,16 @@ mod avx2 {
                 s_acc = _mm256_add_ps(s_acc, _mm256_mul_ps(dyv, term));
                 z_acc = _mm256_add_ps(z_acc, _mm256_andnot_ps(inside, dyv));
                 let before = if O::ACCUMULATE {
-                    _mm256_loadu_ps(gp.add(i))
+                    // SAFETY: `i + 8 <= n <= dx.len()`, and `O` is laid out as an `f32`: the
+                    // 8 values from `i` lie in `dx`. Only `f32` accumulates, so they are
+                    // initialised (`MaybeUninit` storage is never read).
+                    unsafe { _mm256_loadu_ps(gp.add(i)) }
                 } else {
                     _mm256_setzero_ps()
                 };
                 let g = _mm256_add_ps(before, _mm256_and_ps(inside, dyv));
-                _mm256_storeu_ps(gp.add(i), g);
+                // SAFETY: as for the read above, the 8 values from `i` lie in `dx`.
+                unsafe { _mm256_storeu_ps(gp.add(i), g) };
                 i += 8;
             }
             ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
@@ -219,10 +232,13 @@ mod avx2 {
             dz_lo = _mm256_add_pd(dz_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(z_acc)));
             dz_hi = _mm256_add_pd(dz_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(z_acc)));
         }
-        _mm256_storeu_pd(ds.as_mut_ptr(), ds_lo);
-        _mm256_storeu_pd(ds.as_mut_ptr().add(4), ds_hi);
-        _mm256_storeu_pd(dz.as_mut_ptr(), dz_lo);
-        _mm256_storeu_pd(dz.as_mut_ptr().add(4), dz_hi);
+        // SAFETY: `ds` and `dz` hold `LANES` = 8 `f64`s each: the 4 from 0 and the 4 from 4.
+        unsafe {
+            _mm256_storeu_pd(ds.as_mut_ptr(), ds_lo);
+            _mm256_storeu_pd(ds.as_mut_ptr().add(4), ds_hi);
+            _mm256_storeu_pd(dz.as_mut_ptr(), dz_lo);
+            _mm256_storeu_pd(dz.as_mut_ptr().add(4), dz_hi);
+        }
     }
 }
 

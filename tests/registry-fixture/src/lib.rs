@@ -2,6 +2,8 @@
 //! tests (`tests/integration/registry.rs` at the workspace root) find them by enum. Two of them share one
 //! `(target, method, training method)` on purpose, to exercise the `Ambiguous` error.
 
+#![forbid(unsafe_code)]
+
 use quant_core::{
     kernels, ActivationQuantizer, ActivationQuantizerConfig, IntegerGrid, ParamBank, ParamBankMut,
     ParamDecl, QParams, QuantizerConfig, QuantizerInput, Result, TrainableQuantizer,
