@@ -9,7 +9,6 @@
 //! threads: `seeds_in_parallel_give_what_one_thread_gives` runs three seeds (one listed twice,
 //! so that its second listing loads the first's cached float model) on 1, 2 and 3 threads.
 
-
 use std::path::{Path, PathBuf};
 
 use quant::pipeline::{run_staged, RunConfig, RunOptions, RunReport};

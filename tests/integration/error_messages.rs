@@ -8,7 +8,6 @@
 //! empty splits (`DataError::EmptySplit`) in `tests/integration/safety.rs`. `QuantError::Device` wraps dfdx's allocation failure and
 //! is not raised on purpose here.
 
-
 use std::path::PathBuf;
 
 use dfdx::prelude::*;

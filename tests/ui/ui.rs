@@ -6,19 +6,20 @@
 //!
 //! The compile-fail cases only type-check (trybuild runs `cargo check` when a set has no pass
 //! case), so they stay in the default tier; the pass cases build every dependency a second time
-//! and train, so they are in the slow tier.
+//! and train, so they are in the slow tier. This package's dependencies are what trybuild's
+//! project builds: the facade without its default features (tract), and nothing else.
 
 #[test]
 fn macros_reject_bad_attributes_on_the_offending_token() {
     let t = trybuild::TestCases::new();
-    t.compile_fail("tests/ui/mark_quantizer/*.rs");
-    t.compile_fail("tests/ui/derive/*.rs");
+    t.compile_fail("mark_quantizer/*.rs");
+    t.compile_fail("derive/*.rs");
 }
 
 #[test]
 #[ignore = "slow tier: trybuild builds every dependency again and the crates train"]
 fn crates_outside_the_workspace_build_and_run() {
     let t = trybuild::TestCases::new();
-    t.pass("tests/ui/pass/*.rs");
-    t.pass("tests/ui/derive/pass/*.rs");
+    t.pass("pass/*.rs");
+    t.pass("derive/pass/*.rs");
 }
