@@ -11,7 +11,7 @@ use quant_ops::layers::Slot;
 use quant_ops::policy::{Policy, PolicyError};
 
 fn policies_dir() -> std::path::PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../configs/policies")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../configs/policies")
 }
 
 fn load(name: &str) -> Policy {
