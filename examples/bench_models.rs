@@ -21,11 +21,11 @@ use std::time::{Duration, Instant};
 
 use dfdx::optim::{Adam, AdamConfig, Optimizer};
 use dfdx::prelude::*;
-use quant::digits::{self, Digits};
-use quant::pipeline::nets::{self, Net};
-use quant::pipeline::train::{calibration_inputs, input, targets, Logits, Taped};
-use quant_ops::calibration::calibrate;
-use quant_ops::convert::convert_model;
+use quant::data::Dataset;
+use quant::digits;
+use quant::pipeline::nets;
+use quant::pipeline::train::{input, targets, Logits, Taped};
+use quant::pipeline::{quantize, BatchShape, DeployModel, FloatModel, Model};
 use quant_ops::export::export_model;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
@@ -92,20 +92,24 @@ fn cpu_name() -> String {
         .unwrap_or_else(|| "unknown CPU".into())
 }
 
-/// The quantized network `N` under `policy`, calibrated on 4 training batches.
-fn calibrated<N: Net>(
+/// The quantized `model` under `policy`, calibrated on 4 training batches.
+fn calibrated<S: BatchShape, const C: usize, F, D: DeployModel<S, C>>(
+    model: &Model<S, C, F, D>,
     dev: &Cpu,
-    float: &N::Float,
+    float: &F,
     policy: &str,
-    data: &Digits,
-) -> Result<N::Quantized, BoxError> {
+    data: &Dataset,
+) -> Result<D::Quantized, BoxError> {
     let policy = Policy::from_toml_str(policy, "bench policy")?;
-    let mut q = convert_model(&N::deploy(float), &policy)?;
-    calibrate(
-        &mut q,
-        calibration_inputs::<N::Input>(dev, &data.train, 4, 64, 0)?,
-    )?;
-    Ok(q)
+    Ok(quantize::<S, C, D>(
+        dev,
+        &model.deploy(float),
+        &policy,
+        &data.train,
+        4,
+        64,
+        0,
+    )?)
 }
 
 /// One training step as the pipeline takes it: forward with the gradients of the last step
@@ -118,7 +122,7 @@ fn train_step<M>(
     y: &Tensor<(usize, Const<10>), f32, Cpu>,
 ) where
     M: TensorCollection<f32, Cpu>
-        + ModuleMut<Tensor<(usize, Const<64>), f32, Cpu, Taped>, Output = Logits<Taped>>,
+        + ModuleMut<Tensor<(usize, Const<64>), f32, Cpu, Taped>, Output = Logits<10, Taped>>,
     <M as ModuleMut<Tensor<(usize, Const<64>), f32, Cpu, Taped>>>::Error: std::fmt::Debug,
 {
     let g = grads.take().unwrap_or_else(|| model.alloc_grads());
@@ -130,17 +134,17 @@ fn train_step<M>(
 }
 
 /// Section 1: the W4A4 LSQ QAT step against the float step, MLP, batch 64, one thread.
-fn qat_step(data: &Digits, single: &rayon::ThreadPool) -> Result<(), BoxError> {
-    type N = nets::MlpNet;
+fn qat_step(data: &Dataset, single: &rayon::ThreadPool) -> Result<(), BoxError> {
+    let mlp = nets::mlp();
     let dev = Cpu::seed_from_u64(0);
-    let float = N::build(&dev);
-    let mut qat = calibrated::<N>(&dev, &float, W4A4, data)?;
+    let float = mlp.build(&dev);
+    let mut qat = calibrated(&mlp, &dev, &float, W4A4, data)?;
     qat.set_mode("*", QuantizerMode::Training)?;
 
     let idx: Vec<usize> = (0..64).collect();
     let (pixels, labels) = data.train.gather(&idx);
-    let x = input::<<N as Net>::Input>(&dev, pixels, 64)?;
-    let y = dev.tensor_from_vec(targets(&labels, 0.0), (64usize, Const::<10>));
+    let x = input::<(usize, Const<64>)>(&dev, pixels, 64)?;
+    let y = dev.tensor_from_vec(targets(&labels, 10, 0.0), (64usize, Const::<10>));
 
     let (t_float, t_qat) = single.install(|| {
         let mut f = float.clone();
@@ -163,28 +167,36 @@ fn qat_step(data: &Digits, single: &rayon::ThreadPool) -> Result<(), BoxError> {
 
 /// Section 2, one network: its float model (deployable form) against its exported integer
 /// model, at batch 360 and 64 on one thread, and at 360 on rayon's default pool.
-fn inference<N: Net>(name: &str, data: &Digits, single: &rayon::ThreadPool) -> Result<(), BoxError>
+fn inference<S, const C: usize, F, D>(
+    name: &str,
+    model: &Model<S, C, F, D>,
+    data: &Dataset,
+    single: &rayon::ThreadPool,
+) -> Result<(), BoxError>
 where
-    N::Deploy: Sync,
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C> + Module<Tensor<S, f32, Cpu>, Output = Logits<C>>,
+    <D as Module<Tensor<S, f32, Cpu>>>::Error: std::fmt::Debug,
 {
     let dev = Cpu::seed_from_u64(0);
-    let float = N::build(&dev);
-    let quantized = calibrated::<N>(&dev, &float, W4A4, data)?;
-    let deploy = N::deploy(&float);
+    let float = model.build(&dev);
+    let quantized = calibrated(model, &dev, &float, W4A4, data)?;
+    let deploy = model.deploy(&float);
     let integer = IntegerModel::new(&export_model(
         &quantized,
-        N::INPUT_SHAPE,
+        &model.sample_shape(),
         Default::default(),
     )?)?;
-    let pixels = digits::PIXELS;
+    let pixels = data.test.sample_len();
     let mut integer_360 = [Duration::ZERO; 2];
     for (n, pool) in [
         (data.test.len(), Some(single)),
         (64, Some(single)),
         (data.test.len(), None),
     ] {
-        let images = data.test.images[..n * pixels].to_vec();
-        let x = input::<N::Input>(&dev, images.clone(), n)?;
+        let images = data.test.features()[..n * pixels].to_vec();
+        let x = input::<S>(&dev, images.clone(), n)?;
         let measure = || {
             compare(
                 || {
@@ -235,9 +247,9 @@ fn main() -> Result<(), BoxError> {
 
     println!("\n2. Inference: the float dfdx model (BatchNorm folded) against its exported W4A4 integer model");
     println!("   model  batch threads  float (µs)  integer (µs)  integer/float");
-    inference::<nets::MlpNet>("MLP", &data, &single)?;
-    inference::<nets::CnnNet>("CNN", &data, &single)?;
-    inference::<nets::ResnetNet>("ResNet", &data, &single)?;
-    inference::<nets::VitNet>("ViT", &data, &single)?;
+    inference("MLP", &nets::mlp(), &data, &single)?;
+    inference("CNN", &nets::cnn(), &data, &single)?;
+    inference("ResNet", &nets::resnet(), &data, &single)?;
+    inference("ViT", &nets::vit(), &data, &single)?;
     Ok(())
 }

@@ -34,18 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         weight_decay: 0.0,
         label_smoothing: 0.0,
     };
-    train::<Mlp, X>(
-        &dev,
-        &mut float,
-        &data.train,
-        &phase,
-        1,
-        None,
-        &indicatif::ProgressBar::hidden(),
-    )?;
+    train::<Mlp, X, 10>(&dev, &mut float, &data.train, &phase, 1, None, None)?;
     let fp32 = accuracy(
-        &predictions(&logits::<Mlp, X>(&dev, &float, &data.test, 256)?),
-        &data.test.labels,
+        &predictions(&logits::<Mlp, X, 10>(&dev, &float, &data.test, 256)?, 10),
+        data.test.labels(),
     );
     println!("float MLP: {:.2}%\n", 100.0 * fp32);
     println!(
@@ -75,8 +67,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 calibration_inputs::<X>(&dev, &data.train, 8, 64, 1)?,
             )?;
             let acc = accuracy(
-                &predictions(&logits::<QMlp, X>(&dev, &q, &data.test, 256)?),
-                &data.test.labels,
+                &predictions(&logits::<QMlp, X, 10>(&dev, &q, &data.test, 256)?, 10),
+                data.test.labels(),
             );
             let sqnr: Vec<String> = layer_report(&q, &[64], &pixels)?
                 .iter()

@@ -12,13 +12,13 @@
 //!
 //! Run: `cargo run --release --example convert_model`
 
-use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
 
-use quant::digits::{self, Split, CLASSES};
+use quant::digits;
+use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
 use quant::prelude::*;
 use quant::quant_ops::convert::{convert_model, LayerKind};
-use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerSpec, Slot};
+use quant::quant_ops::layers::{QuantizerSpec, Slot};
 use quant::quant_ops::nn::builders as qnn;
 use quant::quant_ops::observers::ObserverConfig;
 use quant::quant_ops::report::{layer_report, layer_table};
@@ -28,10 +28,10 @@ use quant::quant_ops::report::{layer_report, layer_table};
 type CnnBuilder = (
     (qnn::Conv2d<1, 8, 3, 1, 1>, ReLU, qnn::MaxPool2d<2>),
     (qnn::Conv2d<8, 16, 3, 1, 1>, ReLU, qnn::MaxPool2d<2>),
-    (qnn::Flatten<64>, Linear<64, 32>, ReLU, Linear<32, CLASSES>),
+    (qnn::Flatten<64>, Linear<64, 32>, ReLU, Linear<32, 10>),
 );
 
-type Images = Tensor<(usize, Const<1>, Const<8>, Const<8>), f32, Cpu>;
+type Images = (usize, Const<1>, Const<8>, Const<8>);
 
 fn spec(config: impl Into<QuantizerConfig>) -> QuantizerSpec {
     QuantizerSpec {
@@ -91,89 +91,36 @@ fn printing_policy(
     Ok(decision)
 }
 
-fn images(dev: &Cpu, split: &Split, indices: &[usize]) -> Result<Images, CpuError> {
-    let (pixels, _) = split.gather(indices);
-    dev.try_tensor_from_vec(pixels, (indices.len(), Const, Const, Const))
-}
-
-fn one_hot(
-    dev: &Cpu,
-    labels: &[usize],
-) -> Result<Tensor<(usize, Const<CLASSES>), f32, Cpu>, CpuError> {
-    let mut v = vec![0.0; labels.len() * CLASSES];
-    for (i, l) in labels.iter().enumerate() {
-        v[i * CLASSES + l] = 1.0;
-    }
-    dev.try_tensor_from_vec(v, (labels.len(), Const))
-}
-
-fn accuracy(logits: &[f32], labels: &[usize]) -> f32 {
-    let hits = logits
-        .chunks(CLASSES)
-        .zip(labels)
-        .filter(|(row, l)| {
-            let best = row
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (i, v)| if *v > b.1 { (i, *v) } else { b },
-                );
-            best.0 == **l
-        })
-        .count();
-    hits as f32 / labels.len().max(1) as f32
-}
-
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = digits::load(&digits::bundled_path())?;
     let dev = Cpu::seed_from_u64(0);
     let mut cnn = dev.build_module::<CnnBuilder, f32>();
 
     // A short float training, so the report compares against a model that works.
-    let mut opt = Adam::new(
-        &cnn,
-        AdamConfig {
-            lr: 3e-3,
-            ..Default::default()
-        },
-    );
-    let batch = 64;
-    for epoch in 0..4 {
-        let mut total = 0.0;
-        let mut batches = 0;
-        for start in (0..data.train.len()).step_by(batch) {
-            let idx: Vec<usize> = (start..(start + batch).min(data.train.len())).collect();
-            let x = images(&dev, &data.train, &idx)?;
-            let y = one_hot(&dev, &data.train.gather(&idx).1)?;
-            let grads = cnn.alloc_grads();
-            let loss = cross_entropy_with_logits_loss(cnn.try_forward_mut(x.traced(grads))?, y);
-            total += loss.array();
-            batches += 1;
-            opt.update(&mut cnn, &loss.backward())?;
-        }
-        println!("float epoch {epoch}: loss {:.4}", total / batches as f32);
+    let phase = Phase {
+        epochs: 4,
+        lr: 3e-3,
+        ..Phase::default()
+    };
+    let losses = train::<_, Images, 10>(&dev, &mut cnn, &data.train, &phase, 0, None, None)?;
+    for (epoch, loss) in losses.iter().enumerate() {
+        println!("float epoch {epoch}: loss {loss:.4}");
     }
-    let test_idx: Vec<usize> = (0..data.test.len()).collect();
-    let test_x = images(&dev, &data.test, &test_idx)?;
-    let float_acc = accuracy(
-        &cnn.try_forward(test_x.clone())?.as_vec(),
-        &data.test.labels,
-    );
+    let test_accuracy = |l: Vec<f32>| accuracy(&predictions(&l, 10), data.test.labels());
+    let float_acc = test_accuracy(logits::<_, Images, 10>(&dev, &cnn, &data.test, 256)?);
     println!("float test accuracy: {:.1}%\n", 100.0 * float_acc);
 
     println!("converting layer by layer:");
     let mut q = convert_model(&cnn, &printing_policy)?;
 
-    let calib_idx: Vec<usize> = (0..256).collect();
-    let calib = images(&dev, &data.train, &calib_idx)?;
-    q.try_forward_mut(calib.clone())?;
-    let n = q.finish_calibration()?;
+    let calib = calibration_inputs::<Images>(&dev, &data.train, 1, 256, 0)?;
+    let pixels = calib[0].as_vec();
+    let n = quant::calibration::calibrate(&mut q, calib)?;
     println!("\ncalibrated {n} quantizers on 256 training images:");
-    let report = layer_report(&q, &[1, 8, 8], &calib.as_vec())?;
+    let report = layer_report(&q, &[1, 8, 8], &pixels)?;
     print!("{}", layer_table(&report));
 
-    let quant_acc = accuracy(&q.try_forward(test_x)?.as_vec(), &data.test.labels);
+    let quant_acc = test_accuracy(logits::<_, Images, 10>(&dev, &q, &data.test, 256)?);
     println!(
         "\nfake-quantized test accuracy (PTQ, no training): {:.1}% (float {:.1}%)",
         100.0 * quant_acc,

@@ -67,20 +67,21 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         weight_decay: 0.0,
         label_smoothing: 0.0,
     };
-    quant::pipeline::train::train::<Mlp, (usize, Const<64>)>(
+    quant::pipeline::train::train::<Mlp, (usize, Const<64>), 10>(
         &dev,
         &mut float,
         &data.train,
         &phase,
         0,
         None,
-        &indicatif::ProgressBar::hidden(),
+        None,
     )?;
     let fp32 = accuracy(
-        &predictions(&logits::<Mlp, (usize, Const<64>)>(
-            &dev, &float, &data.test, 256,
-        )?),
-        &data.test.labels,
+        &predictions(
+            &logits::<Mlp, (usize, Const<64>), 10>(&dev, &float, &data.test, 256)?,
+            10,
+        ),
+        data.test.labels(),
     );
     println!("float MLP: {:.2}% on the test split\n", 100.0 * fp32);
 
@@ -90,8 +91,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let batches = calibration_inputs::<(usize, Const<64>)>(&dev, &data.train, 8, 64, 0)?;
         calibrate(&mut q, batches)?;
         let acc = accuracy(
-            &predictions(&logits::<_, (usize, Const<64>)>(&dev, &q, &data.test, 256)?),
-            &data.test.labels,
+            &predictions(
+                &logits::<_, (usize, Const<64>), 10>(&dev, &q, &data.test, 256)?,
+                10,
+            ),
+            data.test.labels(),
         );
         println!("PTQ for {platform}: {:.2}%", 100.0 * acc);
         let (pixels, _) = data.train.gather(&(0..128).collect::<Vec<_>>());

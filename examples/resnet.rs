@@ -65,11 +65,10 @@ fn phase(epochs: usize) -> Phase {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let data = digits::bundled()?;
     let dev = Cpu::seed_from_u64(0);
-    let hidden = indicatif::ProgressBar::hidden();
     let mut float = dev.build_module::<Builder, f32>();
-    train::<_, X>(&dev, &mut float, &data.train, &phase(20), 0, None, &hidden)?;
-    let test_accuracy = |l: Vec<f32>| accuracy(&predictions(&l), &data.test.labels);
-    let fp32 = test_accuracy(logits::<_, X>(&dev, &float, &data.test, 256)?);
+    train::<_, X, 10>(&dev, &mut float, &data.train, &phase(20), 0, None, None)?;
+    let test_accuracy = |l: Vec<f32>| accuracy(&predictions(&l, 10), data.test.labels());
+    let fp32 = test_accuracy(logits::<_, X, 10>(&dev, &float, &data.test, 256)?);
     println!("float model: {:.2}% on the test split", 100.0 * fp32);
 
     let policy = Policy::from_toml_str(POLICY, "resnet example policy")?;
@@ -90,11 +89,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         &mut q,
         calibration_inputs::<X>(&dev, &data.train, 8, 64, 0)?,
     )?;
-    let ptq = test_accuracy(logits::<_, X>(&dev, &q, &data.test, 256)?);
+    let ptq = test_accuracy(logits::<_, X, 10>(&dev, &q, &data.test, 256)?);
     q.set_mode("*", QuantizerMode::Training)?;
-    train::<_, X>(&dev, &mut q, &data.train, &phase(5), 1, None, &hidden)?;
+    train::<_, X, 10>(&dev, &mut q, &data.train, &phase(5), 1, None, None)?;
     q.set_mode("*", QuantizerMode::Frozen)?;
-    let qat = test_accuracy(logits::<_, X>(&dev, &q, &data.test, 256)?);
+    let qat = test_accuracy(logits::<_, X, 10>(&dev, &q, &data.test, 256)?);
     println!(
         "\nPTQ {:.2}%, QAT (5 epochs) {:.2}%, float {:.2}%",
         100.0 * ptq,

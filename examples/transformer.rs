@@ -18,7 +18,8 @@ use dfdx::nn::builders::{Linear, TransformerEncoder};
 use dfdx::optim::Adam;
 use dfdx::prelude::*;
 
-use quant::digits::{self, Split};
+use quant::data::Samples;
+use quant::digits;
 use quant::pipeline::train::targets;
 use quant::quant_ops::calibration::calibrate;
 use quant::quant_ops::convert::convert_model;
@@ -58,14 +59,14 @@ input = { bits = 8 }
 "#;
 
 /// A batch of `idx` as sequences of rows, with its labels.
-fn batch(dev: &Cpu, data: &Split, idx: &[usize]) -> (Tensor<Sequences, f32, Cpu>, Vec<usize>) {
+fn batch(dev: &Cpu, data: &Samples, idx: &[usize]) -> (Tensor<Sequences, f32, Cpu>, Vec<usize>) {
     let (pixels, labels) = data.gather(idx);
     let shape = (idx.len(), Const, Const);
     (dev.tensor_from_vec(pixels, shape), labels)
 }
 
 /// One epoch of Adam on cross-entropy of the token-mean logits; returns the mean loss.
-fn epoch<M>(dev: &Cpu, model: &mut M, opt: &mut Adam<M, f32, Cpu>, data: &Split, seed: u64) -> f32
+fn epoch<M>(dev: &Cpu, model: &mut M, opt: &mut Adam<M, f32, Cpu>, data: &Samples, seed: u64) -> f32
 where
     M: TensorCollection<f32, Cpu>
         + ModuleMut<
@@ -81,7 +82,7 @@ where
     let mut grads = model.alloc_grads();
     for idx in order.chunks(64) {
         let (x, labels) = batch(dev, data, idx);
-        let y = dev.tensor_from_vec(targets(&labels, 0.1), (idx.len(), Const::<10>));
+        let y = dev.tensor_from_vec(targets(&labels, 10, 0.1), (idx.len(), Const::<10>));
         let logits = model
             .try_forward_mut(x.traced(grads))
             .expect("shapes fixed by the types")
@@ -121,7 +122,7 @@ fn agreement(predicted: &[usize], expected: &[usize]) -> f32 {
 }
 
 /// The predicted class of every sample of `data`.
-fn predictions<M>(dev: &Cpu, model: &M, data: &Split) -> Vec<usize>
+fn predictions<M>(dev: &Cpu, model: &M, data: &Samples) -> Vec<usize>
 where
     M: Module<
         Tensor<Sequences, f32, Cpu>,
@@ -140,7 +141,7 @@ where
 }
 
 /// Test accuracy of the token-mean logits.
-fn accuracy<M>(dev: &Cpu, model: &M, data: &Split) -> f32
+fn accuracy<M>(dev: &Cpu, model: &M, data: &Samples) -> f32
 where
     M: Module<
         Tensor<Sequences, f32, Cpu>,

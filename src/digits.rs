@@ -12,7 +12,7 @@
 //! [`MAX_ROWS`] rows. A leading UTF-8 byte-order mark is accepted; values quoted in errors are
 //! cut to a readable length.
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use quant_ops::fs::{describe_size, shorten};
@@ -38,97 +38,12 @@ pub const MAX_LINE_BYTES: usize = 4096;
 /// Most rows a data file may hold: 250,000 images take 64 MB as f32.
 pub const MAX_ROWS: usize = 250_000;
 
-/// Why the data could not be loaded; every variant names the file.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum DataError {
-    /// The file could not be opened or read (or is not valid gzip, or not a regular file).
-    #[error("cannot read data file {path}: {source}")]
-    Read {
-        /// The file.
-        path: PathBuf,
-        /// The I/O error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// A line is not 64 pixels and a label.
-    #[error("{path}, line {line}: {message}")]
-    Malformed {
-        /// The file.
-        path: PathBuf,
-        /// 1-based line number.
-        line: usize,
-        /// What is wrong and what is expected.
-        message: String,
-    },
-    /// The file holds fewer rows than the split needs.
-    #[error("{path}: {rows} rows; the digits split needs at least 10 (one test row in 5)")]
-    TooSmall {
-        /// The file.
-        path: PathBuf,
-        /// Rows read.
-        rows: usize,
-    },
-    /// The file holds more than a data file may (see the module's limits).
-    #[error("{path}: {message}")]
-    TooLarge {
-        /// The file.
-        path: PathBuf,
-        /// Which limit, and its value.
-        message: String,
-    },
-    /// A split the run needs holds no rows (a hold-out fold of a small file, say).
-    #[error("{path}: {message}")]
-    EmptySplit {
-        /// The file.
-        path: PathBuf,
-        /// Which split, how many rows there are, and what would work.
-        message: String,
-    },
-}
+pub use crate::data::DataError;
+use crate::data::{Dataset, Samples};
 
-/// One split: images (row-major, `len × 64`, scaled to `[0, 1]`) and labels.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Split {
-    /// `len × 64` pixel values in `[0, 1]`.
-    pub images: Vec<f32>,
-    /// Labels `0..=9`.
-    pub labels: Vec<usize>,
-}
-
-impl Split {
-    /// Number of samples.
-    pub fn len(&self) -> usize {
-        self.labels.len()
-    }
-    /// Whether the split is empty.
-    pub fn is_empty(&self) -> bool {
-        self.labels.is_empty()
-    }
-    /// The pixels of sample `i`.
-    pub fn image(&self, i: usize) -> &[f32] {
-        &self.images[i * PIXELS..(i + 1) * PIXELS]
-    }
-    /// The samples at `indices`, as (pixels, labels).
-    pub fn gather(&self, indices: &[usize]) -> (Vec<f32>, Vec<usize>) {
-        let mut x = Vec::with_capacity(indices.len() * PIXELS);
-        let mut y = Vec::with_capacity(indices.len());
-        for &i in indices {
-            x.extend_from_slice(self.image(i));
-            y.push(self.labels[i]);
-        }
-        (x, y)
-    }
-}
-
-/// The training and test splits.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Digits {
-    /// 1437 rows on the bundled file.
-    pub train: Split,
-    /// 360 rows on the bundled file.
-    pub test: Split,
-}
+/// One digits sample's shape: a one-channel 8x8 image (models that take 64 flat values take
+/// it too: [`Dataset::for_model`]).
+pub const SHAPE: [usize; 3] = [1, 8, 8];
 
 /// Where the bundled data file lies in a source checkout (`data/digits.csv.gz`). Programs read
 /// the copy compiled into them with [`bundled`], which needs no checkout.
@@ -142,7 +57,7 @@ pub fn bundled_path() -> PathBuf {
 ///
 /// # Errors
 /// None in practice (the bundled file is valid); the same checks as [`load`] run.
-pub fn bundled() -> Result<Digits, DataError> {
+pub fn bundled() -> Result<Dataset, DataError> {
     let text = flate2::read::MultiGzDecoder::new(BUNDLED_GZ);
     parse(text, Path::new(BUNDLED_NAME))
 }
@@ -153,7 +68,7 @@ pub fn bundled() -> Result<Digits, DataError> {
 /// The file is missing, unreadable, not a regular file, larger than [`MAX_DATA_FILE_BYTES`],
 /// not gzip, more than [`MAX_TEXT_BYTES`] of text or [`MAX_ROWS`] rows, or a line is not 64
 /// integers in `0..=16` followed by a label in `0..=9`.
-pub fn load(path: &Path) -> Result<Digits, DataError> {
+pub fn load(path: &Path) -> Result<Dataset, DataError> {
     let read_err = |source| DataError::Read {
         path: path.to_path_buf(),
         source,
@@ -174,114 +89,87 @@ pub fn load(path: &Path) -> Result<Digits, DataError> {
 }
 
 /// Parses digits text from `reader` (`path` names it in errors), within the module's limits.
-fn parse(reader: impl Read, path: &Path) -> Result<Digits, DataError> {
-    let read_err = |source| DataError::Read {
-        path: path.to_path_buf(),
-        source,
-    };
+fn parse(reader: impl Read, path: &Path) -> Result<Dataset, DataError> {
     let too_large = |message: String| DataError::TooLarge {
         path: path.to_path_buf(),
         message,
     };
     // One byte more than allowed tells a file at the limit from one past it.
-    let mut reader = BufReader::new(reader.take(MAX_TEXT_BYTES + 1));
-    let mut train = Split {
-        images: Vec::new(),
-        labels: Vec::new(),
+    let total = std::cell::Cell::new(0u64);
+    let counting = CountingReader {
+        inner: reader.take(MAX_TEXT_BYTES + 1),
+        total: &total,
     };
-    let mut test = train.clone();
+    let over_limit = || {
+        too_large(format!(
+            "more than {} of text (after decompression); a digits file holds at most that",
+            describe_size(MAX_TEXT_BYTES)
+        ))
+    };
+    let (mut train, mut test) = ((Vec::new(), Vec::new()), (Vec::new(), Vec::new()));
     let mut rows = 0usize;
-    let mut total = 0u64;
-    let mut buf = Vec::with_capacity(256);
-    for n in 1.. {
-        buf.clear();
-        let read = (&mut reader)
-            .take(MAX_LINE_BYTES as u64 + 1)
-            .read_until(b'\n', &mut buf)
-            .map_err(read_err)?;
-        if read == 0 {
-            break;
-        }
-        total += read as u64;
-        if total > MAX_TEXT_BYTES {
-            return Err(too_large(format!(
-                "more than {} of text (after decompression); a digits file holds at most that",
-                describe_size(MAX_TEXT_BYTES)
-            )));
-        }
-        let malformed = |message: String| DataError::Malformed {
-            path: path.to_path_buf(),
-            line: n,
-            message,
-        };
-        if buf.len() > MAX_LINE_BYTES {
-            return Err(malformed(format!(
-                "the line is longer than {MAX_LINE_BYTES} bytes; a row is 64 pixels and a label"
-            )));
-        }
-        let mut bytes = &buf[..];
-        if n == 1 {
-            // Editors on Windows start UTF-8 files with a byte-order mark.
-            bytes = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(bytes);
-            if bytes.starts_with(b"\xFF\xFE") || bytes.starts_with(b"\xFE\xFF") {
-                return Err(malformed(
-                    "the file starts with a UTF-16 byte-order mark; save it as UTF-8 or ASCII"
-                        .into(),
-                ));
+    crate::data::csv::for_each_line(
+        counting,
+        path,
+        MAX_LINE_BYTES,
+        "a row is 64 pixels and a label",
+        |n, line| {
+            if total.get() > MAX_TEXT_BYTES {
+                return Err(over_limit());
             }
-        }
-        let line = std::str::from_utf8(bytes).map_err(|e| {
-            malformed(format!(
-                "not UTF-8 text (invalid byte at column {})",
-                e.valid_up_to() + 1
-            ))
-        })?;
-        if line.trim().is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.trim().split(',').collect();
-        if fields.len() != PIXELS + 1 {
-            return Err(malformed(format!(
-                "{} fields; expected {} (64 pixels and a label)",
-                fields.len(),
-                PIXELS + 1
-            )));
-        }
-        if rows == MAX_ROWS {
-            return Err(too_large(format!(
-                "more than {MAX_ROWS} rows; a digits file holds at most that"
-            )));
-        }
-        let split = if rows.is_multiple_of(5) {
-            &mut test
-        } else {
-            &mut train
-        };
-        for (i, f) in fields[..PIXELS].iter().enumerate() {
-            let v: u8 = f.trim().parse().map_err(|_| {
-                malformed(format!(
-                    "pixel {i} is `{}`; expected an integer 0..=16",
-                    shorten(f)
-                ))
-            })?;
-            if v > 16 {
-                return Err(malformed(format!("pixel {i} is {v}; expected 0..=16")));
+            let malformed = |message: String| DataError::Malformed {
+                path: path.to_path_buf(),
+                line: n,
+                message,
+            };
+            let fields: Vec<&str> = line.split(',').collect();
+            if fields.len() != PIXELS + 1 {
+                return Err(malformed(format!(
+                    "{} fields; expected {} (64 pixels and a label: the digits format; for a CSV of another width set format = \"csv\" in [data])",
+                    fields.len(),
+                    PIXELS + 1
+                )));
             }
-            split.images.push(v as f32 / 16.0);
-        }
-        let label_text = fields[PIXELS].trim();
-        let label: usize = label_text
-            .parse()
-            .ok()
-            .filter(|l| *l < CLASSES)
-            .ok_or_else(|| {
-                malformed(format!(
-                    "label is `{}`; expected 0..=9",
-                    shorten(label_text)
-                ))
-            })?;
-        split.labels.push(label);
-        rows += 1;
+            if rows == MAX_ROWS {
+                return Err(too_large(format!(
+                    "more than {MAX_ROWS} rows; a digits file holds at most that"
+                )));
+            }
+            let split = if rows.is_multiple_of(5) {
+                &mut test
+            } else {
+                &mut train
+            };
+            for (i, f) in fields[..PIXELS].iter().enumerate() {
+                let v: u8 = f.trim().parse().map_err(|_| {
+                    malformed(format!(
+                        "pixel {i} is `{}`; expected an integer 0..=16",
+                        shorten(f)
+                    ))
+                })?;
+                if v > 16 {
+                    return Err(malformed(format!("pixel {i} is {v}; expected 0..=16")));
+                }
+                split.0.push(v as f32 / 16.0);
+            }
+            let label_text = fields[PIXELS].trim();
+            let label: usize = label_text
+                .parse()
+                .ok()
+                .filter(|l| *l < CLASSES)
+                .ok_or_else(|| {
+                    malformed(format!(
+                        "label is `{}`; expected 0..=9",
+                        shorten(label_text)
+                    ))
+                })?;
+            split.1.push(label);
+            rows += 1;
+            Ok(())
+        },
+    )?;
+    if total.get() > MAX_TEXT_BYTES {
+        return Err(over_limit());
     }
     if rows < 10 {
         return Err(DataError::TooSmall {
@@ -289,7 +177,25 @@ fn parse(reader: impl Read, path: &Path) -> Result<Digits, DataError> {
             rows,
         });
     }
-    Ok(Digits { train, test })
+    Dataset::new(
+        Samples::new(train.0, train.1, &SHAPE)?,
+        Samples::new(test.0, test.1, &SHAPE)?,
+        path.display().to_string(),
+    )
+}
+
+/// Counts the bytes read through it (the text limit is checked on the total).
+struct CountingReader<'a, R> {
+    inner: R,
+    total: &'a std::cell::Cell<u64>,
+}
+
+impl<R: Read> Read for CountingReader<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.total.set(self.total.get() + n as u64);
+        Ok(n)
+    }
 }
 
 #[cfg(test)]
@@ -300,14 +206,16 @@ mod tests {
     fn bundled_file_splits_as_documented() {
         let d = bundled().unwrap();
         // The compiled-in copy is the checkout's file.
-        assert_eq!(load(&bundled_path()).unwrap(), d);
+        let from_file = load(&bundled_path()).unwrap();
+        assert_eq!((&from_file.train, &from_file.test), (&d.train, &d.test));
         assert_eq!((d.train.len(), d.test.len()), (1437, 360));
-        assert_eq!(d.train.images.len(), 1437 * 64);
-        assert!(d.train.images.iter().all(|v| (0.0..=1.0).contains(v)));
+        assert_eq!(d.train.features().len(), 1437 * 64);
+        assert_eq!(d.train.shape(), &SHAPE);
+        assert!(d.train.features().iter().all(|v| (0.0..=1.0).contains(v)));
         // Row 0 (test) is a 0; its first pixels are 0,0,5,13 / 16.
-        assert_eq!(d.test.labels[0], 0);
-        assert_eq!(&d.test.image(0)[..4], &[0.0, 0.0, 5.0 / 16.0, 13.0 / 16.0]);
-        let counts = (0..10).map(|c| d.test.labels.iter().filter(|l| **l == c).count());
+        assert_eq!(d.test.labels()[0], 0);
+        assert_eq!(&d.test.sample(0)[..4], &[0.0, 0.0, 5.0 / 16.0, 13.0 / 16.0]);
+        let counts = (0..10).map(|c| d.test.labels().iter().filter(|l| **l == c).count());
         assert!(
             counts.clone().all(|n| n > 20),
             "{:?}",

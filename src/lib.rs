@@ -84,6 +84,7 @@ pub use quant_macros::*;
 pub use quant_ops;
 pub use quant_ops::*;
 
+pub mod data;
 pub mod digits;
 #[cfg(feature = "onnx-runtime")]
 pub mod onnx_runtime;

@@ -59,7 +59,8 @@ enum Command {
     /// List every registered trainable quantizer (target, methods, id, where it is defined),
     /// every layer kind with its quantizer slots, and every platform.
     List,
-    /// Run an exported integer model, an ONNX file, or both, on the digits test split.
+    /// Run an exported integer model, an ONNX file, or both, on a test split: the bundled
+    /// digits', a digits file's (--data), or the one a run file's [data] names (--config).
     ///
     /// `quant eval DIR` runs quant's integer model; `quant eval --onnx FILE` runs an ONNX file
     /// with tract, a pure-Rust ONNX runtime; with both, it also prints how often their
@@ -74,8 +75,11 @@ enum Command {
         #[arg(long)]
         onnx: Option<PathBuf>,
         /// A digits data file (default: the bundled one).
-        #[arg(long)]
+        #[arg(long, conflicts_with = "config")]
         data: Option<PathBuf>,
+        /// A run file whose [data] section names the data (MNIST's IDX files, CSV, NumPy).
+        #[arg(long)]
+        config: Option<PathBuf>,
         /// Time the forward pass: the median of this many runs.
         #[arg(long, value_parser = clap::value_parser!(u32).range(1..=100_000))]
         repeat: Option<u32>,
@@ -195,7 +199,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
             let export_dir = out.unwrap_or_else(|| Path::new("runs").join(&stem).join("export"));
             let mut inputs = vec![config.as_path()];
-            inputs.extend(cfg.data.path.as_deref());
+            inputs.extend(cfg.data.files());
             // Fail before hours of training if an output cannot be written; write nothing yet.
             check_outputs(&export_dir, report.as_deref(), &inputs)?;
             let opts = RunOptions {
@@ -277,16 +281,24 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             dir,
             onnx,
             data,
+            config,
             repeat,
             batch,
             predictions,
-        } => eval(
-            dir.as_deref(),
-            onnx.as_deref(),
-            data.as_deref(),
-            Timing { repeat, batch },
-            predictions,
-        ),
+        } => {
+            let data = match (data, config) {
+                (Some(path), _) => quant::digits::load(&path)?,
+                (None, Some(config)) => quant::data::load(&RunConfig::from_file(&config)?.data)?,
+                (None, None) => quant::digits::bundled()?,
+            };
+            eval(
+                dir.as_deref(),
+                onnx.as_deref(),
+                &data,
+                Timing { repeat, batch },
+                predictions,
+            )
+        }
     }
 }
 
@@ -320,23 +332,19 @@ fn median_ms<E>(repeat: u32, mut f: impl FnMut() -> Result<(), E>) -> Result<f64
 fn eval(
     dir: Option<&Path>,
     onnx: Option<&Path>,
-    data: Option<&Path>,
+    data: &quant::data::Dataset,
     Timing { repeat, batch }: Timing,
     show_predictions: bool,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    let test = match data {
-        Some(path) => quant::digits::load(path)?,
-        None => quant::digits::bundled()?,
-    }
-    .test;
+    let test = &data.test;
     // The timed batch: `batch` samples cycling through the test split.
     let timed: Vec<f32> = match batch {
         Some(b) => (0..b as usize)
             .flat_map(|i| test.gather(&[i % test.len()]).0)
             .collect(),
-        None => test.images.clone(),
+        None => test.features().to_vec(),
     };
-    let samples = timed.len() / quant::digits::PIXELS;
+    let samples = timed.len() / test.sample_len();
     let mut integer_predictions = None;
     if let Some(dir) = dir {
         let (acc, n) = pipeline::eval_export(dir, data)?;
@@ -347,7 +355,7 @@ fn eval(
         );
         if repeat.is_some() || onnx.is_some() || show_predictions {
             let model = IntegerModel::new(&quant::export::load(dir)?)?;
-            let predicted = model.predict(&test.images)?;
+            let predicted = model.predict(test.features())?;
             if show_predictions {
                 print_predictions("integer", &predicted);
             }
@@ -384,7 +392,7 @@ fn eval(
 #[cfg(feature = "onnx-runtime")]
 fn eval_onnx(
     path: &Path,
-    data: Option<&Path>,
+    data: &quant::data::Dataset,
     repeat: Option<u32>,
     timed: &[f32],
     integer_predictions: Option<&[usize]>,
@@ -410,7 +418,7 @@ fn eval_onnx(
     if let Some(r) = repeat {
         let model = OnnxModel::load(path)?;
         let ms = median_ms(r, || model.forward(timed).map(|_| ()))?;
-        let samples = timed.len() / quant::digits::PIXELS;
+        let samples = timed.len() / data.test.sample_len();
         println!("tract: {ms:.4} ms per batch of {samples} (median of {r} runs)");
     }
     Ok(())

@@ -16,8 +16,8 @@ use std::path::{Path, PathBuf};
 use tract_onnx::prelude::*;
 use tract_onnx::tract_hir::internal::{bail, DimLike};
 
-use crate::digits::{self, DataError};
-use crate::pipeline::train::{accuracy, predictions};
+use crate::data::{DataError, Dataset};
+use crate::pipeline::train::accuracy;
 
 /// Largest ONNX file [`OnnxModel::load`] reads (larger files are refused before reading).
 pub const MAX_ONNX_FILE_BYTES: u64 = 256 << 20;
@@ -193,36 +193,31 @@ impl OnnxModel {
     }
 }
 
-/// Runs the ONNX model at `path` on the digits test split of `data_path` (default: the bundled
-/// file) and returns its accuracy, the number of test samples and the predictions.
+/// Runs the ONNX model at `path` on the test split of `data` and returns its accuracy, the
+/// number of test samples and the predictions.
 ///
 /// # Errors
-/// The model cannot be loaded, does not take 64 pixels and give 10 logits, or fails; the data
-/// file cannot be read.
-pub fn eval_onnx(
-    path: &Path,
-    data_path: Option<&Path>,
-) -> Result<(f64, usize, Vec<usize>), OnnxRunError> {
-    let data = match data_path {
-        Some(p) => digits::load(p)?,
-        None => digits::bundled()?,
-    };
+/// The model cannot be loaded, does not take the data's samples or gives fewer logits than the
+/// labels need, or fails.
+pub fn eval_onnx(path: &Path, data: &Dataset) -> Result<(f64, usize, Vec<usize>), OnnxRunError> {
     let model = OnnxModel::load(path)?;
-    if model.input_features() != digits::PIXELS || model.output_features() != digits::CLASSES {
+    let needed = data.classes_needed();
+    if model.input_features() != data.test.sample_len() || model.output_features() < needed {
         return Err(OnnxRunError::Model {
             path: path.to_path_buf(),
             message: format!(
-                "takes {:?} per sample and gives {} outputs; the digits need {} pixels and {} logits",
+                "takes {:?} per sample and gives {} outputs; the data ({}) has {:?} per sample and labels up to {}",
                 model.input_shape(),
                 model.output_features(),
-                digits::PIXELS,
-                digits::CLASSES
+                data.origin,
+                data.test.shape(),
+                needed.saturating_sub(1)
             ),
         });
     }
-    let predicted = predictions(&model.forward(&data.test.images)?);
+    let predicted = model.predict(data.test.features())?;
     Ok((
-        accuracy(&predicted, &data.test.labels),
+        accuracy(&predicted, data.test.labels()),
         data.test.len(),
         predicted,
     ))

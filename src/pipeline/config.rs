@@ -41,7 +41,7 @@
 //! input = { training_method = "Lsq", bits = 4 }
 //! ```
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
@@ -97,28 +97,7 @@ pub struct ModelSection {
     pub kind: ModelKind,
 }
 
-/// `[data]`.
-#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct DataSection {
-    /// A digits file (gzip CSV); default: the bundled one.
-    pub path: Option<PathBuf>,
-    /// Development mode for choosing a recipe without the test split: hold out one fold of
-    /// the training split, train on the others, and report every figure on the held-out fold
-    /// instead of the test split (which is then not read at all).
-    pub holdout: Option<Holdout>,
-}
-
-/// `holdout = { folds = 5, fold = 0 }`: training row `i` (0-based, within the training split)
-/// is held out when `i % folds == fold`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Holdout {
-    /// Number of folds, 2..=20.
-    pub folds: usize,
-    /// The held-out fold, `0..folds`.
-    pub fold: usize,
-}
+pub use crate::data::{DataSection, Holdout};
 
 fn default_seeds() -> Vec<u64> {
     vec![0]
@@ -342,8 +321,10 @@ impl Default for QatSection {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunConfig {
-    /// The network.
-    pub model: ModelSection,
+    /// The bundled network `quant run` trains (a model of your own runs through
+    /// [`run_model`](super::run_model), which does not read this section).
+    #[serde(default)]
+    pub model: Option<ModelSection>,
     /// The data file.
     #[serde(default)]
     pub data: DataSection,
@@ -361,6 +342,10 @@ pub struct RunConfig {
     pub qat: QatSection,
     /// The quantization policy.
     pub quantization: Policy,
+    /// Where the run file came from (its path, or the name given to
+    /// [`RunConfig::from_toml_str`]), for errors.
+    #[serde(skip)]
+    pub origin: String,
 }
 
 impl RunConfig {
@@ -371,10 +356,11 @@ impl RunConfig {
     /// [`PolicyError::Invalid`] for values out of range and policies no quantizer supports.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<RunConfig, PolicyError> {
         let de = toml::Deserializer::new(text);
-        let cfg: RunConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        let mut cfg: RunConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
             quant_ops::policy::toml_parse_error(origin, text, key, &e.into_inner())
         })?;
+        cfg.origin = origin.to_string();
         let invalid = |key: &str, expected: &str, value: String| PolicyError::Invalid {
             origin: origin.to_string(),
             key: key.to_string(),
@@ -435,7 +421,7 @@ impl RunConfig {
                 format!("a list of {} seeds", cfg.run.seeds.len()),
             ));
         }
-        if let Some(p) = &cfg.data.path {
+        for p in cfg.data.files() {
             let len = p.as_os_str().len();
             if len == 0 || len > MAX_PATH_BYTES {
                 return Err(invalid(
@@ -444,6 +430,21 @@ impl RunConfig {
                     quant_ops::fs::shorten(&p.display().to_string()).into_owned(),
                 ));
             }
+        }
+        if let Err(e) = cfg.data.validate() {
+            let (key, message) = match e {
+                crate::data::DataError::Config { key, message } => (format!("data.{key}"), message),
+                other => ("data".to_string(), other.to_string()),
+            };
+            return Err(PolicyError::Invalid {
+                origin: origin.to_string(),
+                key: key.clone(),
+                source: quant_core::QuantError::InvalidValue {
+                    what: key,
+                    value: "this setting".into(),
+                    expected: message,
+                },
+            });
         }
         for (key, v) in [
             ("float.batch_size", cfg.float.batch_size),
@@ -464,10 +465,10 @@ impl RunConfig {
             ("float.shift", cfg.float.shift),
             ("qat.shift", cfg.qat.shift),
         ] {
-            if v > 3 {
+            if v > 8 {
                 return Err(invalid(
                     key,
-                    "a shift of 0..=3 pixels (the images are 8x8)",
+                    "a shift of 0..=8 pixels (the digits are 8x8, MNIST 28x28)",
                     v.to_string(),
                 ));
             }
@@ -488,22 +489,6 @@ impl RunConfig {
                 return Err(invalid(key, "a label smoothing in [0, 1)", v.to_string()));
             }
         }
-        if let Some(h) = cfg.data.holdout {
-            if !(2..=20).contains(&h.folds) {
-                return Err(invalid(
-                    "data.holdout.folds",
-                    "a number of folds in 2..=20",
-                    h.folds.to_string(),
-                ));
-            }
-            if h.fold >= h.folds {
-                return Err(invalid(
-                    "data.holdout.fold",
-                    &format!("a fold in 0..{}", h.folds),
-                    h.fold.to_string(),
-                ));
-            }
-        }
         if let Some(d) = cfg.qat.distillation {
             if !(0.0..=1.0).contains(&d.weight) {
                 return Err(invalid(
@@ -522,6 +507,22 @@ impl RunConfig {
         }
         cfg.quantization.validate(origin, "quantization")?;
         Ok(cfg)
+    }
+
+    /// The bundled network `[model]` names, which `quant run` needs.
+    ///
+    /// # Errors
+    /// The run file has no `[model]` (the message names the file and says what to add).
+    pub fn bundled_model(&self) -> Result<ModelKind, PolicyError> {
+        self.model.as_ref().map(|m| m.kind).ok_or_else(|| PolicyError::Invalid {
+            origin: self.origin.clone(),
+            key: "model".into(),
+            source: quant_core::QuantError::InvalidValue {
+                what: "model".into(),
+                value: "missing".into(),
+                expected: "[model] kind = \"mlp\", \"cnn\", \"resnet\" or \"vit\" for quant run (a model of your own runs through quant::pipeline::run_model, which does not read [model])".into(),
+            },
+        })
     }
 
     /// Reads and validates a run file: a regular file of at most
@@ -629,8 +630,9 @@ bits = 4
     #[test]
     fn vit_is_a_model_kind_and_unknown_kinds_list_it() {
         let cfg = RunConfig::from_toml_str(&BASE.replace("\"mlp\"", "\"vit\""), "t").unwrap();
-        assert_eq!(cfg.model.kind, ModelKind::Vit);
-        assert_eq!(cfg.model.kind.to_string(), "vit");
+        let kind = cfg.model.unwrap().kind;
+        assert_eq!(kind, ModelKind::Vit);
+        assert_eq!(kind.to_string(), "vit");
         let e = RunConfig::from_toml_str(&BASE.replace("\"mlp\"", "\"vgg\""), "t").unwrap_err();
         let message = e.to_string();
         for kind in ["mlp", "cnn", "resnet", "vit"] {

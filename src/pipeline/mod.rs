@@ -1,11 +1,37 @@
-//! The main job: train a float model on the digits, convert it under a policy, calibrate (PTQ),
-//! train with quantization (QAT), export the integer model and run it on integers.
+//! The pipeline: train a float model (or take one already trained), convert it under a policy,
+//! calibrate (PTQ), train with quantization (QAT), export the integer model, run it on integers,
+//! and report every figure, for several seeds.
 //!
-//! [`run`] does all of it from a [`RunConfig`]; the `quant run` command is a thin shell around
-//! it.
+//! - [`run_model`] runs it on **your** dfdx model ([`Model`]: any model that converts, any input
+//!   shape, any number of classes) and **your** data ([`Dataset`](crate::data::Dataset)), with
+//!   the run file's sections as a typed [`RunConfig`] (parsed, or built in code).
+//! - [`run`] is what `quant run` does: the data of the run file's `[data]`, and the bundled
+//!   network its `[model]` names, sized for that data ([`nets`]): they are ordinary users of
+//!   [`run_model`].
+//! - The stages are functions of their own, for programs that keep their own training loop
+//!   (MCT's init/finalize style): [`quantize`] (convert and calibrate),
+//!   [`train::Trainer`] (one QAT step at a time, or [`train::train`] for a whole phase), and
+//!   [`export_and_check`] (lower to the graph, run on integers, compare).
+//!
+//! ```no_run
+//! use quant::dfdx::prelude::*;
+//! use quant::data::{self, DataSection};
+//! use quant::pipeline::{run_model, Model, RunConfig, RunOptions};
+//!
+//! // A model of your own: 784 inputs (28x28 images, flat), 10 classes.
+//! type Mlp = (Linear<784, 128>, ReLU, Linear<128, 10>);
+//! let model: Model<(usize, Const<784>), 10, _> =
+//!     Model::new("my-mlp", |dev| dev.build_module::<Mlp, f32>());
+//! let cfg = RunConfig::from_file("configs/mnist_mlp_w4a4.toml".as_ref())?;
+//! let data = data::load(&cfg.data)?;
+//! let report = run_model(&cfg, &RunOptions::default(), &data, &model, &mut |_| {})?.report;
+//! println!("{}", report.table());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 mod cache;
 pub mod config;
+mod model;
 pub mod nets;
 pub mod report;
 mod schedule;
@@ -20,20 +46,24 @@ use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressDrawTarget};
 
 use quant_core::QuantError;
-use quant_ops::export::{self, ExportError};
+use quant_ops::convert::convert_model;
+use quant_ops::export::{self, export_model, ExportError};
 pub use quant_ops::fs::OutputError;
 use quant_ops::fs::{check_output_file, StagedDir};
+use quant_ops::graph::Graph;
 use quant_ops::integer::IntegerModel;
-use quant_ops::policy::PolicyError;
+use quant_ops::policy::{Policy, PolicyError};
 
-use crate::digits::{self, DataError, Digits};
+use crate::data::{self, DataError, Dataset, Samples};
 pub use cache::CACHE_KEY_VERSION;
 pub use config::{ModelKind, QatInit, RunConfig};
-use nets::{MlpNet, Net};
+pub use model::{
+    BatchShape, DeployModel, FloatModel, FloatWeights, Logits, Model, QuantizedModel, Taped,
+};
 pub use report::{RunReport, SeedResult};
 use schedule::{lock, run_seeds};
 use stages::{Seed, SeedOutcome};
-use train::accuracy;
+use train::{accuracy, calibration_inputs, logits, predictions};
 
 /// Everything that can stop a run, each naming the file or layer concerned.
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +95,8 @@ pub enum RunError {
     },
 }
 
-/// Where a run reads and writes.
-#[derive(Debug, Clone)]
+/// Where a run reads and writes (default: no cache, no export, no progress bars).
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Float checkpoints are cached here (per model, seed and schedule); `None` disables it.
     pub cache_dir: Option<PathBuf>,
@@ -119,7 +149,8 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
 
 /// Runs the whole pipeline for every seed of `cfg`, calling `on_seed` after each, and returns
 /// the report with the export staged (see [`StagedRun`]), for callers that put several
-/// outputs in place together.
+/// outputs in place together: the data of `[data]`, and the bundled network `[model]` names,
+/// sized for that data ([`nets::run_bundled`]).
 ///
 /// Seeds run in parallel on the threads of the current rayon pool (the global one, or the
 /// pool this is called in), each with its own device and generators: the report, the export
@@ -132,57 +163,184 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
 /// export), so a run that could not write its result fails at once.
 ///
 /// # Errors
-/// Output, data, quantization, export and file errors; an empty training or test split (a
-/// hold-out fold of a small file).
+/// Output, data, quantization, export and file errors; a run file without `[model]`; data no
+/// bundled network takes; an empty training or test split (a hold-out fold of a small file).
 pub fn run_staged(
     cfg: &RunConfig,
     opts: &RunOptions,
     on_seed: &mut (dyn FnMut(SeedDone<'_>) + Send),
 ) -> Result<StagedRun, RunError> {
+    if let Some(dir) = &opts.export_dir {
+        // Checked before the data is read, like every output.
+        quant_ops::fs::check_export_dir(dir)?;
+    }
+    let kind = cfg.bundled_model()?;
+    let data = data::load(&cfg.data)?;
+    nets::run_bundled(kind, cfg, opts, &data, on_seed)
+}
+
+/// Runs the whole pipeline on a model of your own and your data, for every seed of `cfg`
+/// (its `[model]` and `[data]` sections are not read), calling `on_seed` after each; returns
+/// the report with the export staged (see [`StagedRun`]).
+///
+/// The data is checked against the model before anything trains: the sample size (any shape
+/// of the same size is taken: `[784]` data for a model of `[1, 28, 28]` inputs) and every
+/// label below `C`. Float training uses `[float]` unless the model brings its weights
+/// ([`Model::with_weights`]); calibration uses the data set's calibration samples, or its
+/// training split. Seeds run as [`run_staged`] describes.
+///
+/// # Errors
+/// The data does not fit the model; output, quantization, export and file errors.
+pub fn run_model<S, const C: usize, F, D>(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    data: &Dataset,
+    model: &Model<S, C, F, D>,
+    on_seed: &mut (dyn FnMut(SeedDone<'_>) + Send),
+) -> Result<StagedRun, RunError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
     let export = opts.export_dir.as_deref().map(StagedDir::new).transpose()?;
-    let (mut data, origin) = match &cfg.data.path {
-        Some(path) => (digits::load(path)?, path.clone()),
-        None => (digits::bundled()?, PathBuf::from(digits::BUNDLED_NAME)),
+    let data = data.clone().for_model(&S::sample_shape(), C)?;
+    let progress = MultiProgress::with_draw_target(if opts.progress {
+        ProgressDrawTarget::stderr()
+    } else {
+        ProgressDrawTarget::hidden()
+    });
+    let started = Instant::now();
+    let seeds = &cfg.run.seeds;
+    let train_digest = cache::split_digest(&data.train);
+    // Only trained float models are cached.
+    let cache_files: Vec<Option<PathBuf>> = seeds
+        .iter()
+        .map(|&seed| match (model.weights(), opts.cache_dir.as_deref()) {
+            (FloatWeights::Train, Some(dir)) => Some(cache::cache_path(
+                dir,
+                model.name(),
+                cfg,
+                seed,
+                &train_digest,
+            )),
+            _ => None,
+        })
+        .collect();
+    // Cache files are checked before any training, like the other outputs.
+    for path in cache_files.iter().flatten() {
+        check_output_file(path).map_err(output_error)?;
+    }
+    // A seed listed twice trains (or loads) its float model after the previous listing has
+    // written it to the cache, as a sequential run does.
+    let float_after: Vec<Option<usize>> = (0..seeds.len())
+        .map(|i| seeds[..i].iter().rposition(|s| *s == seeds[i]))
+        .collect();
+    let tasks = SeedTasks {
+        configs: seeds.iter().map(|_| Mutex::new(cfg.clone())).collect(),
+        opts,
+        data: &data,
+        seeds,
+        progress,
     };
-    if let Some(h) = cfg.data.holdout {
-        // Recipe development: the held-out fold of the training split stands in for the test
-        // split, which is dropped unread.
-        let rows = data.train.len();
-        let (kept, held) = train::holdout(&data.train, h.folds, h.fold);
-        if held.is_empty() || kept.is_empty() {
-            return Err(DataError::EmptySplit {
-                path: origin,
-                message: format!(
-                    "data.holdout = {{ folds = {}, fold = {} }} leaves {} rows to train on and {} to evaluate on, of the {rows} rows of the training split; both need at least one: use a fold below {} or a larger data file",
-                    h.folds,
-                    h.fold,
-                    kept.len(),
-                    held.len(),
-                    h.folds.min(rows)
-                ),
-            }
-            .into());
-        }
-        data = Digits {
-            train: kept,
-            test: held,
-        };
-    }
-    for (split, name) in [(&data.train, "training"), (&data.test, "test")] {
-        if split.is_empty() {
-            return Err(DataError::EmptySplit {
-                path: origin,
-                message: format!("the {name} split has no rows; a run needs at least one"),
-            }
-            .into());
-        }
-    }
-    match cfg.model.kind {
-        ModelKind::Mlp => run_net::<MlpNet>(cfg, opts, &data, export, on_seed),
-        ModelKind::Cnn => run_net::<nets::CnnNet>(cfg, opts, &data, export, on_seed),
-        ModelKind::Resnet => run_net::<nets::ResnetNet>(cfg, opts, &data, export, on_seed),
-        ModelKind::Vit => run_net::<nets::VitNet>(cfg, opts, &data, export, on_seed),
-    }
+    let export = Mutex::new(export);
+    let finished = Mutex::new((0usize, on_seed));
+    let outcomes = run_seeds(
+        float_after,
+        |i| {
+            tasks.run(i, |seed| {
+                stages::float_model(seed, model, cache_files[i].as_deref())
+            })
+        },
+        |i, float| {
+            let outcome = tasks.run(i, |seed| {
+                let staged = if i == 0 { lock(&export).take() } else { None };
+                stages::quantized(seed, model, float, i == 0, staged)
+            })?;
+            let mut finished = lock(&finished);
+            finished.0 += 1;
+            let done = finished.0;
+            (finished.1)(SeedDone {
+                result: &outcome.result,
+                done,
+                total: seeds.len(),
+                elapsed: started.elapsed(),
+            });
+            Ok(outcome)
+        },
+    )?;
+    Ok(report(model.name(), cfg, opts, &data, outcomes))
+}
+
+/// Converts `deploy` under `policy` and calibrates it on `batches` shuffled batches of
+/// `batch_size` samples of `calibration` (the shuffle seeded by `seed`): the PTQ model, every
+/// quantizer frozen. A policy pattern that matches no layer is an error naming it.
+///
+/// # Errors
+/// The policy cannot be applied (an override matching nothing, a setting no quantizer
+/// supports); no samples; an observer fails; the samples do not make batches of `S`.
+pub fn quantize<S, const C: usize, D>(
+    dev: &Cpu,
+    deploy: &D,
+    policy: &Policy,
+    calibration: &Samples,
+    batches: usize,
+    batch_size: usize,
+    seed: u64,
+) -> Result<D::Quantized, RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
+    // The policy records the layers it matched: each conversion gets its own copy.
+    let policy = policy.clone();
+    let mut model = convert_model(deploy, &policy)?;
+    policy.check_unmatched()?;
+    let inputs = calibration_inputs::<S>(dev, calibration, batches, batch_size, seed)?;
+    quant_ops::calibration::calibrate(&mut model, inputs)?;
+    Ok(model)
+}
+
+/// What [`export_and_check`] found: the exported graph, and how the integer model did.
+#[derive(Debug, Clone)]
+pub struct IntegerCheck {
+    /// The graph, ready for [`export::save`].
+    pub graph: Graph,
+    /// The integer model's predictions on the samples.
+    pub predictions: Vec<usize>,
+    /// Their accuracy.
+    pub accuracy: f64,
+    /// The share of samples where the integer model predicts what the quantized (fake-quantized,
+    /// in `f32`) model predicts.
+    pub agreement: f64,
+}
+
+/// Lowers a trained quantized model to the graph, runs it on integers on `samples`, and
+/// compares its predictions with the quantized model's (frozen, evaluation mode).
+///
+/// # Errors
+/// The model has a layer without a graph form, or one the integer runtime cannot run (the
+/// error names it); the samples do not make batches of `S`.
+pub fn export_and_check<S, const C: usize, Q>(
+    model: &Q,
+    samples: &Samples,
+    info: std::collections::BTreeMap<String, String>,
+) -> Result<IntegerCheck, RunError>
+where
+    S: BatchShape,
+    Q: QuantizedModel<S, C>,
+{
+    let graph = export_model(model, &S::sample_shape(), info)?;
+    let integer = IntegerModel::new(&graph)?;
+    let predicted = integer.predict(samples.features())?;
+    let dev = Cpu::default();
+    let reference = predictions(&logits::<Q, S, C>(&dev, model, samples, 256)?, C);
+    Ok(IntegerCheck {
+        accuracy: accuracy(&predicted, samples.labels()),
+        agreement: accuracy(&predicted, &reference),
+        predictions: predicted,
+        graph,
+    })
 }
 
 fn file_error(path: &Path, e: impl std::fmt::Display) -> RunError {
@@ -212,7 +370,7 @@ fn output_error(e: OutputError) -> RunError {
 struct SeedTasks<'a> {
     configs: Vec<Mutex<RunConfig>>,
     opts: &'a RunOptions,
-    data: &'a Digits,
+    data: &'a Dataset,
     seeds: &'a [u64],
     progress: MultiProgress,
 }
@@ -231,83 +389,14 @@ impl SeedTasks<'_> {
     }
 }
 
-/// Runs every seed of `cfg` on the network `N`, seeds in parallel on the threads of the
-/// current rayon pool (see `schedule`), and assembles the report in seed order.
-fn run_net<N: Net>(
+/// The report of a run from its seeds' outcomes, in seed order; the first seed's export.
+fn report(
+    model: &str,
     cfg: &RunConfig,
     opts: &RunOptions,
-    data: &Digits,
-    export: Option<StagedDir>,
-    on_seed: &mut (dyn FnMut(SeedDone<'_>) + Send),
-) -> Result<StagedRun, RunError>
-where
-    N::Float: Send,
-    N::Deploy: Send,
-    N::Quantized: Send,
-{
-    let progress = MultiProgress::with_draw_target(if opts.progress {
-        ProgressDrawTarget::stderr()
-    } else {
-        ProgressDrawTarget::hidden()
-    });
-    let started = Instant::now();
-    let seeds = &cfg.run.seeds;
-    let train_digest = cache::split_digest(&data.train);
-    let cache_files: Vec<Option<PathBuf>> = seeds
-        .iter()
-        .map(|&seed| {
-            opts.cache_dir
-                .as_deref()
-                .map(|dir| cache::cache_path(dir, cfg, seed, &train_digest))
-        })
-        .collect();
-    // Cache files are checked before any training, like the other outputs.
-    for path in cache_files.iter().flatten() {
-        check_output_file(path).map_err(output_error)?;
-    }
-    // A seed listed twice trains (or loads) its float model after the previous listing has
-    // written it to the cache, as a sequential run does.
-    let float_after: Vec<Option<usize>> = (0..seeds.len())
-        .map(|i| seeds[..i].iter().rposition(|s| *s == seeds[i]))
-        .collect();
-    let tasks = SeedTasks {
-        configs: seeds.iter().map(|_| Mutex::new(cfg.clone())).collect(),
-        opts,
-        data,
-        seeds,
-        progress,
-    };
-    let export = Mutex::new(export);
-    let finished = Mutex::new((0usize, on_seed));
-    let outcomes = run_seeds(
-        float_after,
-        |i| {
-            tasks.run(i, |seed| {
-                stages::float_model::<N>(seed, cache_files[i].as_deref())
-            })
-        },
-        |i, float| {
-            let outcome = tasks.run(i, |seed| {
-                let staged = if i == 0 { lock(&export).take() } else { None };
-                stages::quantized::<N>(seed, float, i == 0, staged)
-            })?;
-            let mut finished = lock(&finished);
-            finished.0 += 1;
-            let done = finished.0;
-            (finished.1)(SeedDone {
-                result: &outcome.result,
-                done,
-                total: seeds.len(),
-                elapsed: started.elapsed(),
-            });
-            Ok(outcome)
-        },
-    )?;
-    Ok(report(cfg, opts, outcomes))
-}
-
-/// The report of a run from its seeds' outcomes, in seed order; the first seed's export.
-fn report(cfg: &RunConfig, opts: &RunOptions, outcomes: Vec<SeedOutcome>) -> StagedRun {
+    data: &Dataset,
+    outcomes: Vec<SeedOutcome>,
+) -> StagedRun {
     let mut results = Vec::with_capacity(outcomes.len());
     let mut no_integer = None;
     let mut first = None;
@@ -318,7 +407,7 @@ fn report(cfg: &RunConfig, opts: &RunOptions, outcomes: Vec<SeedOutcome>) -> Sta
     }
     let first = first.unwrap_or_default();
     let mut report = RunReport::new(
-        cfg.model.kind.to_string(),
+        model.to_string(),
         opts.policy_name.clone(),
         report::recipe(cfg),
         results,
@@ -327,43 +416,50 @@ fn report(cfg: &RunConfig, opts: &RunOptions, outcomes: Vec<SeedOutcome>) -> Sta
         no_integer,
     );
     report.no_onnx_model = first.no_onnx;
+    report.data = Some(data.origin.clone());
     StagedRun {
         report,
         export: first.export,
     }
 }
 
-/// Evaluates an exported integer model on the test split of `data_path` (default: the bundled
-/// file): returns the accuracy and the number of test samples.
+/// Evaluates an exported integer model on the test split of `data`: returns the accuracy and
+/// the number of test samples.
 ///
 /// # Errors
-/// The export cannot be loaded or is inconsistent; the data file cannot be read.
-pub fn eval_export(dir: &Path, data_path: Option<&Path>) -> Result<(f64, usize), RunError> {
-    let data = match data_path {
-        Some(path) => digits::load(path)?,
-        None => digits::bundled()?,
-    };
+/// The export cannot be loaded or is inconsistent; it does not take the data's samples or has
+/// fewer outputs than the data's labels need.
+pub fn eval_export(dir: &Path, data: &Dataset) -> Result<(f64, usize), RunError> {
     let model = IntegerModel::new(&export::load(dir)?)?;
-    if model.input_features() != digits::PIXELS || model.output_features() != digits::CLASSES {
+    let needed = data.classes_needed();
+    if model.input_features() != data.test.sample_len() || model.output_features() < needed {
         return Err(RunError::Export(ExportError::Unsupported {
             layer: "(model)".into(),
             reason: format!(
-                "takes {} inputs and gives {} outputs; the digits need {} and {}",
+                "takes {} inputs and gives {} outputs; the data ({}) has {} values per sample and labels up to {}",
                 model.input_features(),
                 model.output_features(),
-                digits::PIXELS,
-                digits::CLASSES
+                data.origin,
+                data.test.sample_len(),
+                needed.saturating_sub(1)
             ),
         }));
     }
-    let predicted = model.predict(&data.test.images)?;
-    Ok((accuracy(&predicted, &data.test.labels), data.test.len()))
+    let predicted = model.predict(data.test.features())?;
+    Ok((accuracy(&predicted, data.test.labels()), data.test.len()))
 }
 
-/// Loads a float checkpoint of `N` (used by tests).
+/// Loads a float checkpoint of `model` (used by tests).
 #[doc(hidden)]
-pub fn load_float<N: Net>(dev: &Cpu, path: &Path) -> Result<N::Float, RunError> {
-    let mut m = N::build(dev);
+pub fn load_float<S, const C: usize, F, D>(
+    model: &Model<S, C, F, D>,
+    dev: &Cpu,
+    path: &Path,
+) -> Result<F, RunError>
+where
+    F: TensorCollection<f32, Cpu>,
+{
+    let mut m = model.build(dev);
     quant_ops::checkpoint::load_checkpoint(&mut m, path).map_err(|e| file_error(path, e))?;
     Ok(m)
 }

@@ -1,15 +1,22 @@
-//! The networks of the main job, and what the pipeline needs to know about each.
+//! The networks `quant run` trains (`[model] kind`), each sized for the data: the 8x8 digits
+//! (64 values a sample) or 28x28 images (784 values: MNIST, Fashion-MNIST). Each is a
+//! [`Model`] like any model of your own, run by [`run_model`](super::run_model).
 
 use dfdx::prelude::*;
 
-use quant_core::QuantError;
 use quant_ops::convert::Convert;
 /// BatchNorm folding, now in the library ([`quant_ops::fold`]).
 pub use quant_ops::fold::fold_batchnorm;
-use quant_ops::layers::QuantizedModule;
 
-use super::config::ModelKind;
-use super::train::{InputShape, Logits, Taped};
+use super::config::{ModelKind, RunConfig};
+use super::model::Model;
+use super::{run_model, RunError, RunOptions, SeedDone, StagedRun};
+use crate::data::{DataError, Dataset};
+
+/// A batch of 8x8 one-channel images.
+pub type Digits8x8 = (usize, Const<1>, Const<8>, Const<8>);
+/// A batch of 28x28 one-channel images.
+pub type Images28x28 = (usize, Const<1>, Const<28>, Const<28>);
 
 /// The MLP, as dfdx builders: 64-256-256-10 with ReLU.
 pub type MlpBuilder = (
@@ -24,66 +31,9 @@ pub type Mlp = <MlpBuilder as BuildOnDevice<Cpu, f32>>::Built;
 /// The quantized MLP.
 pub type QMlp = <Mlp as Convert>::Quantized;
 
-/// A network of the main job: its float form, the float form prepared for quantization, and
-/// its quantized twin.
-pub trait Net {
-    /// Which network.
-    const KIND: ModelKind;
-    /// Shape of one input sample.
-    const INPUT_SHAPE: &'static [usize];
-    /// The shape of an input batch.
-    type Input: InputShape;
-    /// The float network as trained.
-    type Float: TensorCollection<f32, Cpu, To<f32, Cpu> = Self::Float>
-        + Clone
-        + ModuleMut<
-            Tensor<Self::Input, f32, Cpu, Taped>,
-            Output = Logits<Taped>,
-            Error = dfdx::tensor::CpuError,
-        > + Module<
-            Tensor<Self::Input, f32, Cpu>,
-            Output = Logits<NoneTape>,
-            Error = dfdx::tensor::CpuError,
-        >;
-    /// The float network with everything folded that has no integer form (BatchNorm).
-    type Deploy: Convert<Quantized = Self::Quantized>
-        + Module<
-            Tensor<Self::Input, f32, Cpu>,
-            Output = Logits<NoneTape>,
-            Error = dfdx::tensor::CpuError,
-        >;
-    /// The quantized twin.
-    type Quantized: TensorCollection<f32, Cpu>
-        + Clone
-        + QuantizedModule
-        + ModuleMut<Tensor<Self::Input, f32, Cpu, Taped>, Output = Logits<Taped>, Error = QuantError>
-        + ModuleMut<Tensor<Self::Input, f32, Cpu>, Output = Logits<NoneTape>, Error = QuantError>
-        + Module<Tensor<Self::Input, f32, Cpu>, Output = Logits<NoneTape>, Error = QuantError>;
-
-    /// A freshly initialised float network (weights from `dev`'s seeded generator).
-    fn build(dev: &Cpu) -> Self::Float;
-    /// The float network prepared for quantization.
-    fn deploy(float: &Self::Float) -> Self::Deploy;
-}
-
-/// The 64-256-256-10 MLP.
-pub struct MlpNet;
-
-impl Net for MlpNet {
-    const KIND: ModelKind = ModelKind::Mlp;
-    const INPUT_SHAPE: &'static [usize] = &[64];
-    type Input = (usize, Const<64>);
-    type Float = Mlp;
-    type Deploy = Mlp;
-    type Quantized = QMlp;
-
-    fn build(dev: &Cpu) -> Mlp {
-        dev.build_module::<MlpBuilder, f32>()
-    }
-
-    fn deploy(float: &Mlp) -> Mlp {
-        float.clone()
-    }
+/// The digits MLP, 64-256-256-10.
+pub fn mlp() -> Model<(usize, Const<64>), 10, Mlp> {
+    Model::new("mlp", |dev| dev.build_module::<MlpBuilder, f32>())
 }
 
 /// The CNN, as builders: two stages of 3×3 convolution (padding 1), BatchNorm, ReLU and 2×2
@@ -128,29 +78,16 @@ pub type FoldedCnn = (
 /// The quantized CNN.
 pub type QCnn = <FoldedCnn as Convert>::Quantized;
 
-/// The small CNN with BatchNorm.
-pub struct CnnNet;
-
-impl Net for CnnNet {
-    const KIND: ModelKind = ModelKind::Cnn;
-    const INPUT_SHAPE: &'static [usize] = &[1, 8, 8];
-    type Input = (usize, Const<1>, Const<8>, Const<8>);
-    type Float = Cnn;
-    type Deploy = FoldedCnn;
-    type Quantized = QCnn;
-
-    fn build(dev: &Cpu) -> Cnn {
-        dev.build_module::<CnnBuilder, f32>()
-    }
-
-    fn deploy(float: &Cnn) -> FoldedCnn {
+/// The digits CNN, BatchNorm folded into the convolutions before quantization.
+pub fn cnn() -> Model<Digits8x8, 10, Cnn, FoldedCnn> {
+    Model::new("cnn", |dev| dev.build_module::<CnnBuilder, f32>()).with_deploy(|float: &Cnn| {
         let ((c1, bn1, r1, p1), (c2, bn2, r2, p2), head) = float.clone();
         (
             (fold_batchnorm(&c1, &bn1), r1, p1),
             (fold_batchnorm(&c2, &bn2), r2, p2),
             head,
         )
-    }
+    })
 }
 
 /// The residual CNN, as builders: a stem (3x3 conv to 16 channels, BatchNorm, ReLU), a residual
@@ -226,46 +163,35 @@ pub type FoldedResnet = (
 /// The quantized residual CNN.
 pub type QResnet = <FoldedResnet as Convert>::Quantized;
 
-/// The residual CNN.
-pub struct ResnetNet;
-
-impl Net for ResnetNet {
-    const KIND: ModelKind = ModelKind::Resnet;
-    const INPUT_SHAPE: &'static [usize] = &[1, 8, 8];
-    type Input = (usize, Const<1>, Const<8>, Const<8>);
-    type Float = Resnet;
-    type Deploy = FoldedResnet;
-    type Quantized = QResnet;
-
-    fn build(dev: &Cpu) -> Resnet {
-        dev.build_module::<ResnetBuilder, f32>()
-    }
-
-    fn deploy(float: &Resnet) -> FoldedResnet {
-        let ((c0, bn0, r0), (block1, r1), (block2, r2), head) = float.clone();
-        let (dw, bn_dw, relu, pw, bn_pw) = block1.0;
-        let (c1, bn1, relu1, c2, bn2) = block2.f;
-        let (proj, bn_proj) = block2.r;
-        (
-            (fold_batchnorm(&c0, &bn0), r0),
+/// The digits residual CNN, every BatchNorm folded into its convolution.
+pub fn resnet() -> Model<Digits8x8, 10, Resnet, FoldedResnet> {
+    Model::new("resnet", |dev| dev.build_module::<ResnetBuilder, f32>()).with_deploy(
+        |float: &Resnet| {
+            let ((c0, bn0, r0), (block1, r1), (block2, r2), head) = float.clone();
+            let (dw, bn_dw, relu, pw, bn_pw) = block1.0;
+            let (c1, bn1, relu1, c2, bn2) = block2.f;
+            let (proj, bn_proj) = block2.r;
             (
-                dfdx::nn::modules::Residual((
-                    fold_batchnorm(&dw, &bn_dw),
-                    relu,
-                    fold_batchnorm(&pw, &bn_pw),
-                )),
-                r1,
-            ),
-            (
-                dfdx::nn::modules::GeneralizedResidual {
-                    f: (fold_batchnorm(&c1, &bn1), relu1, fold_batchnorm(&c2, &bn2)),
-                    r: fold_batchnorm(&proj, &bn_proj),
-                },
-                r2,
-            ),
-            head,
-        )
-    }
+                (fold_batchnorm(&c0, &bn0), r0),
+                (
+                    dfdx::nn::modules::Residual((
+                        fold_batchnorm(&dw, &bn_dw),
+                        relu,
+                        fold_batchnorm(&pw, &bn_pw),
+                    )),
+                    r1,
+                ),
+                (
+                    dfdx::nn::modules::GeneralizedResidual {
+                        f: (fold_batchnorm(&c1, &bn1), relu1, fold_batchnorm(&c2, &bn2)),
+                        r: fold_batchnorm(&proj, &bn_proj),
+                    },
+                    r2,
+                ),
+                head,
+            )
+        },
+    )
 }
 
 /// The ViT's token width.
@@ -309,22 +235,291 @@ pub type Vit = <VitBuilder as BuildOnDevice<Cpu, f32>>::Built;
 /// The quantized vision transformer.
 pub type QVit = <Vit as Convert>::Quantized;
 
-/// The small vision transformer.
-pub struct VitNet;
+/// The digits vision transformer (no BatchNorm: the trained model is the one quantized).
+pub fn vit() -> Model<Digits8x8, 10, Vit> {
+    Model::new("vit", |dev| dev.build_module::<VitBuilder, f32>())
+}
 
-impl Net for VitNet {
-    const KIND: ModelKind = ModelKind::Vit;
-    const INPUT_SHAPE: &'static [usize] = &[1, 8, 8];
-    type Input = (usize, Const<1>, Const<8>, Const<8>);
-    type Float = Vit;
-    type Deploy = Vit;
-    type Quantized = QVit;
+// ----- 28x28 images (MNIST, Fashion-MNIST) ------------------------------------------------------
 
-    fn build(dev: &Cpu) -> Vit {
-        dev.build_module::<VitBuilder, f32>()
-    }
+/// The 28x28 MLP, as dfdx builders: 784-256-256-10 with ReLU.
+pub type Mlp784Builder = (
+    dfdx::nn::builders::Linear<784, 256>,
+    ReLU,
+    dfdx::nn::builders::Linear<256, 256>,
+    ReLU,
+    dfdx::nn::builders::Linear<256, 10>,
+);
+/// The built 28x28 MLP.
+pub type Mlp784 = <Mlp784Builder as BuildOnDevice<Cpu, f32>>::Built;
 
-    fn deploy(float: &Vit) -> Vit {
-        float.clone()
+/// The MLP for 28x28 images, 784-256-256-10.
+pub fn mlp_784() -> Model<(usize, Const<784>), 10, Mlp784> {
+    Model::new("mlp-784", |dev| dev.build_module::<Mlp784Builder, f32>())
+}
+
+/// One convolution stage as builders: a 3x3 convolution (padding 1), BatchNorm, ReLU, 2x2 max
+/// pooling.
+pub type ConvStageBuilder<const I: usize, const O: usize> = (
+    quant_ops::nn::builders::Conv2d<I, O, 3, 1, 1>,
+    dfdx::nn::builders::BatchNorm2D<O>,
+    ReLU,
+    quant_ops::nn::MaxPool2d<2>,
+);
+/// A built convolution stage.
+pub type ConvStage<const I: usize, const O: usize> =
+    <ConvStageBuilder<I, O> as BuildOnDevice<Cpu, f32>>::Built;
+/// A convolution stage with its BatchNorm folded.
+pub type FoldedConvStage<const I: usize, const O: usize> =
+    (Conv<I, O, 3, 1, 1>, ReLU, quant_ops::nn::MaxPool2d<2>);
+
+/// Folds a convolution stage's BatchNorm into its convolution.
+pub fn fold_conv_stage<const I: usize, const O: usize>(
+    (conv, bn, relu, pool): &ConvStage<I, O>,
+) -> FoldedConvStage<I, O> {
+    (fold_batchnorm(conv, bn), *relu, *pool)
+}
+
+/// The 28x28 CNN, as builders: three convolution stages of 16, 32 and 64 channels (28 → 14 →
+/// 7 → 3), then a Linear head on the 576 features.
+pub type Cnn28Builder = (
+    ConvStageBuilder<1, 16>,
+    ConvStageBuilder<16, 32>,
+    ConvStageBuilder<32, 64>,
+    (
+        quant_ops::nn::Flatten<576>,
+        dfdx::nn::builders::Linear<576, 10>,
+    ),
+);
+/// The built 28x28 CNN.
+pub type Cnn28 = <Cnn28Builder as BuildOnDevice<Cpu, f32>>::Built;
+/// The 28x28 CNN with BatchNorm folded.
+pub type FoldedCnn28 = (
+    FoldedConvStage<1, 16>,
+    FoldedConvStage<16, 32>,
+    FoldedConvStage<32, 64>,
+    (
+        quant_ops::nn::Flatten<576>,
+        dfdx::nn::modules::Linear<576, 10, f32, Cpu>,
+    ),
+);
+
+/// The CNN for 28x28 images: three conv-BatchNorm-ReLU-maxpool stages of 16, 32 and 64
+/// channels and a Linear head, BatchNorm folded before quantization.
+pub fn cnn_28() -> Model<Images28x28, 10, Cnn28, FoldedCnn28> {
+    Model::new("cnn-28x28", |dev| dev.build_module::<Cnn28Builder, f32>()).with_deploy(
+        |(s1, s2, s3, head): &Cnn28| {
+            (
+                fold_conv_stage(s1),
+                fold_conv_stage(s2),
+                fold_conv_stage(s3),
+                head.clone(),
+            )
+        },
+    )
+}
+
+/// A basic residual block as builders (ResNet's): two 3x3 convolutions with BatchNorm around
+/// a ReLU, the identity added, then a ReLU.
+pub type BasicBlockBuilder<const C: usize> = (
+    dfdx::nn::builders::Residual<(
+        quant_ops::nn::builders::Conv2d<C, C, 3, 1, 1>,
+        dfdx::nn::builders::BatchNorm2D<C>,
+        ReLU,
+        quant_ops::nn::builders::Conv2d<C, C, 3, 1, 1>,
+        dfdx::nn::builders::BatchNorm2D<C>,
+    )>,
+    ReLU,
+);
+/// A built basic block.
+pub type BasicBlock<const C: usize> = <BasicBlockBuilder<C> as BuildOnDevice<Cpu, f32>>::Built;
+/// A basic block with its BatchNorms folded.
+pub type FoldedBasicBlock<const C: usize> = (
+    dfdx::nn::modules::Residual<(Conv<C, C, 3, 1, 1>, ReLU, Conv<C, C, 3, 1, 1>)>,
+    ReLU,
+);
+
+/// A downsampling residual block as builders: the basic block's branch with a first
+/// convolution of stride 2 to `O` channels, and a strided 1x1 projection (with BatchNorm) as
+/// the shortcut.
+pub type DownBlockBuilder<const I: usize, const O: usize> = (
+    dfdx::nn::builders::GeneralizedResidual<
+        (
+            quant_ops::nn::builders::Conv2d<I, O, 3, 2, 1>,
+            dfdx::nn::builders::BatchNorm2D<O>,
+            ReLU,
+            quant_ops::nn::builders::Conv2d<O, O, 3, 1, 1>,
+            dfdx::nn::builders::BatchNorm2D<O>,
+        ),
+        (
+            quant_ops::nn::builders::Conv2d<I, O, 1, 2>,
+            dfdx::nn::builders::BatchNorm2D<O>,
+        ),
+    >,
+    ReLU,
+);
+/// A built downsampling block.
+pub type DownBlock<const I: usize, const O: usize> =
+    <DownBlockBuilder<I, O> as BuildOnDevice<Cpu, f32>>::Built;
+/// A downsampling block with its BatchNorms folded.
+pub type FoldedDownBlock<const I: usize, const O: usize> = (
+    dfdx::nn::modules::GeneralizedResidual<
+        (Conv<I, O, 3, 2, 1>, ReLU, Conv<O, O, 3, 1, 1>),
+        Conv<I, O, 1, 2>,
+    >,
+    ReLU,
+);
+
+/// Folds a basic block's BatchNorms.
+pub fn fold_basic_block<const C: usize>((block, out): &BasicBlock<C>) -> FoldedBasicBlock<C> {
+    let (c1, bn1, relu, c2, bn2) = &block.0;
+    (
+        dfdx::nn::modules::Residual((fold_batchnorm(c1, bn1), *relu, fold_batchnorm(c2, bn2))),
+        *out,
+    )
+}
+
+/// Folds a downsampling block's BatchNorms.
+pub fn fold_down_block<const I: usize, const O: usize>(
+    (block, out): &DownBlock<I, O>,
+) -> FoldedDownBlock<I, O> {
+    let (c1, bn1, relu, c2, bn2) = &block.f;
+    let (proj, bn_proj) = &block.r;
+    (
+        dfdx::nn::modules::GeneralizedResidual {
+            f: (fold_batchnorm(c1, bn1), *relu, fold_batchnorm(c2, bn2)),
+            r: fold_batchnorm(proj, bn_proj),
+        },
+        *out,
+    )
+}
+
+/// The 28x28 ResNet, as builders: a stride-2 stem (3x3 to 16 channels, 28 → 14), two basic
+/// blocks at 16 channels, blocks down to 32 (7x7) and 64 channels (4x4) at stride 2, global
+/// average pooling and a Linear head.
+pub type Resnet28Builder = (
+    (
+        quant_ops::nn::builders::Conv2d<1, 16, 3, 2, 1>,
+        dfdx::nn::builders::BatchNorm2D<16>,
+        ReLU,
+    ),
+    BasicBlockBuilder<16>,
+    BasicBlockBuilder<16>,
+    DownBlockBuilder<16, 32>,
+    DownBlockBuilder<32, 64>,
+    (
+        dfdx::nn::builders::AvgPoolGlobal,
+        dfdx::nn::builders::Linear<64, 10>,
+    ),
+);
+/// The built 28x28 ResNet.
+pub type Resnet28 = <Resnet28Builder as BuildOnDevice<Cpu, f32>>::Built;
+/// The 28x28 ResNet with every BatchNorm folded.
+pub type FoldedResnet28 = (
+    (Conv<1, 16, 3, 2, 1>, ReLU),
+    FoldedBasicBlock<16>,
+    FoldedBasicBlock<16>,
+    FoldedDownBlock<16, 32>,
+    FoldedDownBlock<32, 64>,
+    (
+        dfdx::nn::modules::AvgPoolGlobal,
+        dfdx::nn::modules::Linear<64, 10, f32, Cpu>,
+    ),
+);
+
+/// The ResNet for 28x28 images, every BatchNorm folded before quantization; its four residual
+/// adds quantized with both inputs on one grid.
+pub fn resnet_28() -> Model<Images28x28, 10, Resnet28, FoldedResnet28> {
+    Model::new("resnet-28x28", |dev| {
+        dev.build_module::<Resnet28Builder, f32>()
+    })
+    .with_deploy(|((stem, bn, relu), b1, b2, b3, b4, head): &Resnet28| {
+        (
+            (fold_batchnorm(stem, bn), *relu),
+            fold_basic_block(b1),
+            fold_basic_block(b2),
+            fold_down_block(b3),
+            fold_down_block(b4),
+            head.clone(),
+        )
+    })
+}
+
+/// The 28x28 ViT's token width.
+pub const VIT28_WIDTH: usize = 64;
+/// The width of the 28x28 ViT's GeLU MLPs.
+pub const VIT28_HIDDEN: usize = 128;
+
+/// One pre-norm encoder block of the 28x28 ViT (4 heads).
+pub type Vit28BlockBuilder = (
+    dfdx::nn::builders::Residual<(
+        dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
+        dfdx::nn::builders::MultiHeadAttention<VIT28_WIDTH, 4>,
+    )>,
+    dfdx::nn::builders::Residual<(
+        dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
+        dfdx::nn::builders::Linear<VIT28_WIDTH, VIT28_HIDDEN>,
+        dfdx::nn::builders::AccurateGeLU,
+        dfdx::nn::builders::Linear<VIT28_HIDDEN, VIT28_WIDTH>,
+    )>,
+);
+
+/// The 28x28 vision transformer, as builders: the 7x7 patches embedded by a strided
+/// convolution (a 4x4 map of 64 channels), 16 tokens with a learned position embedding, four
+/// pre-norm encoder blocks (4-head attention, GeLU MLP 64-128-64), LayerNorm, the mean of the
+/// tokens and a Linear head.
+pub type Vit28Builder = (
+    quant_ops::nn::builders::Conv2d<1, VIT28_WIDTH, 7, 7, 0>,
+    quant_ops::nn::builders::ImageTokens<VIT28_WIDTH, 16>,
+    (
+        Vit28BlockBuilder,
+        Vit28BlockBuilder,
+        Vit28BlockBuilder,
+        Vit28BlockBuilder,
+    ),
+    (
+        dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
+        quant_ops::nn::MeanTokens,
+        dfdx::nn::builders::Linear<VIT28_WIDTH, 10>,
+    ),
+);
+/// The built 28x28 vision transformer.
+pub type Vit28 = <Vit28Builder as BuildOnDevice<Cpu, f32>>::Built;
+
+/// The vision transformer for 28x28 images.
+pub fn vit_28() -> Model<Images28x28, 10, Vit28> {
+    Model::new("vit-28x28", |dev| dev.build_module::<Vit28Builder, f32>())
+}
+
+/// Runs the bundled network `kind` sized for `data`'s samples (64 values: the digits nets; 784:
+/// the 28x28 nets) through [`run_model`].
+///
+/// # Errors
+/// The data's samples fit none of the bundled sizes (the message says which there are and
+/// points to [`run_model`] for models of other shapes); what [`run_model`] returns.
+pub fn run_bundled(
+    kind: ModelKind,
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    data: &Dataset,
+    on_seed: &mut (dyn FnMut(SeedDone<'_>) + Send),
+) -> Result<StagedRun, RunError> {
+    match (kind, data.train.sample_len()) {
+        (ModelKind::Mlp, 64) => run_model(cfg, opts, data, &mlp(), on_seed),
+        (ModelKind::Cnn, 64) => run_model(cfg, opts, data, &cnn(), on_seed),
+        (ModelKind::Resnet, 64) => run_model(cfg, opts, data, &resnet(), on_seed),
+        (ModelKind::Vit, 64) => run_model(cfg, opts, data, &vit(), on_seed),
+        (ModelKind::Mlp, 784) => run_model(cfg, opts, data, &mlp_784(), on_seed),
+        (ModelKind::Cnn, 784) => run_model(cfg, opts, data, &cnn_28(), on_seed),
+        (ModelKind::Resnet, 784) => run_model(cfg, opts, data, &resnet_28(), on_seed),
+        (ModelKind::Vit, 784) => run_model(cfg, opts, data, &vit_28(), on_seed),
+        (_, n) => Err(DataError::Unusable {
+            origin: data.origin.clone(),
+            message: format!(
+                "samples of shape {:?} ({n} values); quant run's `{kind}` comes in two sizes: 8x8 images (64 values, the digits) and 28x28 (784 values, MNIST and Fashion-MNIST). For other data, define your model and run it with quant::pipeline::run_model",
+                data.train.shape()
+            ),
+        }
+        .into()),
     }
 }

@@ -35,10 +35,12 @@ pub struct SeedResult {
 /// The report of a run.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct RunReport {
-    /// `mlp` or `cnn`.
+    /// The model's name (`mlp`, `mnist-cnn`, a model of your own).
     pub model: String,
     /// The run file.
     pub policy: String,
+    /// Where the data came from (its files; the bundled digits otherwise).
+    pub data: Option<String>,
     /// The first seed.
     pub seed: u64,
     /// Every seed run.
@@ -92,6 +94,7 @@ impl RunReport {
         RunReport {
             model,
             policy,
+            data: None,
             seed: runs.first().map_or(0, |r| r.seed),
             seeds: runs.iter().map(|r| r.seed).collect(),
             fp32_accuracy: mean(runs.iter().map(|r| r.fp32_accuracy)),
@@ -114,6 +117,9 @@ impl RunReport {
         let pct = |v: f64| format!("{:6.2}%", 100.0 * v);
         let opt = |v: Option<f64>| v.map_or_else(|| "      -".to_string(), pct);
         let _ = writeln!(s, "model {}   policy {}", self.model, self.policy);
+        if let Some(data) = &self.data {
+            let _ = writeln!(s, "data: {data}");
+        }
         let _ = writeln!(s, "recipe: {}", self.recipe);
         let _ = writeln!(s);
         let _ = writeln!(

@@ -9,49 +9,30 @@ use std::time::Duration;
 use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use quant_ops::calibration;
-use quant_ops::convert::convert_model;
+use quant_ops::convert::Convert;
 use quant_ops::export::{self, export_model, ExportError, OnnxFormat, QuantFormat};
 use quant_ops::fs::StagedDir;
 use quant_ops::graph::Graph;
 use quant_ops::integer::IntegerModel;
-use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
 use quant_ops::report::{layer_report, LayerReport};
 
 use super::cache::save_checkpoint;
 use super::config::{QatInit, RunConfig};
-use super::nets::Net;
-use super::train::{self, accuracy, calibration_inputs, input, logits, predictions, Phase};
+use super::model::{BatchShape, DeployModel, FloatModel, FloatWeights, Model};
+use super::train::{self, accuracy, input, logits, predictions, Phase};
 use super::{file_error, RunError, RunOptions, SeedResult};
-use crate::digits::Digits;
+use crate::data::Dataset;
 
 /// Batch size of evaluation (no tape: only memory).
 const EVAL_BATCH: usize = 256;
-
-/// The training [`Phase`] of a config section: `[float]` and `[qat]` name the same settings.
-macro_rules! phase_of {
-    ($section:expr) => {{
-        let section = $section;
-        Phase {
-            epochs: section.epochs,
-            batch_size: section.batch_size,
-            lr: section.lr,
-            schedule: section.schedule,
-            warmup_epochs: section.warmup_epochs,
-            shift: section.shift,
-            optimizer: section.optimizer,
-            weight_decay: section.weight_decay,
-            label_smoothing: section.label_smoothing,
-        }
-    }};
-}
 
 /// What every stage of one seed reads.
 pub(crate) struct Seed<'a> {
     /// The seed's own copy of the run file (conversion records which layers a policy matched).
     pub cfg: &'a RunConfig,
     pub opts: &'a RunOptions,
-    pub data: &'a Digits,
+    pub data: &'a Dataset,
     pub seed: u64,
     pub progress: &'a MultiProgress,
 }
@@ -75,114 +56,128 @@ impl Seed<'_> {
 }
 
 /// Stage 1: the float model.
-pub(crate) struct FloatStage<N: Net> {
+pub(crate) struct FloatStage<F> {
     /// The seed's device: its generator initialised the model.
     pub dev: Cpu,
-    pub model: N::Float,
+    pub model: F,
     pub from_cache: bool,
     /// On the test split.
     pub accuracy: f64,
 }
 
-/// Stage 1: the float model from `cache_file` when it exists, else trained (and written to
-/// `cache_file`).
-pub(crate) fn float_model<N: Net>(
+/// Stage 1: the float model: the model's own weights, or from `cache_file` when it exists, else
+/// trained (and written to `cache_file`).
+pub(crate) fn float_model<S, const C: usize, F, D>(
     s: &Seed<'_>,
+    model: &Model<S, C, F, D>,
     cache_file: Option<&Path>,
-) -> Result<FloatStage<N>, RunError> {
+) -> Result<FloatStage<F>, RunError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+{
     let dev = Cpu::seed_from_u64(s.seed);
-    let mut model = N::build(&dev);
-    let from_cache = match cache_file {
-        Some(path) if path.exists() => {
+    let (float, from_cache) = match (model.weights(), cache_file) {
+        (FloatWeights::Given(trained), _) => (trained.clone(), true),
+        (FloatWeights::Safetensors(path), _) => {
+            let mut float = model.build(&dev);
+            quant_ops::checkpoint::load_checkpoint(&mut float, path)
+                .map_err(|e| file_error(path, format!("cannot load the float weights: {e}")))?;
+            (float, true)
+        }
+        (FloatWeights::Train, Some(path)) if path.exists() => {
+            let mut float = model.build(&dev);
             // A checked load: a corrupted cache file is a typed error, not a panic in dfdx.
-            quant_ops::checkpoint::load_checkpoint(&mut model, path)
+            quant_ops::checkpoint::load_checkpoint(&mut float, path)
                 .map_err(|e| file_error(path, format!("cannot load float checkpoint: {e}")))?;
-            true
+            (float, true)
         }
-        _ => false,
+        (FloatWeights::Train, _) => {
+            let mut float = model.build(&dev);
+            let f = &s.cfg.float;
+            let phase = Phase::from(f);
+            let b = s.bar(phase.epochs as u64, "float");
+            train::train::<F, S, C>(
+                &dev,
+                &mut float,
+                &s.data.train,
+                &phase,
+                s.seed,
+                None,
+                Some(&b),
+            )?;
+            b.finish_and_clear();
+            if let Some(path) = cache_file {
+                save_checkpoint(&float, path)?;
+            }
+            (float, false)
+        }
     };
-    if !from_cache {
-        let f = &s.cfg.float;
-        let phase = phase_of!(f);
-        let b = s.bar(phase.epochs as u64, "float");
-        train::train::<N::Float, N::Input>(
-            &dev,
-            &mut model,
-            &s.data.train,
-            &phase,
-            s.seed,
-            None,
-            &b,
-        )?;
-        b.finish_and_clear();
-        if let Some(path) = cache_file {
-            save_checkpoint(&model, path)?;
-        }
-    }
     let test = &s.data.test;
     let accuracy = accuracy(
-        &predictions(&logits::<N::Float, N::Input>(
-            &dev, &model, test, EVAL_BATCH,
-        )?),
-        &test.labels,
+        &predictions(&logits::<F, S, C>(&dev, &float, test, EVAL_BATCH)?, C),
+        test.labels(),
     );
     Ok(FloatStage {
         dev,
-        model,
+        model: float,
         from_cache,
         accuracy,
     })
 }
 
 /// Stage 2: the calibrated model.
-pub(crate) struct PtqStage<N: Net> {
+pub(crate) struct PtqStage<D: Convert> {
     /// The float model prepared for quantization (BatchNorm folded).
-    pub deploy: N::Deploy,
-    pub model: N::Quantized,
+    pub deploy: D,
+    pub model: D::Quantized,
     /// On the test split.
     pub accuracy: f64,
 }
 
-/// A converted model calibrated on `batches` training batches of `batch_size`.
-fn calibrated<N: Net>(
+/// Stage 2: converts the deployable float model under the policy and calibrates it (PTQ), on
+/// the data set's calibration samples (or its training split).
+pub(crate) fn ptq<S, const C: usize, F, D>(
     s: &Seed<'_>,
-    dev: &Cpu,
-    deploy: &N::Deploy,
-    batches: usize,
-    batch_size: usize,
-) -> Result<N::Quantized, RunError> {
-    let policy = s.cfg.quantization.clone();
-    let mut model = convert_model(deploy, &policy)?;
-    policy.check_unmatched()?;
-    let inputs = calibration_inputs::<N::Input>(dev, &s.data.train, batches, batch_size, s.seed)?;
-    calibration::calibrate(&mut model, inputs)?;
-    Ok(model)
-}
-
-/// Stage 2: converts the deployable float model under the policy and calibrates it (PTQ).
-pub(crate) fn ptq<N: Net>(s: &Seed<'_>, float: &FloatStage<N>) -> Result<PtqStage<N>, RunError> {
-    let deploy = N::deploy(&float.model);
+    model: &Model<S, C, F, D>,
+    float: &FloatStage<F>,
+) -> Result<PtqStage<D>, RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
+    let deploy = model.deploy(&float.model);
     let b = s.bar(1, "calibration");
     let c = &s.cfg.calibration;
-    let model = calibrated::<N>(s, &float.dev, &deploy, c.batches, c.batch_size)?;
+    let calibration = s.data.calibration.as_ref().unwrap_or(&s.data.train);
+    let quantized = super::quantize::<S, C, D>(
+        &float.dev,
+        &deploy,
+        &s.cfg.quantization,
+        calibration,
+        c.batches,
+        c.batch_size,
+        s.seed,
+    )?;
     b.finish_and_clear();
     let test = &s.data.test;
     let accuracy = accuracy(
-        &predictions(&logits::<N::Quantized, N::Input>(
-            &float.dev, &model, test, EVAL_BATCH,
-        )?),
-        &test.labels,
+        &predictions(
+            &logits::<D::Quantized, S, C>(&float.dev, &quantized, test, EVAL_BATCH)?,
+            C,
+        ),
+        test.labels(),
     );
     Ok(PtqStage {
         deploy,
-        model,
+        model: quantized,
         accuracy,
     })
 }
 
 /// Stage 3: the model after QAT (frozen).
-pub(crate) struct QatStage<N: Net> {
-    pub model: N::Quantized,
+pub(crate) struct QatStage<Q> {
+    pub model: Q,
     /// On the test split.
     pub predictions: Vec<usize>,
     pub accuracy: f64,
@@ -192,47 +187,62 @@ pub(crate) struct QatStage<N: Net> {
 
 /// Stage 3: QAT from the PTQ model (or from one calibrated batch), distilling from the float
 /// model when the run file says so.
-pub(crate) fn qat<N: Net>(
+pub(crate) fn qat<S, const C: usize, F, D>(
     s: &Seed<'_>,
-    float: &FloatStage<N>,
-    ptq: &PtqStage<N>,
-) -> Result<QatStage<N>, RunError> {
+    float: &FloatStage<F>,
+    ptq: &PtqStage<D>,
+) -> Result<QatStage<D::Quantized>, RunError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
     let q = &s.cfg.qat;
     let dev = &float.dev;
     let mut model = match q.init {
         QatInit::Ptq => ptq.model.clone(),
-        QatInit::FirstBatch => calibrated::<N>(s, dev, &ptq.deploy, 1, q.batch_size)?,
+        QatInit::FirstBatch => super::quantize::<S, C, D>(
+            dev,
+            &ptq.deploy,
+            &s.cfg.quantization,
+            &s.data.train,
+            1,
+            q.batch_size,
+            s.seed,
+        )?,
     };
     if q.epochs > 0 {
         model.set_mode("*", QuantizerMode::Training)?;
         let teacher = |pixels: Vec<f32>, n: usize| -> quant_core::Result<Vec<f32>> {
-            let x = input::<N::Input>(dev, pixels, n)?;
-            Ok(float.model.try_forward(x)?.as_vec())
+            let x = input::<S>(dev, pixels, n)?;
+            Ok(float.model.try_forward(x).map_err(Into::into)?.as_vec())
         };
-        let phase = phase_of!(q);
+        let phase = Phase::from(q);
         let b = s.bar(phase.epochs as u64, "QAT");
-        train::train::<N::Quantized, N::Input>(
+        train::train::<D::Quantized, S, C>(
             dev,
             &mut model,
             &s.data.train,
             &phase,
             s.seed.wrapping_add(1),
             q.distillation.map(|d| (&teacher as train::Teacher<'_>, d)),
-            &b,
+            Some(&b),
         )?;
         b.finish_and_clear();
         model.set_mode("*", QuantizerMode::Frozen)?;
     }
     let (test, training) = (&s.data.test, &s.data.train);
-    let predictions = predictions(&logits::<N::Quantized, N::Input>(
-        dev, &model, test, EVAL_BATCH,
-    )?);
-    let test_accuracy = accuracy(&predictions, &test.labels);
+    let predictions = predictions(
+        &logits::<D::Quantized, S, C>(dev, &model, test, EVAL_BATCH)?,
+        C,
+    );
+    let test_accuracy = accuracy(&predictions, test.labels());
     let train_accuracy = accuracy(
-        &train::predictions(&logits::<N::Quantized, N::Input>(
-            dev, &model, training, EVAL_BATCH,
-        )?),
-        &training.labels,
+        &train::predictions(
+            &logits::<D::Quantized, S, C>(dev, &model, training, EVAL_BATCH)?,
+            C,
+        ),
+        training.labels(),
     );
     Ok(QatStage {
         model,
@@ -254,15 +264,16 @@ pub(crate) struct IntegerStage {
 /// Stage 4: exports the QAT model to a graph and runs it on integers. `Ok(Err(reason))` when
 /// the graph cannot express the model (a layer with no graph form yet): there is then no
 /// integer model and no export, and the run still reports the rest.
-pub(crate) fn integer<N: Net>(
+pub(crate) fn integer<S: BatchShape, Q: QuantizedModule>(
     s: &Seed<'_>,
-    qat: &QatStage<N>,
+    model_name: &str,
+    qat: &QatStage<Q>,
 ) -> Result<Result<IntegerStage, String>, RunError> {
     let mut info = BTreeMap::new();
-    info.insert("model".into(), s.cfg.model.kind.to_string());
+    info.insert("model".into(), model_name.to_string());
     info.insert("policy".into(), s.opts.policy_name.clone());
     info.insert("seed".into(), s.seed.to_string());
-    let graph = match export_model(&qat.model, N::INPUT_SHAPE, info) {
+    let graph = match export_model(&qat.model, &S::sample_shape(), info) {
         Ok(graph) => graph,
         Err(ExportError::Unsupported { layer, reason }) => {
             return Ok(Err(format!("layer `{layer}`: {reason}")))
@@ -270,7 +281,7 @@ pub(crate) fn integer<N: Net>(
         Err(e) => return Err(e.into()),
     };
     let predictions = match IntegerModel::new(&graph) {
-        Ok(model) => Ok(model.predict(&s.data.test.images)?),
+        Ok(model) => Ok(model.predict(s.data.test.features())?),
         Err(ExportError::Unsupported { layer, reason }) => {
             Err(format!("layer `{layer}`: {reason}"))
         }
@@ -294,9 +305,9 @@ pub(crate) struct FirstSeedOutputs {
 
 /// Stage 5 (first seed only): the per-layer report, and the export written beside its
 /// directory and reloaded, to prove the files reproduce the in-memory integer model.
-pub(crate) fn first_seed_outputs<N: Net>(
+pub(crate) fn first_seed_outputs<S: BatchShape, Q: QuantizedModule + Clone>(
     s: &Seed<'_>,
-    qat: &QatStage<N>,
+    qat: &QatStage<Q>,
     integer: Option<&IntegerStage>,
     export: Option<StagedDir>,
 ) -> Result<FirstSeedOutputs, RunError> {
@@ -305,7 +316,7 @@ pub(crate) fn first_seed_outputs<N: Net>(
     let (pixels, _) = train.gather(&idx);
     // Against the same model with every quantizer disabled: after QAT its weights differ from
     // the float model's, and the report measures quantization alone.
-    let layers = layer_report(&qat.model, N::INPUT_SHAPE, &pixels)?;
+    let layers = layer_report(&qat.model, &S::sample_shape(), &pixels)?;
     let (Some(staged), Some(integer)) = (export, integer) else {
         return Ok(FirstSeedOutputs {
             layers,
@@ -321,7 +332,7 @@ pub(crate) fn first_seed_outputs<N: Net>(
     let reloaded = export::load(staged.path())?;
     let reproduced = match &integer.predictions {
         Ok(predictions) => {
-            IntegerModel::new(&reloaded)?.predict(&s.data.test.images)? == *predictions
+            IntegerModel::new(&reloaded)?.predict(s.data.test.features())? == *predictions
         }
         Err(_) => reloaded == integer.graph,
     };
@@ -350,17 +361,28 @@ pub(crate) struct SeedOutcome {
 
 /// Stages 2 to 5 of a seed, from its float model. `export` is `Some` for the first seed only
 /// (with [`RunOptions::export_dir`]); `first` says whether this is the first seed.
-pub(crate) fn quantized<N: Net>(
+pub(crate) fn quantized<S, const C: usize, F, D>(
     s: &Seed<'_>,
-    float: FloatStage<N>,
+    model: &Model<S, C, F, D>,
+    float: FloatStage<F>,
     first: bool,
     export: Option<StagedDir>,
-) -> Result<SeedOutcome, RunError> {
-    let ptq = ptq(s, &float)?;
-    let qat = qat(s, &float, &ptq)?;
-    let integer = integer(s, &qat)?;
+) -> Result<SeedOutcome, RunError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
+    let ptq = ptq(s, model, &float)?;
+    let qat = qat::<S, C, F, D>(s, &float, &ptq)?;
+    let integer = integer::<S, _>(s, model.name(), &qat)?;
     let first = if first {
-        Some(first_seed_outputs(s, &qat, integer.as_ref().ok(), export)?)
+        Some(first_seed_outputs::<S, _>(
+            s,
+            &qat,
+            integer.as_ref().ok(),
+            export,
+        )?)
     } else {
         None
     };
@@ -370,7 +392,7 @@ pub(crate) fn quantized<N: Net>(
     };
     let (integer_accuracy, integer_agreement) = match &integer_predictions {
         Ok(p) => (
-            Some(accuracy(p, &s.data.test.labels)),
+            Some(accuracy(p, s.data.test.labels())),
             Some(accuracy(p, &qat.predictions)),
         ),
         Err(_) => (None, None),

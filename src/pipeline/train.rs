@@ -1,4 +1,5 @@
-//! Training and evaluation loops, generic over the model (float or quantized), and the digits'
+//! Training and evaluation loops, generic over the model (float or quantized), its input shape
+//! and its classes; the QAT (or float) step as a helper for your own loop ([`Trainer`]); the
 //! calibration batches.
 
 use dfdx::nn::tensor_collection::{
@@ -17,32 +18,10 @@ use quant_ops::calibration::BatchPlan;
 use quant_ops::integer::argmax_rows;
 
 use super::config::{Distillation, Optimizer, Schedule};
-use crate::digits::{Split, CLASSES};
+pub use super::model::{BatchShape, Logits, Taped};
+use crate::data::Samples;
 
-/// A batch's logits with tape `T`.
-pub type Logits<T> = Tensor<(usize, Const<CLASSES>), f32, Cpu, T>;
-/// The training tape.
-pub type Taped = OwnedTape<f32, Cpu>;
-
-/// Turns flat pixels of `n` samples into the network's input tensor.
-pub trait InputShape: Shape {
-    /// The shape of a batch of `n` samples.
-    fn batch(n: usize) -> Self;
-}
-
-impl InputShape for (usize, Const<64>) {
-    fn batch(n: usize) -> Self {
-        (n, Const)
-    }
-}
-
-impl InputShape for (usize, Const<1>, Const<8>, Const<8>) {
-    fn batch(n: usize) -> Self {
-        (n, Const, Const, Const)
-    }
-}
-
-/// One phase of training.
+/// One phase of training (default: `[float]`'s defaults).
 #[derive(Debug, Clone, Copy)]
 pub struct Phase {
     /// Epochs.
@@ -65,6 +44,35 @@ pub struct Phase {
     /// Label smoothing of the labels' cross-entropy (see [`targets`]); 0 = none.
     pub label_smoothing: f64,
 }
+
+/// `[float]` and `[qat]` name the same settings.
+macro_rules! phase_from_section {
+    ($section:ty) => {
+        impl From<&$section> for Phase {
+            fn from(section: &$section) -> Phase {
+                Phase {
+                    epochs: section.epochs,
+                    batch_size: section.batch_size,
+                    lr: section.lr,
+                    schedule: section.schedule,
+                    warmup_epochs: section.warmup_epochs,
+                    shift: section.shift,
+                    optimizer: section.optimizer,
+                    weight_decay: section.weight_decay,
+                    label_smoothing: section.label_smoothing,
+                }
+            }
+        }
+    };
+}
+phase_from_section!(super::config::FloatSection);
+
+impl Default for Phase {
+    fn default() -> Phase {
+        Phase::from(&super::config::FloatSection::default())
+    }
+}
+phase_from_section!(super::config::QatSection);
 
 /// Adam, or SGD with momentum 0.9 (LSQ's recipe, where the gradient scale `g` balances the
 /// step sizes' updates against the weights').
@@ -115,28 +123,53 @@ impl<M: TensorCollection<f32, Cpu>> Opt<M> {
 /// The float model's logits for a batch of (augmented) pixels, for distillation.
 pub type Teacher<'a> = &'a dyn Fn(Vec<f32>, usize) -> Result<Vec<f32>>;
 
-/// Translates each 8×8 image of `pixels` by a random offset in `[-shift, shift]²`, filling with
-/// zeros (the digits' background).
-fn augment(pixels: &mut [f32], shift: usize, rng: &mut StdRng) {
+/// The image geometry `(channels, height, width)` of samples of `shape`: the last two
+/// dimensions of a shape of rank 2 or more, or a square of one channel for a flat shape whose
+/// length is a square (`[64]` is 8x8, `[784]` 28x28); `None` otherwise.
+pub fn image_geometry(shape: &[usize]) -> Option<(usize, usize, usize)> {
+    match shape {
+        [n] => {
+            let k = (*n as f64).sqrt().round() as usize;
+            (k * k == *n).then_some((1, k, k))
+        }
+        [h, w] => Some((1, *h, *w)),
+        [c, h, w] => Some((*c, *h, *w)),
+        [a, c, h, w] => Some((a * c, *h, *w)),
+        _ => None,
+    }
+}
+
+/// Translates each image of `pixels` (geometry `(channels, height, width)`) by a random offset
+/// in `[-shift, shift]²`, filling with zeros (the background of digit images).
+fn augment(
+    pixels: &mut [f32],
+    (channels, h, w): (usize, usize, usize),
+    shift: usize,
+    rng: &mut StdRng,
+) {
     use rand::Rng;
-    if shift == 0 {
+    if shift == 0 || h * w == 0 {
         return;
     }
     let s = shift as isize;
-    for img in pixels.chunks_mut(64) {
+    let mut src = vec![0f32; h * w];
+    for img in pixels.chunks_mut(channels * h * w) {
         let (dx, dy) = (rng.gen_range(-s..=s), rng.gen_range(-s..=s));
         if dx == 0 && dy == 0 {
             continue;
         }
-        let src: Vec<f32> = img.to_vec();
-        for y in 0..8isize {
-            for x in 0..8isize {
-                let (sx, sy) = (x - dx, y - dy);
-                img[(y * 8 + x) as usize] = if (0..8).contains(&sx) && (0..8).contains(&sy) {
-                    src[(sy * 8 + sx) as usize]
-                } else {
-                    0.0
-                };
+        for plane in img.chunks_mut(h * w) {
+            src.copy_from_slice(plane);
+            for y in 0..h as isize {
+                for x in 0..w as isize {
+                    let (sx, sy) = (x - dx, y - dy);
+                    plane[(y * w as isize + x) as usize] =
+                        if (0..w as isize).contains(&sx) && (0..h as isize).contains(&sy) {
+                            src[(sy * w as isize + sx) as usize]
+                        } else {
+                            0.0
+                        };
+                }
             }
         }
     }
@@ -214,40 +247,27 @@ pub fn decay_weights<M: TensorCollection<f32, Cpu>>(
     Ok(())
 }
 
-/// Training targets for `labels`: one-hot rows, smoothed to `(1 − ε)·onehot + ε/CLASSES`
-/// when `label_smoothing = ε > 0` (Szegedy et al.).
-pub fn targets(labels: &[usize], label_smoothing: f64) -> Vec<f32> {
+/// Training targets for `labels` of `classes` classes: one-hot rows, smoothed to
+/// `(1 − ε)·onehot + ε/classes` when `label_smoothing = ε > 0` (Szegedy et al.).
+pub fn targets(labels: &[usize], classes: usize, label_smoothing: f64) -> Vec<f32> {
     let eps = label_smoothing as f32;
-    let off = eps / CLASSES as f32;
-    let mut out = vec![off; labels.len() * CLASSES];
+    let off = eps / classes as f32;
+    let mut out = vec![off; labels.len() * classes];
     for (i, l) in labels.iter().enumerate() {
-        out[i * CLASSES + l] = 1.0 - eps + off;
+        out[i * classes + l] = 1.0 - eps + off;
     }
     out
 }
 
-/// Splits the training split into (kept, held out): row `i` is held out when
-/// `i % folds == fold`. Deterministic, independent of the seed, and, since the digits file
-/// cycles through the classes, close to stratified.
-pub fn holdout(train: &Split, folds: usize, fold: usize) -> (Split, Split) {
-    let (held, kept): (Vec<usize>, Vec<usize>) =
-        (0..train.len()).partition(|i| i % folds.max(1) == fold);
-    let split = |idx: &[usize]| {
-        let (images, labels) = train.gather(idx);
-        Split { images, labels }
-    };
-    (split(&kept), split(&held))
-}
-
-/// Builds an input tensor of `n` samples from flat pixels.
-pub fn input<S: InputShape>(dev: &Cpu, pixels: Vec<f32>, n: usize) -> Result<Tensor<S, f32, Cpu>> {
+/// Builds an input tensor of `n` samples from flat features.
+pub fn input<S: BatchShape>(dev: &Cpu, pixels: Vec<f32>, n: usize) -> Result<Tensor<S, f32, Cpu>> {
     Ok(dev.try_tensor_from_vec(pixels, S::batch(n))?)
 }
 
-/// Softmax of each row of `logits / temperature`.
-fn soft_targets(logits: &[f32], temperature: f32) -> Vec<f32> {
+/// Softmax of each row (of `classes`) of `logits / temperature`.
+fn soft_targets(logits: &[f32], classes: usize, temperature: f32) -> Vec<f32> {
     let mut out = Vec::with_capacity(logits.len());
-    for row in logits.chunks(CLASSES) {
+    for row in logits.chunks(classes) {
         let max = row.iter().fold(f32::NEG_INFINITY, |m, v| m.max(*v));
         let exps: Vec<f32> = row
             .iter()
@@ -259,24 +279,129 @@ fn soft_targets(logits: &[f32], temperature: f32) -> Vec<f32> {
     out
 }
 
-/// Trains `model` with Adam on `data` (at least one row) for a phase; returns the mean loss of
-/// each epoch.
-/// With a `teacher` (the float model, run on the same augmented batch) and a distillation
-/// config, the loss mixes the labels' cross-entropy with the cross-entropy against the
-/// teacher's softened predictions (Hinton et al.'s distillation, `T²`-scaled).
-#[allow(clippy::too_many_arguments)]
-pub fn train<M, S>(
+/// One training step at a time, for a model of `S` inputs and `C` classes (float or quantized):
+/// the optimiser, its gradients and the phase's loss. [`train`] runs a whole phase with it; a
+/// program with its own loop calls [`Trainer::step`] per batch (MCT's and ModelOpt's "bring
+/// your own training loop"): a quantized model trains its weights and its quantizers'
+/// parameters together, with fake quantization in the forward pass.
+pub struct Trainer<'t, M, S, const C: usize> {
+    opt: Opt<M>,
+    grads: Option<dfdx::tensor::Gradients<f32, Cpu>>,
+    phase: Phase,
+    dev: Cpu,
+    teacher: Option<(Teacher<'t>, Distillation)>,
+    input: std::marker::PhantomData<fn() -> S>,
+}
+
+impl<'t, M, S, const C: usize> Trainer<'t, M, S, C>
+where
+    S: BatchShape,
+    M: TensorCollection<f32, Cpu>
+        + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<C, Taped>>,
+    <M as ModuleMut<Tensor<S, f32, Cpu, Taped>>>::Error: Into<QuantError>,
+{
+    /// A trainer of `model` with the phase's optimiser, learning rate and loss; with a
+    /// `teacher` (the float model's logits for a batch) and a distillation config, the loss
+    /// mixes the labels' cross-entropy with the cross-entropy against the teacher's softened
+    /// predictions (Hinton et al.'s distillation, `T²`-scaled).
+    ///
+    /// # Errors
+    /// The gradients cannot be allocated.
+    pub fn new(
+        dev: &Cpu,
+        model: &M,
+        phase: &Phase,
+        teacher: Option<(Teacher<'t>, Distillation)>,
+    ) -> Result<Self> {
+        Ok(Trainer {
+            opt: Opt::new(model, phase.optimizer, phase.lr),
+            grads: Some(model.try_alloc_grads()?),
+            phase: *phase,
+            dev: dev.clone(),
+            teacher,
+            input: std::marker::PhantomData,
+        })
+    }
+
+    /// One optimiser step on a batch (`features` of `labels.len()` samples) at learning rate
+    /// `lr`, then the phase's weight decay; returns the batch's loss.
+    ///
+    /// # Errors
+    /// A label is not below `C`; the features do not make a batch of `S`; the model's forward
+    /// pass or the optimiser fails.
+    pub fn step(
+        &mut self,
+        model: &mut M,
+        features: Vec<f32>,
+        labels: &[usize],
+        lr: f64,
+    ) -> Result<f32> {
+        let n = labels.len();
+        if let Some(l) = labels.iter().find(|l| **l >= C) {
+            return Err(QuantError::InvalidValue {
+                what: "label".into(),
+                value: l.to_string(),
+                expected: format!("a class below {C}"),
+            });
+        }
+        self.opt.set_lr(lr);
+        let teacher_logits = match &self.teacher {
+            Some((t, _)) => Some(t(features.clone(), n)?),
+            None => None,
+        };
+        let x: Tensor<S, f32, Cpu> = input(&self.dev, features, n)?;
+        let y = self.dev.try_tensor_from_vec(
+            targets(labels, C, self.phase.label_smoothing),
+            (n, Const::<C>),
+        )?;
+        let grads = match self.grads.take() {
+            Some(g) => g,
+            None => model.try_alloc_grads()?,
+        };
+        let logits = model.try_forward_mut(x.traced(grads)).map_err(Into::into)?;
+        let loss = match (&self.teacher, teacher_logits) {
+            (Some((_, d)), Some(picked)) => {
+                let t = d.temperature as f32;
+                let soft = self
+                    .dev
+                    .try_tensor_from_vec(soft_targets(&picked, C, t), (n, Const::<C>))?;
+                let w = d.weight as f32;
+                let hard = cross_entropy_with_logits_loss(logits.with_empty_tape(), y);
+                let distill = cross_entropy_with_logits_loss(logits / t, soft);
+                hard * (1.0 - w) + distill * (w * t * t)
+            }
+            _ => cross_entropy_with_logits_loss(logits, y),
+        };
+        let value = loss.array();
+        let mut grads = loss.backward();
+        self.opt.update(model, &grads)?;
+        decay_weights(model, lr, self.phase.weight_decay)?;
+        model.try_zero_grads(&mut grads)?;
+        self.grads = Some(grads);
+        Ok(value)
+    }
+}
+
+/// Trains `model` on `data` (at least one sample) for a phase; returns the mean loss of each
+/// epoch. Batches are shuffled with `seed`; images are shifted by up to `phase.shift` pixels
+/// (see [`image_geometry`]). With a `teacher`, the loss distills from it (see [`Trainer::new`]).
+/// `bar`, if any, advances by one per epoch.
+///
+/// # Errors
+/// No samples; a shift on samples that are not images; a label not below `C`; the model fails.
+pub fn train<M, S, const C: usize>(
     dev: &Cpu,
     model: &mut M,
-    data: &Split,
+    data: &Samples,
     phase: &Phase,
     seed: u64,
     teacher: Option<(Teacher<'_>, Distillation)>,
-    bar: &ProgressBar,
+    bar: Option<&ProgressBar>,
 ) -> Result<Vec<f32>>
 where
-    S: InputShape,
-    M: TensorCollection<f32, Cpu> + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<Taped>>,
+    S: BatchShape,
+    M: TensorCollection<f32, Cpu>
+        + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<C, Taped>>,
     <M as ModuleMut<Tensor<S, f32, Cpu, Taped>>>::Error: Into<QuantError>,
 {
     if data.is_empty() {
@@ -286,66 +411,59 @@ where
             expected: "at least one row to train on".into(),
         });
     }
+    let geometry = match (phase.shift, image_geometry(data.shape())) {
+        (0, g) => g.unwrap_or((1, 0, 0)),
+        (_, Some(g)) => g,
+        (shift, None) => {
+            return Err(QuantError::InvalidValue {
+                what: "shift".into(),
+                value: format!("{shift} pixels on samples of shape {:?}", data.shape()),
+                expected: "0, or images (a shape [C, H, W], [H, W], or a square number of values)"
+                    .into(),
+            })
+        }
+    };
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut opt = Opt::new(model, phase.optimizer, phase.lr);
+    let mut trainer = Trainer::<M, S, C>::new(dev, model, phase, teacher)?;
     let mut order: Vec<usize> = (0..data.len()).collect();
     // The run file's limit bounds the epochs; a caller's count does not size an allocation.
     let mut epoch_losses = Vec::with_capacity(phase.epochs.min(super::config::MAX_EPOCHS));
-    let mut grads = model.try_alloc_grads()?;
     let steps = data.len().div_ceil(phase.batch_size.max(1));
     for epoch in 0..phase.epochs {
         order.shuffle(&mut rng);
         let mut total = 0.0f64;
         let mut batches = 0usize;
-        for (step, idx) in order.chunks(phase.batch_size).enumerate() {
+        for (step, idx) in order.chunks(phase.batch_size.max(1)).enumerate() {
             let lr = lr_at(phase, epoch, step, steps);
-            opt.set_lr(lr);
-            let n = idx.len();
             let (mut pixels, labels) = data.gather(idx);
-            augment(&mut pixels, phase.shift, &mut rng);
-            let teacher_logits = match &teacher {
-                Some((t, _)) => Some(t(pixels.clone(), n)?),
-                None => None,
-            };
-            let x: Tensor<S, f32, Cpu> = input(dev, pixels, n)?;
-            let y = dev.try_tensor_from_vec(
-                targets(&labels, phase.label_smoothing),
-                (n, Const::<CLASSES>),
-            )?;
-            let logits = model.try_forward_mut(x.traced(grads)).map_err(Into::into)?;
-            let loss = match (&teacher, teacher_logits) {
-                (Some((_, d)), Some(picked)) => {
-                    let t = d.temperature as f32;
-                    let soft =
-                        dev.try_tensor_from_vec(soft_targets(&picked, t), (n, Const::<CLASSES>))?;
-                    let w = d.weight as f32;
-                    let hard = cross_entropy_with_logits_loss(logits.with_empty_tape(), y);
-                    let distill = cross_entropy_with_logits_loss(logits / t, soft);
-                    hard * (1.0 - w) + distill * (w * t * t)
-                }
-                _ => cross_entropy_with_logits_loss(logits, y),
-            };
-            total += loss.array() as f64;
+            augment(&mut pixels, geometry, phase.shift, &mut rng);
+            total += trainer.step(model, pixels, &labels, lr)? as f64;
             batches += 1;
-            grads = loss.backward();
-            opt.update(model, &grads)?;
-            decay_weights(model, lr, phase.weight_decay)?;
-            model.try_zero_grads(&mut grads)?;
         }
         epoch_losses.push((total / batches.max(1) as f64) as f32);
-        bar.inc(1);
+        if let Some(bar) = bar {
+            bar.inc(1);
+        }
     }
     Ok(epoch_losses)
 }
 
 /// Logits of every sample of `data` (evaluation mode: no tape), batch by batch.
-pub fn logits<M, S>(dev: &Cpu, model: &M, data: &Split, batch_size: usize) -> Result<Vec<f32>>
+///
+/// # Errors
+/// The samples do not make batches of `S`; the model fails.
+pub fn logits<M, S, const C: usize>(
+    dev: &Cpu,
+    model: &M,
+    data: &Samples,
+    batch_size: usize,
+) -> Result<Vec<f32>>
 where
-    S: InputShape,
-    M: Module<Tensor<S, f32, Cpu>, Output = Logits<NoneTape>>,
+    S: BatchShape,
+    M: Module<Tensor<S, f32, Cpu>, Output = Logits<C>>,
     M::Error: Into<QuantError>,
 {
-    let mut out = Vec::with_capacity(data.len() * CLASSES);
+    let mut out = Vec::with_capacity(data.len() * C);
     let all: Vec<usize> = (0..data.len()).collect();
     for idx in all.chunks(batch_size.max(1)) {
         let (pixels, _) = data.gather(idx);
@@ -355,9 +473,9 @@ where
     Ok(out)
 }
 
-/// Predicted classes from logits.
-pub fn predictions(logits: &[f32]) -> Vec<usize> {
-    argmax_rows(logits, CLASSES)
+/// Predicted classes from logits (rows of `classes`).
+pub fn predictions(logits: &[f32], classes: usize) -> Vec<usize> {
+    argmax_rows(logits, classes)
 }
 
 /// Fraction of `predicted` equal to `labels` (0 for no labels: the pipeline refuses empty
@@ -377,9 +495,9 @@ pub const CALIBRATION_SEED_SALT: u64 = 0xca11_b4a7;
 ///
 /// # Errors
 /// `batches` or `batch_size` is 0, or `data` has no rows.
-pub fn calibration_inputs<S: InputShape>(
+pub fn calibration_inputs<S: BatchShape>(
     dev: &Cpu,
-    data: &Split,
+    data: &Samples,
     batches: usize,
     batch_size: usize,
     seed: u64,
@@ -401,18 +519,21 @@ mod tests {
 
     #[test]
     fn label_smoothing_targets() {
-        let plain = targets(&[3, 0], 0.0);
+        const CLASSES: usize = 10;
+        let plain = targets(&[3, 0], CLASSES, 0.0);
         assert_eq!(plain.len(), 2 * CLASSES);
         assert_eq!(plain[3], 1.0);
         assert_eq!(plain[CLASSES], 1.0);
         assert_eq!(plain.iter().sum::<f32>(), 2.0);
-        let smooth = targets(&[3, 0], 0.1);
+        let smooth = targets(&[3, 0], CLASSES, 0.1);
         for row in smooth.chunks(CLASSES) {
             assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
         }
         assert!((smooth[3] - 0.91).abs() < 1e-6);
         assert!((smooth[0] - 0.01).abs() < 1e-6);
         assert!((smooth[CLASSES] - 0.91).abs() < 1e-6);
+        let five = targets(&[4], 5, 0.1);
+        assert!((five[4] - 0.92).abs() < 1e-6 && (five[0] - 0.02).abs() < 1e-6);
     }
 
     #[test]
@@ -451,31 +572,27 @@ mod tests {
     }
 
     #[test]
-    fn holdout_partitions_the_training_split() {
-        let n = 23;
-        let split = Split {
-            images: (0..n * 64).map(|i| (i / 64) as f32).collect(),
-            labels: (0..n).map(|i| i % CLASSES).collect(),
-        };
-        let mut seen = vec![0; n];
-        for fold in 0..5 {
-            let (kept, held) = holdout(&split, 5, fold);
-            assert_eq!(kept.len() + held.len(), n);
-            for i in 0..held.len() {
-                // The held-out rows are fold, fold + 5, ...; each image travels with its label.
-                let row = held.image(i)[0] as usize;
-                assert_eq!(row % 5, fold);
-                assert_eq!(held.labels[i], row % CLASSES);
-                seen[row] += 1;
+    fn shifts_move_every_channel_of_an_image_together() {
+        assert_eq!(image_geometry(&[64]), Some((1, 8, 8)));
+        assert_eq!(image_geometry(&[784]), Some((1, 28, 28)));
+        assert_eq!(image_geometry(&[10]), None);
+        assert_eq!(image_geometry(&[3, 4, 5]), Some((3, 4, 5)));
+        // Two channels of a 3x3 image, shifted by the same offset.
+        let img: Vec<f32> = (1..=18).map(|v| v as f32).collect();
+        let mut rng = StdRng::seed_from_u64(5);
+        for _ in 0..20 {
+            let mut x = img.clone();
+            augment(&mut x, (2, 3, 3), 1, &mut rng);
+            let (a, b) = x.split_at(9);
+            for (p, q) in a.iter().zip(b) {
+                assert!(*p == 0.0 && *q == 0.0 || q - p == 9.0, "{a:?} {b:?}");
             }
-            for i in 0..kept.len() {
-                assert_ne!(kept.image(i)[0] as usize % 5, fold);
+            // Every kept value moved by at most one pixel in each direction.
+            for (i, v) in a.iter().enumerate().filter(|(_, v)| **v != 0.0) {
+                let j = *v as usize - 1;
+                assert!((i % 3).abs_diff(j % 3) <= 1 && (i / 3).abs_diff(j / 3) <= 1);
             }
-            // Deterministic.
-            assert_eq!(holdout(&split, 5, fold), (kept, held));
         }
-        // Every row is held out by exactly one fold.
-        assert!(seen.iter().all(|&c| c == 1));
     }
 
     #[test]

@@ -357,7 +357,11 @@ fn run_errors_name_the_file() {
     assert_eq!(std::fs::read(&user_file).unwrap(), b"mine");
 
     // RunError::Export: evaluating an export directory that is not one.
-    let e = eval_export(&dir.join("no-such-export"), None).unwrap_err();
+    let e = eval_export(
+        &dir.join("no-such-export"),
+        &quant::digits::bundled().unwrap(),
+    )
+    .unwrap_err();
     assert!(matches!(e, RunError::Export(_)));
     has(&e.to_string(), &["no-such-export", "model.json"]);
     std::fs::remove_dir_all(&dir).ok();

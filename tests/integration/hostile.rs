@@ -43,7 +43,9 @@ fn chain(e: &dyn std::error::Error) -> String {
 fn load(loader: &str, path: &Path) -> Result<(), String> {
     match loader {
         "policy" => Policy::from_file(path).map(|_| ()).map_err(|e| chain(&e)),
+        // As `quant run` reads it: a run file of a bundled network.
         "run" => RunConfig::from_file(path)
+            .and_then(|cfg| cfg.bundled_model())
             .map(|_| ())
             .map_err(|e| chain(&e)),
         "inferable" => {

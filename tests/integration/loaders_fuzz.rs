@@ -418,9 +418,9 @@ fn data_file(dir: &Path, name: &str, bytes: &[u8]) {
     match quant::digits::load(&path) {
         Ok(d) => {
             for split in [&d.train, &d.test] {
-                assert_eq!(split.images.len(), split.len() * quant::digits::PIXELS);
-                assert!(split.images.iter().all(|v| (0.0..=1.0).contains(v)));
-                assert!(split.labels.iter().all(|l| *l < quant::digits::CLASSES));
+                assert_eq!(split.features().len(), split.len() * 64);
+                assert!(split.features().iter().all(|v| (0.0..=1.0).contains(v)));
+                assert!(split.labels().iter().all(|l| *l < 10));
             }
         }
         Err(e) => assert!(e.to_string().contains(name), "{e}"),

@@ -112,15 +112,15 @@ fn compare(dir: &Path) -> Comparison {
     let onnx = OnnxModel::load(&dir.join("model.onnx")).unwrap();
     assert_eq!(onnx.input_shape(), graph.input.shape.as_slice());
     let test = digits::bundled().unwrap().test;
-    let int_predictions = integer.predict(&test.images).unwrap();
-    let logits = onnx.forward(&test.images).unwrap();
+    let int_predictions = integer.predict(test.features()).unwrap();
+    let logits = onnx.forward(test.features()).unwrap();
     let predictions = argmax_rows(&logits, 10);
     let same = predictions
         .iter()
         .zip(&int_predictions)
         .filter(|(a, b)| a == b)
         .count();
-    let fake_quantized = evaluate(&graph, &test.images, &|_, _| false)
+    let fake_quantized = evaluate(&graph, test.features(), &|_, _| false)
         .unwrap()
         .output;
     let (within_tolerance, max_relative) = compare_logits(&logits, &fake_quantized, 10);
@@ -157,7 +157,7 @@ fn dims(v: &pb::ValueInfoProto) -> Vec<String> {
 fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
     for name in CONFIGS {
         let cfg = config(name);
-        let kind = cfg.model.kind.to_string();
+        let kind = cfg.model.as_ref().unwrap().kind.to_string();
         let (report, dir) = run(cfg, name);
         assert_eq!(report.no_onnx_model, None, "{name}");
         let model = decode(&dir);
@@ -253,8 +253,8 @@ fn platform_presets_export_the_vit_in_onnx_that_tract_runs() {
         let graph = export::load(&dir).unwrap();
         let onnx = OnnxModel::load(&dir.join("model.onnx")).unwrap();
         let test = digits::bundled().unwrap().test;
-        let logits = onnx.forward(&test.images).unwrap();
-        let reference = evaluate(&graph, &test.images, &|_, _| false)
+        let logits = onnx.forward(test.features()).unwrap();
+        let reference = evaluate(&graph, test.features(), &|_, _| false)
             .unwrap()
             .output;
         let (within_tolerance, max_relative) = compare_logits(&logits, &reference, 10);
