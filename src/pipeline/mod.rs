@@ -3,7 +3,7 @@
 //! and report every figure, for several seeds.
 //!
 //! - [`run_model`] runs it on **your** dfdx model ([`Model`]: any model that converts, any input
-//!   shape, any number of classes) and **your** data ([`Dataset`](crate::data::Dataset)), with
+//!   shape, any number of classes) and **your** data ([`Dataset`]), with
 //!   the run file's sections as a typed [`RunConfig`] (parsed, or built in code).
 //! - [`run`] is what `quant run` does: the data of the run file's `[data]`, and the bundled
 //!   network its `[model]` names, sized for that data ([`nets`]): they are ordinary users of

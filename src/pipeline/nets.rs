@@ -1,6 +1,6 @@
 //! The networks `quant run` trains (`[model] kind`), each sized for the data: the 8x8 digits
 //! (64 values a sample) or 28x28 images (784 values: MNIST, Fashion-MNIST). Each is a
-//! [`Model`] like any model of your own, run by [`run_model`](super::run_model).
+//! [`Model`] like any model of your own, run by [`run_model`].
 
 use dfdx::prelude::*;
 
