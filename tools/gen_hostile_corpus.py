@@ -599,6 +599,118 @@ case("data/long_value.csv", "data", ["line 1", "pixel 3", "\u2026 (3000 bytes)"]
 case("data/gzip_members.csv.gz", "data", [],
      gzip.compress((ROW * 6).encode(), mtime=0) + gzip.compress((ROW * 6).encode(), mtime=0))
 
+
+# ----- [data] sections of every format (quant::data::load) -----------------------------------
+# Each case is a .toml file holding a [data] section's keys, its paths relative to the case's
+# directory, beside the data files it names. Loader `data_section` loads it; `data_for_mnist`
+# also checks it against a model of 28x28 inputs and 10 classes (labels, sample size).
+
+def idx_bytes(dims, data, kind=0x08, magic_zero=b"\x00\x00"):
+    return magic_zero + bytes([kind, len(dims)]) + b"".join(struct.pack(">I", d) for d in dims) + bytes(data)
+
+def npy_bytes(descr, shape, data, fortran="False", header_extra=""):
+    dims = ", ".join(str(d) for d in shape) + ("," if len(shape) == 1 else "")
+    header = "{'descr': '%s', 'fortran_order': %s, 'shape': (%s), %s}" % (descr, fortran, dims, header_extra)
+    header += " " * ((64 - (10 + len(header) + 1) % 64) % 64) + "\n"
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) + header.encode() + bytes(data)
+
+def data_case(name, loader, contains, section, files):
+    # The data files themselves are listed too (loader `data_file`: read by the cases that
+    # name them), so that every file of the corpus is accounted for.
+    for fname, data in files.items():
+        case("data_formats/" + fname, "data_file", [], data)
+    case("data_formats/%s.toml" % name, loader, contains, section)
+
+IMAGES = idx_bytes([20, 28, 28], [(i * 7) % 256 for i in range(20 * 784)])
+LABELS = idx_bytes([20], [i % 10 for i in range(20)])
+IDX_OK = 'format = "idx"\nimages = "%s"\nlabels = "%s"\ntest = { from_row = 16 }\n'
+data_case("idx_valid", "data_for_mnist", [], IDX_OK % ("images.idx", "labels.idx"),
+          {"images.idx": IMAGES, "labels.idx": LABELS, "images.idx.gz": gzip.compress(IMAGES, mtime=0),
+           "labels.idx.gz": gzip.compress(LABELS, mtime=0)})
+data_case("idx_gzipped_valid", "data_for_mnist", [], IDX_OK % ("images.idx.gz", "labels.idx.gz"), {})
+data_case("idx_wrong_magic", "data_section", ["bad_magic.idx", "not an IDX file"],
+          IDX_OK % ("bad_magic.idx", "labels.idx"), {"bad_magic.idx": b"\x08\x03\x00\x00" + IMAGES[4:]})
+data_case("idx_labels_with_three_dims", "data_section", ["images.idx", "a labels file has one dimension"],
+          IDX_OK % ("images.idx", "images.idx"), {})
+data_case("idx_counts_disagree", "data_section", ["images.idx", "labels19.idx", "20 images but 19 labels"],
+          IDX_OK % ("images.idx", "labels19.idx"), {"labels19.idx": idx_bytes([19], [1] * 19)})
+data_case("idx_truncated", "data_section", ["truncated.idx", "truncated"],
+          IDX_OK % ("truncated.idx", "labels.idx"), {"truncated.idx": IMAGES[:-100]})
+data_case("idx_billion_images", "data_section", ["billion.idx", "1000000000 samples"],
+          IDX_OK % ("billion.idx", "labels.idx"), {"billion.idx": idx_bytes([10**9, 28, 28], [])})
+data_case("idx_float_elements", "data_section", ["floats.idx", "element type 0x0d"],
+          IDX_OK % ("floats.idx", "labels.idx"), {"floats.idx": idx_bytes([20, 28, 28], [0] * (20 * 784 * 4), kind=0x0D)})
+data_case("idx_label_beyond_classes", "data_for_mnist", ["label 12", "10 classes"],
+          IDX_OK % ("images.idx", "labels12.idx"), {"labels12.idx": idx_bytes([20], [12] + [1] * 19)})
+data_case("idx_not_28x28", "data_for_mnist", ["[8, 8]", "the model takes [1, 28, 28]"],
+          IDX_OK % ("small.idx", "labels.idx"), {"small.idx": idx_bytes([20, 8, 8], [1] * (20 * 64))})
+data_case("idx_empty_test_split", "data_section", ["images.idx", "none for the test split"],
+          IDX_OK.replace("from_row = 16", "from_row = 20") % ("images.idx", "labels.idx"), {})
+data_case("idx_missing_file", "data_section", ["no_such_images.idx"],
+          IDX_OK % ("no_such_images.idx", "labels.idx"), {})
+
+CSV_OK = 'format = "csv"\npath = "%s"\ntest = { fraction = 0.25 }\n'
+csv_rows = "".join(",".join(str((i * 3 + j) % 5) for j in range(6)) + ",%d\n" % (i % 3) for i in range(12))
+data_case("csv_valid", "data_section", [], CSV_OK % "six.csv", {"six.csv": csv_rows.encode()})
+data_case("csv_wrong_width", "data_section", ["ragged.csv", "line 4", "4 fields; the first row has 7"],
+          CSV_OK % "ragged.csv", {"ragged.csv": (csv_rows[:42] + "1,2,3,0\n" + csv_rows[42:]).encode()})
+data_case("csv_nan_feature", "data_section", ["nan.csv", "line 2", "feature 1 is `NaN`"],
+          CSV_OK % "nan.csv", {"nan.csv": ("1,2,3,4,5,6,0\n1,NaN,3,4,5,6,1\n" + csv_rows).encode()})
+data_case("csv_inf_feature", "data_section", ["inf.csv", "line 1", "feature 0 is `inf`"],
+          CSV_OK % "inf.csv", {"inf.csv": ("inf,2,3,4,5,6,0\n" + csv_rows).encode()})
+data_case("csv_label_not_a_class", "data_section", ["label.csv", "line 1", "label is `2.5`"],
+          CSV_OK % "label.csv", {"label.csv": ("1,2,3,4,5,6,2.5\n" + csv_rows).encode()})
+data_case("csv_header_not_declared", "data_section", ["header.csv", "line 1", "feature 0 is `a`"],
+          CSV_OK % "header.csv", {"header.csv": ("a,b,c,d,e,f,label\n" + csv_rows).encode()})
+
+NPY_OK = 'format = "npy"\nimages = "%s"\nlabels = "%s"\ntest = { every = 4 }\n'
+NX = npy_bytes("|u1", [8, 28, 28], [i % 256 for i in range(8 * 784)])
+NY = npy_bytes("<i8", [8], b"".join(struct.pack("<q", i % 10) for i in range(8)))
+data_case("npy_valid", "data_for_mnist", [], NPY_OK % ("x.npy", "y.npy"), {"x.npy": NX, "y.npy": NY})
+data_case("npy_complex_dtype", "data_section", ["complex.npy", "dtype `<c8`"],
+          NPY_OK % ("complex.npy", "y.npy"), {"complex.npy": npy_bytes("<c8", [8, 4], [0] * 256)})
+data_case("npy_float64_features", "data_section", ["f64.npy", "expected uint8 or float32"],
+          NPY_OK % ("f64.npy", "y.npy"), {"f64.npy": npy_bytes("<f8", [8, 4], [0] * 256)})
+data_case("npy_big_endian", "data_section", ["big.npy", "dtype `>f4`"],
+          NPY_OK % ("big.npy", "y.npy"), {"big.npy": npy_bytes(">f4", [8, 4], [0] * 128)})
+data_case("npy_lying_header", "data_section", ["lying.npy", "shape [9, 28, 28]"],
+          NPY_OK % ("lying.npy", "y.npy"), {"lying.npy": npy_bytes("|u1", [9, 28, 28], [0] * (8 * 784))})
+data_case("npy_huge_shape", "data_section", ["huge.npy", "samples of"],
+          NPY_OK % ("huge.npy", "y.npy"), {"huge.npy": npy_bytes("|u1", [10**9, 10**6], [])})
+data_case("npy_overflowing_shape", "data_section", ["overflow.npy", "overflows"],
+          NPY_OK % ("overflow.npy", "y.npy"), {"overflow.npy": npy_bytes("|u1", [2, 2**40, 2**40], [])})
+data_case("npy_fortran_order", "data_section", ["fortran.npy", "Fortran"],
+          NPY_OK % ("fortran.npy", "y.npy"), {"fortran.npy": npy_bytes("|u1", [8, 28, 28], [0] * (8 * 784), fortran="True")})
+data_case("npy_float_labels", "data_section", ["yf.npy", "one integer per sample"],
+          NPY_OK % ("x.npy", "yf.npy"), {"yf.npy": npy_bytes("<f4", [8], [0] * 32)})
+data_case("npy_negative_label", "data_section", ["yneg.npy", "label 0 is -3"],
+          NPY_OK % ("x.npy", "yneg.npy"), {"yneg.npy": npy_bytes("<i8", [8], b"".join(struct.pack("<q", -3 if i == 0 else 1) for i in range(8)))})
+data_case("npy_not_numpy", "data_section", ["text.npy", "not a .npy file"],
+          NPY_OK % ("text.npy", "y.npy"), {"text.npy": b"x,y\n1,2\n"})
+data_case("npy_header_longer_than_file", "data_section", ["short.npy", "claims"],
+          NPY_OK % ("short.npy", "y.npy"), {"short.npy": b"\x93NUMPY\x01\x00\xff\x7f{'descr'"})
+
+import io, zipfile
+def npz(entries, method=zipfile.ZIP_DEFLATED):
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", method) as z:
+        for name, data in entries:
+            z.writestr(name, data)
+    return buf.getvalue()
+NPZ_OK = 'format = "npz"\npath = "%s"\n'
+data_case("npz_valid", "data_for_mnist", [], NPZ_OK % "keras.npz",
+          {"keras.npz": npz([("x_train.npy", NX), ("y_train.npy", NY), ("x_test.npy", NX), ("y_test.npy", NY)])})
+data_case("npz_missing_arrays", "data_section", ["other.npz", "no `x_train.npy`"], NPZ_OK % "other.npz",
+          {"other.npz": npz([("a.npy", NX), ("b.npy", NY)])})
+data_case("npz_not_zip", "data_section", ["notzip.npz", "not a .npz (zip) archive"], NPZ_OK % "notzip.npz",
+          {"notzip.npz": NX})
+data_case("npz_bad_entry", "data_section", ["badentry.npz", "x_train.npy", "dtype `<c8`"], NPZ_OK % "badentry.npz",
+          {"badentry.npz": npz([("x_train.npy", npy_bytes("<c8", [8, 4], [0] * 256)), ("y_train.npy", NY)])})
+data_case("npz_only_test_images", "data_section", ["half.npz", "only one of"], NPZ_OK % "half.npz",
+          {"half.npz": npz([("x_train.npy", NX), ("y_train.npy", NY), ("x_test.npy", NX)])})
+# The digits bundled data cannot feed a 28x28 model.
+case("data_formats/digits_for_mnist_model.toml", "data_for_mnist", ["[1, 8, 8] (64 values each)", "the model takes [1, 28, 28]"], "")
+
 # ----- manifest --------------------------------------------------------------------------------
 
 with open(os.path.join(ROOT, "expected.toml"), "w") as f:

@@ -230,3 +230,27 @@ fn inconsistent_sections_name_their_key() {
     }
     assert!(toml::from_str::<DataSection>("colour = 1").is_err());
 }
+
+#[test]
+fn a_gzip_bomb_stops_at_the_limit_and_a_huge_header_allocates_nothing() {
+    let dir = scratch("bomb");
+    // 300 MB of zeros after an IDX header claiming 300 MB of images: about 300 KB of gzip.
+    let mut e = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    e.write_all(&[0, 0, 8, 3]).unwrap();
+    for d in [375_000u32, 28, 28] {
+        e.write_all(&d.to_be_bytes()).unwrap();
+    }
+    let zeros = vec![0u8; 1 << 20];
+    for _ in 0..300 {
+        e.write_all(&zeros).unwrap();
+    }
+    let bomb = write(&dir, "bomb-idx3-ubyte.gz", &e.finish().unwrap());
+    let (_, y) = idx_files(&dir, false);
+    let e = load(&section(&format!(
+        "images = '{bomb}'\nlabels = '{y}'\ntest = {{ from_row = 8 }}"
+    )))
+    .unwrap_err();
+    assert!(matches!(e, DataError::TooLarge { .. }), "{e}");
+    assert!(e.to_string().contains("after decompression"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

@@ -74,8 +74,37 @@ fn load(loader: &str, path: &Path) -> Result<(), String> {
             Ok(())
         }
         "data" => quant::digits::load(path).map(|_| ()).map_err(|e| chain(&e)),
+        "data_section" => data_section(path).map(|_| ()),
+        // A file the `data_section` cases name; they read it.
+        "data_file" => Ok(()),
+        // As `quant run` uses it for a network of 28x28 inputs and 10 classes.
+        "data_for_mnist" => data_section(path)?
+            .for_model(&[1, 28, 28], 10)
+            .map(|_| ())
+            .map_err(|e| chain(&e)),
         other => panic!("unknown loader `{other}` in expected.toml"),
     }
+}
+
+/// Loads the `[data]` section in the file at `path`, its paths relative to the file's directory.
+fn data_section(path: &Path) -> Result<quant::data::Dataset, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+    let mut section: quant::data::DataSection = toml::from_str(&text).map_err(|e| e.to_string())?;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    for file in [
+        &mut section.path,
+        &mut section.test_path,
+        &mut section.images,
+        &mut section.labels,
+        &mut section.test_images,
+        &mut section.test_labels,
+    ]
+    .into_iter()
+    .flatten()
+    {
+        *file = dir.join(&*file);
+    }
+    quant::data::load(&section).map_err(|e| chain(&e))
 }
 
 fn manifest() -> BTreeMap<String, Case> {
