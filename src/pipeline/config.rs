@@ -1,13 +1,17 @@
 //! The run file: model, data, training schedules and the quantization policy, in one TOML file.
 //!
 //! ```toml
-//! [model]
-//! kind = "mlp"                  # "mlp" (64-256-256-10), "cnn" (conv + BatchNorm, folded),
-//!                               # "resnet" (residual blocks, depthwise conv, projection shortcut)
-//!                               # or "vit" (vision transformer: 2x2 patches as 16 tokens)
+//! [model]                       # quant run's network (run_model, with a model of your own,
+//! kind = "mlp"                  # does not read it): "mlp", "cnn" (conv + BatchNorm, folded),
+//!                               # "resnet" (residual blocks, projection shortcuts) or "vit"
+//!                               # (vision transformer), each sized for the data: 8x8 images
+//!                               # (the digits) or 28x28 (MNIST)
 //!
-//! [data]
-//! # path = "my_digits.csv.gz"   # default: the bundled file
+//! [data]                        # default: the bundled digits; see quant::data::DataSection
+//! # format = "idx"              # digits, csv, idx, npy, npz
+//! # images = "data/mnist-10k-images-idx3-ubyte.gz"
+//! # labels = "data/mnist-10k-labels-idx1-ubyte.gz"
+//! # test = { from_row = 8000 }
 //! # holdout = { folds = 5, fold = 0 }  # recipe development: train without fold 0 of 5 of the
 //! #                             # training split and report on it instead of the test split
 //!

@@ -141,6 +141,75 @@ fn run_writes_the_report_and_an_export_that_eval_reproduces() {
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Real MNIST (the repository's IDX files): the 28x28 MLP, sized from the data, trained one
+/// epoch, quantized, exported; `quant eval --config` runs the export on the run file's test
+/// split (2,000 samples), and its ONNX in tract.
+#[test]
+fn mnist_from_idx_files_runs_end_to_end_and_eval_reads_the_run_files_data() {
+    let dir = scratch("mnist");
+    let data = Path::new(env!("CARGO_MANIFEST_DIR")).join("data");
+    let cfg = tiny_config(
+        &dir,
+        "mlp",
+        &format!(
+            "[data]\nformat = \"idx\"\nimages = \"{}\"\nlabels = \"{}\"\ntest = {{ from_row = 8000 }}\n",
+            data.join("mnist-10k-images-idx3-ubyte.gz").display(),
+            data.join("mnist-10k-labels-idx1-ubyte.gz").display()
+        ),
+    );
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("epochs = 3", "epochs = 1");
+    std::fs::write(&cfg, text).unwrap();
+    let (report, export) = (dir.join("r.json"), dir.join("export"));
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
+        "--out",
+        export.to_str().unwrap(),
+        "--no-cache",
+        "--quiet",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(json["model"], "mlp-784");
+    assert!(
+        json["data"].as_str().unwrap().contains("mnist-10k-images"),
+        "{json}"
+    );
+    assert!(
+        json["fp32_accuracy"].as_f64().unwrap() > 0.85,
+        "one epoch of the 784-256-256-10 MLP learns MNIST: {json}"
+    );
+    assert!(
+        json["integer_agreement"].as_f64().unwrap() >= 0.99,
+        "{json}"
+    );
+    let o = quant(&[
+        "eval",
+        export.to_str().unwrap(),
+        "--config",
+        cfg.to_str().unwrap(),
+        "--onnx",
+        export.join("model.onnx").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let expected = format!("{:.2}%", 100.0 * json["integer_accuracy"].as_f64().unwrap());
+    let out = stdout(&o);
+    assert!(
+        out.contains(&expected) && out.contains("on 2000 test samples"),
+        "{out}"
+    );
+    // The digits (the default) do not fit a model of 784 inputs: a clear error.
+    let o = quant(&["eval", export.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("784 inputs"), "{}", stderr(&o));
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `quant eval DIR --onnx DIR/model.onnx`: tract runs the export's ONNX model, whose
 /// predictions agree with the integer model's on at least `min_agreement` percent of the test
 /// samples.
