@@ -98,7 +98,9 @@ enum Command {
 /// bounds whatever a message still holds.
 const MAX_MESSAGE_CHARS: usize = 4000;
 
+/// `message` safe for a terminal (control characters escaped) and of bounded length.
 fn bounded(message: String) -> String {
+    let message = quant::fs::escape_controls(&message).into_owned();
     match message.char_indices().nth(MAX_MESSAGE_CHARS) {
         None => message,
         Some((cut, _)) => format!("{}… ({} bytes)", &message[..cut], message.len()),
@@ -109,10 +111,16 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", bounded(e.to_string()));
+            let mut printed = e.to_string();
+            eprintln!("error: {}", bounded(printed.clone()));
             let mut source = e.source();
             while let Some(s) = source {
-                eprintln!("  caused by: {}", bounded(s.to_string()));
+                // Errors often quote their source: print a cause only if it says more.
+                let text = s.to_string();
+                if !printed.contains(&text) {
+                    eprintln!("  caused by: {}", bounded(text.clone()));
+                    printed.push_str(&text);
+                }
                 source = s.source();
             }
             ExitCode::FAILURE

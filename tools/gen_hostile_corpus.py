@@ -109,6 +109,13 @@ case("run/long_data_path.toml", "run", ["`data.path`", "\u2026 (5000 bytes)"],
      RUN + '[data]\npath = "' + "d" * 5000 + '"\n')
 case("run/bom.toml", "run", [], b"\xef\xbb\xbf" + RUN.encode())
 
+# Issue 25: numeric settings that would make training diverge are refused up front.
+case("run/distillation_temperature_huge.toml", "run",
+     ["distillation_temperature_huge.toml", "qat.distillation.temperature", "0.1..=100"],
+     RUN + "[qat]\ndistillation = { weight = 0.5, temperature = 1e300 }\n")
+case("run/distillation_temperature_tiny.toml", "run", ["qat.distillation.temperature"],
+     RUN + "[qat]\ndistillation = { weight = 0.5, temperature = 1e-300 }\n")
+
 # ----- inferable quantizers (serde_json::from_slice::<quant_core::InferableQuantizer>) -------
 
 
@@ -471,6 +478,31 @@ export("conv_kernel_80_padding_79", [],
        tensors=[("0.weight", "I8", [1, 1, 80, 80], i8([(i * 7) % 5 - 2 for i in range(6400)])),
                 ("0.bias", "I32", [1], i32([3]))])
 
+# Issue 25: values nothing reads are freed as soon as they are written, and one sample's
+# working memory (the values alive at once) is bounded. A 1x1 conv to 32 channels padded to a
+# 48x48 map (295 KB of accumulators), read by 30 ReLUs nothing reads: valid, and a sample
+# needs about two such values at once, not 31 (tests/integration/hostile.rs checks).
+# Padding at most kernel - 1: a 41x41 kernel with padding 40 grows a map by 40.
+DEAD_RELUS = [CNN_NODES[0], conv("0", "0.input", 1, 32, 41, 1, 40)] + [simple("r%d" % i, "0", "Relu") for i in range(30)]
+export("dead_relus_are_freed", [],
+       metadata=meta(DEAD_RELUS + [simple("g", "0", "GlobalAvgPool")], input_shape=(1, 8, 8)),
+       tensors=[("0.weight", "I8", [32, 1, 41, 41], i8([(i % 5) - 2 for i in range(32 * 1681)])),
+                ("0.bias", "I32", [32], i32([1] * 32))])
+# The same shape of graph as issue 25 found it: small convolutions padding the map up to
+# 208x208, then a 1x1 conv to 1400 channels (242 MB of accumulators in one value) read by 30
+# ReLUs: refused before anything runs.
+GROW, GROW_T, last = [CNN_NODES[0]], [], "0.input"
+for j in range(10):
+    GROW += [conv("g%d" % j, last, 1, 1, 21, 1, 20), quantize("g%d.q" % j, "g%d" % j)]
+    GROW_T += [("g%d.weight" % j, "I8", [1, 1, 21, 21], i8([(i % 3) - 1 for i in range(441)])),
+               ("g%d.bias" % j, "I32", [1], i32([0]))]
+    last = "g%d.q" % j
+WIDE_RELUS = GROW + [conv("w", last, 1, 1400, 1)] + [simple("r%d" % i, "w", "Relu") for i in range(30)]
+export("wide_value_read_by_dead_relus", ["one sample needs", "bytes of working memory"],
+       metadata=meta(WIDE_RELUS + [simple("p", "w", "GlobalAvgPool")], input_shape=(1, 8, 8)),
+       tensors=GROW_T + [("w.weight", "I8", [1400, 1, 1, 1], i8([(i % 5) - 2 for i in range(1400)])),
+                         ("w.bias", "I32", [1400], i32([1] * 1400))])
+
 # Transformers: self-attention of 2 heads over a sequence of 3 tokens of 4 features, integer
 # softmax, LayerNorm, GELU, the mean of the tokens and a head; and ViT patch tokens.
 def two(name, inputs, op, **fields):
@@ -695,7 +727,8 @@ def npz(entries, method=zipfile.ZIP_DEFLATED):
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", method) as z:
         for name, data in entries:
-            z.writestr(name, data)
+            # A fixed date: the corpus is the same bytes every time it is generated.
+            z.writestr(zipfile.ZipInfo(name, date_time=(1980, 1, 1, 0, 0, 0)), data, compress_type=method)
     return buf.getvalue()
 NPZ_OK = 'format = "npz"\npath = "%s"\n'
 data_case("npz_valid", "data_for_mnist", [], NPZ_OK % "keras.npz",

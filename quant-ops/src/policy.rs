@@ -340,9 +340,14 @@ pub struct Policy {
     /// What to do with overrides that match no layer.
     #[serde(default)]
     pub unmatched_patterns: UnmatchedPatterns,
-    /// Layers seen during conversion, to report unmatched patterns.
+    /// Layers seen during conversion and the slots asked of each, to report overrides that
+    /// matched nothing.
     #[serde(skip)]
-    seen: RefCell<BTreeSet<String>>,
+    seen: RefCell<BTreeMap<String, BTreeSet<&'static str>>>,
+    /// Where the policy came from (its file, and the key it sits under in a run file), for the
+    /// errors of [`Policy::check_unmatched`].
+    #[serde(skip)]
+    location: (String, String),
 }
 
 /// One step of the merge: the accumulated setting, plus the key that set it.
@@ -363,9 +368,10 @@ impl Policy {
     /// invalid patterns.
     pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, PolicyError> {
         let de = toml::Deserializer::new(text);
-        let policy: Policy =
+        let mut policy: Policy =
             serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, text, e))?;
         policy.validate(origin, "")?;
+        policy.set_location(origin, "");
         Ok(policy)
     }
 
@@ -534,7 +540,11 @@ impl Policy {
         kind: LayerKind,
         slot: Slot,
     ) -> Result<Option<QuantizerSpec>> {
-        self.seen.borrow_mut().insert(name.to_string());
+        self.seen
+            .borrow_mut()
+            .entry(name.to_string())
+            .or_default()
+            .insert(slot.name);
         let (default_w, default_i) = self.defaults()?;
         let defaults = match slot.target {
             QuantizationTarget::Weights => default_w,
@@ -568,6 +578,13 @@ impl Policy {
         .transpose()
     }
 
+    /// Names this policy's origin in the errors of [`Policy::check_unmatched`]: the file, and
+    /// the key the policy sits under (`quantization` in a run file; empty for a policy file).
+    /// [`Policy::from_toml_str`] sets it.
+    pub fn set_location(&mut self, origin: &str, key_prefix: &str) {
+        self.location = (origin.to_string(), key_prefix.to_string());
+    }
+
     /// Override patterns that matched none of the layers resolved so far.
     pub fn unmatched(&self) -> Vec<String> {
         let seen = self.seen.borrow();
@@ -575,32 +592,91 @@ impl Policy {
             .iter()
             .filter(|o| {
                 glob(&o.pattern)
-                    .map(|g| !seen.iter().any(|n| g.is_match(n)))
+                    .map(|g| !seen.keys().any(|n| g.is_match(n)))
                     .unwrap_or(true)
             })
             .map(|o| o.pattern.clone())
             .collect()
     }
 
-    /// After a conversion: fails when an override matched no layer and the policy says
-    /// `unmatched_patterns = "error"`; returns the unmatched patterns otherwise.
+    /// After a conversion: checks every override against the layers the conversion resolved.
+    /// An override naming a slot (`slots.input`) that none of the layers it matches has is an
+    /// error (a typo would otherwise leave the slot as it was); so is an override matching no
+    /// layer, when the policy says `unmatched_patterns = "error"` (the default). Returns the
+    /// unmatched patterns otherwise.
     ///
     /// # Errors
-    /// [`QuantError::InvalidValue`] listing the unmatched patterns and the layer names seen.
-    pub fn check_unmatched(&self) -> Result<Vec<String>> {
-        let unmatched = self.unmatched();
-        if !unmatched.is_empty() && self.unmatched_patterns == UnmatchedPatterns::Error {
-            let seen: Vec<String> = self.seen.borrow().iter().cloned().collect();
-            return Err(QuantError::InvalidValue {
-                what: "overrides[].pattern".into(),
-                value: unmatched.join(", "),
-                expected: format!(
-                    "patterns matching layers of this model ({}), or unmatched_patterns = \"warn\"",
-                    seen.join(", ")
-                ),
-            });
+    /// [`PolicyError::Invalid`] naming the file and the override (`overrides[2].pattern`,
+    /// `overrides[0].slots.inptu`), with the layers (or slots) there are.
+    pub fn check_unmatched(&self) -> std::result::Result<Vec<String>, PolicyError> {
+        let seen = self.seen.borrow();
+        let (origin, prefix) = &self.location;
+        let invalid = |key: String, value: String, expected: String| PolicyError::Invalid {
+            origin: origin.clone(),
+            key: join_name(prefix, &key),
+            source: QuantError::InvalidValue {
+                what: join_name(prefix, &key),
+                value,
+                expected,
+            },
+        };
+        let mut unmatched = Vec::new();
+        for (n, o) in self.overrides.iter().enumerate() {
+            let pattern = glob(&o.pattern).map_err(|e| PolicyError::Invalid {
+                origin: origin.clone(),
+                key: join_name(prefix, &format!("overrides[{n}].pattern")),
+                source: e,
+            })?;
+            let matched: Vec<(&String, &BTreeSet<&'static str>)> = seen
+                .iter()
+                .filter(|(name, _)| pattern.is_match(name))
+                .collect();
+            if matched.is_empty() {
+                if self.unmatched_patterns == UnmatchedPatterns::Error {
+                    return Err(invalid(
+                        format!("overrides[{n}].pattern"),
+                        format!("`{}`", crate::fs::shorten(&o.pattern)),
+                        format!(
+                            "a pattern matching layers of this model ({}), or unmatched_patterns = \"warn\"",
+                            listed(seen.keys().map(String::as_str))
+                        ),
+                    ));
+                }
+                unmatched.push(o.pattern.clone());
+                continue;
+            }
+            for slot in o.slots.keys() {
+                if !matched
+                    .iter()
+                    .any(|(_, slots)| slots.contains(slot.as_str()))
+                {
+                    let slots: BTreeSet<&str> = matched
+                        .iter()
+                        .flat_map(|(_, s)| s.iter().copied())
+                        .collect();
+                    return Err(invalid(
+                        format!("overrides[{n}].slots.{slot}"),
+                        format!("`{}`", crate::fs::shorten(slot)),
+                        format!(
+                            "a slot of the layers `{}` matches: {}",
+                            crate::fs::shorten(&o.pattern),
+                            listed(slots.into_iter())
+                        ),
+                    ));
+                }
+            }
         }
         Ok(unmatched)
+    }
+}
+
+/// Names for a message: all of them, or the first 20 and how many there are.
+fn listed<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = names.collect();
+    if names.len() <= 20 {
+        names.join(", ")
+    } else {
+        format!("{}, … ({} in all)", names[..20].join(", "), names.len())
     }
 }
 

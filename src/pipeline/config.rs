@@ -365,6 +365,7 @@ impl RunConfig {
             quant_ops::policy::toml_parse_error(origin, text, key, &e.into_inner())
         })?;
         cfg.origin = origin.to_string();
+        cfg.quantization.set_location(origin, "quantization");
         let invalid = |key: &str, expected: &str, value: String| PolicyError::Invalid {
             origin: origin.to_string(),
             key: key.to_string(),
@@ -501,10 +502,12 @@ impl RunConfig {
                     d.weight.to_string(),
                 ));
             }
-            if !(d.temperature.is_finite() && d.temperature > 0.0) {
+            // Outside this range the softened targets are one-hot or uniform to f32 and the
+            // T²-scaled loss overflows or vanishes: training would end in NaN.
+            if !(d.temperature.is_finite() && (0.1..=100.0).contains(&d.temperature)) {
                 return Err(invalid(
                     "qat.distillation.temperature",
-                    "a temperature > 0",
+                    "a temperature in 0.1..=100 (Hinton et al. use 1 to 20)",
                     d.temperature.to_string(),
                 ));
             }

@@ -205,6 +205,14 @@ where
 {
     let export = opts.export_dir.as_deref().map(StagedDir::new).transpose()?;
     let data = data.clone().for_model(&S::sample_shape(), C)?;
+    // The policy against the model's layers before anything trains: an override that matches
+    // no layer, or names a slot none of its layers has, fails now, not after float training.
+    {
+        let policy = cfg.quantization.clone();
+        let untrained = model.deploy(&model.build(&Cpu::default()));
+        convert_model(&untrained, &policy)?;
+        policy.check_unmatched()?;
+    }
     let progress = MultiProgress::with_draw_target(if opts.progress {
         ProgressDrawTarget::stderr()
     } else {

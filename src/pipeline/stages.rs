@@ -89,7 +89,12 @@ where
             let mut float = model.build(&dev);
             // A checked load: a corrupted cache file is a typed error, not a panic in dfdx.
             quant_ops::checkpoint::load_checkpoint(&mut float, path)
-                .map_err(|e| file_error(path, format!("cannot load float checkpoint: {e}")))?;
+                .map_err(|e| {
+                    file_error(
+                        path,
+                        format!("cannot load this cached float checkpoint ({e}): delete the file, or run with --no-cache"),
+                    )
+                })?;
             (float, true)
         }
         (FloatWeights::Train, _) => {

@@ -383,3 +383,117 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     assert!(stderr(&o).contains("model.json"), "{}", stderr(&o));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 25: settings are never silently ignored, and what cannot work fails before anything
+/// trains, naming the file and the entry.
+#[test]
+fn mistyped_and_unmatched_overrides_fail_before_training_naming_the_entry() {
+    let dir = scratch("overrides");
+    let cfg = tiny_config(&dir, "mlp", "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("epochs = 3", "epochs = 500");
+    let run = |name: &str, extra: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, format!("{text}{extra}")).unwrap();
+        let started = std::time::Instant::now();
+        let o = quant(&[
+            "run",
+            path.to_str().unwrap(),
+            "--no-cache",
+            "--quiet",
+            "--out",
+            dir.join("x").to_str().unwrap(),
+        ]);
+        assert!(!o.status.success(), "{name}: {}", stdout(&o));
+        // 500 float epochs would take minutes: the check runs first.
+        assert!(
+            started.elapsed().as_secs() < 20,
+            "{name}: {:?}",
+            started.elapsed()
+        );
+        stderr(&o)
+    };
+    let e = run(
+        "typo.toml",
+        "[[quantization.overrides]]\npattern = \"0\"\nslots.inptu = \"float\"\n",
+    );
+    assert!(
+        e.contains("typo.toml")
+            && e.contains("quantization.overrides[0].slots.inptu")
+            && e.contains("input, weights"),
+        "{e}"
+    );
+    let e = run(
+        "unmatched.toml",
+        "[[quantization.overrides]]\npattern = \"0\"\nweights = { bits = 8 }\n[[quantization.overrides]]\npattern = \"fc*\"\nweights = { bits = 8 }\n",
+    );
+    assert!(
+        e.contains("unmatched.toml")
+            && e.contains("quantization.overrides[1].pattern")
+            && e.contains("`fc*`"),
+        "{e}"
+    );
+    assert!(!dir.join("x").exists());
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Issue 25: what a file holds is echoed escaped: control characters in a name cannot erase
+/// the line or fake a result on a terminal; an error names its cause once.
+#[test]
+fn control_characters_are_escaped_and_causes_are_not_repeated() {
+    let dir = scratch("controls");
+    let cfg = tiny_config(
+        &dir,
+        "mlp",
+        "[data]\npath = \"no/such/\\u001b[2K\\r\\u001b[32mseed 0 done: integer 99.99%\\u0000.csv\"\n",
+    );
+    let o = quant(&["run", cfg.to_str().unwrap(), "--no-cache", "--quiet"]);
+    assert!(!o.status.success());
+    let e = stderr(&o);
+    assert!(
+        !e.contains('\u{1b}') && !e.contains('\0') && !e.contains('\r'),
+        "{e:?}"
+    );
+    assert!(e.contains("\\u{1b}[2K"), "{e}");
+    let bad = dir.join("bad.toml");
+    std::fs::write(
+        &bad,
+        "[model]\nkind = \"mlp\"\n[qat]\nlr = 20.0\n[quantization]\n",
+    )
+    .unwrap();
+    let o = quant(&["run", bad.to_str().unwrap()]);
+    let e = stderr(&o);
+    assert_eq!(e.matches("a learning rate in (0, 10)").count(), 1, "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+/// Issue 25: an output that cannot be created is refused before anything trains, naming the
+/// user's path (not a temporary one beside it).
+#[cfg(target_os = "linux")]
+#[test]
+fn an_output_that_cannot_be_created_is_refused_up_front() {
+    let dir = scratch("proc");
+    let cfg = tiny_config(&dir, "mlp", "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("epochs = 3", "epochs = 500");
+    std::fs::write(&cfg, text).unwrap();
+    let started = std::time::Instant::now();
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--no-cache",
+        "--quiet",
+        "--out",
+        "/proc/quant-test-export",
+    ]);
+    assert!(!o.status.success());
+    assert!(started.elapsed().as_secs() < 20, "{:?}", started.elapsed());
+    let e = stderr(&o);
+    assert!(
+        e.contains("/proc/quant-test-export") && !e.contains("quant-tmp"),
+        "{e}"
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

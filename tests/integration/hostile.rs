@@ -203,3 +203,41 @@ fn a_huge_convolution_runs_in_chunks_of_bounded_memory() {
     assert!(y.chunks(out).all(|row| row == &y[..out]));
     assert!(y.iter().all(|v| v.is_finite()));
 }
+
+/// Issue 25: a value nothing reads is freed as soon as it is written, so 30 ReLUs reading one
+/// 295 KB value (and read by nothing) keep about two such values alive, not 31; every op
+/// counts against the multiply-add budget.
+#[test]
+fn values_nothing_reads_are_freed_and_every_op_is_counted() {
+    let dir = root().join("export").join("dead_relus_are_freed");
+    let integer = IntegerModel::new(&export::load(&dir).unwrap()).unwrap();
+    // The conv's output (i32) and its im2col patches (one byte per code).
+    let (value, patches) = (48 * 48 * 32 * 4, 48 * 48 * 41 * 41);
+    let per_sample = integer.working_bytes_per_sample();
+    assert!(
+        per_sample < patches + 3 * value,
+        "{per_sample} bytes per sample for values of {value} and patches of {patches}"
+    );
+    // Each ReLU touches the whole value: 30 of them cost at least 30 values' elements.
+    assert!(integer.macs_per_sample() >= 30 * 48 * 48 * 32);
+    let x = vec![0.5f32; 64];
+    assert_eq!(integer.forward(&x).unwrap().len(), 32);
+}
+
+/// Issue 25: the multiply-add budget covers a whole call, not one sample: a batch that would
+/// take more is refused at once, with the figures, before anything runs.
+#[test]
+fn a_batch_beyond_the_call_budget_is_refused_before_it_runs() {
+    use quant_ops::integer::MAX_CALL_MACS;
+    let dir = root().join("export").join("conv_kernel_80_padding_79");
+    let integer = IntegerModel::new(&export::load(&dir).unwrap()).unwrap();
+    let n = (MAX_CALL_MACS / integer.macs_per_sample()) as usize + 1;
+    let x = vec![0.25f32; n * 64];
+    let started = std::time::Instant::now();
+    let e = integer.forward(&x).unwrap_err().to_string();
+    assert!(started.elapsed().as_secs_f64() < 1.0);
+    assert!(
+        e.contains(&format!("{n} samples")) && e.contains("per call"),
+        "{e}"
+    );
+}

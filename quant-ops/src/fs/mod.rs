@@ -120,6 +120,31 @@ fn refused(path: &Path, reason: String) -> OutputError {
     }
 }
 
+/// `text` safe to print on a terminal: every control character (C0 but newline and tab, DEL,
+/// C1) written as an escape (`\u{1b}`), so that a name or value read from a file cannot move
+/// the cursor, erase a line or fake output.
+///
+/// ```
+/// assert_eq!(quant_ops::fs::escape_controls("a\x1b[2Kb\0"), "a\\u{1b}[2Kb\\u{0}");
+/// ```
+pub fn escape_controls(text: &str) -> Cow<'_, str> {
+    let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';
+    if !text.chars().any(unsafe_char) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .map(|c| {
+                if unsafe_char(c) {
+                    c.escape_unicode().to_string()
+                } else {
+                    c.to_string()
+                }
+            })
+            .collect(),
+    )
+}
+
 /// `value` for an error message: at most [`MAX_SHOWN_CHARS`] characters, then
 /// `… (N bytes)` with the whole value's length.
 pub fn shorten(value: &str) -> Cow<'_, str> {
@@ -385,6 +410,12 @@ fn check_parent(output: &Path) -> Result<(), OutputError> {
 /// [`OutputError::Refused`] saying why.
 pub fn check_output_file(path: &Path) -> Result<(), OutputError> {
     name_of(path)?;
+    check_output_file_kind(path)?;
+    staged::probe_writable(path)
+}
+
+/// [`check_output_file`] without the probe that something can be created beside it.
+fn check_output_file_kind(path: &Path) -> Result<(), OutputError> {
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.is_file() => check_parent(path),
         Ok(m) if m.file_type().is_symlink() => Err(refused(

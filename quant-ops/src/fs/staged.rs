@@ -96,6 +96,9 @@ fn remove_quant_dir(dir: &Path) -> io::Result<bool> {
 /// `NAME` when nothing has taken its place.
 fn clean_leftovers(target: &Path) {
     let parent = parent_of(target);
+    let Ok(base) = name_of(target) else {
+        return;
+    };
     let Ok(entries) = std::fs::read_dir(&parent) else {
         return;
     };
@@ -107,12 +110,18 @@ fn clean_leftovers(target: &Path) {
         if process_alive(leftover.pid) {
             continue;
         }
+        // Only what a run writing this very target left is deleted: a leftover of another
+        // name is another output's (or not ours at all); a previous export that a kill set
+        // aside is still put back, which destroys nothing.
+        let own = leftover.base == base;
         let path = entry.path();
         let Ok(file_type) = entry.file_type() else {
             continue;
         };
         if file_type.is_file() {
-            let _ = std::fs::remove_file(&path);
+            if own {
+                let _ = std::fs::remove_file(&path);
+            }
         } else if file_type.is_dir() {
             let home = parent.join(&leftover.base);
             let home_missing = matches!(
@@ -124,7 +133,7 @@ fn clean_leftovers(target: &Path) {
                 && matches!(classify_dir(&path), Ok(ExportTarget::PreviousExport))
             {
                 let _ = std::fs::rename(&path, &home);
-            } else {
+            } else if own {
                 let _ = remove_quant_dir(&path);
             }
         }
@@ -132,6 +141,41 @@ fn clean_leftovers(target: &Path) {
 }
 
 // ----- staged outputs --------------------------------------------------------------------------
+
+/// Checks that a directory can be created beside `target` (or, where its parent does not
+/// exist yet, in the nearest existing ancestor) by creating one and removing it: permission
+/// bits say nothing of file systems like `/proc`, nor to root. Leaves nothing behind.
+pub(super) fn probe_writable(target: &Path) -> Result<(), OutputError> {
+    let mut dir = parent_of(target);
+    while !dir.exists() {
+        match dir.parent() {
+            Some(up) if !up.as_os_str().is_empty() => dir = up.to_path_buf(),
+            _ => {
+                dir = PathBuf::from(".");
+                break;
+            }
+        }
+    }
+    let probe = dir.join(format!(
+        ".{}{TMP_TAG}{}-{}",
+        name_of(target)?,
+        std::process::id(),
+        SEQUENCE.fetch_add(1, Ordering::Relaxed)
+    ));
+    match std::fs::create_dir(&probe) {
+        Ok(()) => {
+            let _ = std::fs::remove_dir(&probe);
+            Ok(())
+        }
+        Err(e) => Err(refused(
+            target,
+            format!(
+                "cannot be written: creating a directory in {} fails: {e}",
+                dir.display()
+            ),
+        )),
+    }
+}
 
 fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
@@ -179,7 +223,8 @@ impl StagedFile {
             target: path.to_path_buf(),
             committed: false,
         };
-        write(&staged.tmp).map_err(io_at(&staged.tmp))?;
+        // Errors name the user's path, not the temporary one beside it.
+        write(&staged.tmp).map_err(io_at(&staged.target))?;
         Ok(staged)
     }
 
@@ -230,6 +275,7 @@ impl StagedDir {
     /// The target is refused.
     pub fn new(target: &Path) -> Result<StagedDir, OutputError> {
         check_export_dir(target)?;
+        probe_writable(target)?;
         Ok(StagedDir {
             tmp: sibling(target, TMP_TAG)?,
             target: target.to_path_buf(),
@@ -261,12 +307,12 @@ impl StagedDir {
                 ),
             ));
         }
+        // Errors name the user's path, not the temporary one beside it.
         let parent = parent_of(&self.tmp);
         std::fs::create_dir_all(&parent).map_err(io_at(&parent))?;
-        std::fs::create_dir(&self.tmp).map_err(io_at(&self.tmp))?;
+        std::fs::create_dir(&self.tmp).map_err(io_at(&self.target))?;
         for (name, bytes) in files {
-            let p = self.tmp.join(name);
-            write_new_file(&p, bytes).map_err(io_at(&p))?;
+            write_new_file(&self.tmp.join(name), bytes).map_err(io_at(&self.target.join(name)))?;
         }
         Ok(())
     }
@@ -519,6 +565,9 @@ mod tests {
         let lookalike = dir.join(format!(".exp.quant-tmp-{pid}-3"));
         std::fs::create_dir(&lookalike).unwrap();
         std::fs::write(lookalike.join("notes.txt"), b"mine").unwrap();
+        // A file of another name that looks like a leftover: not this output's, left alone.
+        let foreign = dir.join(format!(".notes.txt.quant-tmp-{pid}-5"));
+        std::fs::write(&foreign, b"not quant's").unwrap();
 
         // The next write restores the previous export, then replaces it.
         assert_eq!(check_export_dir(&out).unwrap(), ExportTarget::Absent);
@@ -539,6 +588,7 @@ mod tests {
         assert_eq!(std::fs::read(dir.join("other/model.json")).unwrap(), META);
         assert!(!other_old.exists());
         assert_eq!(std::fs::read(lookalike.join("notes.txt")).unwrap(), b"mine");
+        assert_eq!(std::fs::read(&foreign).unwrap(), b"not quant's");
         std::fs::remove_dir_all(&dir).ok();
     }
 

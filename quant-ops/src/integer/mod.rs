@@ -72,10 +72,15 @@ pub const MAX_SAMPLE_ELEMENTS: usize = 1 << 26;
 /// Most multiply-adds one sample may take (about 16 times a ResNet-50):
 /// [`IntegerModel::new`] refuses costlier models.
 pub const MAX_SAMPLE_MACS: u64 = 1 << 36;
-/// Working memory a batch may take at once: [`IntegerModel::forward`] runs larger batches in
-/// chunks of samples (at least one sample per chunk; one sample is bounded by
-/// [`MAX_SAMPLE_ELEMENTS`]).
+/// Working memory a batch may take at once, on all threads together: [`IntegerModel::forward`]
+/// runs larger batches in chunks of samples; [`IntegerModel::new`] refuses a model one sample
+/// of which needs more (its values alive at once, freed after their last reader, and a
+/// convolution's patches).
 pub const MAX_BATCH_BYTES: usize = 256 << 20;
+/// Most multiply-adds one call of [`IntegerModel::forward`] may take, all samples together
+/// (every op counts at least one per value it writes): about a minute on two cores. A larger
+/// batch is refused before anything runs; run it in parts.
+pub const MAX_CALL_MACS: u64 = 1 << 42;
 
 /// An integer grid as the runtime stores it: codes `q + offset` in `u8`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -185,10 +190,11 @@ impl IntegerModel {
     }
 
     /// Runs a batch (`x` holds whole samples of [`input_shape`](Self::input_shape), row-major)
-    /// and returns `n × output_features` logits.
+    /// and returns `n × output_features` logits, in chunks within [`MAX_BATCH_BYTES`].
     ///
     /// # Errors
-    /// `x` is not a whole number of samples, or holds NaN.
+    /// `x` is not a whole number of samples, or holds NaN; the batch would take more than
+    /// [`MAX_CALL_MACS`] multiply-adds (checked before anything runs).
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>, QuantError> {
         run::forward(self, x)
     }

@@ -7,7 +7,8 @@ use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 
 use super::kernels::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 use super::{
-    IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
+    IntegerModel, Layout, Rep, StoredGrid, MAX_BATCH_BYTES, MAX_BITS, MAX_SAMPLE_ELEMENTS,
+    MAX_SAMPLE_MACS,
 };
 use crate::export::ExportError;
 use crate::graph::{Conv2dGeometry, Graph, Op, ParamValues, Parameter};
@@ -150,7 +151,8 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
     }];
     let mut steps = Vec::with_capacity(graph.nodes.len());
     let mut macs: u64 = 0;
-    let mut patches_max = 0usize;
+    // Per node: the bytes of one sample's im2col patches it needs while it runs.
+    let mut patches_of = vec![0usize; graph.nodes.len()];
     for (i, node) in graph.nodes.iter().enumerate() {
         let name = node.name.as_str();
         let a = inputs[i][0];
@@ -293,7 +295,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                         ),
                     ));
                 }
-                patches_max = patches_max.max(patches);
+                patches_of[i] = patches;
                 cost = (positions as u64) * (fan_in as u64) * (o as u64);
                 let mut packed = Vec::with_capacity(groups);
                 let mut biases = Vec::with_capacity(groups);
@@ -609,6 +611,8 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
                 return Err(unsupported(name, format!("{}: {reason}", node.op.name())));
             }
         };
+        // Every op touches at least each value it writes (a ReLU, a Flatten that copies).
+        let cost = cost.max(numels[i + 1] as u64);
         macs = match macs.checked_add(cost) {
             Some(m) if m <= MAX_SAMPLE_MACS => m,
             _ => {
@@ -650,26 +654,49 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
             ))
         }
     }
-    // Values alive at once are bounded by all of them: i32 accumulators, u8 codes.
-    let value_bytes: usize = reps
-        .iter()
-        .zip(&numels)
-        .map(|(r, n)| n * if matches!(r, Rep::Codes(_)) { 1 } else { 4 })
-        .sum();
-    let sample_bytes = value_bytes + patches_max;
+    // Each value is freed once its last reader has run; a value nothing reads (nor returns) as
+    // soon as it is written.
     let mut frees = vec![Vec::new(); graph.nodes.len()];
-    let mut last_use = vec![None; n_values];
+    let mut last_use: Vec<Option<usize>> = vec![None; n_values];
     for (i, ins) in inputs.iter().enumerate() {
         for &v in ins {
             last_use[v] = Some(i);
         }
     }
     for (v, last) in last_use.iter().enumerate() {
-        if let Some(i) = last {
-            if v != output {
-                frees[*i].push(v);
-            }
+        if v == output {
+            continue;
         }
+        match (last, v.checked_sub(1)) {
+            (Some(i), _) => frees[*i].push(v),
+            (None, Some(producer)) => frees[producer].push(v),
+            (None, None) => {}
+        }
+    }
+    // The working memory of one sample: the peak of the values alive at once (i32
+    // accumulators, u8 codes, the f32 input) plus the running node's patches.
+    let bytes_of = |v: usize| {
+        numels[v]
+            * if matches!(reps[v], Rep::Codes(_)) {
+                1
+            } else {
+                4
+            }
+    };
+    let mut alive = bytes_of(0);
+    let mut sample_bytes = alive;
+    for i in 0..graph.nodes.len() {
+        alive += bytes_of(i + 1);
+        sample_bytes = sample_bytes.max(alive + patches_of[i]);
+        alive -= frees[i].iter().map(|&v| bytes_of(v)).sum::<usize>();
+    }
+    if sample_bytes > MAX_BATCH_BYTES {
+        return Err(unsupported(
+            "(model)",
+            format!(
+                "one sample needs {sample_bytes} bytes of working memory at once; at most {MAX_BATCH_BYTES}"
+            ),
+        ));
     }
     Ok(IntegerModel {
         graph: graph.clone(),

@@ -85,29 +85,49 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
         });
     }
     let n = x.len() / in_f;
+    let total = (n as u64).saturating_mul(m.macs_per_sample());
+    if total > super::MAX_CALL_MACS {
+        return Err(QuantError::InvalidValue {
+            what: "batch".into(),
+            value: format!(
+                "{n} samples of {} multiply-adds each ({total} in all)",
+                m.macs_per_sample()
+            ),
+            expected: format!(
+                "at most {} multiply-adds per call: run the samples in parts",
+                super::MAX_CALL_MACS
+            ),
+        });
+    }
     // Samples are independent: a batch worth splitting runs as one chunk per thread (one
     // fork-join per batch, not one per layer), and the chunks together stay within
     // MAX_BATCH_BYTES of working memory. Any split gives the same bits.
     let threads = rayon::current_num_threads().max(1);
     let worth_splitting = (n as u64).saturating_mul(m.macs_per_sample()) >= PARALLEL_MACS as u64;
+    // No more chunks at once than fit MAX_BATCH_BYTES together (one sample always fits).
+    let fit = m.samples_per_chunk();
     let (ways, memory_bound) = if threads > 1 && worth_splitting {
-        (threads, (m.samples_per_chunk() / threads).max(1))
+        let ways = threads.min(fit);
+        (ways, (fit / ways).max(1))
     } else {
-        (1, m.samples_per_chunk())
+        (1, fit)
     };
     let chunk = n.div_ceil(ways).min(memory_bound).max(1);
     let chunks: Vec<&[f32]> = x.chunks(chunk * in_f).collect();
-    let outputs: Vec<Result<Vec<f32>>> = if ways > 1 && chunks.len() > 1 {
-        chunks
-            .par_iter()
-            .map(|xs| run_chunk(m, xs, xs.len() / in_f))
-            .collect()
-    } else {
-        chunks
-            .iter()
-            .map(|xs| run_chunk(m, xs, xs.len() / in_f))
-            .collect()
-    };
+    // At most `ways` chunks run at once, so their memory stays within MAX_BATCH_BYTES.
+    let mut outputs: Vec<Result<Vec<f32>>> = Vec::with_capacity(chunks.len());
+    for group in chunks.chunks(ways) {
+        if group.len() > 1 {
+            outputs.extend(
+                group
+                    .par_iter()
+                    .map(|xs| run_chunk(m, xs, xs.len() / in_f))
+                    .collect::<Vec<_>>(),
+            );
+        } else {
+            outputs.extend(group.iter().map(|xs| run_chunk(m, xs, xs.len() / in_f)));
+        }
+    }
     let mut out = Vec::with_capacity(n * m.numels[m.output]);
     for chunk_out in outputs {
         out.extend(chunk_out?);
