@@ -648,3 +648,158 @@ fn a_sequence_model_runs_in_tract_token_by_token() {
         "{within} within tolerance, largest {max_relative}"
     );
 }
+
+// ----- issue 25: every ONNX file runs under a budget decided before tract sees it -----------
+
+/// A valid ONNX model (the every-op graph, standard convention), as a protobuf to mutate.
+fn valid_proto() -> pb::ModelProto {
+    let bytes = OnnxFormat::new(OnnxConvention::Standard)
+        .to_bytes(&every_op_graph(false))
+        .unwrap();
+    pb::ModelProto::decode(bytes.as_slice()).unwrap()
+}
+
+/// Loads `model` from a file: the error's message (the load must fail, fast).
+fn refused(name: &str, model: &pb::ModelProto) -> String {
+    let dir = scratch().join("hostile-onnx");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("{name}.onnx"));
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    let started = std::time::Instant::now();
+    let e = OnnxModel::load(&path).map(|_| ()).unwrap_err().to_string();
+    assert!(
+        started.elapsed().as_secs_f64() < 5.0,
+        "{name}: {:?}",
+        started.elapsed()
+    );
+    assert!(e.contains(&format!("{name}.onnx")), "{name}: {e}");
+    assert!(!e.contains("panicked"), "{name}: {e}");
+    e
+}
+
+fn tensor(name: &str, dims: Vec<i64>, int64_data: Vec<i64>) -> pb::TensorProto {
+    pb::TensorProto {
+        name: name.into(),
+        dims,
+        data_type: pb::tensor_proto::DataType::Int64 as i32,
+        int64_data,
+        ..Default::default()
+    }
+}
+
+#[test]
+fn onnx_files_that_would_take_unbounded_memory_or_time_are_refused_before_tract_runs() {
+    let valid = valid_proto();
+    fn graph(m: &mut pb::ModelProto) -> &mut pb::GraphProto {
+        m.graph.as_mut().unwrap()
+    }
+
+    // A convolution padded by 4000 on every side (24 GB once, then a tract panic).
+    let mut m = valid.clone();
+    let conv = graph(&mut m)
+        .node
+        .iter_mut()
+        .find(|n| n.op_type == "Conv")
+        .unwrap();
+    conv.attribute.retain(|a| a.name != "pads");
+    conv.attribute.push(pb::AttributeProto {
+        name: "pads".into(),
+        ints: vec![4000; 4],
+        r#type: pb::attribute_proto::AttributeType::Ints as i32,
+        ..Default::default()
+    });
+    let e = refused("conv_pads_4000", &m);
+    assert!(e.contains("pads") && e.contains("at most 256"), "{e}");
+
+    // Operators that size their outputs from data: ConstantOfShape, Range, Expand, Tile.
+    for op in [
+        "ConstantOfShape",
+        "Range",
+        "Expand",
+        "Tile",
+        "Resize",
+        "Loop",
+    ] {
+        let mut m = valid.clone();
+        graph(&mut m).node[0].op_type = op.into();
+        let e = refused(&format!("op_{op}"), &m);
+        assert!(e.contains(op) && e.contains("operator not run here"), "{e}");
+    }
+
+    // No nodes; an output naming no value; a node reading an undefined value.
+    let mut m = valid.clone();
+    graph(&mut m).node.clear();
+    assert!(refused("no_nodes", &m).contains("no nodes"));
+    let mut m = valid.clone();
+    graph(&mut m).output[0].name = "nowhere".into();
+    assert!(refused("dangling_output", &m).contains("`nowhere` names no value"));
+    let mut m = valid.clone();
+    graph(&mut m).node[1].input[0] = "undefined".into();
+    assert!(refused("undefined_input", &m).contains("reads `undefined`"));
+
+    // An initializer declaring 2^40 values (without holding them), and constants past the
+    // budget together.
+    let mut m = valid.clone();
+    graph(&mut m)
+        .initializer
+        .push(tensor("huge", vec![1 << 20, 1 << 20], Vec::new()));
+    assert!(refused("huge_initializer", &m).contains("more than 67108864 values"));
+
+    // A reshape whose shape is computed, and one to a huge constant shape.
+    let mut m = valid.clone();
+    let g = graph(&mut m);
+    let x = g.input[0].name.clone();
+    g.node.insert(
+        0,
+        pb::NodeProto {
+            op_type: "Reshape".into(),
+            input: vec![x.clone(), x],
+            output: vec!["reshaped".into()],
+            ..Default::default()
+        },
+    );
+    assert!(refused("computed_reshape", &m).contains("the shape must be a constant"));
+    let mut m = valid.clone();
+    let g = graph(&mut m);
+    let x = g.input[0].name.clone();
+    g.initializer
+        .push(tensor("big_shape", vec![3], vec![-1, 1 << 20, 1 << 20]));
+    g.node.insert(
+        0,
+        pb::NodeProto {
+            op_type: "Reshape".into(),
+            input: vec![x, "big_shape".into()],
+            output: vec!["reshaped".into()],
+            ..Default::default()
+        },
+    );
+    assert!(refused("huge_reshape", &m).contains("too large"));
+}
+
+/// A huge batch runs in chunks of bounded memory (the integer runtime's budget, for tract);
+/// one past the multiply-add budget of a call is refused before it runs.
+#[test]
+fn onnx_batches_run_in_chunks_and_past_the_budget_are_refused() {
+    use quant::onnx_runtime::MAX_ONNX_CALL_MACS;
+    let dir = scratch().join("onnx-batches");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("every_op.onnx");
+    std::fs::write(&path, valid_proto().encode_to_vec()).unwrap();
+    let onnx = OnnxModel::load(&path).unwrap();
+    let x = noise(72 * 3000, 9);
+    let whole = onnx.forward(&x).unwrap();
+    assert_eq!(whole.len(), 3000 * onnx.output_features());
+    // The same samples in two calls give the same logits.
+    let (a, b) = x.split_at(72 * 1000);
+    let mut parts = onnx.forward(a).unwrap();
+    parts.extend(onnx.forward(b).unwrap());
+    assert_eq!(parts, whole);
+    let per_sample = onnx.multiply_adds_per_sample();
+    assert!(per_sample > 0);
+    let n = (MAX_ONNX_CALL_MACS / per_sample) as usize + 1;
+    if n * 72 < 1 << 27 {
+        let huge = vec![0.5f32; n * 72];
+        let e = onnx.forward(&huge).unwrap_err().to_string();
+        assert!(e.contains("per call"), "{e}");
+    }
+}
