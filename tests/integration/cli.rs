@@ -497,3 +497,36 @@ fn an_output_that_cannot_be_created_is_refused_up_front() {
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 25: 16-bit activations train (the policy allows 2 to 16 bits), and the run says why
+/// there is no integer model (integer deployment takes at most 8 bits) instead of failing at
+/// export with a hint about constant inputs.
+#[test]
+fn sixteen_bit_activations_train_and_the_report_says_why_there_is_no_integer_model() {
+    let dir = scratch("sixteen");
+    let cfg = tiny_config(&dir, "mlp", "");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let at = text.rfind("bits = 8").unwrap();
+    std::fs::write(&cfg, format!("{}bits = 16\n", &text[..at])).unwrap();
+    let report = dir.join("r.json");
+    let o = quant(&[
+        "run",
+        cfg.to_str().unwrap(),
+        "--no-cache",
+        "--quiet",
+        "--report",
+        report.to_str().unwrap(),
+        "--out",
+        dir.join("export").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let why = json["no_integer_model"].as_str().unwrap_or_default();
+    assert!(
+        why.contains("16 bits") && why.contains("at most 8"),
+        "{json}"
+    );
+    assert!(json["qat_accuracy"].as_f64().unwrap() > 0.8, "{json}");
+    std::fs::remove_dir_all(&dir).ok();
+}

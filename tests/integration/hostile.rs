@@ -241,3 +241,44 @@ fn a_batch_beyond_the_call_budget_is_refused_before_it_runs() {
         "{e}"
     );
 }
+
+/// Issue 25: a chain of 65,534 nodes with long names is prepared and evaluated in linear time
+/// (a per-name linear search once made it 44 s).
+#[test]
+fn a_long_chain_with_long_names_is_prepared_and_run_in_linear_time() {
+    use quant::graph::{evaluate, ExportedQuantizer, GraphBuilder, Op, QuantizerOrigin};
+    use quant::{IntegerGrid, QParams, QuantizationMethod, RoundingPolicy};
+    let grid = IntegerGrid::new(8, false, false).unwrap();
+    let quantizer = ExportedQuantizer {
+        inferable: InferableQuantizer::new(
+            QuantizationMethod::Uniform,
+            grid,
+            RoundingPolicy::HalfEven,
+            QParams::per_tensor(0.05, 10).unwrap(),
+        )
+        .unwrap(),
+        origin: QuantizerOrigin {
+            training_method: "Ste".into(),
+            quantizer: None,
+            bits: 8,
+            method: QuantizationMethod::Uniform,
+        },
+    };
+    let mut g = GraphBuilder::new(&[4]).unwrap();
+    let x = g.input();
+    let mut last = g.add("q", Op::Quantize { quantizer }, &[x]).unwrap();
+    for i in 0..65_532 {
+        last = g
+            .add(&format!("{}{i}", "n".repeat(180)), Op::Relu, &[last])
+            .unwrap();
+    }
+    let graph = g.finish(last, Default::default()).unwrap();
+    let started = std::time::Instant::now();
+    let integer = IntegerModel::new(&graph).unwrap();
+    let x = [0.3f32, -0.2, 0.9, 0.0];
+    let y = integer.forward(&x).unwrap();
+    let reference = evaluate(&graph, &x, &|_, _| false).unwrap().output;
+    assert_eq!(y, reference);
+    let took = started.elapsed();
+    assert!(took.as_secs() < 20, "{took:?}");
+}

@@ -652,7 +652,7 @@ fn a_sequence_model_runs_in_tract_token_by_token() {
 // ----- issue 25: every ONNX file runs under a budget decided before tract sees it -----------
 
 /// A valid ONNX model (the every-op graph, standard convention), as a protobuf to mutate.
-fn valid_proto() -> pb::ModelProto {
+pub(crate) fn valid_proto() -> pb::ModelProto {
     let bytes = OnnxFormat::new(OnnxConvention::Standard)
         .to_bytes(&every_op_graph(false))
         .unwrap();

@@ -954,3 +954,29 @@ fn a_copied_binary_runs_the_main_job_anywhere() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("on 360 test samples"));
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 25: `quant eval --onnx` on a 5 KB file padding a convolution by 4000 (24 GB, then a
+/// tract panic, before the budget existed) fails cleanly within the address-space and time
+/// limits, naming the file and the attribute.
+#[cfg(feature = "onnx-runtime")]
+#[test]
+fn case_25_an_onnx_file_that_would_take_gigabytes_fails_cleanly_within_1_gib() {
+    use prost::Message;
+    use tract_onnx::pb;
+    let dir = scratch("onnx-pads");
+    let mut model = crate::onnx::valid_proto();
+    let graph = model.graph.as_mut().unwrap();
+    let conv = graph.node.iter_mut().find(|n| n.op_type == "Conv").unwrap();
+    conv.attribute.retain(|a| a.name != "pads");
+    conv.attribute.push(pb::AttributeProto {
+        name: "pads".into(),
+        ints: vec![4000; 4],
+        r#type: pb::attribute_proto::AttributeType::Ints as i32,
+        ..Default::default()
+    });
+    let path = dir.join("pads.onnx");
+    std::fs::write(&path, model.encode_to_vec()).unwrap();
+    let e = failed_cleanly(&quant_in(&dir, &["eval", "--onnx", "pads.onnx"]));
+    assert!(e.contains("pads.onnx") && e.contains("pads"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

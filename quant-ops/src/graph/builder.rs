@@ -267,6 +267,18 @@ pub fn bias_parameter(
     layer: &str,
 ) -> Result<Parameter, ExportError> {
     let values = match (input, weight.values.quantizer()) {
+        // Integer deployment (quant's runtime, ONNX QDQ) takes codes of at most 8 bits: a
+        // wider input is a model that trains and exports its graph, but has no int32 bias.
+        (Some(qi), Some(_)) if qi.inferable.grid().bits() > crate::integer::MAX_BITS => {
+            return Err(ExportError::Unsupported {
+                layer: layer.to_string(),
+                reason: format!(
+                    "its input is quantized to {} bits; integer deployment (quant's integer runtime, ONNX QDQ) takes activations of at most {} bits, whose accumulators hold the bias in int32: use 8 bits or fewer for integer inference",
+                    qi.inferable.grid().bits(),
+                    crate::integer::MAX_BITS
+                ),
+            })
+        }
         (Some(qi), Some(qw)) => ParamValues::Accumulator(
             crate::layers::quantize_bias(
                 values,

@@ -234,11 +234,16 @@ impl Graph {
     /// node `i`): each node's inputs, and the graph's output. For a checked graph, where every
     /// name resolves (an unknown one would read as the input).
     pub(crate) fn value_numbers(&self) -> (Vec<Vec<usize>>, usize) {
+        // One map, built once: a linear search per name made long chains quadratic.
+        let mut numbers: HashMap<&str, usize> = HashMap::with_capacity(self.nodes.len());
+        for (i, node) in self.nodes.iter().enumerate().rev() {
+            numbers.insert(node.name.as_str(), i + 1);
+        }
         let number = |name: &str| -> usize {
             if name == self.input.name {
                 0
             } else {
-                self.node_index(name).map_or(0, |i| i + 1)
+                numbers.get(name).copied().unwrap_or(0)
             }
         };
         let inputs = self
