@@ -269,7 +269,7 @@ fn a_long_chain_with_long_names_is_prepared_and_run_in_linear_time() {
     let mut last = g.add("q", Op::Quantize { quantizer }, &[x]).unwrap();
     for i in 0..65_532 {
         last = g
-            .add(&format!("{}{i}", "n".repeat(180)), Op::Relu, &[last])
+            .add(format!("{}{i}", "n".repeat(180)), Op::Relu, &[last])
             .unwrap();
     }
     let graph = g.finish(last, Default::default()).unwrap();
