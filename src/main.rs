@@ -9,7 +9,9 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
-use quant::fs::{check_export_dir, check_output_file, resolve, StagedFile};
+use quant::fs::{
+    check_export_dir, check_output_file, commit_together, recover_outputs, resolve, StagedFile,
+};
 use quant::integer::IntegerModel;
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
@@ -208,6 +210,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             let export_dir = out.unwrap_or_else(|| Path::new("runs").join(&stem).join("export"));
             let mut inputs = vec![config.as_path()];
             inputs.extend(cfg.data.files());
+            // What a killed run left half-committed is rolled back first.
+            recover_outputs(&export_dir);
+            if let Some(report) = &report {
+                recover_outputs(report);
+            }
             // Fail before hours of training if an output cannot be written; write nothing yet.
             check_outputs(&export_dir, report.as_deref(), &inputs)?;
             let opts = RunOptions {
@@ -230,11 +237,12 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 }
                 None => None,
             };
-            if let Some(export) = staged.export {
-                export.commit()?;
-            }
-            if let Some(staged_report) = staged_report {
-                staged_report.commit()?;
+            // The export and the report land together or not at all.
+            match (staged.export, staged_report) {
+                (Some(export), Some(report)) => commit_together(export, report)?,
+                (Some(export), None) => export.commit()?,
+                (None, Some(report)) => report.commit()?,
+                (None, None) => {}
             }
             print!("{}", staged.report.table());
             if let Some(path) = &report {
@@ -355,6 +363,8 @@ fn eval(
     let samples = timed.len() / test.sample_len();
     let mut integer_predictions = None;
     if let Some(dir) = dir {
+        // An export a killed run left half-committed is rolled back before it is read.
+        recover_outputs(dir);
         let (acc, n) = pipeline::eval_export(dir, data)?;
         println!(
             "{}: integer model accuracy {:.2}% on {n} test samples",

@@ -477,6 +477,60 @@ fn case_4_a_run_killed_at_any_moment_keeps_a_loadable_export() {
 }
 
 #[test]
+fn case_4_a_kill_between_the_export_and_the_report_is_rolled_back_by_the_next_command() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = scratch("journal");
+    // The state of a run killed after its export was exchanged in and before its report was
+    // renamed: the new export stands, the previous one waits at the staged name, the previous
+    // report is in place with a second link aside, and the journal says so.
+    let pid = dead_pid();
+    previous_export(&dir.join("exp"));
+    std::fs::write(dir.join("exp/model.onnx"), "the new export").unwrap();
+    let staged = dir.join(format!(".exp.quant-tmp-{pid}-0"));
+    previous_export(&staged);
+    std::fs::write(dir.join("r.json"), "{\"previous\": true}").unwrap();
+    let report_aside = dir.join(format!(".r.json.quant-old-{pid}-3"));
+    std::fs::hard_link(dir.join("r.json"), &report_aside).unwrap();
+    let report_staged = dir.join(format!(".r.json.quant-tmp-{pid}-2"));
+    std::fs::write(&report_staged, "{\"new\": true}").unwrap();
+    let id = |p: &Path| {
+        let m = std::fs::metadata(p).unwrap();
+        serde_json::json!([m.dev(), m.ino()])
+    };
+    let journal = serde_json::json!({
+        "export": {
+            "target": dir.join("exp"), "staged": staged,
+            "aside": dir.join(format!(".exp.quant-old-{pid}-1")),
+            "had_previous": true, "new_id": id(&dir.join("exp")),
+        },
+        "report": {
+            "target": dir.join("r.json"), "staged": report_staged,
+            "aside": report_aside, "had_previous": true, "new_id": id(&report_staged),
+        },
+    });
+    std::fs::write(
+        dir.join(format!(".exp.quant-journal-{pid}-9")),
+        serde_json::to_vec(&journal).unwrap(),
+    )
+    .unwrap();
+    // Reading the export rolls both back first: the previous export and report, nothing else.
+    // (This small export does not fit the digits, so the evaluation itself then fails.)
+    let o = quant_in(&dir, &["eval", "exp"]);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(stderr.contains("takes 4 inputs"), "{stderr}");
+    assert!(
+        !dir.join("exp/model.onnx").exists(),
+        "the new export was rolled back"
+    );
+    assert_eq!(
+        std::fs::read_to_string(dir.join("r.json")).unwrap(),
+        "{\"previous\": true}"
+    );
+    assert_eq!(names(&dir), ["exp", "r.json"]);
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
 fn concurrent_runs_on_the_same_outputs_both_succeed() {
     let dir = scratch("concurrent");
     let cfg = tiny_config(&dir, "tiny.toml", "");

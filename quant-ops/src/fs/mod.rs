@@ -22,6 +22,10 @@
 //!   and a kill between them leaves the previous export under `.NAME.quant-old-PID-N`, which
 //!   the next write to `NAME` puts back.
 //!
+//! - [`commit_together`]: an export and its report, which land together or not at all (a
+//!   journal beside the export; a kill part-way is rolled back by the next quant command that
+//!   writes or reads the export).
+//!
 //! Temporary files and directories left by a killed process (its PID no longer runs) are
 //! removed by the next write to the same parent directory, and only when they hold nothing but
 //! files quant writes; those of a process still running (a concurrent run) are left alone.
@@ -597,7 +601,9 @@ pub fn resolve(path: &Path) -> PathBuf {
 }
 
 mod staged;
+mod together;
 pub use staged::{replace_dir, write_atomic, StagedDir, StagedFile};
+pub use together::{commit_together, recover_outputs};
 
 /// A fresh, empty directory for one test: `quant-{name}-{process id}` in the system's
 /// temporary directory.

@@ -15,20 +15,20 @@ use super::{
 static SEQUENCE: AtomicU64 = AtomicU64::new(0);
 
 /// A fresh sibling of `target` named `.NAME{tag}PID-N`.
-fn sibling(target: &Path, tag: &str) -> Result<PathBuf, OutputError> {
+pub(super) fn sibling(target: &Path, tag: &str) -> Result<PathBuf, OutputError> {
     let name = name_of(target)?;
     let n = SEQUENCE.fetch_add(1, Ordering::Relaxed);
     Ok(parent_of(target).join(format!(".{name}{tag}{}-{n}", std::process::id())))
 }
 
 /// A leftover's name: `.BASE.quant-tmp-PID-N` or `.BASE.quant-old-PID-N`.
-struct Leftover {
-    base: String,
-    old: bool,
-    pid: u32,
+pub(super) struct Leftover {
+    pub(super) base: String,
+    pub(super) old: bool,
+    pub(super) pid: u32,
 }
 
-fn parse_leftover(name: &str) -> Option<Leftover> {
+pub(super) fn parse_leftover(name: &str) -> Option<Leftover> {
     let rest = name.strip_prefix('.')?;
     let (at, old) = match (rest.rfind(TMP_TAG), rest.rfind(OLD_TAG)) {
         (Some(t), Some(o)) if o > t => (o, true),
@@ -46,7 +46,7 @@ fn parse_leftover(name: &str) -> Option<Leftover> {
 }
 
 /// Whether process `pid` may still be running (then its temporary files are left alone).
-fn process_alive(pid: u32) -> bool {
+pub(super) fn process_alive(pid: u32) -> bool {
     if pid == std::process::id() {
         return true;
     }
@@ -71,7 +71,7 @@ fn process_alive(pid: u32) -> bool {
 
 /// Removes `dir` if it holds nothing but [`EXPORT_FILES`] (regular files); otherwise leaves it
 /// whole. Returns whether it was removed.
-fn remove_quant_dir(dir: &Path) -> io::Result<bool> {
+pub(super) fn remove_quant_dir(dir: &Path) -> io::Result<bool> {
     let mut files = Vec::new();
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
@@ -94,11 +94,14 @@ fn remove_quant_dir(dir: &Path) -> io::Result<bool> {
 /// directories are removed (directories only when they hold nothing but export files), and a
 /// previous export that a kill left renamed aside (`.NAME.quant-old-PID-N`) is put back as
 /// `NAME` when nothing has taken its place.
-fn clean_leftovers(target: &Path) {
+pub(super) fn clean_leftovers(target: &Path) {
     let parent = parent_of(target);
     let Ok(base) = name_of(target) else {
         return;
     };
+    // An interrupted commit of outputs that land together is rolled back first: its journal
+    // says which of the files below are the previous versions to put back.
+    super::together::roll_back_interrupted(&parent);
     let Ok(entries) = std::fs::read_dir(&parent) else {
         return;
     };
@@ -177,7 +180,7 @@ pub(super) fn probe_writable(target: &Path) -> Result<(), OutputError> {
     }
 }
 
-fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
+pub(super) fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
@@ -190,9 +193,9 @@ fn write_new_file(path: &Path, bytes: &[u8]) -> io::Result<()> {
 /// [`StagedFile::commit`]; dropped uncommitted, it is removed and the target never changed.
 #[derive(Debug)]
 pub struct StagedFile {
-    tmp: PathBuf,
-    target: PathBuf,
-    committed: bool,
+    pub(super) tmp: PathBuf,
+    pub(super) target: PathBuf,
+    pub(super) committed: bool,
 }
 
 impl StagedFile {
@@ -262,9 +265,9 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), OutputError> {
 /// Dropped uncommitted, it is removed and the target never changed.
 #[derive(Debug)]
 pub struct StagedDir {
-    tmp: PathBuf,
-    target: PathBuf,
-    committed: bool,
+    pub(super) tmp: PathBuf,
+    pub(super) target: PathBuf,
+    pub(super) committed: bool,
 }
 
 impl StagedDir {
@@ -330,6 +333,20 @@ impl StagedDir {
     /// [`StagedDir::commit`]; `atomic` chooses `renameat2` where the system has it, or the two
     /// renames of other systems (tested on every system).
     fn commit_with(mut self, atomic: bool) -> Result<(), OutputError> {
+        let state = self.prepare_commit()?;
+        let aside = sibling(&self.target, OLD_TAG)?;
+        let previous = swap_into_place(&self.tmp, &self.target, state, atomic, &aside)?;
+        self.committed = true;
+        if let Some(previous) = previous {
+            let _ = remove_quant_dir(&previous);
+        }
+        Ok(())
+    }
+
+    /// Checks that the staged directory holds only export files and the target may still be
+    /// replaced, cleans what killed runs left beside it, and creates its parent; returns what
+    /// the target holds now.
+    pub(super) fn prepare_commit(&self) -> Result<ExportTarget, OutputError> {
         match std::fs::read_dir(&self.tmp) {
             Ok(mut entries) => {
                 let foreign = entries.any(|e| {
@@ -355,9 +372,7 @@ impl StagedDir {
         let state = check_export_dir(&self.target)?;
         let parent = parent_of(&self.target);
         std::fs::create_dir_all(&parent).map_err(io_at(&parent))?;
-        swap_into_place(&self.tmp, &self.target, state, atomic)?;
-        self.committed = true;
-        Ok(())
+        Ok(state)
     }
 }
 
@@ -370,7 +385,7 @@ impl Drop for StagedDir {
 }
 
 #[cfg(any(target_os = "linux", target_os = "android"))]
-fn rename_with(from: &Path, to: &Path, exchange: bool) -> Option<io::Result<()>> {
+pub(super) fn rename_with(from: &Path, to: &Path, exchange: bool) -> Option<io::Result<()>> {
     use rustix::fs::{renameat_with, RenameFlags, CWD};
     use rustix::io::Errno;
     let flags = if exchange {
@@ -387,52 +402,54 @@ fn rename_with(from: &Path, to: &Path, exchange: bool) -> Option<io::Result<()>>
 }
 
 #[cfg(not(any(target_os = "linux", target_os = "android")))]
-fn rename_with(_from: &Path, _to: &Path, _exchange: bool) -> Option<io::Result<()>> {
+pub(super) fn rename_with(_from: &Path, _to: &Path, _exchange: bool) -> Option<io::Result<()>> {
     None
 }
 
-fn swap_into_place(
+/// Puts `tmp` in place of `target` (in the state `state`), and returns where the previous
+/// export now is (`None` if there was none): `tmp` after an atomic exchange, `aside` after the
+/// two renames of other systems. The caller removes it.
+pub(super) fn swap_into_place(
     tmp: &Path,
     target: &Path,
     state: ExportTarget,
     atomic: bool,
-) -> Result<(), OutputError> {
+    aside: &Path,
+) -> Result<Option<PathBuf>, OutputError> {
     let rename_with = |from: &Path, to: &Path, exchange: bool| {
         atomic.then(|| rename_with(from, to, exchange)).flatten()
     };
     let state = match state {
         ExportTarget::Absent => match rename_with(tmp, target, false) {
-            Some(Ok(())) => return Ok(()),
+            Some(Ok(())) => return Ok(None),
             // Something appeared there meanwhile (a concurrent run's export): check it again.
             Some(Err(e)) if e.kind() == ErrorKind::AlreadyExists => check_export_dir(target)?,
             Some(Err(e)) => return Err(io_at(target)(e)),
             None => {
-                return std::fs::rename(tmp, target).map_err(io_at(target));
+                return std::fs::rename(tmp, target)
+                    .map(|()| None)
+                    .map_err(io_at(target));
             }
         },
         other => other,
     };
     if state == ExportTarget::Absent {
-        return std::fs::rename(tmp, target).map_err(io_at(target));
+        return std::fs::rename(tmp, target)
+            .map(|()| None)
+            .map_err(io_at(target));
     }
     match rename_with(tmp, target, true) {
-        Some(Ok(())) => {
-            // `tmp` now holds the previous export.
-            let _ = remove_quant_dir(tmp);
-            Ok(())
-        }
+        Some(Ok(())) => Ok(Some(tmp.to_path_buf())),
         Some(Err(e)) => Err(io_at(target)(e)),
         None => {
-            // Two renames; a kill between them leaves the previous export at `old`, which the
-            // next write puts back (clean_leftovers).
-            let old = sibling(target, OLD_TAG)?;
-            std::fs::rename(target, &old).map_err(io_at(target))?;
+            // Two renames; a kill between them leaves the previous export at `aside`, which
+            // the next write puts back (clean_leftovers).
+            std::fs::rename(target, aside).map_err(io_at(target))?;
             if let Err(e) = std::fs::rename(tmp, target) {
-                let _ = std::fs::rename(&old, target);
+                let _ = std::fs::rename(aside, target);
                 return Err(io_at(target)(e));
             }
-            let _ = remove_quant_dir(&old);
-            Ok(())
+            Ok(Some(aside.to_path_buf()))
         }
     }
 }
