@@ -12,7 +12,7 @@ use clap::{Parser, Subcommand};
 use quant::fs::{
     check_export_dir, check_output_file, commit_together, recover_outputs, resolve, StagedFile,
 };
-use quant::integer::IntegerModel;
+use quant::integer::{Budget, IntegerModel};
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
 #[derive(Parser)]
@@ -93,6 +93,14 @@ enum Command {
         /// tools/check_onnx.py).
         #[arg(long)]
         predictions: bool,
+        /// Working memory a model may take at once, in MiB: a batch runs in chunks within
+        /// it, and a model one sample of which needs more is refused before it runs.
+        #[arg(long, default_value_t = (quant_ops::integer::MAX_BATCH_BYTES >> 20) as u32, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        memory_mib: u32,
+        /// Most multiply-adds one pass over the samples may take, all together; a pass that
+        /// would take more is refused before it runs.
+        #[arg(long, default_value_t = quant_ops::integer::MAX_CALL_MACS, value_parser = clap::value_parser!(u64).range(1..))]
+        max_multiply_adds: u64,
     },
 }
 
@@ -301,7 +309,13 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             repeat,
             batch,
             predictions,
+            memory_mib,
+            max_multiply_adds,
         } => {
+            let budget = Budget {
+                working_bytes: (memory_mib as usize) << 20,
+                multiply_adds: max_multiply_adds,
+            };
             let data = match (data, config) {
                 (Some(path), _) => quant::digits::load(&path)?,
                 (None, Some(config)) => quant::data::load(&RunConfig::from_file(&config)?.data)?,
@@ -313,6 +327,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 &data,
                 Timing { repeat, batch },
                 predictions,
+                budget,
             )
         }
     }
@@ -351,6 +366,7 @@ fn eval(
     data: &quant::data::Dataset,
     Timing { repeat, batch }: Timing,
     show_predictions: bool,
+    budget: Budget,
 ) -> Result<(), Box<dyn std::error::Error>> {
     let test = &data.test;
     // The timed batch: `batch` samples cycling through the test split.
@@ -365,15 +381,14 @@ fn eval(
     if let Some(dir) = dir {
         // An export a killed run left half-committed is rolled back before it is read.
         recover_outputs(dir);
-        let (acc, n) = pipeline::eval_export(dir, data)?;
+        let (acc, n, predicted) = pipeline::eval_export(dir, data, budget)?;
         println!(
             "{}: integer model accuracy {:.2}% on {n} test samples",
             dir.display(),
             100.0 * acc
         );
         if repeat.is_some() || onnx.is_some() || show_predictions {
-            let model = IntegerModel::new(&quant::export::load(dir)?)?;
-            let predicted = model.predict(test.features())?;
+            let model = IntegerModel::with_budget(&quant::export::load(dir)?, budget)?;
             if show_predictions {
                 print_predictions("integer", &predicted);
             }
@@ -393,6 +408,7 @@ fn eval(
             &timed,
             integer_predictions.as_deref(),
             show_predictions,
+            budget,
         )?;
         #[cfg(not(feature = "onnx-runtime"))]
         {
@@ -415,9 +431,10 @@ fn eval_onnx(
     timed: &[f32],
     integer_predictions: Option<&[usize]>,
     show_predictions: bool,
+    budget: Budget,
 ) -> Result<(), Box<dyn std::error::Error>> {
     use quant::onnx_runtime::{eval_onnx, OnnxModel};
-    let (acc, n, predicted) = eval_onnx(path, data)?;
+    let (acc, n, predicted) = eval_onnx(path, data, budget)?;
     println!(
         "{}: ONNX model (tract) accuracy {:.2}% on {n} test samples",
         path.display(),
@@ -434,7 +451,7 @@ fn eval_onnx(
         );
     }
     if let Some(r) = repeat {
-        let model = OnnxModel::load(path)?;
+        let model = OnnxModel::load_with_budget(path, budget)?;
         let ms = median_ms(r, || model.forward(timed).map(|_| ()))?;
         let samples = timed.len() / data.test.sample_len();
         println!("tract: {ms:.4} ms per batch of {samples} (median of {r} runs)");

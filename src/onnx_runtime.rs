@@ -18,6 +18,7 @@ use tract_onnx::tract_hir::internal::{bail, DimLike};
 
 use crate::data::{DataError, Dataset};
 use crate::pipeline::train::accuracy;
+use quant_ops::integer::Budget;
 
 /// Largest ONNX file [`OnnxModel::load`] reads (larger files are refused before reading).
 pub const MAX_ONNX_FILE_BYTES: u64 = 256 << 20;
@@ -27,11 +28,6 @@ pub const MAX_ONNX_NODES: usize = 100_000;
 pub const MAX_ONNX_CONSTANT_VALUES: u64 = 64 << 20;
 /// Largest padding, kernel, stride or dilation a convolution or pooling may declare.
 pub const MAX_ONNX_WINDOW: i64 = 256;
-/// Working memory of one sample (every value tract computes for it, together): a larger model
-/// is refused at load; a batch runs in chunks within it.
-pub const MAX_ONNX_BATCH_BYTES: usize = 256 << 20;
-/// Most multiply-adds one call of [`OnnxModel::forward`] may take, all samples together.
-pub const MAX_ONNX_CALL_MACS: u64 = 1 << 42;
 
 /// The operators [`OnnxModel::load`] accepts: what quant's exports write, and the common ops of
 /// quantized (QDQ) classifiers. Operators that size their outputs from data (`ConstantOfShape`,
@@ -114,6 +110,7 @@ pub struct OnnxModel {
     /// Working memory and multiply-adds of one sample.
     sample_bytes: usize,
     sample_macs: u64,
+    budget: Budget,
 }
 
 /// Runs `f`, turning an error or a panic inside tract into [`OnnxRunError::Model`].
@@ -330,6 +327,17 @@ impl OnnxModel {
     /// tract cannot load, or without exactly one float input and one float output of fixed
     /// per-sample shapes.
     pub fn load(path: &Path) -> Result<OnnxModel, OnnxRunError> {
+        OnnxModel::load_with_budget(path, Budget::default())
+    }
+
+    /// [`OnnxModel::load`] under `budget` instead of the default: a model one sample of which
+    /// needs more working memory (every value tract computes for it, together) is refused;
+    /// [`OnnxModel::forward`] runs batches in chunks within it and refuses a call of more
+    /// multiply-adds.
+    ///
+    /// # Errors
+    /// As [`OnnxModel::load`].
+    pub fn load_with_budget(path: &Path, budget: Budget) -> Result<OnnxModel, OnnxRunError> {
         let bytes = quant_ops::fs::read_limited(path, MAX_ONNX_FILE_BYTES).map_err(|source| {
             OnnxRunError::Io {
                 path: path.to_path_buf(),
@@ -369,10 +377,11 @@ impl OnnxModel {
                     bail!("its input's first axis is not a free batch size");
                 };
                 let (sample_bytes, sample_macs) = per_sample_cost(&model, &batch)?;
-                if sample_bytes > MAX_ONNX_BATCH_BYTES {
+                if sample_bytes > budget.working_bytes {
                     bail!(
-                    "one sample needs {sample_bytes} bytes of working memory; at most {MAX_ONNX_BATCH_BYTES}"
-                );
+                        "one sample needs {sample_bytes} bytes of working memory; the budget is {} bytes",
+                        budget.working_bytes
+                    );
                 }
                 Ok((
                     model.into_runnable()?,
@@ -390,6 +399,7 @@ impl OnnxModel {
             output_features,
             sample_bytes,
             sample_macs,
+            budget,
         })
     }
 
@@ -404,7 +414,7 @@ impl OnnxModel {
     }
 
     /// Bytes of every value tract computes for one sample, together: a batch runs in chunks
-    /// within [`MAX_ONNX_BATCH_BYTES`].
+    /// within the budget's working memory.
     pub fn working_bytes_per_sample(&self) -> usize {
         self.sample_bytes
     }
@@ -423,8 +433,8 @@ impl OnnxModel {
     /// and returns `n × output_features` values.
     ///
     /// # Errors
-    /// `x` is not a whole number of samples; the batch would take more than
-    /// [`MAX_ONNX_CALL_MACS`] multiply-adds (checked before it runs); tract fails.
+    /// `x` is not a whole number of samples; the batch would take more than the budget's
+    /// multiply-adds (checked before it runs); tract fails.
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>, OnnxRunError> {
         let per = self.input_features();
         if per == 0 || !x.len().is_multiple_of(per) {
@@ -439,17 +449,17 @@ impl OnnxModel {
         }
         let n = x.len() / per;
         let total = (n as u64).saturating_mul(self.sample_macs);
-        if total > MAX_ONNX_CALL_MACS {
+        if total > self.budget.multiply_adds {
             return Err(OnnxRunError::Model {
                 path: self.path.clone(),
                 message: format!(
-                    "{n} samples of {} multiply-adds each ({total} in all); at most {MAX_ONNX_CALL_MACS} per call: run the samples in parts",
-                    self.sample_macs
+                    "{n} samples of {} multiply-adds each ({total} in all); the budget is {} per call: run the samples in parts",
+                    self.sample_macs, self.budget.multiply_adds
                 ),
             });
         }
-        // In chunks whose values fit MAX_ONNX_BATCH_BYTES together.
-        let chunk = (MAX_ONNX_BATCH_BYTES / self.sample_bytes.max(1)).max(1);
+        // In chunks whose values fit the budget's working memory together.
+        let chunk = (self.budget.working_bytes / self.sample_bytes.max(1)).max(1);
         let mut out = Vec::with_capacity(n * self.output_features);
         for xs in x.chunks(chunk * per) {
             let mut shape = vec![xs.len() / per];
@@ -477,14 +487,18 @@ impl OnnxModel {
     }
 }
 
-/// Runs the ONNX model at `path` on the test split of `data` and returns its accuracy, the
+/// Runs the ONNX model at `path` on the test split of `data` under `budget` and returns its accuracy, the
 /// number of test samples and the predictions.
 ///
 /// # Errors
 /// The model cannot be loaded, does not take the data's samples or gives fewer logits than the
 /// labels need, or fails.
-pub fn eval_onnx(path: &Path, data: &Dataset) -> Result<(f64, usize, Vec<usize>), OnnxRunError> {
-    let model = OnnxModel::load(path)?;
+pub fn eval_onnx(
+    path: &Path,
+    data: &Dataset,
+    budget: Budget,
+) -> Result<(f64, usize, Vec<usize>), OnnxRunError> {
+    let model = OnnxModel::load_with_budget(path, budget)?;
     let needed = data.classes_needed();
     if model.input_features() != data.test.sample_len() || model.output_features() < needed {
         return Err(OnnxRunError::Model {

@@ -51,7 +51,7 @@ use quant_ops::export::{self, export_model, ExportError};
 pub use quant_ops::fs::OutputError;
 use quant_ops::fs::{check_output_file, StagedDir};
 use quant_ops::graph::Graph;
-use quant_ops::integer::IntegerModel;
+use quant_ops::integer::{Budget, IntegerModel};
 use quant_ops::policy::{Policy, PolicyError};
 
 use crate::data::{self, DataError, Dataset, Samples};
@@ -431,14 +431,18 @@ fn report(
     }
 }
 
-/// Evaluates an exported integer model on the test split of `data`: returns the accuracy and
-/// the number of test samples.
+/// Evaluates an exported integer model on the test split of `data` under `budget`: returns
+/// the accuracy, the number of test samples and the predictions.
 ///
 /// # Errors
-/// The export cannot be loaded or is inconsistent; it does not take the data's samples or has
-/// fewer outputs than the data's labels need.
-pub fn eval_export(dir: &Path, data: &Dataset) -> Result<(f64, usize), RunError> {
-    let model = IntegerModel::new(&export::load(dir)?)?;
+/// The export cannot be loaded or is inconsistent, or exceeds the budget; it does not take the
+/// data's samples or has fewer outputs than the data's labels need.
+pub fn eval_export(
+    dir: &Path,
+    data: &Dataset,
+    budget: Budget,
+) -> Result<(f64, usize, Vec<usize>), RunError> {
+    let model = IntegerModel::with_budget(&export::load(dir)?, budget)?;
     let needed = data.classes_needed();
     if model.input_features() != data.test.sample_len() || model.output_features() < needed {
         return Err(RunError::Export(ExportError::Unsupported {
@@ -454,7 +458,11 @@ pub fn eval_export(dir: &Path, data: &Dataset) -> Result<(f64, usize), RunError>
         }));
     }
     let predicted = model.predict(data.test.features())?;
-    Ok((accuracy(&predicted, data.test.labels()), data.test.len()))
+    Ok((
+        accuracy(&predicted, data.test.labels()),
+        data.test.len(),
+        predicted,
+    ))
 }
 
 /// Loads a float checkpoint of `model` (used by tests).

@@ -360,6 +360,7 @@ fn run_errors_name_the_file() {
     let e = eval_export(
         &dir.join("no-such-export"),
         &quant::digits::bundled().unwrap(),
+        quant::integer::Budget::default(),
     )
     .unwrap_err();
     assert!(matches!(e, RunError::Export(_)));

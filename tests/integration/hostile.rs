@@ -204,6 +204,46 @@ fn a_huge_convolution_runs_in_chunks_of_bounded_memory() {
     assert!(y.iter().all(|v| v.is_finite()));
 }
 
+/// Issue 25: the budget is the user's to set: a smaller one runs the same model in smaller
+/// chunks to the same logits, refuses a call past its multiply-adds, and refuses at
+/// preparation a model one sample of which does not fit.
+#[test]
+fn a_smaller_budget_chunks_further_and_refuses_what_does_not_fit() {
+    use quant_ops::integer::Budget;
+    let graph = export::load(&root().join("export").join("conv_kernel_80_padding_79")).unwrap();
+    let default = IntegerModel::new(&graph).unwrap();
+    let per_sample = default.working_bytes_per_sample();
+    let macs = default.macs_per_sample();
+    let small = Budget {
+        working_bytes: 2 * per_sample,
+        multiply_adds: 5 * macs,
+    };
+    let integer = IntegerModel::with_budget(&graph, small).unwrap();
+    assert_eq!(integer.samples_per_chunk(), 2);
+    let x: Vec<f32> = (0..5 * 64).map(|i| (i % 7) as f32 * 0.1).collect();
+    assert_eq!(integer.forward(&x).unwrap(), default.forward(&x).unwrap());
+    let e = integer
+        .forward(&vec![0.1f32; 6 * 64])
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("at most {} multiply-adds", 5 * macs)),
+        "{e}"
+    );
+    let tiny = Budget {
+        working_bytes: per_sample - 1,
+        ..Budget::default()
+    };
+    let e = IntegerModel::with_budget(&graph, tiny)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("one sample needs {per_sample} bytes"))
+            && e.contains(&format!("the budget is {} bytes", per_sample - 1)),
+        "{e}"
+    );
+}
+
 /// Issue 25: a value nothing reads is freed as soon as it is written, so 30 ReLUs reading one
 /// 295 KB value (and read by nothing) keep about two such values alive, not 31; every op
 /// counts against the multiply-add budget.

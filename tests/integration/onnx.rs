@@ -780,7 +780,7 @@ fn onnx_files_that_would_take_unbounded_memory_or_time_are_refused_before_tract_
 /// one past the multiply-add budget of a call is refused before it runs.
 #[test]
 fn onnx_batches_run_in_chunks_and_past_the_budget_are_refused() {
-    use quant::onnx_runtime::MAX_ONNX_CALL_MACS;
+    use quant::integer::Budget;
     let dir = scratch().join("onnx-batches");
     std::fs::create_dir_all(&dir).unwrap();
     let path = dir.join("every_op.onnx");
@@ -796,10 +796,39 @@ fn onnx_batches_run_in_chunks_and_past_the_budget_are_refused() {
     assert_eq!(parts, whole);
     let per_sample = onnx.multiply_adds_per_sample();
     assert!(per_sample > 0);
-    let n = (MAX_ONNX_CALL_MACS / per_sample) as usize + 1;
+    let n = (Budget::default().multiply_adds / per_sample) as usize + 1;
     if n * 72 < 1 << 27 {
         let huge = vec![0.5f32; n * 72];
         let e = onnx.forward(&huge).unwrap_err().to_string();
         assert!(e.contains("per call"), "{e}");
     }
+    // A smaller budget: chunks of a few samples give the same logits; a call of more
+    // multiply-adds than the budget is refused, and a model whose sample does not fit at load.
+    let per_bytes = onnx.working_bytes_per_sample();
+    let small = Budget {
+        working_bytes: 3 * per_bytes,
+        multiply_adds: 3000 * per_sample,
+    };
+    let chunked = OnnxModel::load_with_budget(&path, small).unwrap();
+    assert_eq!(chunked.forward(&x).unwrap(), whole);
+    let e = chunked
+        .forward(&noise(72 * 3001, 9))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("the budget is {}", 3000 * per_sample)),
+        "{e}"
+    );
+    let tiny = Budget {
+        working_bytes: per_bytes - 1,
+        ..Budget::default()
+    };
+    let e = OnnxModel::load_with_budget(&path, tiny)
+        .map(|_| ())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains(&format!("one sample needs {per_bytes} bytes")),
+        "{e}"
+    );
 }

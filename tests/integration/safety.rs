@@ -1034,3 +1034,31 @@ fn case_25_an_onnx_file_that_would_take_gigabytes_fails_cleanly_within_1_gib() {
     assert!(e.contains("pads.onnx") && e.contains("pads"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Issue 25: `quant eval`'s budget is the user's to set: the 80x80 convolution of issue 10
+/// (over 48 MB per sample at once) runs under the default and is refused, before it runs,
+/// under `--memory-mib 16`; a pass over the test split past `--max-multiply-adds` is refused.
+#[test]
+fn case_25_quant_eval_runs_under_the_budget_given() {
+    let dir = scratch("budget");
+    let export = root().join("tests/hostile/export/conv_kernel_80_padding_79");
+    let e = failed_cleanly(&quant_in(
+        &dir,
+        &["eval", export.to_str().unwrap(), "--memory-mib", "16"],
+    ));
+    assert!(
+        e.contains("one sample needs") && e.contains(&format!("the budget is {} bytes", 16 << 20)),
+        "{e}"
+    );
+    let e = failed_cleanly(&quant_in(
+        &dir,
+        &[
+            "eval",
+            export.to_str().unwrap(),
+            "--max-multiply-adds",
+            "1000000",
+        ],
+    ));
+    assert!(e.contains("at most 1000000 multiply-adds per call"), "{e}");
+    std::fs::remove_dir_all(&dir).ok();
+}

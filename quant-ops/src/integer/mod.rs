@@ -28,8 +28,8 @@
 //! Feature maps are stored channels-last (NHWC) so that a convolution's im2col rows and its
 //! output rows are contiguous; flattened maps keep that order and the next layer's weight
 //! columns are permuted once to match, so results are those of the graph's NCHW semantics.
-//! Large batches run in chunks of samples, so the working memory of a batch stays within
-//! [`MAX_BATCH_BYTES`] whatever the model.
+//! Large batches run in chunks of samples, so the working memory of a batch stays within the
+//! [`Budget`] whatever the model.
 
 mod kernels;
 mod prepare;
@@ -72,15 +72,33 @@ pub const MAX_SAMPLE_ELEMENTS: usize = 1 << 26;
 /// Most multiply-adds one sample may take (about 16 times a ResNet-50):
 /// [`IntegerModel::new`] refuses costlier models.
 pub const MAX_SAMPLE_MACS: u64 = 1 << 36;
-/// Working memory a batch may take at once, on all threads together: [`IntegerModel::forward`]
-/// runs larger batches in chunks of samples; [`IntegerModel::new`] refuses a model one sample
-/// of which needs more (its values alive at once, freed after their last reader, and a
-/// convolution's patches).
+/// The default [`Budget::working_bytes`]: 256 MiB.
 pub const MAX_BATCH_BYTES: usize = 256 << 20;
-/// Most multiply-adds one call of [`IntegerModel::forward`] may take, all samples together
-/// (every op counts at least one per value it writes): about a minute on two cores. A larger
-/// batch is refused before anything runs; run it in parts.
+/// The default [`Budget::multiply_adds`]: 2^42, about a minute on two cores.
 pub const MAX_CALL_MACS: u64 = 1 << 42;
+
+/// What running a model may take, decided before it runs (the integer runtime here, ONNX
+/// through tract in the facade).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    /// Working memory a batch may take at once, on all threads together: larger batches run
+    /// in chunks of samples, and a model one sample of which needs more (its values alive at
+    /// once, freed after their last reader, and a convolution's patches) is refused.
+    pub working_bytes: usize,
+    /// Most multiply-adds one call may take, all samples together (every op counts at least
+    /// one per value it writes). A larger batch is refused before anything runs.
+    pub multiply_adds: u64,
+}
+
+impl Default for Budget {
+    /// [`MAX_BATCH_BYTES`] and [`MAX_CALL_MACS`].
+    fn default() -> Budget {
+        Budget {
+            working_bytes: MAX_BATCH_BYTES,
+            multiply_adds: MAX_CALL_MACS,
+        }
+    }
+}
 
 /// An integer grid as the runtime stores it: codes `q + offset` in `u8`.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -136,6 +154,7 @@ pub struct IntegerModel {
     macs: u64,
     /// Working bytes per sample (values alive at once, patches).
     sample_bytes: usize,
+    budget: Budget,
 }
 
 impl IntegerModel {
@@ -150,7 +169,20 @@ impl IntegerModel {
     /// logits that could overflow `f32`, a sample larger than [`MAX_SAMPLE_ELEMENTS`] or costlier
     /// than [`MAX_SAMPLE_MACS`].
     pub fn new(graph: &Graph) -> Result<IntegerModel, ExportError> {
-        prepare::prepare(graph)
+        IntegerModel::with_budget(graph, Budget::default())
+    }
+
+    /// [`IntegerModel::new`] under `budget` instead of the default.
+    ///
+    /// # Errors
+    /// As [`IntegerModel::new`]; also a sample that needs more than `budget.working_bytes`.
+    pub fn with_budget(graph: &Graph, budget: Budget) -> Result<IntegerModel, ExportError> {
+        prepare::prepare(graph, budget)
+    }
+
+    /// The budget [`IntegerModel::forward`] runs under.
+    pub fn budget(&self) -> Budget {
+        self.budget
     }
 
     /// Bytes of working memory one sample takes (its values and a convolution's patches).
@@ -158,10 +190,10 @@ impl IntegerModel {
         self.sample_bytes
     }
 
-    /// How many samples [`IntegerModel::forward`] runs at once: as many as fit
-    /// [`MAX_BATCH_BYTES`] of working memory, at least one.
+    /// How many samples [`IntegerModel::forward`] runs at once: as many as fit the budget's
+    /// working memory, at least one.
     pub fn samples_per_chunk(&self) -> usize {
-        (MAX_BATCH_BYTES / self.sample_bytes.max(1)).max(1)
+        (self.budget.working_bytes / self.sample_bytes.max(1)).max(1)
     }
 
     /// Multiply-adds (and pooling comparisons) one sample takes, at most [`MAX_SAMPLE_MACS`].
@@ -190,11 +222,11 @@ impl IntegerModel {
     }
 
     /// Runs a batch (`x` holds whole samples of [`input_shape`](Self::input_shape), row-major)
-    /// and returns `n × output_features` logits, in chunks within [`MAX_BATCH_BYTES`].
+    /// and returns `n × output_features` logits, in chunks within the budget's working memory.
     ///
     /// # Errors
-    /// `x` is not a whole number of samples, or holds NaN; the batch would take more than
-    /// [`MAX_CALL_MACS`] multiply-adds (checked before anything runs).
+    /// `x` is not a whole number of samples, or holds NaN; the batch would take more than the
+    /// budget's multiply-adds (checked before anything runs).
     pub fn forward(&self, x: &[f32]) -> Result<Vec<f32>, QuantError> {
         run::forward(self, x)
     }

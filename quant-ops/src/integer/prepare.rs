@@ -7,8 +7,7 @@ use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 
 use super::kernels::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 use super::{
-    IntegerModel, Layout, Rep, StoredGrid, MAX_BATCH_BYTES, MAX_BITS, MAX_SAMPLE_ELEMENTS,
-    MAX_SAMPLE_MACS,
+    Budget, IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
 };
 use crate::export::ExportError;
 use crate::graph::{Conv2dGeometry, Graph, Op, ParamValues, Parameter};
@@ -131,7 +130,7 @@ fn reach(g: &StoredGrid) -> i64 {
     i64::from(g.zero - g.lo).max(i64::from(g.hi - g.zero))
 }
 
-pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
+pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, ExportError> {
     let shapes = graph.check()?;
     let n_values = graph.nodes.len() + 1;
     let (inputs, output) = graph.value_numbers();
@@ -690,11 +689,12 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
         sample_bytes = sample_bytes.max(alive + patches_of[i]);
         alive -= frees[i].iter().map(|&v| bytes_of(v)).sum::<usize>();
     }
-    if sample_bytes > MAX_BATCH_BYTES {
+    if sample_bytes > budget.working_bytes {
         return Err(unsupported(
             "(model)",
             format!(
-                "one sample needs {sample_bytes} bytes of working memory at once; at most {MAX_BATCH_BYTES}"
+                "one sample needs {sample_bytes} bytes of working memory at once; the budget is {} bytes",
+                budget.working_bytes
             ),
         ));
     }
@@ -709,6 +709,7 @@ pub(super) fn prepare(graph: &Graph) -> Result<IntegerModel, ExportError> {
         frees,
         macs,
         sample_bytes,
+        budget,
     })
 }
 

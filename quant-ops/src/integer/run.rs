@@ -86,7 +86,7 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
     }
     let n = x.len() / in_f;
     let total = (n as u64).saturating_mul(m.macs_per_sample());
-    if total > super::MAX_CALL_MACS {
+    if total > m.budget.multiply_adds {
         return Err(QuantError::InvalidValue {
             what: "batch".into(),
             value: format!(
@@ -94,17 +94,17 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
                 m.macs_per_sample()
             ),
             expected: format!(
-                "at most {} multiply-adds per call: run the samples in parts",
-                super::MAX_CALL_MACS
+                "at most {} multiply-adds per call (the budget): run the samples in parts",
+                m.budget.multiply_adds
             ),
         });
     }
     // Samples are independent: a batch worth splitting runs as one chunk per thread (one
     // fork-join per batch, not one per layer), and the chunks together stay within
-    // MAX_BATCH_BYTES of working memory. Any split gives the same bits.
+    // the budget's working memory. Any split gives the same bits.
     let threads = rayon::current_num_threads().max(1);
     let worth_splitting = (n as u64).saturating_mul(m.macs_per_sample()) >= PARALLEL_MACS as u64;
-    // No more chunks at once than fit MAX_BATCH_BYTES together (one sample always fits).
+    // No more chunks at once than fit the budget together (one sample always fits).
     let fit = m.samples_per_chunk();
     let (ways, memory_bound) = if threads > 1 && worth_splitting {
         let ways = threads.min(fit);
@@ -114,7 +114,7 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
     };
     let chunk = n.div_ceil(ways).min(memory_bound).max(1);
     let chunks: Vec<&[f32]> = x.chunks(chunk * in_f).collect();
-    // At most `ways` chunks run at once, so their memory stays within MAX_BATCH_BYTES.
+    // At most `ways` chunks run at once, so their memory stays within the budget.
     let mut outputs: Vec<Result<Vec<f32>>> = Vec::with_capacity(chunks.len());
     for group in chunks.chunks(ways) {
         if group.len() > 1 {
