@@ -24,12 +24,20 @@ use quant::policy::Policy;
 /// Five classes: each pair of digits.
 const CLASSES: usize = 5;
 
-/// A small CNN of our own: two strided convolutions (28 → 14 → 7), global average pooling, a
-/// Linear head to 5 logits.
+/// A small CNN of our own: two 3x3 convolutions, each followed by 2x2 max pooling
+/// (28 → 14 → 7), then a Linear head from the 32x7x7 maps to 5 logits.
 type SmallCnn = (
-    (quant::nn::builders::Conv2d<1, 16, 3, 2, 1>, ReLU),
-    (quant::nn::builders::Conv2d<16, 32, 3, 2, 1>, ReLU),
-    (AvgPoolGlobal, Linear<32, CLASSES>),
+    (
+        quant::nn::builders::Conv2d<1, 16, 3, 1, 1>,
+        ReLU,
+        quant::nn::MaxPool2d<2>,
+    ),
+    (
+        quant::nn::builders::Conv2d<16, 32, 3, 1, 1>,
+        ReLU,
+        quant::nn::MaxPool2d<2>,
+    ),
+    (quant::nn::Flatten<1568>, Linear<1568, CLASSES>),
 );
 type Input = (usize, Const<1>, Const<28>, Const<28>);
 
@@ -58,13 +66,15 @@ const RUN_FILE: &str = r#"
 [run]
 seeds = [0]
 [float]
-epochs = 4
+epochs = 8
 lr = 3e-3
+shift = 2
 [calibration]
 batches = 8
 [qat]
 epochs = 2
 lr = 1e-3
+shift = 2
 init = "ptq"
 [quantization]
 platform = "Academic"
