@@ -58,6 +58,33 @@ enum Command {
         #[arg(long)]
         quiet: bool,
     },
+    /// Sensitivity analysis: for every quantizer slot of the calibrated (PTQ) model, the SQNR
+    /// of the logits and the accuracy with only that slot quantized and with every slot but
+    /// that one, on rows held out of the training split (the run file's [data] holdout, or
+    /// every fifth training row), never the test split. Prints the ranking, most sensitive
+    /// first; the float model comes from the cache as in `quant run`.
+    Analyze {
+        /// The run file, e.g. configs/mnist_cnn_w4a4.toml.
+        config: PathBuf,
+        /// Also write the analysis as JSON to this file.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// Also plot the ranking as SVG to this file.
+        #[arg(long)]
+        plot: Option<PathBuf>,
+        /// Float checkpoint cache (default: runs/cache).
+        #[arg(long, default_value = "runs/cache")]
+        cache_dir: PathBuf,
+        /// Always train the float model, ignoring and not writing the cache.
+        #[arg(long)]
+        no_cache: bool,
+        /// Analyse only this seed instead of the file's seeds.
+        #[arg(long)]
+        seed: Option<u64>,
+        /// No progress bars.
+        #[arg(long)]
+        quiet: bool,
+    },
     /// List every registered trainable quantizer (target, methods, id, where it is defined),
     /// every layer kind with its quantizer slots, and every platform.
     List,
@@ -255,6 +282,77 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             print!("{}", staged.report.table());
             if let Some(path) = &report {
                 println!("report written to {}", path.display());
+            }
+            Ok(())
+        }
+        Command::Analyze {
+            config,
+            report,
+            plot,
+            cache_dir,
+            no_cache,
+            seed,
+            quiet,
+        } => {
+            let mut cfg = RunConfig::from_file(&config)?;
+            if let Some(seed) = seed {
+                cfg.run.seeds = vec![seed];
+            }
+            let mut inputs = vec![config.as_path()];
+            inputs.extend(cfg.data.files());
+            for (output, key) in [(&report, "--report"), (&plot, "--plot")] {
+                if let Some(path) = output {
+                    check_output_file(path)?;
+                    let at = resolve(path);
+                    if let Some(input) = inputs.iter().find(|i| resolve(i) == at) {
+                        return Err(OutputError::Refused {
+                            path: path.clone(),
+                            reason: format!(
+                                "{key} names an input of this run ({}); quant never writes over its inputs",
+                                input.display()
+                            ),
+                        }
+                        .into());
+                    }
+                }
+            }
+            if let (Some(r), Some(p)) = (&report, &plot) {
+                if resolve(r) == resolve(p) {
+                    return Err(OutputError::Refused {
+                        path: p.clone(),
+                        reason: "--plot and --report name the same file".into(),
+                    }
+                    .into());
+                }
+            }
+            let opts = RunOptions {
+                cache_dir: (!no_cache).then_some(cache_dir),
+                export_dir: None,
+                progress: !quiet,
+                policy_name: config.display().to_string(),
+            };
+            let analysis = pipeline::sensitivity::analyze(&cfg, &opts)?;
+            // Both files are written beside their targets first, then put in place.
+            let json = serde_json::to_string_pretty(&analysis).map_err(|e| RunError::File {
+                path: report.clone().unwrap_or_default(),
+                message: e.to_string(),
+            })?;
+            let staged_report = report
+                .as_ref()
+                .map(|p| StagedFile::new(p, json.as_bytes()))
+                .transpose()?;
+            let staged_plot = plot
+                .as_ref()
+                .map(|p| StagedFile::new(p, analysis.svg().as_bytes()))
+                .transpose()?;
+            for staged in [staged_report, staged_plot].into_iter().flatten() {
+                staged.commit()?;
+            }
+            print!("{}", analysis.table());
+            for (path, what) in [(&report, "analysis"), (&plot, "plot")] {
+                if let Some(path) = path {
+                    println!("{what} written to {}", path.display());
+                }
             }
             Ok(())
         }

@@ -31,10 +31,12 @@
 
 mod cache;
 pub mod config;
+pub mod mixed_precision;
 mod model;
 pub mod nets;
 pub mod report;
 mod schedule;
+pub mod sensitivity;
 mod stages;
 pub mod train;
 

@@ -9,7 +9,7 @@ use quant_ops::convert::Convert;
 pub use quant_ops::fold::fold_batchnorm;
 
 use super::config::{ModelKind, RunConfig};
-use super::model::Model;
+use super::model::{BatchShape, DeployModel, FloatModel, Model};
 use super::{run_model, RunError, RunOptions, SeedDone, StagedRun};
 use crate::data::{DataError, Dataset};
 
@@ -491,28 +491,46 @@ pub fn vit_28() -> Model<Images28x28, 10, Vit28> {
     Model::new("vit-28x28", |dev| dev.build_module::<Vit28Builder, f32>())
 }
 
-/// Runs the bundled network `kind` sized for `data`'s samples (64 values: the digits nets; 784:
-/// the 28x28 nets) through [`run_model`].
+/// Something done with whichever bundled network a run file names, sized for the data: what
+/// [`with_bundled`] calls with the network as a [`Model`] like any model of your own.
+pub trait BundledTask {
+    /// What the task gives.
+    type Output;
+
+    /// Does the task with `model`.
+    ///
+    /// # Errors
+    /// Whatever the task fails with.
+    fn run<S, const C: usize, F, D>(
+        self,
+        model: &Model<S, C, F, D>,
+    ) -> Result<Self::Output, RunError>
+    where
+        S: BatchShape,
+        F: FloatModel<S, C>,
+        D: DeployModel<S, C>;
+}
+
+/// Calls `task` with the bundled network `kind`, sized for `data`: 8x8 images (64 values a
+/// sample, the digits) or 28x28 (784 values, MNIST and Fashion-MNIST).
 ///
 /// # Errors
-/// The data's samples fit none of the bundled sizes (the message says which there are and
-/// points to [`run_model`] for models of other shapes); what [`run_model`] returns.
-pub fn run_bundled(
+/// Data of another size (the error points to [`run_model`] for models of your own); the
+/// task's errors.
+pub fn with_bundled<T: BundledTask>(
     kind: ModelKind,
-    cfg: &RunConfig,
-    opts: &RunOptions,
     data: &Dataset,
-    on_seed: &mut (dyn FnMut(SeedDone<'_>) + Send),
-) -> Result<StagedRun, RunError> {
+    task: T,
+) -> Result<T::Output, RunError> {
     match (kind, data.train.sample_len()) {
-        (ModelKind::Mlp, 64) => run_model(cfg, opts, data, &mlp(), on_seed),
-        (ModelKind::Cnn, 64) => run_model(cfg, opts, data, &cnn(), on_seed),
-        (ModelKind::Resnet, 64) => run_model(cfg, opts, data, &resnet(), on_seed),
-        (ModelKind::Vit, 64) => run_model(cfg, opts, data, &vit(), on_seed),
-        (ModelKind::Mlp, 784) => run_model(cfg, opts, data, &mlp_784(), on_seed),
-        (ModelKind::Cnn, 784) => run_model(cfg, opts, data, &cnn_28(), on_seed),
-        (ModelKind::Resnet, 784) => run_model(cfg, opts, data, &resnet_28(), on_seed),
-        (ModelKind::Vit, 784) => run_model(cfg, opts, data, &vit_28(), on_seed),
+        (ModelKind::Mlp, 64) => task.run(&mlp()),
+        (ModelKind::Cnn, 64) => task.run(&cnn()),
+        (ModelKind::Resnet, 64) => task.run(&resnet()),
+        (ModelKind::Vit, 64) => task.run(&vit()),
+        (ModelKind::Mlp, 784) => task.run(&mlp_784()),
+        (ModelKind::Cnn, 784) => task.run(&cnn_28()),
+        (ModelKind::Resnet, 784) => task.run(&resnet_28()),
+        (ModelKind::Vit, 784) => task.run(&vit_28()),
         (_, n) => Err(DataError::Unusable {
             origin: data.origin.clone(),
             message: format!(
@@ -522,4 +540,47 @@ pub fn run_bundled(
         }
         .into()),
     }
+}
+
+/// Runs the pipeline ([`run_model`]) on the bundled network `kind`, sized for `data`.
+///
+/// # Errors
+/// See [`with_bundled`] and [`run_model`].
+pub fn run_bundled(
+    kind: ModelKind,
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    data: &Dataset,
+    on_seed: &mut (dyn FnMut(SeedDone<'_>) + Send),
+) -> Result<StagedRun, RunError> {
+    struct Run<'a> {
+        cfg: &'a RunConfig,
+        opts: &'a RunOptions,
+        data: &'a Dataset,
+        on_seed: &'a mut (dyn FnMut(SeedDone<'_>) + Send),
+    }
+    impl BundledTask for Run<'_> {
+        type Output = StagedRun;
+        fn run<S, const C: usize, F, D>(
+            self,
+            model: &Model<S, C, F, D>,
+        ) -> Result<StagedRun, RunError>
+        where
+            S: BatchShape,
+            F: FloatModel<S, C>,
+            D: DeployModel<S, C>,
+        {
+            run_model(self.cfg, self.opts, self.data, model, self.on_seed)
+        }
+    }
+    with_bundled(
+        kind,
+        data,
+        Run {
+            cfg,
+            opts,
+            data,
+            on_seed,
+        },
+    )
 }

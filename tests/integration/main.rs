@@ -15,3 +15,4 @@ mod onnx;
 mod properties;
 mod registry;
 mod safety;
+mod sensitivity;

@@ -1,0 +1,438 @@
+//! Sensitivity analysis (`quant analyze`): what each quantizer slot of the calibrated (PTQ)
+//! model costs, measured with only that slot quantized and with every slot but that one
+//! quantized, as the SQNR of the logits against the float model's and as accuracy, on rows
+//! held out of the training split (never the test split).
+//!
+//! A slot that alone costs much (a low SQNR with only it quantized) is a candidate for more
+//! bits; one whose removal recovers much (a high SQNR with all but it quantized) too. Slots
+//! are ranked by the first, ties broken by the second. Every figure is a deterministic
+//! function of the model and the rows: the logits are computed batch by batch in order, so
+//! the ranking does not depend on the number of threads.
+
+use std::fmt::Write as _;
+
+use dfdx::prelude::*;
+use serde::Serialize;
+
+use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+
+use super::config::RunConfig;
+use super::model::{BatchShape, DeployModel, FloatModel, Model, QuantizedModel};
+use super::nets::{with_bundled, BundledTask};
+use super::stages::{self, Seed};
+use super::train::{accuracy, logits, predictions};
+use super::{cache, RunError, RunOptions};
+use crate::data::{self, Dataset, Holdout, Samples};
+
+/// Batch size of the analysis's forward passes (no tape: only memory).
+const EVAL_BATCH: usize = 256;
+
+/// The SQNR reported for logits equal to the float model's (no error at all).
+pub const MAX_SQNR_DB: f64 = 300.0;
+
+/// The hold-out fold `quant analyze` measures on when the run file names none: every fifth
+/// training row, from the first.
+pub const DEFAULT_HOLDOUT: Holdout = Holdout { folds: 5, fold: 0 };
+
+/// How far a model's logits are from the float model's on the analysis rows.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Effect {
+    /// Signal-to-quantization-noise ratio of the logits against the float model's, in dB
+    /// (higher: closer; [`MAX_SQNR_DB`] for no error).
+    pub sqnr_db: f64,
+    /// Accuracy on the analysis rows.
+    pub accuracy: f64,
+}
+
+/// One quantizer slot's sensitivity.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SlotSensitivity {
+    /// The slot's dotted name (`layer.slot`), as policies' patterns and the report name it.
+    pub slot: String,
+    /// With only this slot quantized.
+    pub alone: Effect,
+    /// With every slot but this one quantized.
+    pub all_but: Effect,
+}
+
+/// The sensitivity of every quantizer slot of a model, most sensitive first.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Sensitivity {
+    /// Rows measured on.
+    pub rows: usize,
+    /// The float model's accuracy on them.
+    pub float_accuracy: f64,
+    /// With every slot quantized (the PTQ model).
+    pub quantized: Effect,
+    /// Every configured slot, most sensitive first.
+    pub slots: Vec<SlotSensitivity>,
+}
+
+/// `10 log10(Σ f² / Σ (f − q)²)` over all logits, at most [`MAX_SQNR_DB`].
+pub fn sqnr_db(float: &[f32], quantized: &[f32]) -> f64 {
+    let (mut signal, mut noise) = (0f64, 0f64);
+    for (&f, &q) in float.iter().zip(quantized) {
+        signal += f64::from(f) * f64::from(f);
+        noise += (f64::from(f) - f64::from(q)).powi(2);
+    }
+    if noise == 0.0 {
+        return MAX_SQNR_DB;
+    }
+    (10.0 * (signal / noise).log10()).min(MAX_SQNR_DB)
+}
+
+/// A glob matching exactly `name` (dotted names hold no glob characters, but a derive's field
+/// names are the user's).
+fn exactly(name: &str) -> String {
+    name.chars().fold(String::new(), |mut out, c| {
+        if "*?[]{}\\".contains(c) {
+            out.push('[');
+            out.push(c);
+            out.push(']');
+        } else {
+            out.push(c);
+        }
+        out
+    })
+}
+
+/// Most sensitive first: the lowest SQNR alone, then the highest SQNR with all but the slot,
+/// then by name.
+fn rank(slots: &mut [SlotSensitivity]) {
+    slots.sort_by(|a, b| {
+        a.alone
+            .sqnr_db
+            .total_cmp(&b.alone.sqnr_db)
+            .then(b.all_but.sqnr_db.total_cmp(&a.all_but.sqnr_db))
+            .then(a.slot.cmp(&b.slot))
+    });
+}
+
+/// Measures every configured slot of the calibrated model `ptq` on `rows`, against the float
+/// model's logits `float_logits` on the same rows (`rows.len() × C` values).
+///
+/// # Errors
+/// A quantizer that cannot change mode (the error names it); a forward pass fails; the float
+/// logits are not `rows.len() × C` values.
+pub fn sensitivity<S, const C: usize, Q>(
+    dev: &Cpu,
+    ptq: &Q,
+    float_logits: &[f32],
+    rows: &Samples,
+) -> Result<Sensitivity, RunError>
+where
+    S: BatchShape,
+    Q: QuantizedModel<S, C>,
+{
+    if float_logits.len() != rows.len() * C {
+        return Err(quant_core::QuantError::LengthMismatch {
+            what: "float logits of the analysis rows".into(),
+            expected: rows.len() * C,
+            actual: float_logits.len(),
+        }
+        .into());
+    }
+    let effect = |q: &Q| -> Result<Effect, RunError> {
+        let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
+        Ok(Effect {
+            sqnr_db: sqnr_db(float_logits, &l),
+            accuracy: accuracy(&predictions(&l, C), rows.labels()),
+        })
+    };
+    let float_accuracy = accuracy(&predictions(float_logits, C), rows.labels());
+    let mut q = ptq.clone();
+    let names: Vec<String> = q.quantizers()?.into_iter().map(|(n, _)| n).collect();
+    q.set_mode("*", QuantizerMode::Frozen)?;
+    let quantized = effect(&q)?;
+    let mut slots = Vec::with_capacity(names.len());
+    for name in names {
+        let exact = exactly(&name);
+        q.set_mode("*", QuantizerMode::Disabled)?;
+        q.set_mode(&exact, QuantizerMode::Frozen)?;
+        let alone = effect(&q)?;
+        q.set_mode("*", QuantizerMode::Frozen)?;
+        q.set_mode(&exact, QuantizerMode::Disabled)?;
+        let all_but = effect(&q)?;
+        slots.push(SlotSensitivity {
+            slot: name,
+            alone,
+            all_but,
+        });
+    }
+    rank(&mut slots);
+    Ok(Sensitivity {
+        rows: rows.len(),
+        float_accuracy,
+        quantized,
+        slots,
+    })
+}
+
+/// The sensitivity of each seed of a run file, and their mean.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Analysis {
+    /// The model's name.
+    pub model: String,
+    /// Where the data came from, and which rows were measured on.
+    pub data: String,
+    /// The seeds analysed.
+    pub seeds: Vec<u64>,
+    /// The mean over seeds of every figure, ranked again on the means.
+    pub mean: Sensitivity,
+    /// Each seed's own.
+    pub runs: Vec<Sensitivity>,
+}
+
+impl Analysis {
+    /// The ranking as a table, most sensitive first.
+    pub fn table(&self) -> String {
+        let m = &self.mean;
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            "sensitivity of {} on {} ({} rows), mean of seeds {:?}",
+            self.model, self.data, m.rows, self.seeds
+        );
+        let _ = writeln!(
+            out,
+            "float {:.2}%; every slot quantized (PTQ) {:.2}%, logits SQNR {:.1} dB\n",
+            100.0 * m.float_accuracy,
+            100.0 * m.quantized.accuracy,
+            m.quantized.sqnr_db
+        );
+        let width = m
+            .slots
+            .iter()
+            .map(|s| s.slot.len())
+            .max()
+            .unwrap_or(4)
+            .max(4);
+        let _ = writeln!(
+            out,
+            "{:>4}  {:<width$}  {:>14} {:>9}  {:>14} {:>9}",
+            "rank", "slot", "alone: SQNR dB", "accuracy", "all but: SQNR", "accuracy"
+        );
+        for (i, s) in m.slots.iter().enumerate() {
+            let _ = writeln!(
+                out,
+                "{:>4}  {:<width$}  {:>14.1} {:>8.2}%  {:>14.1} {:>8.2}%",
+                i + 1,
+                s.slot,
+                s.alone.sqnr_db,
+                100.0 * s.alone.accuracy,
+                s.all_but.sqnr_db,
+                100.0 * s.all_but.accuracy
+            );
+        }
+        out
+    }
+
+    /// The ranking as an SVG bar chart: each slot's SQNR alone (lower: more sensitive), most
+    /// sensitive at the top.
+    pub fn svg(&self) -> String {
+        let slots = &self.mean.slots;
+        let (row, label_w, bar_w, top) = (18.0, 260.0, 420.0, 40.0);
+        let height = top + row * slots.len() as f64 + 30.0;
+        let max = slots
+            .iter()
+            .map(|s| s.alone.sqnr_db)
+            .fold(1.0f64, f64::max)
+            .min(MAX_SQNR_DB);
+        let mut out = String::new();
+        let _ = writeln!(
+            out,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
+            label_w + bar_w + 80.0
+        );
+        let _ = writeln!(
+            out,
+            r#"<text x="8" y="20" font-size="14">{}: SQNR of the logits with only this slot quantized (dB; shorter: more sensitive)</text>"#,
+            xml_escape(&self.model)
+        );
+        for (i, s) in slots.iter().enumerate() {
+            let y = top + row * i as f64;
+            let w = (s.alone.sqnr_db.max(0.0) / max * bar_w).max(1.0);
+            let _ = writeln!(
+                out,
+                r##"<text x="{:.1}" y="{:.1}" text-anchor="end">{}</text><rect x="{label_w}" y="{:.1}" width="{w:.1}" height="{:.1}" fill="#4a78b5"/><text x="{:.1}" y="{:.1}">{:.1}</text>"##,
+                label_w - 6.0,
+                y + 13.0,
+                xml_escape(&s.slot),
+                y + 3.0,
+                row - 5.0,
+                label_w + w + 4.0,
+                y + 13.0,
+                s.alone.sqnr_db
+            );
+        }
+        out.push_str("</svg>\n");
+        out
+    }
+}
+
+/// `text` safe inside SVG text.
+fn xml_escape(text: &str) -> String {
+    text.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+/// The mean of each figure over `runs` (the same slots in each), ranked again.
+fn mean(runs: &[Sensitivity]) -> Sensitivity {
+    let n = runs.len().max(1) as f64;
+    let avg = |f: &dyn Fn(&Sensitivity) -> f64| runs.iter().map(f).sum::<f64>() / n;
+    let effect = |f: &dyn Fn(&Sensitivity) -> Effect| Effect {
+        sqnr_db: avg(&|r| f(r).sqnr_db),
+        accuracy: avg(&|r| f(r).accuracy),
+    };
+    let mut slots: Vec<SlotSensitivity> = runs
+        .first()
+        .map(|first| {
+            first
+                .slots
+                .iter()
+                .map(|s| {
+                    let of = |r: &Sensitivity| {
+                        r.slots
+                            .iter()
+                            .find(|x| x.slot == s.slot)
+                            .cloned()
+                            .unwrap_or_else(|| s.clone())
+                    };
+                    SlotSensitivity {
+                        slot: s.slot.clone(),
+                        alone: effect(&|r| of(r).alone),
+                        all_but: effect(&|r| of(r).all_but),
+                    }
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    rank(&mut slots);
+    Sensitivity {
+        rows: runs.first().map_or(0, |r| r.rows),
+        float_accuracy: avg(&|r| r.float_accuracy),
+        quantized: effect(&|r| r.quantized),
+        slots,
+    }
+}
+
+/// Analyses `model` for every seed of `cfg`: the float model (from the cache, trained or
+/// given, as [`run_model`](super::run_model) gets it), calibrated under the policy, measured
+/// on `data.test`, which must be rows held out of the training split (see [`analyze`]).
+///
+/// # Errors
+/// The data does not fit the model; the policy does not apply; training, calibration or a
+/// forward pass fails; the cache cannot be read or written.
+pub fn analyze_model<S, const C: usize, F, D>(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    data: &Dataset,
+    model: &Model<S, C, F, D>,
+) -> Result<Analysis, RunError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
+    let data = data.clone().for_model(&S::sample_shape(), C)?;
+    let progress = indicatif::MultiProgress::with_draw_target(if opts.progress {
+        indicatif::ProgressDrawTarget::stderr()
+    } else {
+        indicatif::ProgressDrawTarget::hidden()
+    });
+    let digest = cache::split_digest(&data.train);
+    let mut runs = Vec::new();
+    for &seed in &cfg.run.seeds {
+        let cfg = cfg.clone();
+        let s = Seed {
+            cfg: &cfg,
+            opts,
+            data: &data,
+            seed,
+            progress: &progress,
+        };
+        let cache_file = match (model.weights(), opts.cache_dir.as_deref()) {
+            (super::FloatWeights::Train, Some(dir)) => {
+                Some(cache::cache_path(dir, model.name(), &cfg, seed, &digest))
+            }
+            _ => None,
+        };
+        let float = stages::float_model(&s, model, cache_file.as_deref())?;
+        let ptq = stages::ptq(&s, model, &float)?;
+        let float_logits = logits::<F, S, C>(&float.dev, &float.model, &data.test, EVAL_BATCH)?;
+        runs.push(sensitivity::<S, C, D::Quantized>(
+            &float.dev,
+            &ptq.model,
+            &float_logits,
+            &data.test,
+        )?);
+    }
+    Ok(Analysis {
+        model: model.name().to_string(),
+        data: data.origin.clone(),
+        seeds: cfg.run.seeds.clone(),
+        mean: mean(&runs),
+        runs,
+    })
+}
+
+/// What `quant analyze` does: the bundled network of the run file, its data with the run
+/// file's hold-out fold (or [`DEFAULT_HOLDOUT`]) as the rows measured on.
+///
+/// # Errors
+/// See [`analyze_model`]; a run file without `[model]`; data no bundled network takes.
+pub fn analyze(cfg: &RunConfig, opts: &RunOptions) -> Result<Analysis, RunError> {
+    let mut cfg = cfg.clone();
+    cfg.data.holdout.get_or_insert(DEFAULT_HOLDOUT);
+    let kind = cfg.bundled_model()?;
+    let data = data::load(&cfg.data)?;
+    struct Analyze<'a> {
+        cfg: &'a RunConfig,
+        opts: &'a RunOptions,
+        data: &'a Dataset,
+    }
+    impl BundledTask for Analyze<'_> {
+        type Output = Analysis;
+        fn run<S, const C: usize, F, D>(
+            self,
+            model: &Model<S, C, F, D>,
+        ) -> Result<Analysis, RunError>
+        where
+            S: BatchShape,
+            F: FloatModel<S, C>,
+            D: DeployModel<S, C>,
+        {
+            analyze_model(self.cfg, self.opts, self.data, model)
+        }
+    }
+    with_bundled(
+        kind,
+        &data,
+        Analyze {
+            cfg: &cfg,
+            opts,
+            data: &data,
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sqnr_is_infinite_only_in_name() {
+        assert_eq!(sqnr_db(&[1.0, 2.0], &[1.0, 2.0]), MAX_SQNR_DB);
+        let db = sqnr_db(&[3.0, 4.0], &[3.0, 3.0]);
+        assert!((db - 10.0 * 25f64.log10()).abs() < 1e-12, "{db}");
+    }
+
+    #[test]
+    fn glob_characters_in_names_match_literally() {
+        let g = quant_ops::layers::glob(&exactly("a[0].b*")).unwrap();
+        assert!(g.is_match("a[0].b*"));
+        assert!(!g.is_match("a0.bx"));
+    }
+}

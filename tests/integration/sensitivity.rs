@@ -1,0 +1,221 @@
+//! Issue 22, sensitivity analysis: a planted bad slot ranks first, the ranking does not depend
+//! on the thread count, and `quant analyze` writes its table, JSON and plot (or, on bad
+//! outputs, nothing).
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use quant::pipeline::sensitivity::{analyze, Analysis};
+use quant::pipeline::{RunConfig, RunOptions};
+
+/// The digits MLP, 8-bit everywhere but the middle Linear's weights: 2 bits, per tensor,
+/// MinMax (the planted bad slot).
+const PLANTED: &str = r#"
+[model]
+kind = "mlp"
+[run]
+seeds = [0]
+[float]
+epochs = 4
+[calibration]
+batches = 4
+[quantization.weights]
+training_method = "Lsq"
+method = "Symmetric"
+bits = 8
+per_channel = true
+observer = "Mse"
+[quantization.input]
+training_method = "Lsq"
+method = "Uniform"
+bits = 8
+observer = "Mse"
+[[quantization.overrides]]
+pattern = "2"
+weights = { bits = 2, per_channel = false, observer = "MinMax" }
+"#;
+
+fn planted() -> RunConfig {
+    RunConfig::from_toml_str(PLANTED, "planted.toml").unwrap()
+}
+
+fn analyze_with_threads(threads: usize) -> Analysis {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap()
+        .install(|| analyze(&planted(), &RunOptions::default()).unwrap())
+}
+
+#[test]
+fn a_planted_bad_slot_ranks_first_whatever_the_thread_count() {
+    let one = analyze_with_threads(1);
+    let m = &one.mean;
+    // Every slot of the three Linear layers, measured on the hold-out fold (a fifth of the
+    // training rows), not the test split.
+    assert_eq!(m.slots.len(), 6, "{}", one.table());
+    assert!(one.data.contains("hold-out fold 0 of 5"), "{}", one.data);
+    let training_rows = quant::digits::bundled().unwrap().train.len();
+    assert_eq!(m.rows, training_rows.div_ceil(5));
+    assert_eq!(m.slots[0].slot, "2.weights", "{}", one.table());
+    // Alone it costs more than every other slot; without it the model is far closer to float.
+    let bad = &m.slots[0];
+    assert!(m.slots[1..]
+        .iter()
+        .all(|s| s.alone.sqnr_db > bad.alone.sqnr_db + 6.0));
+    assert!(
+        bad.all_but.sqnr_db > m.quantized.sqnr_db + 6.0,
+        "{}",
+        one.table()
+    );
+    assert!(bad.all_but.accuracy >= m.quantized.accuracy);
+    // Bit for bit the same on two threads.
+    assert_eq!(analyze_with_threads(2), one);
+    // The plot names every slot, in rank order.
+    let svg = one.svg();
+    let at = |name: &str| svg.find(&format!(">{name}<")).unwrap();
+    assert!(at("2.weights") < at(&m.slots[1].slot));
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("quant-analyze-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
+    let dir = scratch("cli");
+    std::fs::write(dir.join("planted.toml"), PLANTED).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_quant"))
+            .args(["analyze", "planted.toml", "--no-cache", "--quiet"])
+            .args(args)
+            .current_dir(&dir)
+            .output()
+            .unwrap()
+    };
+    let o = run(&["--report", "a.json", "--plot", "a.svg"]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let first = out
+        .lines()
+        .find(|l| l.trim_start().starts_with("1 "))
+        .unwrap();
+    assert!(first.contains("2.weights"), "{out}");
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("a.json")).unwrap()).unwrap();
+    assert_eq!(json["mean"]["slots"][0]["slot"], "2.weights");
+    assert!(std::fs::read_to_string(dir.join("a.svg"))
+        .unwrap()
+        .starts_with("<svg"));
+
+    // Outputs are checked before anything trains, and nothing is written on a refusal.
+    std::fs::create_dir(dir.join("adir")).unwrap();
+    for (args, expected) in [
+        (&["--plot", "adir"][..], "adir"),
+        (&["--report", "planted.toml"][..], "input of this run"),
+        (&["--report", "b.json", "--plot", "b.json"][..], "same file"),
+    ] {
+        let o = run(args);
+        let e = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{e}");
+        assert!(e.contains(expected), "{args:?}: {e}");
+    }
+    assert!(!dir.join("b.json").exists());
+    assert_eq!(
+        std::fs::read_to_string(dir.join("planted.toml")).unwrap(),
+        PLANTED
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+mod mixed_precision {
+    use proptest::prelude::*;
+    use quant::pipeline::mixed_precision::{pareto_front, solve, Choice, SolveError};
+
+    /// Every assignment of one choice per slot, by counting in mixed radix.
+    fn brute_force(slots: &[Vec<Choice>], budget: u64) -> Option<(u64, f64)> {
+        let mut best: Option<(u64, f64)> = None;
+        let total: usize = slots.iter().map(Vec::len).product();
+        for mut k in 0..total {
+            let (mut cost, mut loss) = (0u64, 0f64);
+            for choices in slots {
+                let c = choices[k % choices.len()];
+                k /= choices.len();
+                cost += c.cost;
+                loss += c.loss;
+            }
+            if cost <= budget && best.is_none_or(|(_, l)| loss < l) {
+                best = Some((cost, loss));
+            }
+        }
+        best
+    }
+
+    fn slots() -> impl Strategy<Value = Vec<Vec<Choice>>> {
+        let choice = (1u8..=8, 0u64..50, 0.0f64..10.0).prop_map(|(bits, cost, loss)| Choice {
+            bits,
+            cost,
+            loss,
+        });
+        prop::collection::vec(prop::collection::vec(choice, 1..=3), 1..=8)
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(300))]
+        #[test]
+        fn the_solver_equals_brute_force_and_keeps_the_budget(slots in slots(), budget in 0u64..400) {
+            match (solve(&slots, budget), brute_force(&slots, budget)) {
+                (Ok(a), Some((_, loss))) => {
+                    prop_assert!(a.cost <= budget);
+                    prop_assert!((a.loss - loss).abs() < 1e-9, "{} vs {}", a.loss, loss);
+                    // The choices it reports add up to what it says.
+                    let (c, l) = a.choices.iter().zip(&slots).fold((0u64, 0f64), |(c, l), (&i, s)| {
+                        (c + s[i].cost, l + s[i].loss)
+                    });
+                    prop_assert_eq!(c, a.cost);
+                    prop_assert!((l - a.loss).abs() < 1e-9);
+                }
+                (Err(SolveError::BelowSmallest { .. }), None) => {}
+                (got, want) => prop_assert!(false, "solver {:?}, brute force {:?}", got, want),
+            }
+            // The front: cheapest first, loss strictly falling, every entry within reach.
+            let front = pareto_front(&slots, u64::MAX).unwrap();
+            prop_assert!(front.windows(2).all(|w| w[0].cost < w[1].cost && w[0].loss > w[1].loss));
+        }
+    }
+
+    #[test]
+    fn empty_candidates_and_bad_losses_are_refused() {
+        let ok = Choice {
+            bits: 4,
+            cost: 1,
+            loss: 0.5,
+        };
+        assert_eq!(
+            solve(&[vec![ok], vec![]], 10),
+            Err(SolveError::NoChoices { slot: 1 })
+        );
+        let nan = Choice {
+            loss: f64::NAN,
+            ..ok
+        };
+        assert!(matches!(
+            solve(&[vec![ok, nan]], 10),
+            Err(SolveError::BadLoss {
+                slot: 0,
+                choice: 1,
+                ..
+            })
+        ));
+        assert_eq!(
+            solve(&[vec![ok], vec![ok]], 1),
+            Err(SolveError::BelowSmallest {
+                budget: 1,
+                smallest: 2
+            })
+        );
+    }
+}
