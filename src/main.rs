@@ -26,6 +26,40 @@ struct Cli {
     command: Command,
 }
 
+/// Where `run` and `analyze` get their float models, which seeds, and what they draw.
+#[derive(clap::Args)]
+struct SeedArgs {
+    /// Float checkpoint cache (default: runs/cache).
+    #[arg(long, default_value = "runs/cache")]
+    cache_dir: PathBuf,
+    /// Always train the float model, ignoring and not writing the cache.
+    #[arg(long)]
+    no_cache: bool,
+    /// Only this seed instead of the run file's seeds.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// No progress bars: `run` prints one line per finished seed (on stderr), then the report.
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl SeedArgs {
+    /// The run file at `config`, with `--seed` applied, and the options these arguments give.
+    fn apply(&self, config: &Path) -> Result<(RunConfig, RunOptions), RunError> {
+        let mut cfg = RunConfig::from_file(config)?;
+        if let Some(seed) = self.seed {
+            cfg.run.seeds = vec![seed];
+        }
+        let opts = RunOptions {
+            cache_dir: (!self.no_cache).then(|| self.cache_dir.clone()),
+            export_dir: None,
+            progress: !self.quiet,
+            policy_name: config.display().to_string(),
+        };
+        Ok((cfg, opts))
+    }
+}
+
 #[derive(Subcommand)]
 enum Command {
     /// Train the float model (or load it from the cache), calibrate (PTQ), train with
@@ -45,18 +79,8 @@ enum Command {
         /// Export directory of the integer model (default: runs/<config name>/export).
         #[arg(long)]
         out: Option<PathBuf>,
-        /// Float checkpoint cache (default: runs/cache).
-        #[arg(long, default_value = "runs/cache")]
-        cache_dir: PathBuf,
-        /// Always train the float model, ignoring and not writing the cache.
-        #[arg(long)]
-        no_cache: bool,
-        /// Run only this seed instead of the file's seeds.
-        #[arg(long)]
-        seed: Option<u64>,
-        /// No progress bars: only one line per finished seed (on stderr), then the report.
-        #[arg(long)]
-        quiet: bool,
+        #[command(flatten)]
+        seeds: SeedArgs,
     },
     /// Sensitivity analysis: for every quantizer slot of the calibrated (PTQ) model, the SQNR
     /// of the logits and the accuracy with only that slot quantized and with every slot but
@@ -72,18 +96,8 @@ enum Command {
         /// Also plot the ranking as SVG to this file.
         #[arg(long)]
         plot: Option<PathBuf>,
-        /// Float checkpoint cache (default: runs/cache).
-        #[arg(long, default_value = "runs/cache")]
-        cache_dir: PathBuf,
-        /// Always train the float model, ignoring and not writing the cache.
-        #[arg(long)]
-        no_cache: bool,
-        /// Analyse only this seed instead of the file's seeds.
-        #[arg(long)]
-        seed: Option<u64>,
-        /// No progress bars.
-        #[arg(long)]
-        quiet: bool,
+        #[command(flatten)]
+        seeds: SeedArgs,
     },
     /// List every registered trainable quantizer (target, methods, id, where it is defined),
     /// every layer kind with its quantizer slots, and every platform.
@@ -230,15 +244,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             config,
             report,
             out,
-            cache_dir,
-            no_cache,
-            seed,
-            quiet,
+            seeds,
         } => {
-            let mut cfg = RunConfig::from_file(&config)?;
-            if let Some(seed) = seed {
-                cfg.run.seeds = vec![seed];
-            }
+            let (cfg, mut opts) = seeds.apply(&config)?;
             let stem = config
                 .file_stem()
                 .map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
@@ -252,12 +260,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             // Fail before hours of training if an output cannot be written; write nothing yet.
             check_outputs(&export_dir, report.as_deref(), &inputs)?;
-            let opts = RunOptions {
-                cache_dir: (!no_cache).then_some(cache_dir),
-                export_dir: Some(export_dir),
-                progress: !quiet,
-                policy_name: config.display().to_string(),
-            };
+            opts.export_dir = Some(export_dir);
             let staged = pipeline::run_staged(&cfg, &opts, &mut seed_line)?;
             // Both outputs are written beside their targets first, then put in place.
             let staged_report = match &report {
@@ -289,15 +292,9 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             config,
             report,
             plot,
-            cache_dir,
-            no_cache,
-            seed,
-            quiet,
+            seeds,
         } => {
-            let mut cfg = RunConfig::from_file(&config)?;
-            if let Some(seed) = seed {
-                cfg.run.seeds = vec![seed];
-            }
+            let (cfg, opts) = seeds.apply(&config)?;
             let mut inputs = vec![config.as_path()];
             inputs.extend(cfg.data.files());
             for (output, key) in [(&report, "--report"), (&plot, "--plot")] {
@@ -325,12 +322,6 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     .into());
                 }
             }
-            let opts = RunOptions {
-                cache_dir: (!no_cache).then_some(cache_dir),
-                export_dir: None,
-                progress: !quiet,
-                policy_name: config.display().to_string(),
-            };
             let analysis = pipeline::sensitivity::analyze(&cfg, &opts)?;
             // Both files are written beside their targets first, then put in place.
             let json = serde_json::to_string_pretty(&analysis).map_err(|e| RunError::File {
