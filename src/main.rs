@@ -96,6 +96,14 @@ enum Command {
         /// Also plot the ranking as SVG to this file.
         #[arg(long)]
         plot: Option<PathBuf>,
+        /// Accuracy-aware fallback: leave the fewest slots float, in sensitivity order, for
+        /// PTQ to come within this many points of float on the analysed rows.
+        #[arg(long, allow_negative_numbers = true)]
+        max_drop: Option<f64>,
+        /// With --max-drop: write the run file's policy with the fallback's overrides to this
+        /// policy file.
+        #[arg(long, requires = "max_drop")]
+        policy_out: Option<PathBuf>,
         #[command(flatten)]
         seeds: SeedArgs,
     },
@@ -292,12 +300,22 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             config,
             report,
             plot,
+            max_drop,
+            policy_out,
             seeds,
         } => {
+            if let Some(d) = max_drop {
+                pipeline::sensitivity::check_max_drop(d)?;
+            }
             let (cfg, opts) = seeds.apply(&config)?;
             let mut inputs = vec![config.as_path()];
             inputs.extend(cfg.data.files());
-            for (output, key) in [(&report, "--report"), (&plot, "--plot")] {
+            let outputs = [
+                (&report, "--report"),
+                (&plot, "--plot"),
+                (&policy_out, "--policy-out"),
+            ];
+            for (output, key) in outputs {
                 if let Some(path) = output {
                     check_output_file(path)?;
                     let at = resolve(path);
@@ -313,16 +331,23 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     }
                 }
             }
-            if let (Some(r), Some(p)) = (&report, &plot) {
-                if resolve(r) == resolve(p) {
+            let named: Vec<(&PathBuf, &str)> = outputs
+                .iter()
+                .filter_map(|(p, key)| p.as_ref().map(|p| (p, *key)))
+                .collect();
+            for (i, (a, key_a)) in named.iter().enumerate() {
+                if let Some((_, key_b)) = named[i + 1..]
+                    .iter()
+                    .find(|(b, _)| resolve(a) == resolve(b))
+                {
                     return Err(OutputError::Refused {
-                        path: p.clone(),
-                        reason: "--plot and --report name the same file".into(),
+                        path: (*a).clone(),
+                        reason: format!("{key_a} and {key_b} name the same file"),
                     }
                     .into());
                 }
             }
-            let analysis = pipeline::sensitivity::analyze(&cfg, &opts)?;
+            let analysis = pipeline::sensitivity::analyze(&cfg, &opts, max_drop)?;
             // Both files are written beside their targets first, then put in place.
             let json = serde_json::to_string_pretty(&analysis).map_err(|e| RunError::File {
                 path: report.clone().unwrap_or_default(),
@@ -336,11 +361,33 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .as_ref()
                 .map(|p| StagedFile::new(p, analysis.svg().as_bytes()))
                 .transpose()?;
-            for staged in [staged_report, staged_plot].into_iter().flatten() {
+            let staged_policy = match (&policy_out, &analysis.fallback) {
+                (Some(path), Some(f)) => {
+                    let text = toml::to_string(&f.policy).map_err(|e| RunError::File {
+                        path: path.clone(),
+                        message: e.to_string(),
+                    })?;
+                    let header = format!(
+                        "# {}'s policy with the slots `quant analyze --max-drop {}` left float.\n",
+                        config.display().to_string().replace(['\n', '\r'], " "),
+                        f.max_drop
+                    );
+                    Some(StagedFile::new(path, (header + &text).as_bytes())?)
+                }
+                _ => None,
+            };
+            for staged in [staged_report, staged_plot, staged_policy]
+                .into_iter()
+                .flatten()
+            {
                 staged.commit()?;
             }
             print!("{}", analysis.table());
-            for (path, what) in [(&report, "analysis"), (&plot, "plot")] {
+            for (path, what) in [
+                (&report, "analysis"),
+                (&plot, "plot"),
+                (&policy_out, "policy"),
+            ] {
                 if let Some(path) = path {
                     println!("{what} written to {}", path.display());
                 }

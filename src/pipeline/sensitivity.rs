@@ -15,6 +15,7 @@ use dfdx::prelude::*;
 use serde::Serialize;
 
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_ops::policy::{Override, Policy, SlotSetting};
 
 use super::config::RunConfig;
 use super::model::{BatchShape, DeployModel, FloatModel, Model, QuantizedModel};
@@ -47,8 +48,12 @@ pub struct Effect {
 /// One quantizer slot's sensitivity.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SlotSensitivity {
-    /// The slot's dotted name (`layer.slot`), as policies' patterns and the report name it.
+    /// The slot's dotted name (`layer.slot`), as the report names it.
     pub slot: String,
+    /// The layer's dotted name (a policy override's pattern).
+    pub layer: String,
+    /// The slot's name within its layer (`weights`, `input`, `query`, ...).
+    pub slot_name: String,
     /// With only this slot quantized.
     pub alone: Effect,
     /// With every slot but this one quantized.
@@ -141,11 +146,17 @@ where
     };
     let float_accuracy = accuracy(&predictions(float_logits, C), rows.labels());
     let mut q = ptq.clone();
-    let names: Vec<String> = q.quantizers()?.into_iter().map(|(n, _)| n).collect();
+    let mut names = Vec::new();
+    q.visit_slots("", &mut |s| {
+        if s.quantizer.describe().is_some() {
+            names.push((s.name(), s.layer.to_string(), s.slot.name.to_string()));
+        }
+        Ok(())
+    })?;
     q.set_mode("*", QuantizerMode::Frozen)?;
     let quantized = effect(&q)?;
     let mut slots = Vec::with_capacity(names.len());
-    for name in names {
+    for (name, layer, slot_name) in names {
         let exact = exactly(&name);
         q.set_mode("*", QuantizerMode::Disabled)?;
         q.set_mode(&exact, QuantizerMode::Frozen)?;
@@ -155,6 +166,8 @@ where
         let all_but = effect(&q)?;
         slots.push(SlotSensitivity {
             slot: name,
+            layer,
+            slot_name,
             alone,
             all_but,
         });
@@ -181,6 +194,113 @@ pub struct Analysis {
     pub mean: Sensitivity,
     /// Each seed's own.
     pub runs: Vec<Sensitivity>,
+    /// The accuracy-aware fallback, when asked for.
+    pub fallback: Option<Fallback>,
+}
+
+/// The fewest slots, in sensitivity order, left float so that PTQ comes within a drop of
+/// float on the analysis rows (mean over seeds).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Fallback {
+    /// The drop allowed, in points of accuracy.
+    pub max_drop: f64,
+    /// The slots left float, most sensitive first.
+    pub float_slots: Vec<String>,
+    /// Of how many.
+    pub slots: usize,
+    /// PTQ's accuracy with them float (mean over seeds).
+    pub accuracy: f64,
+    /// The float model's (mean over seeds).
+    pub float_accuracy: f64,
+    /// Whether the drop was met (leaving every slot float always meets it).
+    pub met: bool,
+    /// The run file's policy with one override per slot left float: a policy file to commit.
+    #[serde(skip)]
+    pub policy: Policy,
+}
+
+/// Checks a fallback's allowed drop: finite, 0 to 100 points.
+///
+/// # Errors
+/// A negative, NaN or infinite drop, or one above 100, naming `max_drop`.
+pub fn check_max_drop(max_drop: f64) -> Result<(), RunError> {
+    if max_drop.is_finite() && (0.0..=100.0).contains(&max_drop) {
+        Ok(())
+    } else {
+        Err(quant_core::QuantError::InvalidValue {
+            what: "max_drop".into(),
+            value: max_drop.to_string(),
+            expected: "points of accuracy from 0 to 100, such as 0.5".into(),
+        }
+        .into())
+    }
+}
+
+/// Leaves the first `k` slots of `ranked` float in each seed's PTQ model (every other slot
+/// quantized) and returns the mean accuracy on `rows`.
+fn accuracy_with_float<S, const C: usize, Q>(
+    dev: &Cpu,
+    models: &mut [Q],
+    ranked: &[SlotSensitivity],
+    k: usize,
+    rows: &Samples,
+) -> Result<f64, RunError>
+where
+    S: BatchShape,
+    Q: QuantizedModel<S, C>,
+{
+    let mut sum = 0.0;
+    for q in models.iter_mut() {
+        q.set_mode("*", QuantizerMode::Frozen)?;
+        for s in &ranked[..k] {
+            q.set_mode(&exactly(&s.slot), QuantizerMode::Disabled)?;
+        }
+        let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
+        sum += accuracy(&predictions(&l, C), rows.labels());
+    }
+    Ok(sum / models.len().max(1) as f64)
+}
+
+/// The fallback of `max_drop` points over the seeds' PTQ `models`, slots in the order of
+/// `ranked`, from `policy`.
+fn fallback<S, const C: usize, Q>(
+    dev: &Cpu,
+    models: &mut [Q],
+    mean: &Sensitivity,
+    rows: &Samples,
+    policy: &Policy,
+    max_drop: f64,
+) -> Result<Fallback, RunError>
+where
+    S: BatchShape,
+    Q: QuantizedModel<S, C>,
+{
+    let ranked = &mean.slots;
+    let within = |acc: f64| 100.0 * (mean.float_accuracy - acc) <= max_drop + 1e-9;
+    let mut k = 0;
+    let mut acc = accuracy_with_float::<S, C, Q>(dev, models, ranked, 0, rows)?;
+    while !within(acc) && k < ranked.len() {
+        k += 1;
+        acc = accuracy_with_float::<S, C, Q>(dev, models, ranked, k, rows)?;
+    }
+    let mut policy = policy.clone();
+    for s in &ranked[..k] {
+        policy.overrides.push(Override {
+            pattern: exactly(&s.layer),
+            weights: None,
+            input: None,
+            slots: [(s.slot_name.clone(), SlotSetting::Float)].into(),
+        });
+    }
+    Ok(Fallback {
+        max_drop,
+        float_slots: ranked[..k].iter().map(|s| s.slot.clone()).collect(),
+        slots: ranked.len(),
+        accuracy: acc,
+        float_accuracy: mean.float_accuracy,
+        met: within(acc),
+        policy,
+    })
 }
 
 impl Analysis {
@@ -223,6 +343,22 @@ impl Analysis {
                 s.all_but.sqnr_db,
                 100.0 * s.all_but.accuracy
             );
+        }
+        if let Some(f) = &self.fallback {
+            let _ = writeln!(
+                out,
+                "\nfallback (max_drop {} points): {} of {} slots left float, PTQ {:.2}% against float {:.2}%{}{}",
+                f.max_drop,
+                f.float_slots.len(),
+                f.slots,
+                100.0 * f.accuracy,
+                100.0 * f.float_accuracy,
+                if f.float_slots.is_empty() { "" } else { ": " },
+                f.float_slots.join(", ")
+            );
+            if !f.met {
+                let _ = writeln!(out, "the drop is not met even with every slot float");
+            }
         }
         out
     }
@@ -301,9 +437,9 @@ fn mean(runs: &[Sensitivity]) -> Sensitivity {
                             .unwrap_or_else(|| s.clone())
                     };
                     SlotSensitivity {
-                        slot: s.slot.clone(),
                         alone: effect(&|r| of(r).alone),
                         all_but: effect(&|r| of(r).all_but),
+                        ..s.clone()
                     }
                 })
                 .collect()
@@ -330,12 +466,16 @@ pub fn analyze_model<S, const C: usize, F, D>(
     opts: &RunOptions,
     data: &Dataset,
     model: &Model<S, C, F, D>,
+    max_drop: Option<f64>,
 ) -> Result<Analysis, RunError>
 where
     S: BatchShape,
     F: FloatModel<S, C>,
     D: DeployModel<S, C>,
 {
+    if let Some(d) = max_drop {
+        check_max_drop(d)?;
+    }
     let data = data.clone().for_model(&S::sample_shape(), C)?;
     let progress = indicatif::MultiProgress::with_draw_target(if opts.progress {
         indicatif::ProgressDrawTarget::stderr()
@@ -344,6 +484,8 @@ where
     });
     let digest = cache::split_digest(&data.train);
     let mut runs = Vec::new();
+    let mut models = Vec::new();
+    let mut dev = Cpu::default();
     for &seed in &cfg.run.seeds {
         let cfg = cfg.clone();
         let s = Seed {
@@ -368,13 +510,29 @@ where
             &float_logits,
             &data.test,
         )?);
+        dev = float.dev;
+        models.push(ptq.model);
     }
+    let mean = mean(&runs);
+    let fallback = max_drop
+        .map(|d| {
+            fallback::<S, C, D::Quantized>(
+                &dev,
+                &mut models,
+                &mean,
+                &data.test,
+                &cfg.quantization,
+                d,
+            )
+        })
+        .transpose()?;
     Ok(Analysis {
         model: model.name().to_string(),
         data: data.origin.clone(),
         seeds: cfg.run.seeds.clone(),
-        mean: mean(&runs),
+        mean,
         runs,
+        fallback,
     })
 }
 
@@ -383,7 +541,14 @@ where
 ///
 /// # Errors
 /// See [`analyze_model`]; a run file without `[model]`; data no bundled network takes.
-pub fn analyze(cfg: &RunConfig, opts: &RunOptions) -> Result<Analysis, RunError> {
+pub fn analyze(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    max_drop: Option<f64>,
+) -> Result<Analysis, RunError> {
+    if let Some(d) = max_drop {
+        check_max_drop(d)?;
+    }
     let mut cfg = cfg.clone();
     cfg.data.holdout.get_or_insert(DEFAULT_HOLDOUT);
     let kind = cfg.bundled_model()?;
@@ -392,6 +557,7 @@ pub fn analyze(cfg: &RunConfig, opts: &RunOptions) -> Result<Analysis, RunError>
         cfg: &'a RunConfig,
         opts: &'a RunOptions,
         data: &'a Dataset,
+        max_drop: Option<f64>,
     }
     impl BundledTask for Analyze<'_> {
         type Output = Analysis;
@@ -404,7 +570,7 @@ pub fn analyze(cfg: &RunConfig, opts: &RunOptions) -> Result<Analysis, RunError>
             F: FloatModel<S, C>,
             D: DeployModel<S, C>,
         {
-            analyze_model(self.cfg, self.opts, self.data, model)
+            analyze_model(self.cfg, self.opts, self.data, model, self.max_drop)
         }
     }
     with_bundled(
@@ -414,6 +580,7 @@ pub fn analyze(cfg: &RunConfig, opts: &RunOptions) -> Result<Analysis, RunError>
             cfg: &cfg,
             opts,
             data: &data,
+            max_drop,
         },
     )
 }

@@ -44,7 +44,7 @@ fn analyze_with_threads(threads: usize) -> Analysis {
         .num_threads(threads)
         .build()
         .unwrap()
-        .install(|| analyze(&planted(), &RunOptions::default()).unwrap())
+        .install(|| analyze(&planted(), &RunOptions::default(), None).unwrap())
 }
 
 #[test]
@@ -75,6 +75,60 @@ fn a_planted_bad_slot_ranks_first_whatever_the_thread_count() {
     let svg = one.svg();
     let at = |name: &str| svg.find(&format!(">{name}<")).unwrap();
     assert!(at("2.weights") < at(&m.slots[1].slot));
+}
+
+/// Every weight at 2 bits per tensor (MinMax): PTQ falls well below float.
+fn harsh() -> RunConfig {
+    let text = PLANTED
+        .replace(
+            "bits = 8\nper_channel = true",
+            "bits = 2\nper_channel = false",
+        )
+        .replace(
+            "observer = \"Mse\"\n[quantization.input]",
+            "observer = \"MinMax\"\n[quantization.input]",
+        );
+    RunConfig::from_toml_str(&text, "harsh.toml").unwrap()
+}
+
+#[test]
+fn the_fallback_leaves_the_fewest_slots_float_and_its_policy_reproduces_it() {
+    let cfg = harsh();
+    let a = analyze(&cfg, &RunOptions::default(), Some(0.5)).unwrap();
+    let f = a.fallback.as_ref().unwrap();
+    let drop = |acc: f64| 100.0 * (a.mean.float_accuracy - acc);
+    assert!(drop(a.mean.quantized.accuracy) > 0.5, "{}", a.table());
+    assert!(f.met && drop(f.accuracy) <= 0.5 + 1e-9, "{}", a.table());
+    assert!(
+        !f.float_slots.is_empty() && f.float_slots.len() < f.slots,
+        "{}",
+        a.table()
+    );
+    // The fewest: the most sensitive slots, in order, one fewer would not do.
+    let ranked: Vec<&str> = a.mean.slots.iter().map(|s| s.slot.as_str()).collect();
+    assert_eq!(f.float_slots, ranked[..f.float_slots.len()]);
+    let mut fewer = cfg.clone();
+    fewer.quantization = f.policy.clone();
+    fewer.quantization.overrides.pop();
+    let fewer = analyze(&fewer, &RunOptions::default(), None).unwrap();
+    assert!(
+        drop(fewer.mean.quantized.accuracy) > 0.5,
+        "{}",
+        fewer.table()
+    );
+    // The policy file, read back, gives the same PTQ model: the same accuracy.
+    let text = toml::to_string(&f.policy).unwrap();
+    let mut again = cfg.clone();
+    again.quantization = quant::policy::Policy::from_toml_str(&text, "fallback.toml").unwrap();
+    let again = analyze(&again, &RunOptions::default(), None).unwrap();
+    assert_eq!(again.mean.quantized.accuracy, f.accuracy, "{text}");
+    // A drop that is not a number of points is refused before anything trains.
+    for bad in [-0.1, f64::NAN, f64::INFINITY, 101.0] {
+        let e = analyze(&cfg, &RunOptions::default(), Some(bad))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_drop"), "{e}");
+    }
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -110,6 +164,11 @@ fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
     assert!(std::fs::read_to_string(dir.join("a.svg"))
         .unwrap()
         .starts_with("<svg"));
+    let o = run(&["--max-drop", "0", "--policy-out", "fallback.toml"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let policy = std::fs::read_to_string(dir.join("fallback.toml")).unwrap();
+    quant::policy::Policy::from_toml_str(&policy, "fallback.toml").unwrap();
+    assert!(String::from_utf8_lossy(&o.stdout).contains("fallback (max_drop 0 points)"));
 
     // Outputs are checked before anything trains, and nothing is written on a refusal.
     std::fs::create_dir(dir.join("adir")).unwrap();
@@ -117,12 +176,18 @@ fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
         (&["--plot", "adir"][..], "adir"),
         (&["--report", "planted.toml"][..], "input of this run"),
         (&["--report", "b.json", "--plot", "b.json"][..], "same file"),
+        (&["--max-drop", "-1", "--report", "b.json"][..], "max_drop"),
+        (&["--max-drop", "NaN", "--report", "b.json"][..], "max_drop"),
     ] {
         let o = run(args);
         let e = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{e}");
         assert!(e.contains(expected), "{args:?}: {e}");
     }
+    // A policy file without a fallback to write is a usage error.
+    let o = run(&["--policy-out", "b.json"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-drop"));
     assert!(!dir.join("b.json").exists());
     assert_eq!(
         std::fs::read_to_string(dir.join("planted.toml")).unwrap(),
