@@ -13,6 +13,7 @@ use quant::fs::{
     check_export_dir, check_output_file, commit_together, recover_outputs, resolve, StagedFile,
 };
 use quant::integer::{Budget, IntegerModel};
+use quant::pipeline::sensitivity::{AnalyzeRequest, WeightBudget};
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
 #[derive(Parser)]
@@ -100,9 +101,22 @@ enum Command {
         /// PTQ to come within this many points of float on the analysed rows.
         #[arg(long, allow_negative_numbers = true)]
         max_drop: Option<f64>,
-        /// With --max-drop: write the run file's policy with the fallback's overrides to this
-        /// policy file.
-        #[arg(long, requires = "max_drop")]
+        /// Mixed precision: choose each weights slot's width among --candidates so that the
+        /// weights take at most this many bits per weight on average (4 allows what uniform
+        /// 4-bit weights take), with the least summed noise (an exact solver).
+        #[arg(long, allow_negative_numbers = true)]
+        weight_budget: Option<f64>,
+        /// The widths --weight-budget chooses from.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "2,4,8",
+            requires = "weight_budget"
+        )]
+        candidates: Vec<u8>,
+        /// Write the run file's policy with the overrides of --max-drop or --weight-budget (one
+        /// of them) to this policy file.
+        #[arg(long)]
         policy_out: Option<PathBuf>,
         #[command(flatten)]
         seeds: SeedArgs,
@@ -301,11 +315,29 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             report,
             plot,
             max_drop,
+            weight_budget,
+            candidates,
             policy_out,
             seeds,
         } => {
-            if let Some(d) = max_drop {
-                pipeline::sensitivity::check_max_drop(d)?;
+            let request = AnalyzeRequest {
+                max_drop,
+                weight_budget: weight_budget.map(|bits_per_weight| WeightBudget {
+                    bits_per_weight,
+                    candidates,
+                }),
+            };
+            request.check()?;
+            if let Some(path) = &policy_out {
+                let sources =
+                    usize::from(max_drop.is_some()) + usize::from(weight_budget.is_some());
+                if sources != 1 {
+                    return Err(OutputError::Refused {
+                        path: path.clone(),
+                        reason: "--policy-out writes the overrides of --max-drop or of --weight-budget: give exactly one of them".into(),
+                    }
+                    .into());
+                }
             }
             let (cfg, opts) = seeds.apply(&config)?;
             let mut inputs = vec![config.as_path()];
@@ -347,7 +379,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     .into());
                 }
             }
-            let analysis = pipeline::sensitivity::analyze(&cfg, &opts, max_drop)?;
+            let analysis = pipeline::sensitivity::analyze(&cfg, &opts, &request)?;
             // Both files are written beside their targets first, then put in place.
             let json = serde_json::to_string_pretty(&analysis).map_err(|e| RunError::File {
                 path: report.clone().unwrap_or_default(),
@@ -361,16 +393,27 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .as_ref()
                 .map(|p| StagedFile::new(p, analysis.svg().as_bytes()))
                 .transpose()?;
-            let staged_policy = match (&policy_out, &analysis.fallback) {
-                (Some(path), Some(f)) => {
-                    let text = toml::to_string(&f.policy).map_err(|e| RunError::File {
+            let written = analysis
+                .fallback
+                .as_ref()
+                .map(|f| (&f.policy, format!("--max-drop {}", f.max_drop)))
+                .or_else(|| {
+                    analysis.mixed_precision.as_ref().map(|m| {
+                        (
+                            &m.policy,
+                            format!("--weight-budget {}", m.budget.bits_per_weight),
+                        )
+                    })
+                });
+            let staged_policy = match (&policy_out, written) {
+                (Some(path), Some((policy, how))) => {
+                    let text = toml::to_string(policy).map_err(|e| RunError::File {
                         path: path.clone(),
                         message: e.to_string(),
                     })?;
                     let header = format!(
-                        "# {}'s policy with the slots `quant analyze --max-drop {}` left float.\n",
+                        "# {}'s policy with the overrides of `quant analyze {how}`.\n",
                         config.display().to_string().replace(['\n', '\r'], " "),
-                        f.max_drop
                     );
                     Some(StagedFile::new(path, (header + &text).as_bytes())?)
                 }

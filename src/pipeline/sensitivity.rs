@@ -14,8 +14,14 @@ use std::fmt::Write as _;
 use dfdx::prelude::*;
 use serde::Serialize;
 
-use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
-use quant_ops::policy::{Override, Policy, SlotSetting};
+use std::collections::BTreeMap;
+
+use quant_core::QuantizationTarget;
+use quant_ops::graph::Op;
+use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use quant_ops::policy::{Override, Policy, QuantizerSettings, SlotSetting};
+
+use super::mixed_precision::{pareto_front, solve, Choice};
 
 use super::config::RunConfig;
 use super::model::{BatchShape, DeployModel, FloatModel, Model, QuantizedModel};
@@ -196,6 +202,33 @@ pub struct Analysis {
     pub runs: Vec<Sensitivity>,
     /// The accuracy-aware fallback, when asked for.
     pub fallback: Option<Fallback>,
+    /// Mixed-precision weights under a budget, when asked for.
+    pub mixed_precision: Option<MixedPrecision>,
+}
+
+/// What [`analyze`] does beyond the ranking.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct AnalyzeRequest {
+    /// The accuracy-aware fallback's allowed drop, in points.
+    pub max_drop: Option<f64>,
+    /// A mixed-precision search of the weights under this budget.
+    pub weight_budget: Option<WeightBudget>,
+}
+
+impl AnalyzeRequest {
+    /// Checks every setting.
+    ///
+    /// # Errors
+    /// See [`check_max_drop`] and [`check_weight_budget`].
+    pub fn check(&self) -> Result<(), RunError> {
+        if let Some(d) = self.max_drop {
+            check_max_drop(d)?;
+        }
+        if let Some(b) = &self.weight_budget {
+            check_weight_budget(b)?;
+        }
+        Ok(())
+    }
 }
 
 /// The fewest slots, in sensitivity order, left float so that PTQ comes within a drop of
@@ -217,6 +250,151 @@ pub struct Fallback {
     /// The run file's policy with one override per slot left float: a policy file to commit.
     #[serde(skip)]
     pub policy: Policy,
+}
+
+/// A budget on the weights' size for mixed precision: the mean bits per weight allowed (4.0
+/// allows what uniform 4-bit weights take), and the bit widths each weights slot may get.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WeightBudget {
+    /// Mean bits per weight, over every quantized weight.
+    pub bits_per_weight: f64,
+    /// The candidate widths (default 2, 4 and 8).
+    pub candidates: Vec<u8>,
+}
+
+/// One weights slot in the mixed-precision search.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WeightSlot {
+    /// The slot's dotted name.
+    pub slot: String,
+    /// Its weights.
+    pub weights: usize,
+    /// Per candidate width: the noise-to-signal ratio of the logits with only this slot
+    /// quantized at that width (mean over seeds), the additive loss the solver minimises.
+    pub noise: Vec<f64>,
+    /// The width chosen.
+    pub bits: u8,
+}
+
+/// Mixed-precision weights under a [`WeightBudget`]: the exact optimum of the summed
+/// per-slot noise within the budget, and the accuracy/size front.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MixedPrecision {
+    /// The budget.
+    pub budget: WeightBudget,
+    /// Every weights slot, in model order, with the width chosen.
+    pub slots: Vec<WeightSlot>,
+    /// The chosen widths' mean bits per weight.
+    pub bits_per_weight: f64,
+    /// PTQ's accuracy with the chosen widths (mean over seeds, on the analysed rows).
+    pub accuracy: f64,
+    /// PTQ's accuracy with every weights slot at the largest candidate within the budget,
+    /// for comparison (mean over seeds); `None` when no candidate fits uniformly.
+    pub uniform_accuracy: Option<f64>,
+    /// The exact Pareto front of mean bits per weight against summed noise.
+    pub front: Vec<(f64, f64)>,
+    /// The run file's policy with one override per weights slot: a policy file to commit.
+    #[serde(skip)]
+    pub policy: Policy,
+}
+
+/// Checks a weight budget: a positive finite mean of bits, candidates from 2 to 16, at least
+/// one.
+///
+/// # Errors
+/// What is wrong, naming `weight_budget` or `candidates`.
+pub fn check_weight_budget(b: &WeightBudget) -> Result<(), RunError> {
+    let invalid = |what: &str, value: String, expected: &str| -> RunError {
+        quant_core::QuantError::InvalidValue {
+            what: what.into(),
+            value,
+            expected: expected.into(),
+        }
+        .into()
+    };
+    if b.candidates.is_empty() {
+        return Err(invalid(
+            "candidates",
+            "[]".into(),
+            "at least one bit width, such as 2,4,8",
+        ));
+    }
+    if let Some(c) = b.candidates.iter().find(|c| !(2..=16).contains(*c)) {
+        return Err(invalid(
+            "candidates",
+            c.to_string(),
+            "bit widths from 2 to 16",
+        ));
+    }
+    let (lo, hi) = (
+        *b.candidates.iter().min().unwrap_or(&2),
+        *b.candidates.iter().max().unwrap_or(&8),
+    );
+    if !(b.bits_per_weight.is_finite()
+        && (f64::from(lo)..=f64::from(hi)).contains(&b.bits_per_weight))
+    {
+        return Err(invalid(
+            "weight_budget",
+            b.bits_per_weight.to_string(),
+            &format!(
+                "mean bits per weight from the smallest candidate to the largest ({lo} to {hi})"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// `policy` with every weights slot at `bits`.
+fn with_weight_bits(policy: &Policy, bits: u8) -> Policy {
+    let mut p = policy.clone();
+    p.overrides.push(Override {
+        pattern: "*".into(),
+        weights: Some(SlotSetting::Quantize(QuantizerSettings {
+            bits: Some(u32::from(bits)),
+            ..QuantizerSettings::default()
+        })),
+        input: None,
+        slots: BTreeMap::new(),
+    });
+    p
+}
+
+/// The weights slots' (name, layer, slot name) of `q`, in model order.
+fn weight_slots<Q: QuantizedModuleExt>(
+    q: &mut Q,
+) -> Result<Vec<(String, String, String)>, RunError> {
+    let mut out = Vec::new();
+    q.visit_slots("", &mut |s| {
+        if s.quantizer.describe().is_some() && s.slot.target == QuantizationTarget::Weights {
+            out.push((s.name(), s.layer.to_string(), s.slot.name.to_string()));
+        }
+        Ok(())
+    })?;
+    Ok(out)
+}
+
+/// Per seed, what the mixed-precision search measures: noise per slot and candidate.
+struct SeedNoise {
+    /// `[slot][candidate]`.
+    noise: Vec<Vec<f64>>,
+}
+
+/// The SQNR of the logits with only the slot `name` of `q` quantized.
+fn alone<S, const C: usize, Q>(
+    dev: &Cpu,
+    q: &mut Q,
+    name: &str,
+    float_logits: &[f32],
+    rows: &Samples,
+) -> Result<f64, RunError>
+where
+    S: BatchShape,
+    Q: QuantizedModel<S, C>,
+{
+    q.set_mode("*", QuantizerMode::Disabled)?;
+    q.set_mode(&exactly(name), QuantizerMode::Frozen)?;
+    let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
+    Ok(sqnr_db(float_logits, &l))
 }
 
 /// Checks a fallback's allowed drop: finite, 0 to 100 points.
@@ -360,6 +538,31 @@ impl Analysis {
                 let _ = writeln!(out, "the drop is not met even with every slot float");
             }
         }
+        if let Some(m) = &self.mixed_precision {
+            let uniform = m.uniform_accuracy.map_or_else(String::new, |a| {
+                format!(" (uniform at the budget's width: {:.2}%)", 100.0 * a)
+            });
+            let _ = writeln!(
+                out,
+                "\nmixed precision (at most {} bits per weight, widths {:?}): {:.3} bits per weight, PTQ {:.2}%{uniform}",
+                m.budget.bits_per_weight,
+                m.budget.candidates,
+                m.bits_per_weight,
+                100.0 * m.accuracy
+            );
+            for w in &m.slots {
+                let _ = writeln!(
+                    out,
+                    "  {:<width$}  {:>2} bits  ({} weights)",
+                    w.slot, w.bits, w.weights
+                );
+            }
+            let _ = writeln!(out, "front (bits per weight, summed noise):");
+            let step = m.front.len().div_ceil(12).max(1);
+            for (bits, noise) in m.front.iter().step_by(step) {
+                let _ = writeln!(out, "  {bits:.3}  {noise:.3e}");
+            }
+        }
         out
     }
 
@@ -454,6 +657,168 @@ fn mean(runs: &[Sensitivity]) -> Sensitivity {
     }
 }
 
+/// The number of weights of each slot in `slots` (its layer's Linear or Conv2d weight in the
+/// lowered graph).
+fn weight_sizes<S: BatchShape, Q: QuantizedModule>(
+    q: &Q,
+    slots: &[(String, String, String)],
+) -> Result<Vec<usize>, RunError> {
+    let graph = quant_ops::export::export_model(q, &S::sample_shape(), BTreeMap::new())?;
+    slots
+        .iter()
+        .map(|(name, layer, _)| {
+            graph
+                .nodes
+                .iter()
+                .find_map(|n| match &n.op {
+                    Op::Linear { weight, .. } | Op::Conv2d { weight, .. } if n.name == *layer => {
+                        Some(weight.values.len())
+                    }
+                    _ => None,
+                })
+                .ok_or_else(|| {
+                    quant_core::QuantError::InvalidValue {
+                        what: format!("weights slot {name}"),
+                        value: layer.clone(),
+                        expected: "a Linear or Conv2d layer of the lowered graph, whose weights can be counted".into(),
+                    }
+                    .into()
+                })
+        })
+        .collect()
+}
+
+/// The mean PTQ accuracy over the seeds' deployable models under `policy`.
+fn ptq_accuracy<S, const C: usize, D>(
+    cfg: &RunConfig,
+    data: &Dataset,
+    deploys: &[(Cpu, D, u64)],
+    policy: &Policy,
+) -> Result<f64, RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
+    let calibration = data.calibration.as_ref().unwrap_or(&data.train);
+    let mut sum = 0.0;
+    for (dev, deploy, seed) in deploys {
+        let q = super::quantize::<S, C, D>(
+            dev,
+            deploy,
+            policy,
+            calibration,
+            cfg.calibration.batches,
+            cfg.calibration.batch_size,
+            *seed,
+        )?;
+        let l = logits::<D::Quantized, S, C>(dev, &q, &data.test, EVAL_BATCH)?;
+        sum += accuracy(&predictions(&l, C), data.test.labels());
+    }
+    Ok(sum / deploys.len().max(1) as f64)
+}
+
+/// The mixed-precision search: the seeds' mean noise per slot and width, the exact optimum
+/// within the budget, its policy and accuracy, and the front.
+fn search<S, const C: usize, D>(
+    cfg: &RunConfig,
+    data: &Dataset,
+    deploys: &[(Cpu, D, u64)],
+    noises: &[SeedNoise],
+    slots: &[(String, String, String)],
+    sizes: &[usize],
+    budget: &WeightBudget,
+) -> Result<MixedPrecision, RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
+    let n = noises.len().max(1) as f64;
+    let noise: Vec<Vec<f64>> = (0..slots.len())
+        .map(|i| {
+            (0..budget.candidates.len())
+                .map(|j| noises.iter().map(|s| s.noise[i][j]).sum::<f64>() / n)
+                .collect()
+        })
+        .collect();
+    let choices: Vec<Vec<Choice>> = (0..slots.len())
+        .map(|i| {
+            budget
+                .candidates
+                .iter()
+                .zip(&noise[i])
+                .map(|(&bits, &loss)| Choice {
+                    bits,
+                    cost: sizes[i] as u64 * u64::from(bits),
+                    loss,
+                })
+                .collect()
+        })
+        .collect();
+    let total: u64 = sizes.iter().map(|&s| s as u64).sum::<u64>().max(1);
+    let allowed = (budget.bits_per_weight * total as f64).floor() as u64;
+    let best = solve(&choices, allowed).map_err(|e| quant_core::QuantError::InvalidValue {
+        what: "weight_budget".into(),
+        value: budget.bits_per_weight.to_string(),
+        expected: e.to_string(),
+    })?;
+    let mut policy = cfg.quantization.clone();
+    for ((_, layer, slot_name), &j) in slots.iter().zip(&best.choices) {
+        policy.overrides.push(Override {
+            pattern: exactly(layer),
+            weights: None,
+            input: None,
+            slots: [(
+                slot_name.clone(),
+                SlotSetting::Quantize(QuantizerSettings {
+                    bits: Some(u32::from(budget.candidates[j])),
+                    ..QuantizerSettings::default()
+                }),
+            )]
+            .into(),
+        });
+    }
+    let accuracy = ptq_accuracy::<S, C, D>(cfg, data, deploys, &policy)?;
+    let uniform = budget
+        .candidates
+        .iter()
+        .filter(|&&b| f64::from(b) <= budget.bits_per_weight)
+        .max();
+    let uniform_accuracy = uniform
+        .map(|&b| {
+            ptq_accuracy::<S, C, D>(cfg, data, deploys, &with_weight_bits(&cfg.quantization, b))
+        })
+        .transpose()?;
+    let front = pareto_front(&choices, u64::MAX)
+        .map_err(|e| quant_core::QuantError::InvalidValue {
+            what: "weight_budget".into(),
+            value: budget.bits_per_weight.to_string(),
+            expected: e.to_string(),
+        })?
+        .iter()
+        .map(|a| (a.cost as f64 / total as f64, a.loss))
+        .collect();
+    Ok(MixedPrecision {
+        budget: budget.clone(),
+        slots: slots
+            .iter()
+            .zip(sizes)
+            .zip(noise)
+            .zip(&best.choices)
+            .map(|((((name, _, _), &weights), noise), &j)| WeightSlot {
+                slot: name.clone(),
+                weights,
+                noise,
+                bits: budget.candidates[j],
+            })
+            .collect(),
+        bits_per_weight: best.cost as f64 / total as f64,
+        accuracy,
+        uniform_accuracy,
+        front,
+        policy,
+    })
+}
+
 /// Analyses `model` for every seed of `cfg`: the float model (from the cache, trained or
 /// given, as [`run_model`](super::run_model) gets it), calibrated under the policy, measured
 /// on `data.test`, which must be rows held out of the training split (see [`analyze`]).
@@ -466,16 +831,14 @@ pub fn analyze_model<S, const C: usize, F, D>(
     opts: &RunOptions,
     data: &Dataset,
     model: &Model<S, C, F, D>,
-    max_drop: Option<f64>,
+    request: &AnalyzeRequest,
 ) -> Result<Analysis, RunError>
 where
     S: BatchShape,
     F: FloatModel<S, C>,
     D: DeployModel<S, C>,
 {
-    if let Some(d) = max_drop {
-        check_max_drop(d)?;
-    }
+    request.check()?;
     let data = data.clone().for_model(&S::sample_shape(), C)?;
     let progress = indicatif::MultiProgress::with_draw_target(if opts.progress {
         indicatif::ProgressDrawTarget::stderr()
@@ -486,6 +849,12 @@ where
     let mut runs = Vec::new();
     let mut models = Vec::new();
     let mut dev = Cpu::default();
+    // Per seed, for the mixed-precision search: the seed's device and deployable model, and
+    // the noise of each weights slot at each candidate width.
+    let mut deploys = Vec::new();
+    let mut noises: Vec<SeedNoise> = Vec::new();
+    let mut searched: Vec<(String, String, String)> = Vec::new();
+    let mut sizes: Vec<usize> = Vec::new();
     for &seed in &cfg.run.seeds {
         let cfg = cfg.clone();
         let s = Seed {
@@ -510,10 +879,43 @@ where
             &float_logits,
             &data.test,
         )?);
-        dev = float.dev;
+        if let Some(budget) = &request.weight_budget {
+            if searched.is_empty() {
+                let mut q = ptq.model.clone();
+                searched = weight_slots(&mut q)?;
+                sizes = weight_sizes::<S, _>(&ptq.model, &searched)?;
+            }
+            let calibration = data.calibration.as_ref().unwrap_or(&data.train);
+            let mut noise = vec![vec![0.0; budget.candidates.len()]; searched.len()];
+            for (j, &bits) in budget.candidates.iter().enumerate() {
+                let mut q = super::quantize::<S, C, D>(
+                    &float.dev,
+                    &ptq.deploy,
+                    &with_weight_bits(&cfg.quantization, bits),
+                    calibration,
+                    cfg.calibration.batches,
+                    cfg.calibration.batch_size,
+                    seed,
+                )?;
+                for (i, (name, _, _)) in searched.iter().enumerate() {
+                    let db = alone::<S, C, _>(&float.dev, &mut q, name, &float_logits, &data.test)?;
+                    noise[i][j] = 10f64.powf(-db / 10.0);
+                }
+            }
+            noises.push(SeedNoise { noise });
+        }
+        dev = float.dev.clone();
         models.push(ptq.model);
+        deploys.push((float.dev, ptq.deploy, seed));
     }
     let mean = mean(&runs);
+    let mixed_precision = match &request.weight_budget {
+        Some(budget) => Some(search::<S, C, D>(
+            cfg, &data, &deploys, &noises, &searched, &sizes, budget,
+        )?),
+        None => None,
+    };
+    let max_drop = request.max_drop;
     let fallback = max_drop
         .map(|d| {
             fallback::<S, C, D::Quantized>(
@@ -533,6 +935,7 @@ where
         mean,
         runs,
         fallback,
+        mixed_precision,
     })
 }
 
@@ -544,11 +947,9 @@ where
 pub fn analyze(
     cfg: &RunConfig,
     opts: &RunOptions,
-    max_drop: Option<f64>,
+    request: &AnalyzeRequest,
 ) -> Result<Analysis, RunError> {
-    if let Some(d) = max_drop {
-        check_max_drop(d)?;
-    }
+    request.check()?;
     let mut cfg = cfg.clone();
     cfg.data.holdout.get_or_insert(DEFAULT_HOLDOUT);
     let kind = cfg.bundled_model()?;
@@ -557,7 +958,7 @@ pub fn analyze(
         cfg: &'a RunConfig,
         opts: &'a RunOptions,
         data: &'a Dataset,
-        max_drop: Option<f64>,
+        request: &'a AnalyzeRequest,
     }
     impl BundledTask for Analyze<'_> {
         type Output = Analysis;
@@ -570,7 +971,7 @@ pub fn analyze(
             F: FloatModel<S, C>,
             D: DeployModel<S, C>,
         {
-            analyze_model(self.cfg, self.opts, self.data, model, self.max_drop)
+            analyze_model(self.cfg, self.opts, self.data, model, self.request)
         }
     }
     with_bundled(
@@ -580,7 +981,7 @@ pub fn analyze(
             cfg: &cfg,
             opts,
             data: &data,
-            max_drop,
+            request,
         },
     )
 }

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use quant::pipeline::sensitivity::{analyze, Analysis};
+use quant::pipeline::sensitivity::{analyze, Analysis, AnalyzeRequest, WeightBudget};
 use quant::pipeline::{RunConfig, RunOptions};
 
 /// The digits MLP, 8-bit everywhere but the middle Linear's weights: 2 bits, per tensor,
@@ -44,7 +44,14 @@ fn analyze_with_threads(threads: usize) -> Analysis {
         .num_threads(threads)
         .build()
         .unwrap()
-        .install(|| analyze(&planted(), &RunOptions::default(), None).unwrap())
+        .install(|| {
+            analyze(
+                &planted(),
+                &RunOptions::default(),
+                &AnalyzeRequest::default(),
+            )
+            .unwrap()
+        })
 }
 
 #[test]
@@ -94,7 +101,7 @@ fn harsh() -> RunConfig {
 #[test]
 fn the_fallback_leaves_the_fewest_slots_float_and_its_policy_reproduces_it() {
     let cfg = harsh();
-    let a = analyze(&cfg, &RunOptions::default(), Some(0.5)).unwrap();
+    let a = analyze(&cfg, &RunOptions::default(), &drop_of(0.5)).unwrap();
     let f = a.fallback.as_ref().unwrap();
     let drop = |acc: f64| 100.0 * (a.mean.float_accuracy - acc);
     assert!(drop(a.mean.quantized.accuracy) > 0.5, "{}", a.table());
@@ -110,7 +117,7 @@ fn the_fallback_leaves_the_fewest_slots_float_and_its_policy_reproduces_it() {
     let mut fewer = cfg.clone();
     fewer.quantization = f.policy.clone();
     fewer.quantization.overrides.pop();
-    let fewer = analyze(&fewer, &RunOptions::default(), None).unwrap();
+    let fewer = analyze(&fewer, &RunOptions::default(), &AnalyzeRequest::default()).unwrap();
     assert!(
         drop(fewer.mean.quantized.accuracy) > 0.5,
         "{}",
@@ -120,14 +127,103 @@ fn the_fallback_leaves_the_fewest_slots_float_and_its_policy_reproduces_it() {
     let text = toml::to_string(&f.policy).unwrap();
     let mut again = cfg.clone();
     again.quantization = quant::policy::Policy::from_toml_str(&text, "fallback.toml").unwrap();
-    let again = analyze(&again, &RunOptions::default(), None).unwrap();
+    let again = analyze(&again, &RunOptions::default(), &AnalyzeRequest::default()).unwrap();
     assert_eq!(again.mean.quantized.accuracy, f.accuracy, "{text}");
     // A drop that is not a number of points is refused before anything trains.
     for bad in [-0.1, f64::NAN, f64::INFINITY, 101.0] {
-        let e = analyze(&cfg, &RunOptions::default(), Some(bad))
+        let e = analyze(&cfg, &RunOptions::default(), &drop_of(bad))
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_drop"), "{e}");
+    }
+}
+
+fn drop_of(max_drop: f64) -> AnalyzeRequest {
+    AnalyzeRequest {
+        max_drop: Some(max_drop),
+        ..AnalyzeRequest::default()
+    }
+}
+
+fn budget_of(bits_per_weight: f64, candidates: &[u8]) -> AnalyzeRequest {
+    AnalyzeRequest {
+        weight_budget: Some(WeightBudget {
+            bits_per_weight,
+            candidates: candidates.to_vec(),
+        }),
+        ..AnalyzeRequest::default()
+    }
+}
+
+#[test]
+fn mixed_precision_keeps_the_budget_and_its_policy_reproduces_its_accuracy() {
+    let cfg = planted();
+    let a = analyze(&cfg, &RunOptions::default(), &budget_of(4.0, &[2, 4, 8])).unwrap();
+    let m = a.mixed_precision.as_ref().unwrap();
+    // The three Linear layers' weights, sized from the graph: 64x256, 256x256, 256x10.
+    let sizes: Vec<usize> = m.slots.iter().map(|w| w.weights).collect();
+    assert_eq!(sizes, [64 * 256, 256 * 256, 256 * 10], "{}", a.table());
+    let total: usize = sizes.iter().sum();
+    let bits: usize = m
+        .slots
+        .iter()
+        .map(|w| w.weights * usize::from(w.bits))
+        .sum();
+    assert!(
+        bits <= 4 * total && m.bits_per_weight <= 4.0,
+        "{}",
+        a.table()
+    );
+    assert!((m.bits_per_weight - bits as f64 / total as f64).abs() < 1e-12);
+    // More bits mean less noise at every slot, so the optimum spends the budget: no slot
+    // could move to a wider candidate within it.
+    for w in &m.slots {
+        assert!(
+            w.noise.windows(2).all(|n| n[0] > n[1]),
+            "{}: {:?}",
+            w.slot,
+            w.noise
+        );
+        if let Some(&wider) = [2u8, 4, 8].iter().find(|&&b| b > w.bits) {
+            let more = w.weights * usize::from(wider - w.bits);
+            assert!(
+                bits + more > 4 * total,
+                "{} could take {wider} bits",
+                w.slot
+            );
+        }
+    }
+    // The front runs from all 2-bit to all 8-bit, and the chosen point is on it.
+    let (first, last) = (m.front.first().unwrap(), m.front.last().unwrap());
+    assert!(
+        (first.0 - 2.0).abs() < 1e-12 && (last.0 - 8.0).abs() < 1e-12,
+        "{:?}",
+        m.front
+    );
+    assert!(m
+        .front
+        .iter()
+        .any(|p| (p.0 - m.bits_per_weight).abs() < 1e-12));
+    // The policy, read back, gives the same PTQ accuracy.
+    let text = toml::to_string(&m.policy).unwrap();
+    let mut again = cfg.clone();
+    again.quantization = quant::policy::Policy::from_toml_str(&text, "mixed.toml").unwrap();
+    let again = analyze(&again, &RunOptions::default(), &AnalyzeRequest::default()).unwrap();
+    assert_eq!(again.mean.quantized.accuracy, m.accuracy, "{text}");
+    assert!(m.uniform_accuracy.is_some());
+    // Budgets outside the candidates' range, empty or unsupported candidates: refused.
+    for (bits, candidates, key) in [
+        (1.5, &[2u8, 4, 8][..], "weight_budget"),
+        (9.0, &[2, 4, 8][..], "weight_budget"),
+        (f64::NAN, &[2, 4, 8][..], "weight_budget"),
+        (4.0, &[][..], "candidates"),
+        (4.0, &[1, 4][..], "candidates"),
+        (4.0, &[4, 17][..], "candidates"),
+    ] {
+        let e = analyze(&cfg, &RunOptions::default(), &budget_of(bits, candidates))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(key), "{bits} {candidates:?}: {e}");
     }
 }
 
@@ -184,10 +280,27 @@ fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
         assert_eq!(o.status.code(), Some(1), "{e}");
         assert!(e.contains(expected), "{args:?}: {e}");
     }
+    let o = run(&["--weight-budget", "3", "--policy-out", "mixed.toml"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let policy = std::fs::read_to_string(dir.join("mixed.toml")).unwrap();
+    quant::policy::Policy::from_toml_str(&policy, "mixed.toml").unwrap();
+    assert!(
+        String::from_utf8_lossy(&o.stdout).contains("mixed precision (at most 3 bits per weight")
+    );
+    let o = run(&[
+        "--weight-budget",
+        "3",
+        "--max-drop",
+        "1",
+        "--policy-out",
+        "b.json",
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exactly one of them"));
     // A policy file without a fallback to write is a usage error.
     let o = run(&["--policy-out", "b.json"]);
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-drop"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("exactly one of them"));
     assert!(!dir.join("b.json").exists());
     assert_eq!(
         std::fs::read_to_string(dir.join("planted.toml")).unwrap(),
