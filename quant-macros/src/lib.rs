@@ -21,7 +21,7 @@ use proc_macro::TokenStream;
 
 /// Registers a trainable quantizer and records its metadata.
 ///
-/// ```ignore
+/// ```text
 /// #[mark_quantizer(target = Weights, method = [Symmetric, PowerOfTwo], id = Lsq)]
 /// pub struct MyQuantizer { config: QuantizerConfig }
 /// ```
@@ -49,7 +49,7 @@ pub fn mark_quantizer(args: TokenStream, item: TokenStream) -> TokenStream {
 /// tensors and modules, with a float forward pass written as an ordinary dfdx `Module` impl that
 /// reads its weight fields with `.retaped::<T>()`.
 ///
-/// ```ignore
+/// ```text
 /// #[derive(Clone, Debug, QuantizedLayer)]
 /// #[quantized(name = QGatedMix, input)]
 /// pub struct GatedMix<const N: usize> {
@@ -99,7 +99,7 @@ pub fn derive_quantized_layer(item: TokenStream) -> TokenStream {
 /// Derives the dfdx boilerplate of a model struct whose named fields are layers, and its
 /// quantized twin.
 ///
-/// ```ignore
+/// ```text
 /// #[derive(QuantizedModel)]
 /// pub struct Encoder<E: Dtype, D: Device<E>> {
 ///     pub fc1: Linear<16, 32, E, D>,
