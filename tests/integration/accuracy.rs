@@ -192,12 +192,17 @@ fn vit_w8a8_ptq_w4a8_and_w4a4_qat_reach_their_targets() {
 /// One seed (0) of the committed MNIST `config`, its full schedule, float checkpoints cached in
 /// `cache_dir` (if any): what CI's slow tier checks. The README's figures are the means of
 /// seeds 0, 1, 2 from `quant run configs/mnist_*.toml`.
-fn mnist_seed_0(config: &str, cache_dir: Option<PathBuf>) -> RunReport {
+fn mnist_seed_0(
+    config: &str,
+    cache_dir: Option<PathBuf>,
+    schedule: impl FnOnce(&mut RunConfig),
+) -> RunReport {
     let path = Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("configs")
         .join(config);
     let mut cfg = RunConfig::from_file(&path).unwrap_or_else(|e| panic!("{config}: {e}"));
     cfg.run.seeds = vec![0];
+    schedule(&mut cfg);
     let opts = RunOptions {
         cache_dir,
         export_dir: None,
@@ -237,34 +242,48 @@ fn check_mnist(config: &str, r: &RunReport, float_floor: f64, quantized: f64, ma
 #[test]
 #[ignore = "slow tier: one seed of an MNIST config, full schedule"]
 fn mnist_mlp_w4a4_qat_is_within_0_3_points_of_float() {
-    let r = mnist_seed_0("mnist_mlp_w4a4.toml", None);
+    let r = mnist_seed_0("mnist_mlp_w4a4.toml", None, |_| {});
     check_mnist("mnist_mlp_w4a4.toml", &r, 0.963, r.qat_accuracy, 0.003);
 }
 
 #[test]
 #[ignore = "slow tier: one seed of an MNIST config, full schedule"]
 fn mnist_cnn_w4a4_qat_is_within_0_3_points_of_float() {
-    let r = mnist_seed_0("mnist_cnn_w4a4.toml", None);
+    let r = mnist_seed_0("mnist_cnn_w4a4.toml", None, |_| {});
     check_mnist("mnist_cnn_w4a4.toml", &r, 0.983, r.qat_accuracy, 0.003);
 }
 
 #[test]
 #[ignore = "slow tier: one seed of an MNIST config, full schedule"]
 fn mnist_resnet_w4a4_qat_is_within_0_3_points_of_float() {
-    let r = mnist_seed_0("mnist_resnet_w4a4.toml", None);
+    let r = mnist_seed_0("mnist_resnet_w4a4.toml", None, |_| {});
     check_mnist("mnist_resnet_w4a4.toml", &r, 0.985, r.qat_accuracy, 0.003);
 }
 
 /// The two ViT configs share their `[float]` section: the second loads the first's float
 /// model from a fresh cache instead of training it again.
+///
+/// A full-schedule seed of both takes about 18 minutes of one core, too much of CI's budget on
+/// 2 cores, so this runs a shorter schedule (issue 21 allows it, against a stated floor): 12
+/// float epochs instead of 30, 2 QAT epochs for W8A8 (whose target is PTQ's) and 6 instead of
+/// 15 for W4A8, about 4 minutes. The floors are the issue's own targets (float at least 95.0,
+/// W8A8 PTQ at least float − 0.3, W4A8 QAT at least float − 0.5, integer = QAT on 99.8%);
+/// measured on seed 0 of this schedule: float 97.05%, W8A8 PTQ 97.05%, W4A8 QAT 97.40%. The
+/// README's figures come from the full schedule, `quant run configs/mnist_vit_*.toml`.
 #[test]
-#[ignore = "slow tier: one seed of the MNIST ViT configs, full schedule"]
+#[ignore = "slow tier: one seed of the MNIST ViT configs, on a shorter schedule"]
 fn mnist_vit_w8a8_ptq_and_w4a8_qat_reach_their_targets() {
     let cache =
         std::env::temp_dir().join(format!("quant-accuracy-mnist-vit-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&cache);
-    let w8a8 = mnist_seed_0("mnist_vit_w8a8.toml", Some(cache.clone()));
-    let w4a8 = mnist_seed_0("mnist_vit_w4a8.toml", Some(cache.clone()));
+    let shorter = |qat_epochs: usize| {
+        move |cfg: &mut RunConfig| {
+            cfg.float.epochs = 12;
+            cfg.qat.epochs = qat_epochs;
+        }
+    };
+    let w8a8 = mnist_seed_0("mnist_vit_w8a8.toml", Some(cache.clone()), shorter(2));
+    let w4a8 = mnist_seed_0("mnist_vit_w4a8.toml", Some(cache.clone()), shorter(6));
     let _ = std::fs::remove_dir_all(&cache);
     assert_eq!(w8a8.fp32_accuracy, w4a8.fp32_accuracy, "one float model");
     check_mnist("mnist_vit_w8a8.toml", &w8a8, 0.95, w8a8.ptq_accuracy, 0.003);
