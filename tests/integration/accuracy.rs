@@ -266,7 +266,7 @@ fn mnist_resnet_w4a4_qat_is_within_0_3_points_of_float() {
 /// A full-schedule seed of both takes about 18 minutes of one core, too much of CI's budget on
 /// 2 cores, so this runs a shorter schedule (issue 21 allows it, against a stated floor): 12
 /// float epochs instead of 30, 2 QAT epochs for W8A8 (whose target is PTQ's) and 6 instead of
-/// 15 for W4A8, about 4 minutes. The floors are the issue's own targets (float at least 95.0,
+/// 15 for W4A8, under 6 minutes. The floors are the issue's own targets (float at least 95.0,
 /// W8A8 PTQ at least float − 0.3, W4A8 QAT at least float − 0.5, integer = QAT on 99.8%);
 /// measured on seed 0 of this schedule: float 97.05%, W8A8 PTQ 97.05%, W4A8 QAT 97.40%. The
 /// README's figures come from the full schedule, `quant run configs/mnist_vit_*.toml`.
