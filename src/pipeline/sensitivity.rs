@@ -18,7 +18,7 @@ use std::collections::BTreeMap;
 
 use quant_core::QuantizationTarget;
 use quant_ops::graph::Op;
-use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, Slot};
 use quant_ops::policy::{Override, Policy, QuantizerSettings, SlotSetting};
 
 use super::mixed_precision::{pareto_front, solve, Choice};
@@ -152,23 +152,15 @@ where
     };
     let float_accuracy = accuracy(&predictions(float_logits, C), rows.labels());
     let mut q = ptq.clone();
-    let mut names = Vec::new();
-    q.visit_slots("", &mut |s| {
-        if s.quantizer.describe().is_some() {
-            names.push((s.name(), s.layer.to_string(), s.slot.name.to_string()));
-        }
-        Ok(())
-    })?;
+    let names = configured_slots(&mut q, |_| true)?;
     q.set_mode("*", QuantizerMode::Frozen)?;
     let quantized = effect(&q)?;
     let mut slots = Vec::with_capacity(names.len());
     for (name, layer, slot_name) in names {
-        let exact = exactly(&name);
-        q.set_mode("*", QuantizerMode::Disabled)?;
-        q.set_mode(&exact, QuantizerMode::Frozen)?;
+        quantize_only(&mut q, &name)?;
         let alone = effect(&q)?;
         q.set_mode("*", QuantizerMode::Frozen)?;
-        q.set_mode(&exact, QuantizerMode::Disabled)?;
+        q.set_mode(&exactly(&name), QuantizerMode::Disabled)?;
         let all_but = effect(&q)?;
         slots.push(SlotSensitivity {
             slot: name,
@@ -359,18 +351,27 @@ fn with_weight_bits(policy: &Policy, bits: u8) -> Policy {
     p
 }
 
-/// The weights slots' (name, layer, slot name) of `q`, in model order.
-fn weight_slots<Q: QuantizedModuleExt>(
+/// The configured slots of `q` that `keep` accepts, in model order: (dotted name, layer,
+/// slot name).
+fn configured_slots<Q: QuantizedModuleExt>(
     q: &mut Q,
+    keep: impl Fn(&Slot) -> bool,
 ) -> Result<Vec<(String, String, String)>, RunError> {
     let mut out = Vec::new();
     q.visit_slots("", &mut |s| {
-        if s.quantizer.describe().is_some() && s.slot.target == QuantizationTarget::Weights {
+        if s.quantizer.describe().is_some() && keep(&s.slot) {
             out.push((s.name(), s.layer.to_string(), s.slot.name.to_string()));
         }
         Ok(())
     })?;
     Ok(out)
+}
+
+/// Leaves every slot of `q` float but the one named `name`, which quantizes.
+fn quantize_only<Q: QuantizedModuleExt>(q: &mut Q, name: &str) -> Result<(), RunError> {
+    q.set_mode("*", QuantizerMode::Disabled)?;
+    q.set_mode(&exactly(name), QuantizerMode::Frozen)?;
+    Ok(())
 }
 
 /// Per seed, what the mixed-precision search measures: noise per slot and candidate.
@@ -391,8 +392,7 @@ where
     S: BatchShape,
     Q: QuantizedModel<S, C>,
 {
-    q.set_mode("*", QuantizerMode::Disabled)?;
-    q.set_mode(&exactly(name), QuantizerMode::Frozen)?;
+    quantize_only(q, name)?;
     let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
     Ok(sqnr_db(float_logits, &l))
 }
@@ -756,11 +756,13 @@ where
         .collect();
     let total: u64 = sizes.iter().map(|&s| s as u64).sum::<u64>().max(1);
     let allowed = (budget.bits_per_weight * total as f64).floor() as u64;
-    let best = solve(&choices, allowed).map_err(|e| quant_core::QuantError::InvalidValue {
-        what: "weight_budget".into(),
-        value: budget.bits_per_weight.to_string(),
-        expected: e.to_string(),
-    })?;
+    let budget_error =
+        |e: super::mixed_precision::SolveError| quant_core::QuantError::InvalidValue {
+            what: "weight_budget".into(),
+            value: budget.bits_per_weight.to_string(),
+            expected: e.to_string(),
+        };
+    let best = solve(&choices, allowed).map_err(budget_error)?;
     let mut policy = cfg.quantization.clone();
     for ((_, layer, slot_name), &j) in slots.iter().zip(&best.choices) {
         policy.overrides.push(Override {
@@ -789,11 +791,7 @@ where
         })
         .transpose()?;
     let front = pareto_front(&choices, u64::MAX)
-        .map_err(|e| quant_core::QuantError::InvalidValue {
-            what: "weight_budget".into(),
-            value: budget.bits_per_weight.to_string(),
-            expected: e.to_string(),
-        })?
+        .map_err(budget_error)?
         .iter()
         .map(|a| (a.cost as f64 / total as f64, a.loss))
         .collect();
@@ -882,7 +880,8 @@ where
         if let Some(budget) = &request.weight_budget {
             if searched.is_empty() {
                 let mut q = ptq.model.clone();
-                searched = weight_slots(&mut q)?;
+                searched =
+                    configured_slots(&mut q, |slot| slot.target == QuantizationTarget::Weights)?;
                 sizes = weight_sizes::<S, _>(&ptq.model, &searched)?;
             }
             let calibration = data.calibration.as_ref().unwrap_or(&data.train);
