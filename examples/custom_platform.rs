@@ -30,6 +30,8 @@ fn my_dsp_int8() -> Platform {
         signed: None,
         rounding: Some(RoundingPolicy::HalfAwayFromZero),
         observer: Some(observer),
+        learned_rounding: None,
+        bias_correction: None,
         options: BTreeMap::new(),
     };
     Platform {

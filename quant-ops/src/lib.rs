@@ -64,6 +64,7 @@ pub mod nn;
 pub mod observers;
 pub mod platform;
 pub mod policy;
+pub mod ptq;
 pub mod quantizers;
 pub mod report;
 

@@ -170,6 +170,8 @@ fn settings(
         signed,
         rounding: Some(RoundingPolicy::HalfEven),
         observer: Some(observer),
+        learned_rounding: None,
+        bias_correction: None,
         options: BTreeMap::new(),
     }
 }

@@ -55,6 +55,7 @@ use crate::convert::{LayerKind, LayerPolicy};
 use crate::layers::{glob, join_name, QuantizerSpec, Slot};
 use crate::observers::ObserverConfig;
 use crate::platform::find_platform;
+use crate::ptq::{AdaRoundSettings, Refinement, WeightRounding};
 
 /// Largest policy or run file read, in bytes (larger files are refused before reading): a
 /// policy of a thousand overrides takes a few hundred kilobytes.
@@ -133,6 +134,12 @@ pub struct QuantizerSettings {
     pub rounding: Option<RoundingPolicy>,
     /// Calibration observer.
     pub observer: Option<ObserverConfig>,
+    /// How weights round onto their grid once calibrated: `Nearest` (the rounding policy, the
+    /// default) or `AdaRound` (learned per layer, see [`crate::ptq`]). Weights only.
+    pub learned_rounding: Option<WeightRounding>,
+    /// Whether the layer's bias absorbs the mean error quantization adds to its outputs once
+    /// calibrated (see [`crate::ptq`]). Weights only; default `false`.
+    pub bias_correction: Option<bool>,
     /// Method-specific options, merged key by key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, f64>,
@@ -152,6 +159,8 @@ impl QuantizerSettings {
             signed: over.signed.or(self.signed),
             rounding: over.rounding.or(self.rounding),
             observer: over.observer.or(self.observer),
+            learned_rounding: over.learned_rounding.or(self.learned_rounding),
+            bias_correction: over.bias_correction.or(self.bias_correction),
             options,
         }
     }
@@ -185,6 +194,22 @@ impl QuantizerSettings {
         let method = self.method.ok_or_else(|| missing("method"))?;
         let bits = self.bits.ok_or_else(|| missing("bits"))?;
         IntegerGrid::new(bits, true, false)?;
+        if target == QuantizationTarget::Activation {
+            for (field, set) in [
+                ("learned_rounding", self.learned_rounding.is_some()),
+                ("bias_correction", self.bias_correction.is_some()),
+            ] {
+                if set {
+                    return Err(QuantError::InvalidValue {
+                        what: field.into(),
+                        value: "(set on an activation slot)".into(),
+                        expected: format!(
+                            "`{field}` only in weights settings (`[weights]`, `weights = {{ ... }}`): it adjusts a layer's weights and bias"
+                        ),
+                    });
+                }
+            }
+        }
         let config: QuantizerConfig = match target {
             QuantizationTarget::Weights => WeightsQuantizerConfig {
                 training_method,
@@ -340,6 +365,10 @@ pub struct Policy {
     /// What to do with overrides that match no layer.
     #[serde(default)]
     pub unmatched_patterns: UnmatchedPatterns,
+    /// Samples and optimisation of learned rounding and bias correction (weights settings
+    /// `learned_rounding`, `bias_correction`; see [`crate::ptq`]).
+    #[serde(default)]
+    pub adaround: AdaRoundSettings,
     /// Layers seen during conversion and the slots asked of each, to report overrides that
     /// matched nothing.
     #[serde(skip)]
@@ -427,6 +456,13 @@ impl Policy {
             source,
         };
         let (default_w, default_i) = self.defaults().map_err(|e| invalid("platform", e))?;
+        self.adaround.validate().map_err(|e| {
+            let field = match &e {
+                QuantError::InvalidValue { what, .. } => what.clone(),
+                _ => "adaround".into(),
+            };
+            invalid(&field, e)
+        })?;
         // Each place a setting can come from, checked merged onto the defaults it extends.
         let mut checks: Vec<(String, Option<QuantizerSettings>, QuantizationTarget)> = vec![
             (
@@ -545,6 +581,40 @@ impl Policy {
             .entry(name.to_string())
             .or_default()
             .insert(slot.name);
+        self.settings(name, kind, slot)?
+            .map(|s| {
+                s.to_spec(slot.target)
+                    .map_err(|e| e.at(format!("layer `{name}` ({kind}) {}", slot.name)))
+            })
+            .transpose()
+    }
+
+    /// What runs on a weights slot after calibration ([`crate::ptq`]): the slot's
+    /// `learned_rounding` and `bias_correction`, merged as every other setting. A float slot
+    /// asks for nothing.
+    ///
+    /// # Errors
+    /// An invalid pattern or platform.
+    pub fn refinement(&self, name: &str, kind: LayerKind, slot: Slot) -> Result<Refinement> {
+        if slot.target != QuantizationTarget::Weights {
+            return Ok(Refinement::default());
+        }
+        Ok(self
+            .settings(name, kind, slot)?
+            .map(|s| Refinement {
+                rounding: s.learned_rounding.unwrap_or_default(),
+                bias_correction: s.bias_correction.unwrap_or(false),
+            })
+            .unwrap_or_default())
+    }
+
+    /// The merged settings of a slot, `None` when it stays float.
+    fn settings(
+        &self,
+        name: &str,
+        kind: LayerKind,
+        slot: Slot,
+    ) -> Result<Option<QuantizerSettings>> {
         let (default_w, default_i) = self.defaults()?;
         let defaults = match slot.target {
             QuantizationTarget::Weights => default_w,
@@ -571,11 +641,7 @@ impl Policy {
                 }
             }
         }
-        acc.map(|s| {
-            s.to_spec(slot.target)
-                .map_err(|e| e.at(format!("layer `{name}` ({kind}) {}", slot.name)))
-        })
-        .transpose()
+        Ok(acc)
     }
 
     /// Names this policy's origin in the errors of [`Policy::check_unmatched`]: the file, and

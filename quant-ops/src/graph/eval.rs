@@ -25,6 +25,34 @@ pub struct Evaluation {
 /// # Errors
 /// An invalid graph ([`Graph::check`]), or `x` not a whole number of samples.
 pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> Result<Evaluation> {
+    Ok(evaluate_rewriting(graph, x, keep, &mut |_, _| Ok(None))?.0)
+}
+
+/// What [`evaluate_rewriting`]'s hook sees of a node about to run: its input value (the first,
+/// whole batch) and that value's per-sample shape.
+pub(crate) struct NodeInput<'a> {
+    /// The node's first input, `samples × per-sample elements`.
+    pub values: &'a [f32],
+    /// Its per-sample shape.
+    pub shape: &'a [usize],
+    /// Samples in the batch.
+    pub samples: usize,
+}
+
+/// [`evaluate`], letting `rewrite(node index, input)` replace each node's op just before it runs
+/// (with an op of the same kind and shapes): later nodes then see the rewritten node's output.
+/// Returns the evaluation and the replaced ops, `(node index, op)` in node order. Learned
+/// rounding uses it to fit each layer on the outputs of the layers already fitted.
+///
+/// # Errors
+/// As [`evaluate`]; the first error of `rewrite`.
+#[allow(clippy::type_complexity)]
+pub(crate) fn evaluate_rewriting(
+    graph: &Graph,
+    x: &[f32],
+    keep: &dyn Fn(usize, &Op) -> bool,
+    rewrite: &mut dyn FnMut(usize, NodeInput<'_>) -> Result<Option<Op>>,
+) -> Result<(Evaluation, Vec<(usize, Op)>)> {
     let shapes = graph.check().map_err(|e| QuantError::InvalidValue {
         what: "graph".into(),
         value: "(graph)".into(),
@@ -52,11 +80,21 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
     let mut values: Vec<Option<Vec<f32>>> = vec![None; count];
     values[0] = Some(x.to_vec());
     let mut kept = Vec::new();
+    let mut rewritten = Vec::new();
     for (i, node) in graph.nodes.iter().enumerate() {
         let a = inputs[i][0];
         let xs = values[a].as_deref().unwrap_or(&[]);
         let in_shape = shapes.of_value(a);
-        let y = match &node.op {
+        let replaced = rewrite(
+            i,
+            NodeInput {
+                values: xs,
+                shape: in_shape,
+                samples: n,
+            },
+        )?;
+        let op = replaced.as_ref().unwrap_or(&node.op);
+        let y = match op {
             Op::Quantize { quantizer } => quantizer.inferable.fake_quantize(xs, &[xs.len()])?,
             Op::Relu => xs.iter().map(|v| v.max(0.0)).collect(),
             Op::Tanh => xs.iter().map(|v| v.tanh()).collect(),
@@ -102,7 +140,7 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
             Op::GlobalAvgPool | Op::GlobalMaxPool => {
                 let plane: usize = in_shape[1..].iter().product();
                 xs.chunks_exact(plane.max(1))
-                    .map(|p| match node.op {
+                    .map(|p| match op {
                         Op::GlobalAvgPool => p.iter().sum::<f32>() / plane as f32,
                         _ => p.iter().copied().fold(f32::NEG_INFINITY, f32::max),
                     })
@@ -167,8 +205,11 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
             Op::MaxPool2d(p) => pool(xs, n, in_shape, shapes.of_value(i + 1), p, true),
             Op::AvgPool2d(p) => pool(xs, n, in_shape, shapes.of_value(i + 1), p, false),
         };
-        if keep(i, &node.op) {
+        if keep(i, op) {
             kept.push((node.name.clone(), y.clone()));
+        }
+        if let Some(op) = replaced {
+            rewritten.push((i, op));
         }
         values[i + 1] = Some(y);
         for &v in &inputs[i] {
@@ -177,10 +218,13 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
             }
         }
     }
-    Ok(Evaluation {
-        output: values[output].take().unwrap_or_default(),
-        kept,
-    })
+    Ok((
+        Evaluation {
+            output: values[output].take().unwrap_or_default(),
+            kept,
+        },
+        rewritten,
+    ))
 }
 
 /// `x · Φ(x)`, in `f64`.

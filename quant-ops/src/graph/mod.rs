@@ -27,7 +27,9 @@ mod ops;
 mod params;
 
 pub use builder::{bias_parameter, exported_quantizer, weight_parameter, GraphBuilder, ValueId};
+pub(crate) use eval::evaluate_rewriting;
 pub use eval::{evaluate, Evaluation};
+pub(crate) use ops::out_len;
 pub(crate) use ops::taps;
 pub use ops::{Conv2dGeometry, Op, PoolGeometry};
 pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
