@@ -283,8 +283,10 @@ where
 }
 
 /// Converts `deploy` under `policy` and calibrates it on `batches` shuffled batches of
-/// `batch_size` samples of `calibration` (the shuffle seeded by `seed`): the PTQ model, every
-/// quantizer frozen. A policy pattern that matches no layer is an error naming it.
+/// `batch_size` samples of `calibration` (the shuffle seeded by `seed`), then runs the learned
+/// rounding and bias correction the policy asks for on the first of those samples
+/// ([`quant_ops::ptq`]): the PTQ model, every quantizer frozen. A policy pattern that matches
+/// no layer is an error naming it.
 ///
 /// # Errors
 /// The policy cannot be applied (an override matching nothing, a setting no quantizer
@@ -307,7 +309,20 @@ where
     let mut model = convert_model(deploy, &policy)?;
     policy.check_unmatched()?;
     let inputs = calibration_inputs::<S>(dev, calibration, batches, batch_size, seed)?;
+    // Learned rounding and bias correction fit on the first calibration samples.
+    let wanted = policy
+        .adaround
+        .samples
+        .saturating_mul(S::sample_shape().iter().product());
+    let mut samples: Vec<f32> = Vec::new();
+    for x in &inputs {
+        if samples.len() >= wanted {
+            break;
+        }
+        samples.extend(x.as_vec());
+    }
     quant_ops::calibration::calibrate(&mut model, inputs)?;
+    quant_ops::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
     Ok(model)
 }
 

@@ -12,4 +12,5 @@ mod nn_flatten;
 mod nn_pool;
 mod observers;
 mod policy;
+mod ptq;
 mod ranks;
