@@ -18,6 +18,12 @@
 //! [kinds.MaxPool2d]                # per layer kind (layers without weights have no input
 //! input = { bits = 8 }             # quantizer unless their kind or an override gives one)
 //!
+//! [kinds.Conv2d]                   # learned rounding and bias correction after calibration
+//! weights = { learned_rounding = "AdaRound", bias_correction = true }
+//!
+//! [adaround]                       # their samples and optimisation (see quant_ops::ptq)
+//! iterations = 1000
+//!
 //! [[overrides]]                    # by dotted layer name, glob patterns; applied in order
 //! pattern = "0"
 //! weights = { bits = 8 }

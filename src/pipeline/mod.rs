@@ -55,6 +55,7 @@ use quant_ops::fs::{check_output_file, StagedDir};
 use quant_ops::graph::Graph;
 use quant_ops::integer::{Budget, IntegerModel};
 use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::ptq::RefinedLayer;
 
 use crate::data::{self, DataError, Dataset, Samples};
 pub use cache::CACHE_KEY_VERSION;
@@ -304,6 +305,26 @@ where
     S: BatchShape,
     D: DeployModel<S, C>,
 {
+    let plan = (batches, batch_size, seed);
+    Ok(quantize_and_refine::<S, C, D>(dev, deploy, policy, calibration, plan)?.0)
+}
+
+/// [`quantize`], also returning what learned rounding and bias correction did to each layer
+/// they ran on ([`quant_ops::ptq::refine`]); `plan` is `(batches, batch_size, seed)`.
+///
+/// # Errors
+/// As [`quantize`].
+pub fn quantize_and_refine<S, const C: usize, D>(
+    dev: &Cpu,
+    deploy: &D,
+    policy: &Policy,
+    calibration: &Samples,
+    (batches, batch_size, seed): (usize, usize, u64),
+) -> Result<(D::Quantized, Vec<RefinedLayer>), RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
     // The policy records the layers it matched: each conversion gets its own copy.
     let policy = policy.clone();
     let mut model = convert_model(deploy, &policy)?;
@@ -322,8 +343,8 @@ where
         samples.extend(x.as_vec());
     }
     quant_ops::calibration::calibrate(&mut model, inputs)?;
-    quant_ops::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
-    Ok(model)
+    let refined = quant_ops::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
+    Ok((model, refined))
 }
 
 /// What [`export_and_check`] found: the exported graph, and how the integer model did.
@@ -441,6 +462,7 @@ fn report(
         no_integer,
     );
     report.no_onnx_model = first.no_onnx;
+    report.refined = first.refined;
     report.data = Some(data.origin.clone());
     StagedRun {
         report,

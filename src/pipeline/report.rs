@@ -5,6 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
+use quant_ops::ptq::RefinedLayer;
 use quant_ops::report::LayerReport;
 
 use super::RunConfig;
@@ -66,6 +67,10 @@ pub struct RunReport {
     pub runs: Vec<SeedResult>,
     /// Per quantized layer, of the first seed's QAT model.
     pub layers: Vec<LayerReport>,
+    /// What learned rounding and bias correction did to the first seed's PTQ model, per layer
+    /// they ran on (policy settings `learned_rounding`, `bias_correction`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refined: Vec<RefinedLayer>,
     /// Where the first seed's integer model was exported.
     pub export_dir: Option<String>,
 }
@@ -107,6 +112,7 @@ impl RunReport {
             recipe,
             runs,
             layers,
+            refined: Vec::new(),
             export_dir,
         }
     }
@@ -152,6 +158,28 @@ impl RunReport {
         }
         let _ = writeln!(s);
         s.push_str(&quant_ops::report::layer_table(&self.layers));
+        if !self.refined.is_empty() {
+            s.push_str("  learned rounding and bias correction (first seed, PTQ; output MSE against the float layer):\n");
+            for r in &self.refined {
+                let settled = r
+                    .settled
+                    .map(|v| format!(", {:.1}% of rounding choices settled", v * 100.0))
+                    .unwrap_or_default();
+                s.push_str(&format!(
+                    "  {:<10} {:?}{}{}: {:.3e} -> {:.3e}\n",
+                    r.layer,
+                    r.rounding,
+                    if r.bias_corrected {
+                        " + bias correction"
+                    } else {
+                        ""
+                    },
+                    settled,
+                    r.error_nearest,
+                    r.error_refined,
+                ));
+            }
+        }
         if let Some(why) = &self.no_integer_model {
             let _ = writeln!(s, "\nno integer model: {why}");
         }

@@ -15,6 +15,7 @@ use quant_ops::fs::StagedDir;
 use quant_ops::graph::Graph;
 use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use quant_ops::ptq::RefinedLayer;
 use quant_ops::report::{layer_report, LayerReport};
 
 use super::cache::save_checkpoint;
@@ -138,6 +139,8 @@ pub(crate) struct PtqStage<D: Convert> {
     pub model: D::Quantized,
     /// On the test split.
     pub accuracy: f64,
+    /// What learned rounding and bias correction did, per layer they ran on.
+    pub refined: Vec<RefinedLayer>,
 }
 
 /// Stage 2: converts the deployable float model under the policy and calibrates it (PTQ), on
@@ -155,14 +158,12 @@ where
     let b = s.bar(1, "calibration");
     let c = &s.cfg.calibration;
     let calibration = s.data.calibration.as_ref().unwrap_or(&s.data.train);
-    let quantized = super::quantize::<S, C, D>(
+    let (quantized, refined) = super::quantize_and_refine::<S, C, D>(
         &float.dev,
         &deploy,
         &s.cfg.quantization,
         calibration,
-        c.batches,
-        c.batch_size,
-        s.seed,
+        (c.batches, c.batch_size, s.seed),
     )?;
     b.finish_and_clear();
     let test = &s.data.test;
@@ -177,6 +178,7 @@ where
         deploy,
         model: quantized,
         accuracy,
+        refined,
     })
 }
 
@@ -306,6 +308,8 @@ pub(crate) struct FirstSeedOutputs {
     pub export: Option<StagedDir>,
     /// Why the export has no `model.onnx`, when ONNX cannot express the model.
     pub no_onnx: Option<String>,
+    /// What learned rounding and bias correction did, per layer they ran on.
+    pub refined: Vec<RefinedLayer>,
 }
 
 /// Stage 5 (first seed only): the per-layer report, and the export written beside its
@@ -352,6 +356,7 @@ pub(crate) fn first_seed_outputs<S: BatchShape, Q: QuantizedModule + Clone>(
         exported_dir: Some(staged.target().display().to_string()),
         export: Some(staged),
         no_onnx,
+        refined: Vec::new(),
     })
 }
 
@@ -382,12 +387,11 @@ where
     let qat = qat::<S, C, F, D>(s, &float, &ptq)?;
     let integer = integer::<S, _>(s, model.name(), &qat)?;
     let first = if first {
-        Some(first_seed_outputs::<S, _>(
-            s,
-            &qat,
-            integer.as_ref().ok(),
-            export,
-        )?)
+        let outputs = first_seed_outputs::<S, _>(s, &qat, integer.as_ref().ok(), export)?;
+        Some(FirstSeedOutputs {
+            refined: ptq.refined.clone(),
+            ..outputs
+        })
     } else {
         None
     };
