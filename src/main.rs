@@ -13,7 +13,7 @@ use quant::fs::{
     check_export_dir, check_output_file, commit_together, recover_outputs, resolve, StagedFile,
 };
 use quant::integer::{Budget, IntegerModel};
-use quant::pipeline::sensitivity::{AnalyzeRequest, WeightBudget};
+use quant::pipeline::sensitivity::{AnalyzeRequest, PrecisionBudget, Resource};
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
 #[derive(Parser)]
@@ -104,17 +104,26 @@ enum Command {
         /// Mixed precision: choose each weights slot's width among --candidates so that the
         /// weights take at most this many bits per weight on average (4 allows what uniform
         /// 4-bit weights take), with the least summed noise (an exact solver).
-        #[arg(long, allow_negative_numbers = true)]
+        #[arg(long, allow_negative_numbers = true, group = "budget")]
         weight_budget: Option<f64>,
-        /// The widths --weight-budget chooses from.
+        /// Mixed precision under a budget of bit operations (multiply-adds × weight bits ×
+        /// input bits): choose each weights slot's width so that the layers take at most what
+        /// weights of this many bits would (4 allows uniform 4-bit weights' BOPs).
+        #[arg(long, allow_negative_numbers = true, group = "budget")]
+        bops_budget: Option<f64>,
+        /// Mixed precision of the activations: choose each activation slot's width so that the
+        /// quantized activations take at most this many bits per value on average.
+        #[arg(long, allow_negative_numbers = true, group = "budget")]
+        activation_budget: Option<f64>,
+        /// The widths a budget chooses from.
         #[arg(
             long,
             value_delimiter = ',',
             default_value = "2,4,8",
-            requires = "weight_budget"
+            requires = "budget"
         )]
         candidates: Vec<u8>,
-        /// Write the run file's policy with the overrides of --max-drop or --weight-budget (one
+        /// Write the run file's policy with the overrides of --max-drop or of a budget (one
         /// of them) to this policy file.
         #[arg(long)]
         policy_out: Option<PathBuf>,
@@ -316,25 +325,36 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             plot,
             max_drop,
             weight_budget,
+            bops_budget,
+            activation_budget,
             candidates,
             policy_out,
             seeds,
         } => {
+            let budget = [
+                (Resource::Weights, weight_budget),
+                (Resource::Bops, bops_budget),
+                (Resource::Activations, activation_budget),
+            ]
+            .into_iter()
+            .find_map(|(resource, bits)| {
+                bits.map(|bits| PrecisionBudget {
+                    resource,
+                    bits,
+                    candidates: candidates.clone(),
+                })
+            });
             let request = AnalyzeRequest {
                 max_drop,
-                weight_budget: weight_budget.map(|bits_per_weight| WeightBudget {
-                    bits_per_weight,
-                    candidates,
-                }),
+                budget: budget.clone(),
             };
             request.check()?;
             if let Some(path) = &policy_out {
-                let sources =
-                    usize::from(max_drop.is_some()) + usize::from(weight_budget.is_some());
+                let sources = usize::from(max_drop.is_some()) + usize::from(budget.is_some());
                 if sources != 1 {
                     return Err(OutputError::Refused {
                         path: path.clone(),
-                        reason: "--policy-out writes the overrides of --max-drop or of --weight-budget: give exactly one of them".into(),
+                        reason: "--policy-out writes the overrides of --max-drop or of a budget (--weight-budget, --bops-budget, --activation-budget): give exactly one of them".into(),
                     }
                     .into());
                 }
@@ -401,7 +421,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                     analysis.mixed_precision.as_ref().map(|m| {
                         (
                             &m.policy,
-                            format!("--weight-budget {}", m.budget.bits_per_weight),
+                            format!(
+                                "--{} {}",
+                                m.budget.resource.option().replace('_', "-"),
+                                m.budget.bits
+                            ),
                         )
                     })
                 });

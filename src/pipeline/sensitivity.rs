@@ -203,21 +203,21 @@ pub struct Analysis {
 pub struct AnalyzeRequest {
     /// The accuracy-aware fallback's allowed drop, in points.
     pub max_drop: Option<f64>,
-    /// A mixed-precision search of the weights under this budget.
-    pub weight_budget: Option<WeightBudget>,
+    /// A mixed-precision search under this budget.
+    pub budget: Option<PrecisionBudget>,
 }
 
 impl AnalyzeRequest {
     /// Checks every setting.
     ///
     /// # Errors
-    /// See [`check_max_drop`] and [`check_weight_budget`].
+    /// See [`check_max_drop`] and [`check_budget`].
     pub fn check(&self) -> Result<(), RunError> {
         if let Some(d) = self.max_drop {
             check_max_drop(d)?;
         }
-        if let Some(b) = &self.weight_budget {
-            check_weight_budget(b)?;
+        if let Some(b) = &self.budget {
+            check_budget(b)?;
         }
         Ok(())
     }
@@ -244,23 +244,69 @@ pub struct Fallback {
     pub policy: Policy,
 }
 
-/// A budget on the weights' size for mixed precision: the mean bits per weight allowed (4.0
-/// allows what uniform 4-bit weights take), and the bit widths each weights slot may get.
+/// What a mixed-precision budget limits, and so which slots the search gives widths to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub enum Resource {
+    /// The weights' size: the widths of the weights slots; a slot's units are its weights.
+    Weights,
+    /// Bit operations of the layers with weights, multiply-adds × weight bits × input bits:
+    /// the widths of the weights slots, the inputs at the policy's widths (a float input
+    /// counts 32 bits); a slot's units are its layer's multiply-adds per sample times its
+    /// input's bits.
+    Bops,
+    /// The quantized activations' size per sample: the widths of the activation slots; a
+    /// slot's units are its values per sample.
+    Activations,
+}
+
+impl Resource {
+    /// The command-line option that sets a budget on it (also the key its errors name).
+    pub fn option(self) -> &'static str {
+        match self {
+            Resource::Weights => "weight_budget",
+            Resource::Bops => "bops_budget",
+            Resource::Activations => "activation_budget",
+        }
+    }
+
+    /// The slots whose widths the search chooses.
+    fn target(self) -> QuantizationTarget {
+        match self {
+            Resource::Weights | Resource::Bops => QuantizationTarget::Weights,
+            Resource::Activations => QuantizationTarget::Activation,
+        }
+    }
+
+    /// What one unit is, in words.
+    fn unit(self) -> &'static str {
+        match self {
+            Resource::Weights => "weights",
+            Resource::Bops => "multiply-adds × input bits",
+            Resource::Activations => "activation values per sample",
+        }
+    }
+}
+
+/// A mixed-precision budget (MCT's resource utilization): the mean bits per unit of the
+/// resource allowed (4.0 allows what every searched slot at 4 bits takes), and the widths each
+/// slot may get.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WeightBudget {
-    /// Mean bits per weight, over every quantized weight.
-    pub bits_per_weight: f64,
+pub struct PrecisionBudget {
+    /// What it limits.
+    pub resource: Resource,
+    /// Mean bits per unit, over every searched slot's units.
+    pub bits: f64,
     /// The candidate widths (default 2, 4 and 8).
     pub candidates: Vec<u8>,
 }
 
-/// One weights slot in the mixed-precision search.
+/// One slot in the mixed-precision search.
 #[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct WeightSlot {
+pub struct BudgetSlot {
     /// The slot's dotted name.
     pub slot: String,
-    /// Its weights.
-    pub weights: usize,
+    /// Its units of the budget's resource (see [`Resource`]).
+    pub units: u64,
     /// Per candidate width: the noise-to-signal ratio of the logits with only this slot
     /// quantized at that width (mean over seeds), the additive loss the solver minimises.
     pub noise: Vec<f64>,
@@ -268,34 +314,49 @@ pub struct WeightSlot {
     pub bits: u8,
 }
 
-/// Mixed-precision weights under a [`WeightBudget`]: the exact optimum of the summed
-/// per-slot noise within the budget, and the accuracy/size front.
+/// One point of the exact Pareto front of size against summed noise.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FrontPoint {
+    /// Mean bits per unit of the resource.
+    pub bits: f64,
+    /// Summed noise of the slots' widths.
+    pub noise: f64,
+    /// PTQ's accuracy with those widths (mean over seeds, on the analysed rows), measured for
+    /// up to [`FRONT_ACCURACIES`] points spread over the front.
+    pub accuracy: Option<f64>,
+}
+
+/// How many points of the front get their accuracy measured.
+pub const FRONT_ACCURACIES: usize = 8;
+
+/// Mixed precision under a [`PrecisionBudget`]: the exact optimum of the summed per-slot noise within
+/// the budget, and the accuracy/size front.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct MixedPrecision {
     /// The budget.
-    pub budget: WeightBudget,
-    /// Every weights slot, in model order, with the width chosen.
-    pub slots: Vec<WeightSlot>,
-    /// The chosen widths' mean bits per weight.
-    pub bits_per_weight: f64,
+    pub budget: PrecisionBudget,
+    /// Every searched slot, in model order, with the width chosen.
+    pub slots: Vec<BudgetSlot>,
+    /// The chosen widths' mean bits per unit.
+    pub bits: f64,
     /// PTQ's accuracy with the chosen widths (mean over seeds, on the analysed rows).
     pub accuracy: f64,
-    /// PTQ's accuracy with every weights slot at the largest candidate within the budget,
+    /// PTQ's accuracy with every searched slot at the largest candidate within the budget,
     /// for comparison (mean over seeds); `None` when no candidate fits uniformly.
     pub uniform_accuracy: Option<f64>,
-    /// The exact Pareto front of mean bits per weight against summed noise.
-    pub front: Vec<(f64, f64)>,
-    /// The run file's policy with one override per weights slot: a policy file to commit.
+    /// The exact Pareto front, smallest first.
+    pub front: Vec<FrontPoint>,
+    /// The run file's policy with one override per searched slot: a policy file to commit.
     #[serde(skip)]
     pub policy: Policy,
 }
 
-/// Checks a weight budget: a positive finite mean of bits, candidates from 2 to 16, at least
-/// one.
+/// Checks a budget: a finite mean of bits within the candidates' range, candidates from 2 to
+/// 16, at least one.
 ///
 /// # Errors
-/// What is wrong, naming `weight_budget` or `candidates`.
-pub fn check_weight_budget(b: &WeightBudget) -> Result<(), RunError> {
+/// What is wrong, naming the budget's option ([`Resource::option`]) or `candidates`.
+pub fn check_budget(b: &PrecisionBudget) -> Result<(), RunError> {
     let invalid = |what: &str, value: String, expected: &str| -> RunError {
         quant_core::QuantError::InvalidValue {
             what: what.into(),
@@ -322,30 +383,34 @@ pub fn check_weight_budget(b: &WeightBudget) -> Result<(), RunError> {
         *b.candidates.iter().min().unwrap_or(&2),
         *b.candidates.iter().max().unwrap_or(&8),
     );
-    if !(b.bits_per_weight.is_finite()
-        && (f64::from(lo)..=f64::from(hi)).contains(&b.bits_per_weight))
-    {
+    if !(b.bits.is_finite() && (f64::from(lo)..=f64::from(hi)).contains(&b.bits)) {
         return Err(invalid(
-            "weight_budget",
-            b.bits_per_weight.to_string(),
+            b.resource.option(),
+            b.bits.to_string(),
             &format!(
-                "mean bits per weight from the smallest candidate to the largest ({lo} to {hi})"
+                "mean bits per unit ({}) from the smallest candidate to the largest ({lo} to {hi})",
+                b.resource.unit()
             ),
         ));
     }
     Ok(())
 }
 
-/// `policy` with every weights slot at `bits`.
-fn with_weight_bits(policy: &Policy, bits: u8) -> Policy {
+/// `policy` with every slot of `target` (that the `weights` / `input` groups reach) at `bits`.
+fn with_bits(policy: &Policy, target: QuantizationTarget, bits: u8) -> Policy {
     let mut p = policy.clone();
+    let setting = Some(SlotSetting::Quantize(QuantizerSettings {
+        bits: Some(u32::from(bits)),
+        ..QuantizerSettings::default()
+    }));
+    let (weights, input) = match target {
+        QuantizationTarget::Weights => (setting, None),
+        QuantizationTarget::Activation => (None, setting),
+    };
     p.overrides.push(Override {
         pattern: "*".into(),
-        weights: Some(SlotSetting::Quantize(QuantizerSettings {
-            bits: Some(u32::from(bits)),
-            ..QuantizerSettings::default()
-        })),
-        input: None,
+        weights,
+        input,
         slots: BTreeMap::new(),
     });
     p
@@ -542,25 +607,35 @@ impl Analysis {
             let uniform = m.uniform_accuracy.map_or_else(String::new, |a| {
                 format!(" (uniform at the budget's width: {:.2}%)", 100.0 * a)
             });
+            let unit = m.budget.resource.unit();
             let _ = writeln!(
                 out,
-                "\nmixed precision (at most {} bits per weight, widths {:?}): {:.3} bits per weight, PTQ {:.2}%{uniform}",
-                m.budget.bits_per_weight,
+                "\nmixed precision ({:?}: at most {} bits per unit of {unit}, widths {:?}): {:.3} bits per unit, PTQ {:.2}%{uniform}",
+                m.budget.resource,
+                m.budget.bits,
                 m.budget.candidates,
-                m.bits_per_weight,
+                m.bits,
                 100.0 * m.accuracy
             );
             for w in &m.slots {
                 let _ = writeln!(
                     out,
-                    "  {:<width$}  {:>2} bits  ({} weights)",
-                    w.slot, w.bits, w.weights
+                    "  {:<width$}  {:>2} bits  ({} {unit})",
+                    w.slot, w.bits, w.units
                 );
             }
-            let _ = writeln!(out, "front (bits per weight, summed noise):");
+            let _ = writeln!(
+                out,
+                "front (bits per unit, summed noise, PTQ accuracy where measured):"
+            );
             let step = m.front.len().div_ceil(12).max(1);
-            for (bits, noise) in m.front.iter().step_by(step) {
-                let _ = writeln!(out, "  {bits:.3}  {noise:.3e}");
+            for (i, p) in m.front.iter().enumerate() {
+                if i % step == 0 || p.accuracy.is_some() || i + 1 == m.front.len() {
+                    let accuracy = p
+                        .accuracy
+                        .map_or_else(String::new, |a| format!("  {:.2}%", 100.0 * a));
+                    let _ = writeln!(out, "  {:.3}  {:.3e}{accuracy}", p.bits, p.noise);
+                }
             }
         }
         out
@@ -572,6 +647,12 @@ impl Analysis {
         let slots = &self.mean.slots;
         let (row, label_w, bar_w, top) = (18.0, 260.0, 420.0, 40.0);
         let height = top + row * slots.len() as f64 + 30.0;
+        let total_height = height
+            + if self.mixed_precision.is_some() {
+                310.0
+            } else {
+                0.0
+            };
         let max = slots
             .iter()
             .map(|s| s.alone.sqnr_db)
@@ -580,7 +661,7 @@ impl Analysis {
         let mut out = String::new();
         let _ = writeln!(
             out,
-            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{height}" font-family="sans-serif" font-size="12">"#,
+            r#"<svg xmlns="http://www.w3.org/2000/svg" width="{}" height="{total_height}" font-family="sans-serif" font-size="12">"#,
             label_w + bar_w + 80.0
         );
         let _ = writeln!(
@@ -604,9 +685,115 @@ impl Analysis {
                 s.alone.sqnr_db
             );
         }
+        if let Some(m) = &self.mixed_precision {
+            out.push_str(&front_svg(m, height, label_w + bar_w + 80.0));
+        }
         out.push_str("</svg>\n");
         out
     }
+}
+
+/// The mixed-precision front as a chart below the ranking, starting at `y0`, `width` wide: PTQ
+/// accuracy (where measured, dots joined) and summed noise (log scale, line) against mean
+/// bits, the chosen point ringed.
+fn front_svg(m: &MixedPrecision, y0: f64, width: f64) -> String {
+    let (left, top, w, h) = (70.0, y0 + 50.0, width - 140.0, 220.0);
+    let (lo, hi) = m
+        .front
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.bits), b.max(p.bits))
+        });
+    let span = (hi - lo).max(1e-9);
+    let x = |bits: f64| left + (bits - lo) / span * w;
+    let measured: Vec<(f64, f64)> = m
+        .front
+        .iter()
+        .filter_map(|p| p.accuracy.map(|a| (p.bits, a)))
+        .chain(std::iter::once((m.bits, m.accuracy)))
+        .collect();
+    let (amin, amax) = measured
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), p| {
+            (a.min(p.1), b.max(p.1))
+        });
+    let arange = (amax - amin).max(1e-3);
+    let ya = |acc: f64| top + h - (acc - amin) / arange * h;
+    let logs: Vec<f64> = m.front.iter().map(|p| p.noise.max(1e-12).log10()).collect();
+    let (nmin, nmax) = logs
+        .iter()
+        .fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), v| {
+            (a.min(*v), b.max(*v))
+        });
+    let nrange = (nmax - nmin).max(1e-9);
+    let yn = |log: f64| top + h - (log - nmin) / nrange * h;
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        r#"<text x="8" y="{:.1}" font-size="14">Mixed precision ({:?}): PTQ accuracy (blue dots) and summed noise (grey, log scale) against mean bits per unit</text>"#,
+        y0 + 25.0,
+        m.budget.resource
+    );
+    let _ = writeln!(
+        out,
+        r##"<rect x="{left}" y="{top:.1}" width="{w:.1}" height="{h:.1}" fill="none" stroke="#999"/>"##
+    );
+    let noise_line: Vec<String> = m
+        .front
+        .iter()
+        .zip(&logs)
+        .map(|(p, l)| format!("{:.1},{:.1}", x(p.bits), yn(*l)))
+        .collect();
+    let _ = writeln!(
+        out,
+        r##"<polyline points="{}" fill="none" stroke="#aaa"/>"##,
+        noise_line.join(" ")
+    );
+    let mut dots: Vec<(f64, f64)> = measured.clone();
+    dots.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let acc_line: Vec<String> = dots
+        .iter()
+        .map(|(b, a)| format!("{:.1},{:.1}", x(*b), ya(*a)))
+        .collect();
+    let _ = writeln!(
+        out,
+        r##"<polyline points="{}" fill="none" stroke="#4a78b5"/>"##,
+        acc_line.join(" ")
+    );
+    for (b, a) in &dots {
+        let _ = writeln!(
+            out,
+            r##"<circle cx="{:.1}" cy="{:.1}" r="3" fill="#4a78b5"/>"##,
+            x(*b),
+            ya(*a)
+        );
+    }
+    let _ = writeln!(
+        out,
+        r##"<circle cx="{:.1}" cy="{:.1}" r="7" fill="none" stroke="#c0392b" stroke-width="2"/><text x="{:.1}" y="{:.1}" fill="#c0392b">chosen: {:.2} bits, {:.2}%</text>"##,
+        x(m.bits),
+        ya(m.accuracy),
+        x(m.bits) + 10.0,
+        ya(m.accuracy) - 8.0,
+        m.bits,
+        100.0 * m.accuracy
+    );
+    for (v, anchor, at) in [(lo, "start", left), (hi, "end", left + w)] {
+        let _ = writeln!(
+            out,
+            r#"<text x="{at:.1}" y="{:.1}" text-anchor="{anchor}">{v:.2} bits</text>"#,
+            top + h + 16.0
+        );
+    }
+    for (v, y) in [(amax, top + 4.0), (amin, top + h)] {
+        let _ = writeln!(
+            out,
+            r#"<text x="{:.1}" y="{y:.1}" text-anchor="end">{:.2}%</text>"#,
+            left - 4.0,
+            100.0 * v
+        );
+    }
+    out
 }
 
 /// `text` safe inside SVG text.
@@ -657,35 +844,78 @@ fn mean(runs: &[Sensitivity]) -> Sensitivity {
     }
 }
 
-/// The number of weights of each slot in `slots` (its layer's Linear or Conv2d weight in the
-/// lowered graph).
-fn weight_sizes<S: BatchShape, Q: QuantizedModule>(
+/// The units of `resource` of each slot in `slots` ([`Resource`]), read from the lowered graph:
+/// its layer's Linear or Conv2d node for weights slots, its own quantize node for activation
+/// slots.
+fn slot_units<S: BatchShape, Q: QuantizedModule>(
     q: &Q,
     slots: &[(String, String, String)],
-) -> Result<Vec<usize>, RunError> {
+    resource: Resource,
+) -> Result<Vec<u64>, RunError> {
     let graph = quant_ops::export::export_model(q, &S::sample_shape(), BTreeMap::new())?;
+    let shapes = graph.check()?;
+    let numel = |i: usize| shapes.nodes[i].iter().product::<usize>() as u64;
     slots
         .iter()
         .map(|(name, layer, _)| {
-            graph
-                .nodes
-                .iter()
-                .find_map(|n| match &n.op {
-                    Op::Linear { weight, .. } | Op::Conv2d { weight, .. } if n.name == *layer => {
-                        Some(weight.values.len())
+            let units = graph.nodes.iter().enumerate().find_map(|(i, n)| {
+                match (&n.op, resource) {
+                    (Op::Quantize { .. }, Resource::Activations) if n.name == *name => {
+                        Some(numel(i))
+                    }
+                    (Op::Linear { weight, out_features, .. }, Resource::Weights | Resource::Bops)
+                        if n.name == *layer =>
+                    {
+                        // Multiply-adds: every weight once per row (token) of the output.
+                        let rows = numel(i) / (*out_features).max(1) as u64;
+                        Some(weighted(&graph, n, weight.values.len() as u64, rows, resource))
+                    }
+                    (Op::Conv2d { weight, geometry, .. }, Resource::Weights | Resource::Bops)
+                        if n.name == *layer =>
+                    {
+                        let positions = numel(i) / geometry.out_channels.max(1) as u64;
+                        Some(weighted(&graph, n, weight.values.len() as u64, positions, resource))
                     }
                     _ => None,
-                })
-                .ok_or_else(|| {
-                    quant_core::QuantError::InvalidValue {
-                        what: format!("weights slot {name}"),
-                        value: layer.clone(),
-                        expected: "a Linear or Conv2d layer of the lowered graph, whose weights can be counted".into(),
-                    }
-                    .into()
-                })
+                }
+            });
+            units.ok_or_else(|| {
+                quant_core::QuantError::InvalidValue {
+                    what: format!("slot {name}"),
+                    value: layer.clone(),
+                    expected: format!(
+                        "a slot whose {} the lowered graph shows (a Linear or Conv2d layer's weights, an activation's quantize node)",
+                        resource.unit()
+                    ),
+                }
+                .into()
+            })
         })
         .collect()
+}
+
+/// A layer's units: its weights, or its multiply-adds (`weights × rows`) times its input's
+/// bits (32 for a float input).
+fn weighted(
+    graph: &quant_ops::graph::Graph,
+    node: &quant_ops::graph::Node,
+    weights: u64,
+    rows: u64,
+    resource: Resource,
+) -> u64 {
+    if resource != Resource::Bops {
+        return weights;
+    }
+    let input_bits = node
+        .inputs
+        .first()
+        .and_then(|v| graph.node_index(v))
+        .and_then(|p| match &graph.nodes[p].op {
+            Op::Quantize { quantizer } => Some(u64::from(quantizer.origin.bits)),
+            _ => None,
+        })
+        .unwrap_or(32);
+    weights.saturating_mul(rows).saturating_mul(input_bits)
 }
 
 /// The mean PTQ accuracy over the seeds' deployable models under `policy`.
@@ -717,16 +947,43 @@ where
     Ok(sum / deploys.len().max(1) as f64)
 }
 
+/// `policy` with each of `slots` at the width `choices` gives it (an index into `candidates`).
+fn with_widths(
+    policy: &Policy,
+    slots: &[(String, String, String)],
+    choices: &[usize],
+    candidates: &[u8],
+) -> Policy {
+    let mut policy = policy.clone();
+    for ((_, layer, slot_name), &j) in slots.iter().zip(choices) {
+        policy.overrides.push(Override {
+            pattern: exactly(layer),
+            weights: None,
+            input: None,
+            slots: [(
+                slot_name.clone(),
+                SlotSetting::Quantize(QuantizerSettings {
+                    bits: Some(u32::from(candidates[j])),
+                    ..QuantizerSettings::default()
+                }),
+            )]
+            .into(),
+        });
+    }
+    policy
+}
+
 /// The mixed-precision search: the seeds' mean noise per slot and width, the exact optimum
-/// within the budget, its policy and accuracy, and the front.
+/// within the budget, its policy and accuracy, and the front with the accuracy of some of its
+/// points.
 fn search<S, const C: usize, D>(
     cfg: &RunConfig,
     data: &Dataset,
     deploys: &[(Cpu, D, u64)],
     noises: &[SeedNoise],
     slots: &[(String, String, String)],
-    sizes: &[usize],
-    budget: &WeightBudget,
+    units: &[u64],
+    budget: &PrecisionBudget,
 ) -> Result<MixedPrecision, RunError>
 where
     S: BatchShape,
@@ -748,68 +1005,66 @@ where
                 .zip(&noise[i])
                 .map(|(&bits, &loss)| Choice {
                     bits,
-                    cost: sizes[i] as u64 * u64::from(bits),
+                    cost: units[i].saturating_mul(u64::from(bits)),
                     loss,
                 })
                 .collect()
         })
         .collect();
-    let total: u64 = sizes.iter().map(|&s| s as u64).sum::<u64>().max(1);
-    let allowed = (budget.bits_per_weight * total as f64).floor() as u64;
+    let total: u64 = units.iter().sum::<u64>().max(1);
+    let allowed = (budget.bits * total as f64).floor() as u64;
     let budget_error =
         |e: super::mixed_precision::SolveError| quant_core::QuantError::InvalidValue {
-            what: "weight_budget".into(),
-            value: budget.bits_per_weight.to_string(),
+            what: budget.resource.option().into(),
+            value: budget.bits.to_string(),
             expected: e.to_string(),
         };
     let best = solve(&choices, allowed).map_err(budget_error)?;
-    let mut policy = cfg.quantization.clone();
-    for ((_, layer, slot_name), &j) in slots.iter().zip(&best.choices) {
-        policy.overrides.push(Override {
-            pattern: exactly(layer),
-            weights: None,
-            input: None,
-            slots: [(
-                slot_name.clone(),
-                SlotSetting::Quantize(QuantizerSettings {
-                    bits: Some(u32::from(budget.candidates[j])),
-                    ..QuantizerSettings::default()
-                }),
-            )]
-            .into(),
-        });
-    }
+    let policy = with_widths(&cfg.quantization, slots, &best.choices, &budget.candidates);
     let accuracy = ptq_accuracy::<S, C, D>(cfg, data, deploys, &policy)?;
+    let target = budget.resource.target();
     let uniform = budget
         .candidates
         .iter()
-        .filter(|&&b| f64::from(b) <= budget.bits_per_weight)
+        .filter(|&&b| f64::from(b) <= budget.bits)
         .max();
     let uniform_accuracy = uniform
         .map(|&b| {
-            ptq_accuracy::<S, C, D>(cfg, data, deploys, &with_weight_bits(&cfg.quantization, b))
+            ptq_accuracy::<S, C, D>(cfg, data, deploys, &with_bits(&cfg.quantization, target, b))
         })
         .transpose()?;
-    let front = pareto_front(&choices, u64::MAX)
-        .map_err(budget_error)?
-        .iter()
-        .map(|a| (a.cost as f64 / total as f64, a.loss))
-        .collect();
+    let assignments = pareto_front(&choices, u64::MAX).map_err(budget_error)?;
+    let step = assignments.len().div_ceil(FRONT_ACCURACIES).max(1);
+    let mut front = Vec::with_capacity(assignments.len());
+    for (i, a) in assignments.iter().enumerate() {
+        let measured = i % step == 0 || i + 1 == assignments.len();
+        let accuracy = if measured {
+            let p = with_widths(&cfg.quantization, slots, &a.choices, &budget.candidates);
+            Some(ptq_accuracy::<S, C, D>(cfg, data, deploys, &p)?)
+        } else {
+            None
+        };
+        front.push(FrontPoint {
+            bits: a.cost as f64 / total as f64,
+            noise: a.loss,
+            accuracy,
+        });
+    }
     Ok(MixedPrecision {
         budget: budget.clone(),
         slots: slots
             .iter()
-            .zip(sizes)
+            .zip(units)
             .zip(noise)
             .zip(&best.choices)
-            .map(|((((name, _, _), &weights), noise), &j)| WeightSlot {
+            .map(|((((name, _, _), &units), noise), &j)| BudgetSlot {
                 slot: name.clone(),
-                weights,
+                units,
                 noise,
                 bits: budget.candidates[j],
             })
             .collect(),
-        bits_per_weight: best.cost as f64 / total as f64,
+        bits: best.cost as f64 / total as f64,
         accuracy,
         uniform_accuracy,
         front,
@@ -852,7 +1107,7 @@ where
     let mut deploys = Vec::new();
     let mut noises: Vec<SeedNoise> = Vec::new();
     let mut searched: Vec<(String, String, String)> = Vec::new();
-    let mut sizes: Vec<usize> = Vec::new();
+    let mut units: Vec<u64> = Vec::new();
     for &seed in &cfg.run.seeds {
         let cfg = cfg.clone();
         let s = Seed {
@@ -877,12 +1132,12 @@ where
             &float_logits,
             &data.test,
         )?);
-        if let Some(budget) = &request.weight_budget {
+        if let Some(budget) = &request.budget {
+            let target = budget.resource.target();
             if searched.is_empty() {
                 let mut q = ptq.model.clone();
-                searched =
-                    configured_slots(&mut q, |slot| slot.target == QuantizationTarget::Weights)?;
-                sizes = weight_sizes::<S, _>(&ptq.model, &searched)?;
+                searched = configured_slots(&mut q, |slot| slot.target == target)?;
+                units = slot_units::<S, _>(&ptq.model, &searched, budget.resource)?;
             }
             let calibration = data.calibration.as_ref().unwrap_or(&data.train);
             let mut noise = vec![vec![0.0; budget.candidates.len()]; searched.len()];
@@ -890,7 +1145,7 @@ where
                 let mut q = super::quantize::<S, C, D>(
                     &float.dev,
                     &ptq.deploy,
-                    &with_weight_bits(&cfg.quantization, bits),
+                    &with_bits(&cfg.quantization, target, bits),
                     calibration,
                     cfg.calibration.batches,
                     cfg.calibration.batch_size,
@@ -908,9 +1163,9 @@ where
         deploys.push((float.dev, ptq.deploy, seed));
     }
     let mean = mean(&runs);
-    let mixed_precision = match &request.weight_budget {
+    let mixed_precision = match &request.budget {
         Some(budget) => Some(search::<S, C, D>(
-            cfg, &data, &deploys, &noises, &searched, &sizes, budget,
+            cfg, &data, &deploys, &noises, &searched, &units, budget,
         )?),
         None => None,
     };

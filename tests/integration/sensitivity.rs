@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use quant::pipeline::sensitivity::{analyze, Analysis, AnalyzeRequest, WeightBudget};
+use quant::pipeline::sensitivity::{analyze, Analysis, AnalyzeRequest, PrecisionBudget, Resource};
 use quant::pipeline::{RunConfig, RunOptions};
 
 /// The digits MLP, 8-bit everywhere but the middle Linear's weights: 2 bits, per tensor,
@@ -145,10 +145,11 @@ fn drop_of(max_drop: f64) -> AnalyzeRequest {
     }
 }
 
-fn budget_of(bits_per_weight: f64, candidates: &[u8]) -> AnalyzeRequest {
+fn budget_of(resource: Resource, bits: f64, candidates: &[u8]) -> AnalyzeRequest {
     AnalyzeRequest {
-        weight_budget: Some(WeightBudget {
-            bits_per_weight,
+        budget: Some(PrecisionBudget {
+            resource,
+            bits,
             candidates: candidates.to_vec(),
         }),
         ..AnalyzeRequest::default()
@@ -158,23 +159,24 @@ fn budget_of(bits_per_weight: f64, candidates: &[u8]) -> AnalyzeRequest {
 #[test]
 fn mixed_precision_keeps_the_budget_and_its_policy_reproduces_its_accuracy() {
     let cfg = planted();
-    let a = analyze(&cfg, &RunOptions::default(), &budget_of(4.0, &[2, 4, 8])).unwrap();
+    let a = analyze(
+        &cfg,
+        &RunOptions::default(),
+        &budget_of(Resource::Weights, 4.0, &[2, 4, 8]),
+    )
+    .unwrap();
     let m = a.mixed_precision.as_ref().unwrap();
     // The three Linear layers' weights, sized from the graph: 64x256, 256x256, 256x10.
-    let sizes: Vec<usize> = m.slots.iter().map(|w| w.weights).collect();
+    let sizes: Vec<usize> = m.slots.iter().map(|w| w.units as usize).collect();
     assert_eq!(sizes, [64 * 256, 256 * 256, 256 * 10], "{}", a.table());
     let total: usize = sizes.iter().sum();
     let bits: usize = m
         .slots
         .iter()
-        .map(|w| w.weights * usize::from(w.bits))
+        .map(|w| w.units as usize * usize::from(w.bits))
         .sum();
-    assert!(
-        bits <= 4 * total && m.bits_per_weight <= 4.0,
-        "{}",
-        a.table()
-    );
-    assert!((m.bits_per_weight - bits as f64 / total as f64).abs() < 1e-12);
+    assert!(bits <= 4 * total && m.bits <= 4.0, "{}", a.table());
+    assert!((m.bits - bits as f64 / total as f64).abs() < 1e-12);
     // More bits mean less noise at every slot, so the optimum spends the budget: no slot
     // could move to a wider candidate within it.
     for w in &m.slots {
@@ -185,7 +187,7 @@ fn mixed_precision_keeps_the_budget_and_its_policy_reproduces_its_accuracy() {
             w.noise
         );
         if let Some(&wider) = [2u8, 4, 8].iter().find(|&&b| b > w.bits) {
-            let more = w.weights * usize::from(wider - w.bits);
+            let more = w.units as usize * usize::from(wider - w.bits);
             assert!(
                 bits + more > 4 * total,
                 "{} could take {wider} bits",
@@ -193,17 +195,27 @@ fn mixed_precision_keeps_the_budget_and_its_policy_reproduces_its_accuracy() {
             );
         }
     }
-    // The front runs from all 2-bit to all 8-bit, and the chosen point is on it.
+    // The front runs from all 2-bit to all 8-bit with falling noise, the chosen point is on
+    // it, and its ends have their accuracy measured, the 8-bit end the best.
     let (first, last) = (m.front.first().unwrap(), m.front.last().unwrap());
     assert!(
-        (first.0 - 2.0).abs() < 1e-12 && (last.0 - 8.0).abs() < 1e-12,
+        (first.bits - 2.0).abs() < 1e-12 && (last.bits - 8.0).abs() < 1e-12,
         "{:?}",
         m.front
     );
-    assert!(m
-        .front
-        .iter()
-        .any(|p| (p.0 - m.bits_per_weight).abs() < 1e-12));
+    assert!(m.front.windows(2).all(|p| p[0].noise > p[1].noise));
+    assert!(m.front.iter().any(|p| (p.bits - m.bits).abs() < 1e-12));
+    // The ends' accuracies are measured; a measured point with the chosen widths has the
+    // chosen policy's accuracy (the same policy, the same PTQ).
+    assert!(first.accuracy.is_some() && last.accuracy.is_some());
+    for p in &m.front {
+        if let (Some(acc), true) = (p.accuracy, (p.bits - m.bits).abs() < 1e-12) {
+            assert_eq!(acc, m.accuracy, "{}", a.table());
+        }
+    }
+    let measured = m.front.iter().filter(|p| p.accuracy.is_some()).count();
+    assert!((2..=9).contains(&measured), "{measured}");
+    assert!(a.svg().contains("Mixed precision (Weights)"));
     // The policy, read back, gives the same PTQ accuracy.
     let text = toml::to_string(&m.policy).unwrap();
     let mut again = cfg.clone();
@@ -220,11 +232,65 @@ fn mixed_precision_keeps_the_budget_and_its_policy_reproduces_its_accuracy() {
         (4.0, &[1, 4][..], "candidates"),
         (4.0, &[4, 17][..], "candidates"),
     ] {
-        let e = analyze(&cfg, &RunOptions::default(), &budget_of(bits, candidates))
+        let request = budget_of(Resource::Weights, bits, candidates);
+        let e = analyze(&cfg, &RunOptions::default(), &request)
             .unwrap_err()
             .to_string();
         assert!(e.contains(key), "{bits} {candidates:?}: {e}");
     }
+}
+
+#[test]
+fn bops_and_activation_budgets_count_their_units_and_keep_them() {
+    let cfg = planted();
+    // BOPs: multiply-adds times the 8-bit inputs; the same layers as the weights.
+    let a = analyze(
+        &cfg,
+        &RunOptions::default(),
+        &budget_of(Resource::Bops, 5.0, &[2, 4, 8]),
+    )
+    .unwrap();
+    let m = a.mixed_precision.as_ref().unwrap();
+    let units: Vec<u64> = m.slots.iter().map(|s| s.units).collect();
+    assert_eq!(
+        units,
+        [64 * 256 * 8, 256 * 256 * 8, 256 * 10 * 8],
+        "{}",
+        a.table()
+    );
+    let spent: u64 = m.slots.iter().map(|s| s.units * u64::from(s.bits)).sum();
+    assert!(spent <= 5 * units.iter().sum::<u64>(), "{}", a.table());
+    // Activations: each Linear's input quantizer, counted in values per sample.
+    let a = analyze(
+        &cfg,
+        &RunOptions::default(),
+        &budget_of(Resource::Activations, 6.0, &[4, 8]),
+    )
+    .unwrap();
+    let m = a.mixed_precision.as_ref().unwrap();
+    let slots: Vec<(&str, u64)> = m.slots.iter().map(|s| (s.slot.as_str(), s.units)).collect();
+    assert_eq!(
+        slots,
+        [("0.input", 64), ("2.input", 256), ("4.input", 256)],
+        "{}",
+        a.table()
+    );
+    let spent: u64 = m.slots.iter().map(|s| s.units * u64::from(s.bits)).sum();
+    assert!(spent <= 6 * 576 && m.bits <= 6.0, "{}", a.table());
+    // The policy gives those inputs those widths.
+    let text = toml::to_string(&m.policy).unwrap();
+    let mut again = cfg.clone();
+    again.quantization = quant::policy::Policy::from_toml_str(&text, "acts.toml").unwrap();
+    let again = analyze(&again, &RunOptions::default(), &AnalyzeRequest::default()).unwrap();
+    assert_eq!(again.mean.quantized.accuracy, m.accuracy, "{text}");
+    let e = analyze(
+        &cfg,
+        &RunOptions::default(),
+        &budget_of(Resource::Activations, 9.0, &[4, 8]),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("activation_budget"), "{e}");
 }
 
 fn scratch(name: &str) -> PathBuf {
@@ -284,9 +350,8 @@ fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let policy = std::fs::read_to_string(dir.join("mixed.toml")).unwrap();
     quant::policy::Policy::from_toml_str(&policy, "mixed.toml").unwrap();
-    assert!(
-        String::from_utf8_lossy(&o.stdout).contains("mixed precision (at most 3 bits per weight")
-    );
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .contains("mixed precision (Weights: at most 3 bits per unit"));
     let o = run(&[
         "--weight-budget",
         "3",
