@@ -39,6 +39,10 @@ struct SeedArgs {
     /// Only this seed instead of the run file's seeds.
     #[arg(long)]
     seed: Option<u64>,
+    /// Quantize with this policy file (such as `quant analyze --policy-out` writes) instead of
+    /// the run file's [quantization].
+    #[arg(long)]
+    policy: Option<PathBuf>,
     /// No progress bars: `run` prints one line per finished seed (on stderr), then the report.
     #[arg(long)]
     quiet: bool,
@@ -51,11 +55,16 @@ impl SeedArgs {
         if let Some(seed) = self.seed {
             cfg.run.seeds = vec![seed];
         }
+        let mut policy_name = config.display().to_string();
+        if let Some(path) = &self.policy {
+            cfg.quantization = quant::policy::Policy::from_file(path)?;
+            policy_name = format!("{policy_name} with the policy {}", path.display());
+        }
         let opts = RunOptions {
             cache_dir: (!self.no_cache).then(|| self.cache_dir.clone()),
             export_dir: None,
             progress: !self.quiet,
-            policy_name: config.display().to_string(),
+            policy_name,
         };
         Ok((cfg, opts))
     }
@@ -283,6 +292,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 .map_or_else(|| "run".into(), |s| s.to_string_lossy().into_owned());
             let export_dir = out.unwrap_or_else(|| Path::new("runs").join(&stem).join("export"));
             let mut inputs = vec![config.as_path()];
+            inputs.extend(seeds.policy.as_deref());
             inputs.extend(cfg.data.files());
             // What a killed run left half-committed is rolled back first.
             recover_outputs(&export_dir);
@@ -361,6 +371,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             }
             let (cfg, opts) = seeds.apply(&config)?;
             let mut inputs = vec![config.as_path()];
+            inputs.extend(seeds.policy.as_deref());
             inputs.extend(cfg.data.files());
             let outputs = [
                 (&report, "--report"),

@@ -352,6 +352,54 @@ fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
     quant::policy::Policy::from_toml_str(&policy, "mixed.toml").unwrap();
     assert!(String::from_utf8_lossy(&o.stdout)
         .contains("mixed precision (Weights: at most 3 bits per unit"));
+    // `quant run --policy` quantizes with the written policy instead of the run file's.
+    let o = Command::new(env!("CARGO_BIN_EXE_quant"))
+        .args([
+            "run",
+            "planted.toml",
+            "--policy",
+            "mixed.toml",
+            "--no-cache",
+            "--quiet",
+        ])
+        .args(["--report", "r.json", "--out", "export"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let r: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).unwrap()).unwrap();
+    assert!(
+        r["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("with the policy mixed.toml"),
+        "{r}"
+    );
+    let widths: Vec<u64> = r["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|l| l["quantizers"].as_array().unwrap().iter())
+        .filter(|q| q["slot"] == "weights")
+        .map(|q| q["bits"].as_u64().unwrap())
+        .collect();
+    let chosen: Vec<u64> = policy
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("bits = "))
+        .map(|b| b.parse().unwrap())
+        .collect();
+    assert!(
+        chosen.len() >= 3 && chosen.ends_with(&widths),
+        "{widths:?} vs {chosen:?}"
+    );
+    let o = Command::new(env!("CARGO_BIN_EXE_quant"))
+        .args(["run", "planted.toml", "--policy", "missing.toml", "--quiet"])
+        .current_dir(&dir)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("missing.toml"));
     let o = run(&[
         "--weight-budget",
         "3",
