@@ -26,10 +26,10 @@ use quant::digits;
 use quant::pipeline::nets;
 use quant::pipeline::train::{input, targets, Logits, Taped};
 use quant::pipeline::{quantize, BatchShape, DeployModel, FloatModel, Model};
-use quant_ops::export::export_model;
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_ops::lower::export_model;
 use quant_ops::policy::Policy;
+use quant_runtime::integer::IntegerModel;
 
 type BoxError = Box<dyn std::error::Error>;
 

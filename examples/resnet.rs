@@ -18,11 +18,11 @@ use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
 use quant::quant_ops::calibration::calibrate;
 use quant::quant_ops::convert::convert_model;
-use quant::quant_ops::export::export_model;
-use quant::quant_ops::integer::IntegerModel;
 use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant::quant_ops::lower::export_model;
 use quant::quant_ops::policy::Policy;
 use quant::quant_ops::report::{layer_report, layer_table};
+use quant::quant_runtime::integer::IntegerModel;
 
 type Block = Residual<(Linear<64, 64>, ReLU, Linear<64, 64>)>;
 type Builder = (Linear<64, 64>, ReLU, Block, LayerNorm1D<64>, Linear<64, 10>);

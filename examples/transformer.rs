@@ -23,10 +23,10 @@ use quant::digits;
 use quant::pipeline::train::targets;
 use quant::quant_ops::calibration::calibrate;
 use quant::quant_ops::convert::convert_model;
-use quant::quant_ops::export::export_model;
-use quant::quant_ops::integer::IntegerModel;
 use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant::quant_ops::lower::export_model;
 use quant::quant_ops::policy::Policy;
+use quant::quant_runtime::integer::IntegerModel;
 
 const TOKENS: usize = 8;
 const MODEL: usize = 32;

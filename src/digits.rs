@@ -15,7 +15,7 @@
 use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
-use quant_ops::fs::{describe_size, shorten};
+use quant_runtime::fs::{describe_size, shorten};
 
 /// Pixels per image.
 pub const PIXELS: usize = 64;
@@ -73,9 +73,12 @@ pub fn load(path: &Path) -> Result<Dataset, DataError> {
         path: path.to_path_buf(),
         source,
     };
-    let (file, len) = quant_ops::fs::open_regular(path).map_err(read_err)?;
+    let (file, len) = quant_runtime::fs::open_regular(path).map_err(read_err)?;
     if len > MAX_DATA_FILE_BYTES {
-        return Err(read_err(quant_ops::fs::too_large(len, MAX_DATA_FILE_BYTES)));
+        return Err(read_err(quant_runtime::fs::too_large(
+            len,
+            MAX_DATA_FILE_BYTES,
+        )));
     }
     let file = file.take(MAX_DATA_FILE_BYTES);
     if path.extension().is_some_and(|e| e == "gz") {

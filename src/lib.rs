@@ -83,6 +83,8 @@ pub use quant_core::*;
 pub use quant_macros::*;
 pub use quant_ops;
 pub use quant_ops::*;
+pub use quant_runtime;
+pub use quant_runtime::*;
 
 pub mod data;
 pub mod digits;

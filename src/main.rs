@@ -176,11 +176,11 @@ enum Command {
         predictions: bool,
         /// Working memory a model may take at once, in MiB: a batch runs in chunks within
         /// it, and a model one sample of which needs more is refused before it runs.
-        #[arg(long, default_value_t = (quant_ops::integer::MAX_BATCH_BYTES >> 20) as u32, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        #[arg(long, default_value_t = (quant_runtime::integer::MAX_BATCH_BYTES >> 20) as u32, value_parser = clap::value_parser!(u32).range(1..=65_536))]
         memory_mib: u32,
         /// Most multiply-adds one pass over the samples may take, all together; a pass that
         /// would take more is refused before it runs.
-        #[arg(long, default_value_t = quant_ops::integer::MAX_CALL_MACS, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, default_value_t = quant_runtime::integer::MAX_CALL_MACS, value_parser = clap::value_parser!(u64).range(1..))]
         max_multiply_adds: u64,
     },
 }

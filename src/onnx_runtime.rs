@@ -18,7 +18,7 @@ use tract_onnx::tract_hir::internal::{bail, DimLike};
 
 use crate::data::{DataError, Dataset};
 use crate::pipeline::train::accuracy;
-use quant_ops::integer::Budget;
+use quant_runtime::integer::Budget;
 
 /// Largest ONNX file [`OnnxModel::load`] reads (larger files are refused before reading).
 pub const MAX_ONNX_FILE_BYTES: u64 = 256 << 20;
@@ -280,7 +280,7 @@ fn check_budget(model: &tract_onnx::pb::ModelProto) -> Result<(), String> {
 
 /// A name for a message: cut, control characters escaped.
 fn short(name: &str) -> String {
-    quant_ops::fs::escape_controls(&quant_ops::fs::shorten(name)).into_owned()
+    quant_runtime::fs::escape_controls(&quant_runtime::fs::shorten(name)).into_owned()
 }
 
 /// One sample's working memory (the bytes of every value tract computes, together) and
@@ -338,12 +338,13 @@ impl OnnxModel {
     /// # Errors
     /// As [`OnnxModel::load`].
     pub fn load_with_budget(path: &Path, budget: Budget) -> Result<OnnxModel, OnnxRunError> {
-        let bytes = quant_ops::fs::read_limited(path, MAX_ONNX_FILE_BYTES).map_err(|source| {
-            OnnxRunError::Io {
-                path: path.to_path_buf(),
-                source,
-            }
-        })?;
+        let bytes =
+            quant_runtime::fs::read_limited(path, MAX_ONNX_FILE_BYTES).map_err(|source| {
+                OnnxRunError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                }
+            })?;
         let model_error = |message: String| OnnxRunError::Model {
             path: path.to_path_buf(),
             message,
@@ -483,7 +484,10 @@ impl OnnxModel {
     /// See [`OnnxModel::forward`].
     pub fn predict(&self, x: &[f32]) -> Result<Vec<usize>, OnnxRunError> {
         let y = self.forward(x)?;
-        Ok(quant_ops::integer::argmax_rows(&y, self.output_features))
+        Ok(quant_runtime::integer::argmax_rows(
+            &y,
+            self.output_features,
+        ))
     }
 }
 

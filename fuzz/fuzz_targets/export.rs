@@ -5,8 +5,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quant_ops::export;
-use quant_ops::integer::IntegerModel;
+use quant_runtime::export;
+use quant_runtime::integer::IntegerModel;
 
 fuzz_target!(|data: &[u8]| {
     let Some((len, rest)) = data.split_first_chunk::<4>() else {

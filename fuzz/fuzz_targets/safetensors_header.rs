@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use quant_ops::checkpoint::check_safetensors;
+use quant_runtime::safetensors::check_safetensors;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(header) = check_safetensors(data) {

@@ -217,6 +217,7 @@ pub fn check_len(what: &str, expected: usize, actual: usize) -> Result<()> {
     Ok(())
 }
 
+#[cfg(feature = "dfdx")]
 impl From<dfdx::tensor::CpuError> for QuantError {
     fn from(e: dfdx::tensor::CpuError) -> Self {
         QuantError::Device(e.to_string())

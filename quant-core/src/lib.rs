@@ -54,12 +54,14 @@ macro_rules! serde_via_new {
     };
 }
 
+pub mod accumulator;
 pub mod config;
 pub mod error;
 pub mod grid;
 pub mod inferable;
 pub mod int8;
 pub mod kernels;
+#[cfg(feature = "dfdx")]
 pub mod ops;
 pub mod quantizer;
 pub mod registry;

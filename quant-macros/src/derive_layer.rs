@@ -227,7 +227,7 @@ fn generate(info: &StructInfo) -> TokenStream {
         .collect();
     let slot_names: Vec<&String> = weights.iter().map(|f| &f.name).collect();
     let lower_input = if input {
-        quote!(let x = g.quantize(&#sup::join_name(name, #sup::Slot::INPUT.name), &self.input_quantizer, x)?;)
+        quote!(let x = #sup::QuantizeNodes::quantize(g, &#sup::join_name(name, #sup::Slot::INPUT.name), &self.input_quantizer, x)?;)
     } else {
         quote!(let _ = x;)
     };

@@ -14,8 +14,8 @@
 //! # Adding a layer kind
 //! A weight-free layer whose graph form is one op: implement [`GraphOp`] for it (below, next
 //! to its `Convert` impl, through `stays_float!` or `input_only!`), add its op to
-//! [`Op`] with its shape ([`crate::graph`]), its float reference
-//! ([`crate::graph::evaluate`]) and its integer kernel ([`crate::integer`]). A layer with
+//! [`Op`] with its shape ([`quant_runtime::graph`]), its float reference
+//! ([`quant_runtime::graph::evaluate`]) and its integer kernel ([`quant_runtime::integer`]). A layer with
 //! weights or several slots: a twin struct that implements [`QuantizedModule`] (its slots, its
 //! lowering) and a `Convert` impl here. The README's architecture section has the checklist.
 
@@ -32,12 +32,12 @@ use serde::{Deserialize, Serialize};
 
 use quant_core::{QuantError, Result};
 
-use crate::graph::{Op, Parameter, PoolGeometry};
 use crate::layers::{
     AddQuantizer, Float, QAddInto, QConv2d, QEmbedding, QGeneralizedResidual, QLinear, QRepeated,
     QResidual, QSplitInto, QuantInput, QuantizedModule, QuantizerSpec, Slot,
 };
 use crate::nn::{AvgPool2d, Conv2d, Flatten, ImageTokens, MaxPool2d, MeanTokens};
+use quant_runtime::graph::{Op, Parameter, PoolGeometry};
 
 /// The kinds of layer a policy configures.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]

@@ -1,12 +1,14 @@
 //! # quant-ops
 //!
 //! The catalogue of `quant`: built-in trainable quantizers, observers, float convolution and
-//! pooling for stable Rust, quantized layers, model conversion, calibration, platforms, export
-//! and integer inference.
+//! pooling for stable Rust, quantized layers, model conversion, calibration, platforms,
+//! learned rounding, and lowering to the graph IR that `quant-runtime` exports and runs on
+//! integers.
 //!
 //! ```
 //! use dfdx::prelude::*;
-//! use quant_ops::{convert::convert_model, export::export_model, integer::IntegerModel};
+//! use quant_ops::{convert::convert_model, lower::export_model};
+//! use quant_runtime::integer::IntegerModel;
 //! use quant_ops::{layers::QuantizedModuleExt, policy::Policy};
 //!
 //! // A float model, and a policy file: 8-bit LSQ weights and inputs in every layer.
@@ -38,7 +40,7 @@
 //! let logits = integer.forward(&x.as_vec())?;
 //! let range = fake_quantized.iter().fold(0f32, |m, v| m.max(v.abs()));
 //! for (a, b) in logits.iter().zip(&fake_quantized) {
-//!     assert!((a - b).abs() <= quant_ops::integer::LOGIT_TOLERANCE * range);
+//!     assert!((a - b).abs() <= quant_runtime::integer::LOGIT_TOLERANCE * range);
 //! }
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -54,12 +56,9 @@ mod macros;
 pub mod calibration;
 pub mod checkpoint;
 pub mod convert;
-pub mod export;
 pub mod fold;
-pub mod fs;
-pub mod graph;
-pub mod integer;
 pub mod layers;
+pub mod lower;
 pub mod nn;
 pub mod observers;
 pub mod platform;

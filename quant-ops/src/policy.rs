@@ -77,9 +77,11 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// # Errors
 /// [`PolicyError::Read`] saying which of these failed.
 pub fn read_config_file(path: &Path) -> std::result::Result<String, PolicyError> {
-    crate::fs::read_text_limited(path, MAX_CONFIG_FILE_BYTES).map_err(|source| PolicyError::Read {
-        path: path.display().to_string(),
-        source,
+    quant_runtime::fs::read_text_limited(path, MAX_CONFIG_FILE_BYTES).map_err(|source| {
+        PolicyError::Read {
+            path: path.display().to_string(),
+            source,
+        }
     })
 }
 
@@ -190,7 +192,7 @@ impl QuantizerSettings {
         if let Some(name) = self.options.keys().find(|k| k.len() > MAX_NAME_BYTES) {
             return Err(QuantError::InvalidValue {
                 what: "options".into(),
-                value: crate::fs::shorten(name).into_owned(),
+                value: quant_runtime::fs::shorten(name).into_owned(),
                 expected: format!("option names of at most {MAX_NAME_BYTES} bytes"),
             });
         }
@@ -436,7 +438,7 @@ impl Policy {
         match &self.platform {
             Some(name) if name.len() > MAX_NAME_BYTES => Err(QuantError::InvalidValue {
                 what: "platform".into(),
-                value: crate::fs::shorten(name).into_owned(),
+                value: quant_runtime::fs::shorten(name).into_owned(),
                 expected: format!(
                     "the name of a registered platform (at most {MAX_NAME_BYTES} bytes)"
                 ),
@@ -707,7 +709,7 @@ impl Policy {
                 if self.unmatched_patterns == UnmatchedPatterns::Error {
                     return Err(invalid(
                         format!("overrides[{n}].pattern"),
-                        format!("`{}`", crate::fs::shorten(&o.pattern)),
+                        format!("`{}`", quant_runtime::fs::shorten(&o.pattern)),
                         format!(
                             "a pattern matching layers of this model ({}), or unmatched_patterns = \"warn\"",
                             listed(seen.keys().map(String::as_str))
@@ -728,10 +730,10 @@ impl Policy {
                         .collect();
                     return Err(invalid(
                         format!("overrides[{n}].slots.{slot}"),
-                        format!("`{}`", crate::fs::shorten(slot)),
+                        format!("`{}`", quant_runtime::fs::shorten(slot)),
                         format!(
                             "a slot of the layers `{}` matches: {}",
-                            crate::fs::shorten(&o.pattern),
+                            quant_runtime::fs::shorten(&o.pattern),
                             listed(slots.into_iter())
                         ),
                     ));
@@ -805,8 +807,8 @@ pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Err
     // A key or value can be as long as the file: messages quote at most a readable part.
     PolicyError::Parse {
         origin: origin.to_string(),
-        key: crate::fs::shorten(&key).into_owned(),
-        message: crate::fs::shorten_quoted(&message).into_owned(),
+        key: quant_runtime::fs::shorten(&key).into_owned(),
+        message: quant_runtime::fs::shorten_quoted(&message).into_owned(),
     }
 }
 

@@ -2,7 +2,7 @@
 //! method, bits, scale range) and its quantization error, the SQNR in dB of the layer's output
 //! in the quantized model against the same layer's output with every quantizer disabled, on
 //! one batch (so the error accumulated through the earlier layers counts, as a deployment
-//! would see it). Layer outputs come from the model's graph ([`crate::graph`]).
+//! would see it). Layer outputs come from the model's graph ([`quant_runtime::graph`]).
 
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -11,9 +11,10 @@ use serde::Serialize;
 
 use quant_core::{QuantizationMethod, TrainingMethod};
 
-use crate::export::{export_model, ExportError};
-use crate::graph::{evaluate, Op};
 use crate::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use crate::lower::export_model;
+use quant_runtime::graph::{evaluate, Op};
+use quant_runtime::GraphError;
 
 /// One quantizer of a layer.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -70,7 +71,7 @@ pub fn sqnr_db(reference: &[f32], quantized: &[f32]) -> f64 {
 /// layer's configured quantizers, and for each layer with weights, add, attention matrix
 /// product, LayerNorm and GELU ([`Op::is_measured_layer`]) the SQNR of its output
 /// against the same model with every quantizer disabled, so that it measures quantization
-/// alone. Both models run through their graphs ([`crate::graph::evaluate`]); a model holding a
+/// alone. Both models run through their graphs ([`quant_runtime::graph::evaluate`]); a model holding a
 /// layer with no graph form (a user's own layer) gets its quantizers reported without SQNRs.
 ///
 /// # Errors
@@ -80,16 +81,16 @@ pub fn layer_report<Q: QuantizedModule + Clone>(
     quantized: &Q,
     input_shape: &[usize],
     x: &[f32],
-) -> std::result::Result<Vec<LayerReport>, ExportError> {
+) -> std::result::Result<Vec<LayerReport>, GraphError> {
     let mut reference = quantized.clone();
     reference.set_mode("*", QuantizerMode::Disabled)?;
     let measured = |_: usize, op: &Op| op.is_measured_layer();
     // A model holding a layer with no graph form (a user's own layer) still gets its
     // quantizers reported, without SQNRs.
-    let taps = |m: &Q| -> std::result::Result<Vec<(String, Vec<f32>)>, ExportError> {
+    let taps = |m: &Q| -> std::result::Result<Vec<(String, Vec<f32>)>, GraphError> {
         match export_model(m, input_shape, BTreeMap::new()) {
             Ok(graph) => Ok(evaluate(&graph, x, &measured)?.kept),
-            Err(ExportError::Unsupported { .. }) => Ok(Vec::new()),
+            Err(GraphError::Unsupported { .. }) => Ok(Vec::new()),
             Err(e) => Err(e),
         }
     };

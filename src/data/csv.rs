@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Read};
 use std::path::Path;
 
-use quant_ops::fs::shorten;
+use quant_runtime::fs::shorten;
 
 use super::{
     check_size, read_file, split_rows, DataError, DataSection, Dataset, LabelColumn, Samples,

@@ -34,7 +34,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use quant_ops::fs::describe_size;
+use quant_runtime::fs::describe_size;
 
 pub use npy::NpzArrays;
 
@@ -817,9 +817,9 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
         path: path.to_path_buf(),
         source,
     };
-    let (mut file, len) = quant_ops::fs::open_regular(path).map_err(read_err)?;
+    let (mut file, len) = quant_runtime::fs::open_regular(path).map_err(read_err)?;
     if len > MAX_FILE_BYTES {
-        return Err(read_err(quant_ops::fs::too_large(len, MAX_FILE_BYTES)));
+        return Err(read_err(quant_runtime::fs::too_large(len, MAX_FILE_BYTES)));
     }
     let mut raw = Vec::with_capacity(len as usize);
     (&mut file)
@@ -827,7 +827,7 @@ pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, DataError> {
         .read_to_end(&mut raw)
         .map_err(read_err)?;
     if raw.len() as u64 > MAX_FILE_BYTES {
-        return Err(read_err(quant_ops::fs::too_large(
+        return Err(read_err(quant_runtime::fs::too_large(
             raw.len() as u64,
             MAX_FILE_BYTES,
         )));

@@ -203,7 +203,7 @@ fn parse(path: &Path, bytes: Vec<u8>) -> Result<Array, DataError> {
     let dtype = Dtype::parse(descr).ok_or_else(|| {
         bad(format!(
             "dtype `{}`: expected little-endian integers (u1 to i8), float32 or float64",
-            quant_ops::fs::shorten(descr)
+            quant_runtime::fs::shorten(descr)
         ))
     })?;
     let fortran = field("fortran_order")?;
@@ -219,7 +219,7 @@ fn parse(path: &Path, bytes: Vec<u8>) -> Result<Array, DataError> {
         .map_err(|_| {
             bad(format!(
                 "shape `{}`: expected a tuple of sizes",
-                quant_ops::fs::shorten(shape_text)
+                quant_runtime::fs::shorten(shape_text)
             ))
         })?;
     if shape.is_empty() || shape.len() > 5 {
@@ -239,7 +239,7 @@ fn parse(path: &Path, bytes: Vec<u8>) -> Result<Array, DataError> {
         other => {
             return Err(bad(format!(
                 "fortran_order `{}`: expected True or False",
-                quant_ops::fs::shorten(other)
+                quant_runtime::fs::shorten(other)
             )))
         }
     }

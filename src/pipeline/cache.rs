@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use dfdx::nn::SaveToSafetensors;
 use dfdx::prelude::*;
 
-use quant_ops::fs::StagedFile;
+use quant_runtime::fs::StagedFile;
 
 use super::{output_error, RunConfig, RunError};
 use crate::data::Samples;

@@ -432,7 +432,7 @@ impl RunConfig {
                 return Err(invalid(
                     "data.path",
                     &format!("a file path of 1..={MAX_PATH_BYTES} bytes"),
-                    quant_ops::fs::shorten(&p.display().to_string()).into_owned(),
+                    quant_runtime::fs::shorten(&p.display().to_string()).into_owned(),
                 ));
             }
         }

@@ -49,13 +49,15 @@ use indicatif::{MultiProgress, ProgressDrawTarget};
 
 use quant_core::QuantError;
 use quant_ops::convert::convert_model;
-use quant_ops::export::{self, export_model, ExportError};
-pub use quant_ops::fs::OutputError;
-use quant_ops::fs::{check_output_file, StagedDir};
-use quant_ops::graph::Graph;
-use quant_ops::integer::{Budget, IntegerModel};
+use quant_ops::lower::export_model;
 use quant_ops::policy::{Policy, PolicyError};
 use quant_ops::ptq::RefinedLayer;
+use quant_runtime::export::{self};
+pub use quant_runtime::fs::OutputError;
+use quant_runtime::fs::{check_output_file, StagedDir};
+use quant_runtime::graph::Graph;
+use quant_runtime::integer::{Budget, IntegerModel};
+use quant_runtime::GraphError;
 
 use crate::data::{self, DataError, Dataset, Samples};
 pub use cache::CACHE_KEY_VERSION;
@@ -83,7 +85,7 @@ pub enum RunError {
     Quant(#[from] QuantError),
     /// Export or loading of the integer model.
     #[error(transparent)]
-    Export(#[from] ExportError),
+    Export(#[from] GraphError),
     /// The export directory or the report cannot be written there (checked before the run
     /// starts), or writing it failed.
     #[error(transparent)]
@@ -162,7 +164,7 @@ pub fn run(cfg: &RunConfig, opts: &RunOptions) -> Result<RunReport, RunError> {
 /// it, one call at a time).
 ///
 /// The export directory is checked before anything else
-/// ([`check_export_dir`](quant_ops::fs::check_export_dir): absent, empty or a previous
+/// ([`check_export_dir`](quant_runtime::fs::check_export_dir): absent, empty or a previous
 /// export), so a run that could not write its result fails at once.
 ///
 /// # Errors
@@ -175,7 +177,7 @@ pub fn run_staged(
 ) -> Result<StagedRun, RunError> {
     if let Some(dir) = &opts.export_dir {
         // Checked before the data is read, like every output.
-        quant_ops::fs::check_export_dir(dir)?;
+        quant_runtime::fs::check_export_dir(dir)?;
     }
     let kind = cfg.bundled_model()?;
     let data = data::load(&cfg.data)?;
@@ -484,7 +486,7 @@ pub fn eval_export(
     let model = IntegerModel::with_budget(&export::load(dir)?, budget)?;
     let needed = data.classes_needed();
     if model.input_features() != data.test.sample_len() || model.output_features() < needed {
-        return Err(RunError::Export(ExportError::Unsupported {
+        return Err(RunError::Export(GraphError::Unsupported {
             layer: "(model)".into(),
             reason: format!(
                 "takes {} inputs and gives {} outputs; the data ({}) has {} values per sample and labels up to {}",

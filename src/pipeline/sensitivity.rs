@@ -17,9 +17,9 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 use quant_core::QuantizationTarget;
-use quant_ops::graph::Op;
 use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, Slot};
 use quant_ops::policy::{Override, Policy, QuantizerSettings, SlotSetting};
+use quant_runtime::graph::Op;
 
 use super::mixed_precision::{pareto_front, solve, Choice};
 
@@ -852,7 +852,7 @@ fn slot_units<S: BatchShape, Q: QuantizedModule>(
     slots: &[(String, String, String)],
     resource: Resource,
 ) -> Result<Vec<u64>, RunError> {
-    let graph = quant_ops::export::export_model(q, &S::sample_shape(), BTreeMap::new())?;
+    let graph = quant_ops::lower::export_model(q, &S::sample_shape(), BTreeMap::new())?;
     let shapes = graph.check()?;
     let numel = |i: usize| shapes.nodes[i].iter().product::<usize>() as u64;
     slots
@@ -897,8 +897,8 @@ fn slot_units<S: BatchShape, Q: QuantizedModule>(
 /// A layer's units: its weights, or its multiply-adds (`weights × rows`) times its input's
 /// bits (32 for a float input).
 fn weighted(
-    graph: &quant_ops::graph::Graph,
-    node: &quant_ops::graph::Node,
+    graph: &quant_runtime::graph::Graph,
+    node: &quant_runtime::graph::Node,
     weights: u64,
     rows: u64,
     resource: Resource,

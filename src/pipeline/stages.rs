@@ -10,13 +10,15 @@ use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
 use quant_ops::convert::Convert;
-use quant_ops::export::{self, export_model, ExportError, OnnxFormat, QuantFormat};
-use quant_ops::fs::StagedDir;
-use quant_ops::graph::Graph;
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use quant_ops::lower::export_model;
 use quant_ops::ptq::RefinedLayer;
 use quant_ops::report::{layer_report, LayerReport};
+use quant_runtime::export::{self, OnnxFormat, QuantFormat};
+use quant_runtime::fs::StagedDir;
+use quant_runtime::graph::Graph;
+use quant_runtime::integer::IntegerModel;
+use quant_runtime::GraphError;
 
 use super::cache::save_checkpoint;
 use super::config::{QatInit, RunConfig};
@@ -282,16 +284,14 @@ pub(crate) fn integer<S: BatchShape, Q: QuantizedModule>(
     info.insert("seed".into(), s.seed.to_string());
     let graph = match export_model(&qat.model, &S::sample_shape(), info) {
         Ok(graph) => graph,
-        Err(ExportError::Unsupported { layer, reason }) => {
+        Err(GraphError::Unsupported { layer, reason }) => {
             return Ok(Err(format!("layer `{layer}`: {reason}")))
         }
         Err(e) => return Err(e.into()),
     };
     let predictions = match IntegerModel::new(&graph) {
         Ok(model) => Ok(model.predict(s.data.test.features())?),
-        Err(ExportError::Unsupported { layer, reason }) => {
-            Err(format!("layer `{layer}`: {reason}"))
-        }
+        Err(GraphError::Unsupported { layer, reason }) => Err(format!("layer `{layer}`: {reason}")),
         Err(e) => return Err(e.into()),
     };
     Ok(Ok(IntegerStage { graph, predictions }))

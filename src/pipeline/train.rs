@@ -15,7 +15,7 @@ use rand::SeedableRng;
 
 use quant_core::{QuantError, Result};
 use quant_ops::calibration::BatchPlan;
-use quant_ops::integer::argmax_rows;
+use quant_runtime::integer::argmax_rows;
 
 use super::config::{Distillation, Optimizer, Schedule};
 pub use super::model::{BatchShape, Logits, Taped};

@@ -12,13 +12,13 @@ use dfdx::tensor::CpuError;
 
 use quant::prelude::*;
 use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::export::export_model;
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{
     QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot,
 };
+use quant_ops::lower::export_model;
 use quant_ops::observers::ObserverConfig;
 use quant_ops::report::layer_report;
+use quant_runtime::integer::IntegerModel;
 
 // ----- a user's own layer -----------------------------------------------------------------------
 

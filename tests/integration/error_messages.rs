@@ -18,11 +18,13 @@ use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_af
 use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
 use quant_ops::checkpoint::{load_checkpoint, CheckpointError};
 use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::export::{self, export_model, ExportError, QuantFormat};
 use quant_ops::layers::Slot;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant_ops::lower::export_model;
 use quant_ops::observers::{HistogramBins, ObserverConfig};
 use quant_ops::policy::{Policy, PolicyError};
+use quant_runtime::export::{self, QuantFormat};
+use quant_runtime::GraphError;
 
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("quant-errors-{name}-{}", std::process::id()));
@@ -242,9 +244,9 @@ fn errors_inside_a_model_name_the_layer_and_slot() {
         &["0.input", "run forward_mut on calibration batches"],
     );
 
-    // ExportError::Unsupported: a quantizer still calibrating has no export form.
+    // GraphError::Unsupported: a quantizer still calibrating has no export form.
     let e = export_model(&q, &[4], Default::default()).unwrap_err();
-    assert!(matches!(e, ExportError::Unsupported { .. }));
+    assert!(matches!(e, GraphError::Unsupported { .. }));
     has(&e.to_string(), &["layer `0.input`", "still calibrating"]);
 }
 
@@ -269,7 +271,7 @@ fn file_errors_name_the_file() {
     has(&e.to_string(), &["no-such.safetensors"]);
 
     let e = export::load(&dir.join("no-such-export")).unwrap_err();
-    assert!(matches!(e, ExportError::Io { .. }));
+    assert!(matches!(e, GraphError::Io { .. }));
     has(&e.to_string(), &["no-such-export", "model.json"]);
 
     // Saving where a regular file blocks the directory.
@@ -280,7 +282,7 @@ fn file_errors_name_the_file() {
     )
     .unwrap();
     let e = export::save(&graph, &blocker.join("export"), &[&QuantFormat]).unwrap_err();
-    assert!(matches!(e, ExportError::Io { .. }));
+    assert!(matches!(e, GraphError::Io { .. }));
     has(
         &e.to_string(),
         &["blocker", "is a regular file, not a directory"],
@@ -293,8 +295,11 @@ fn file_errors_name_the_file() {
     std::fs::write(users.join("notes.txt"), b"mine").unwrap();
     let e = export::save(&graph, &users, &[&QuantFormat]).unwrap_err();
     has(&e.to_string(), &["users", "notes.txt", "did not write"]);
-    let e = quant_ops::fs::check_export_dir(std::path::Path::new("bad\0name")).unwrap_err();
-    assert!(matches!(e, quant_ops::fs::OutputError::Io { .. }), "{e}");
+    let e = quant_runtime::fs::check_export_dir(std::path::Path::new("bad\0name")).unwrap_err();
+    assert!(
+        matches!(e, quant_runtime::fs::OutputError::Io { .. }),
+        "{e}"
+    );
     has(&e.to_string(), &["bad\0name"]);
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -10,9 +10,9 @@ use dfdx::prelude::*;
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
 use quant_ops::checkpoint::load_checkpoint;
-use quant_ops::export;
-use quant_ops::integer::IntegerModel;
 use quant_ops::policy::Policy;
+use quant_runtime::export;
+use quant_runtime::integer::IntegerModel;
 
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -174,7 +174,7 @@ fn the_manifest_covers_every_file_of_the_corpus() {
 /// `MAX_BATCH_BYTES`, and still computes every sample.
 #[test]
 fn a_huge_convolution_runs_in_chunks_of_bounded_memory() {
-    use quant_ops::integer::MAX_BATCH_BYTES;
+    use quant_runtime::integer::MAX_BATCH_BYTES;
     let dir = root().join("export").join("conv_kernel_80_padding_79");
     let size: u64 = ["model.json", "model.safetensors"]
         .iter()
@@ -209,7 +209,7 @@ fn a_huge_convolution_runs_in_chunks_of_bounded_memory() {
 /// preparation a model one sample of which does not fit.
 #[test]
 fn a_smaller_budget_chunks_further_and_refuses_what_does_not_fit() {
-    use quant_ops::integer::Budget;
+    use quant_runtime::integer::Budget;
     let graph = export::load(&root().join("export").join("conv_kernel_80_padding_79")).unwrap();
     let default = IntegerModel::new(&graph).unwrap();
     let per_sample = default.working_bytes_per_sample();
@@ -268,7 +268,7 @@ fn values_nothing_reads_are_freed_and_every_op_is_counted() {
 /// take more is refused at once, with the figures, before anything runs.
 #[test]
 fn a_batch_beyond_the_call_budget_is_refused_before_it_runs() {
-    use quant_ops::integer::MAX_CALL_MACS;
+    use quant_runtime::integer::MAX_CALL_MACS;
     let dir = root().join("export").join("conv_kernel_80_padding_79");
     let integer = IntegerModel::new(&export::load(&dir).unwrap()).unwrap();
     let n = (MAX_CALL_MACS / integer.macs_per_sample()) as usize + 1;

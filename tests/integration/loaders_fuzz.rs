@@ -14,10 +14,10 @@ use serde_json::Value;
 
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
-use quant_ops::checkpoint::check_safetensors;
-use quant_ops::export::{self, QuantFormat};
-use quant_ops::integer::IntegerModel;
 use quant_ops::policy::{Policy, PolicyError};
+use quant_runtime::export::{self, QuantFormat};
+use quant_runtime::integer::IntegerModel;
+use quant_runtime::safetensors::check_safetensors;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))

@@ -2,7 +2,7 @@
 //! `model.onnx` that `quant run` writes for every committed config kind, and its predictions
 //! agree with quant's integer model on at least 99.7% of the digits test split, and its logits
 //! with the fake-quantized model (the graph's float reference) within
-//! `quant_ops::export::onnx::LOGIT_TOLERANCE` on at least 99% of the samples (see that
+//! `quant_runtime::export::onnx::LOGIT_TOLERANCE` on at least 99% of the samples (see that
 //! constant for why a few samples may differ by one activation level).
 //!
 //! The configs train with short schedules here (3 float epochs, 1 QAT epoch, one seed): what
@@ -611,8 +611,8 @@ fn every_op_runs_in_tract_as_the_float_reference_computes_it() {
 fn a_sequence_model_runs_in_tract_token_by_token() {
     use quant::dfdx::prelude::*;
     use quant::quant_ops::convert::convert_model;
-    use quant::quant_ops::export::export_model;
     use quant::quant_ops::layers::QuantizedModuleExt;
+    use quant::quant_ops::lower::export_model;
     use quant::quant_ops::policy::Policy;
     let policy = Policy::from_toml_str(
         "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 8\n\

@@ -8,7 +8,7 @@
 //!   for any grid, rounding policy and layout, after initialisation from data or with
 //!   parameters set directly;
 //! - the integer model's logits equal the fake-quantized model's, on random MLPs and CNNs,
-//!   within the tolerance documented in `quant_ops::integer`.
+//!   within the tolerance documented in `quant_runtime::integer`.
 //!
 //! Observers' properties (finite positive scales for any finite input, constants and single
 //! elements included) are in `quant-ops/tests/integration/observers.rs`.
@@ -22,12 +22,12 @@ use quant_core::kernels::{
 };
 use quant_core::{registry, ParamBank, ParamBankMut, MAX_PARAMETERS};
 use quant_ops::convert::{convert_model, Convert, LayerKind};
-use quant_ops::export::export_model;
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::Slot;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant_ops::lower::export_model;
 use quant_ops::nn::builders;
 use quant_ops::observers::ObserverConfig;
+use quant_runtime::integer::IntegerModel;
 
 const POLICIES: [RoundingPolicy; 7] = [
     RoundingPolicy::HalfEven,
@@ -392,7 +392,7 @@ impl<S: Shape, T> AsVec<f32> for Tensor<S, f32, Cpu, T> {
     }
 }
 
-/// The documented tolerance ([`quant_ops::integer::LOGIT_TOLERANCE`]) relative to the largest
+/// The documented tolerance ([`quant_runtime::integer::LOGIT_TOLERANCE`]) relative to the largest
 /// |logit| of the batch.
 fn assert_within_tolerance(int: &[f32], fq: &[f32], what: &str) -> Result<(), TestCaseError> {
     prop_assert_eq!(int.len(), fq.len());
@@ -402,7 +402,7 @@ fn assert_within_tolerance(int: &[f32], fq: &[f32], what: &str) -> Result<(), Te
         .zip(fq)
         .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     prop_assert!(
-        worst <= quant_ops::integer::LOGIT_TOLERANCE * range,
+        worst <= quant_runtime::integer::LOGIT_TOLERANCE * range,
         "{}: integer vs fake-quantized logits differ by {} (range {})",
         what,
         worst,
@@ -412,7 +412,7 @@ fn assert_within_tolerance(int: &[f32], fq: &[f32], what: &str) -> Result<(), Te
 }
 
 proptest! {
-    // A fixed seed: the tolerance holds except near rounding ties (see quant_ops::integer), so
+    // A fixed seed: the tolerance holds except near rounding ties (see quant_runtime::integer), so
     // the cases are the same on every run.
     #![proptest_config(ProptestConfig { cases: 16, rng_seed: proptest::test_runner::RngSeed::Fixed(7), ..config() })]
 

@@ -20,7 +20,7 @@ use std::time::Duration;
 use dfdx::prelude::*;
 use quant::digits::{DataError, BUNDLED_GZ};
 use quant::pipeline::{self, RunConfig, RunError, RunOptions, RunReport};
-use quant_ops::export;
+use quant_runtime::export;
 
 /// Address space the binary may use, in KiB (1 GiB).
 const ADDRESS_SPACE_KIB: u64 = 1 << 20;
@@ -334,8 +334,8 @@ fn case_5_devices_and_fifos_are_never_replaced() {
     }
     // /dev/null itself, checked without writing anything.
     for check in [
-        quant_ops::fs::check_output_file(Path::new("/dev/null")).map(|_| ()),
-        quant_ops::fs::check_export_dir(Path::new("/dev/null")).map(|_| ()),
+        quant_runtime::fs::check_output_file(Path::new("/dev/null")).map(|_| ()),
+        quant_runtime::fs::check_export_dir(Path::new("/dev/null")).map(|_| ()),
     ] {
         let e = check.unwrap_err().to_string();
         assert!(e.contains("/dev/null: is a character device"), "{e}");
@@ -801,8 +801,8 @@ fn case_10_a_header_of_a_million_empty_tensors_is_refused_cheaply() {
     assert!(e.to_string().contains("over the limit"), "{e}");
 
     // Under the byte limit, the tensor count stops the parse.
-    let many = empty_tensors_file(quant_ops::checkpoint::MAX_TENSORS + 1);
-    let e = quant_ops::checkpoint::check_safetensors(&many).unwrap_err();
+    let many = empty_tensors_file(quant_runtime::safetensors::MAX_TENSORS + 1);
+    let e = quant_runtime::safetensors::check_safetensors(&many).unwrap_err();
     assert!(e.contains("more than 65536 tensors"), "{e}");
     std::fs::remove_dir_all(&dir).ok();
 }
@@ -929,8 +929,8 @@ fn case_11_a_data_file_of_more_rows_than_the_limit_stops_at_the_limit() {
 #[test]
 fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
     use quant_ops::convert::convert_model;
-    use quant_ops::export::export_model;
     use quant_ops::layers::QuantizedModuleExt;
+    use quant_ops::lower::export_model;
     let dev = Cpu::seed_from_u64(0);
     let mut float = dev.build_module::<(Linear<4, 3>, ReLU, Linear<3, 2>), f32>();
     float.0.bias = dev.tensor([1000.0, -1000.0, 0.5]);

@@ -241,19 +241,19 @@ pub fn quantized_module_impl(
                 name: &str,
                 g: &mut #sup::GraphBuilder,
                 x: #sup::ValueId,
-            ) -> ::core::result::Result<#sup::ValueId, #sup::ExportError> {
+            ) -> ::core::result::Result<#sup::ValueId, #sup::GraphError> {
                 #lower
             }
         }
     }
 }
 
-/// A `lower` body for a layer the graph IR cannot describe: an `ExportError::Unsupported`
+/// A `lower` body for a layer the graph IR cannot describe: an `GraphError::Unsupported`
 /// naming the layer (`name`), with `reason`.
 pub fn refuse_lowering(paths: &Paths, reason: &str) -> TokenStream {
     let sup = &paths.sup;
     quote! {
-        ::core::result::Result::Err(#sup::ExportError::Unsupported {
+        ::core::result::Result::Err(#sup::GraphError::Unsupported {
             layer: ::std::string::ToString::to_string(name),
             reason: ::std::string::ToString::to_string(#reason),
         })

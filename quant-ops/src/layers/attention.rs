@@ -13,10 +13,11 @@ use super::{
     QuantizedModule, Slot, SlotVisitor, TensorQuantizer,
 };
 use crate::convert::{Convert, LayerKind};
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, Op, ValueId};
-use crate::integer::{attention_scale, SOFTMAX_BITS};
+use crate::lower::QuantizeNodes;
 use quant_core::int8::{Approximation, IntSoftmax};
+use quant_runtime::graph::{GraphBuilder, Op, ValueId};
+use quant_runtime::integer::{attention_scale, SOFTMAX_BITS};
+use quant_runtime::GraphError;
 
 /// A [`QLinear`] whose quantizers are [`TensorQuantizer`]s on dtype `E`, device `D`.
 pub type QLinearOn<const I: usize, const O: usize, E = f32, D = Cpu> =
@@ -366,7 +367,7 @@ impl<const M: usize, const H: usize, const K: usize, const V: usize> QuantizedMo
     /// ([`Op::AttentionScores`]), `<name>.softmax`, `<name>.context`
     /// ([`Op::AttentionContext`]) and `w_o`, with the quantizers of the matrix products'
     /// inputs on their inputs.
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         let inputs = &self.matmul_inputs;
         let q = self.w_q.lower(&join_name(name, "w_q"), g, x)?;
         let k = self.w_k.lower(&join_name(name, "w_k"), g, x)?;
@@ -493,7 +494,7 @@ impl<const M: usize, const H: usize, const F: usize> QuantizedModule
         self.norm2.visit_slots(&join_name(name, "norm2"), f)
     }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         let y = self.self_attn.lower(&join_name(name, "self_attn"), g, x)?;
         let x = self.add.lower(&join_name(name, "add"), g, x, y)?;
         let x = self.norm1.lower(&join_name(name, "norm1"), g, x)?;

@@ -11,9 +11,9 @@ use super::{
     SlotVisitor, TensorQuantizer,
 };
 use crate::convert::LayerKind;
-use crate::export::ExportError;
-use crate::graph::{Conv2dGeometry, GraphBuilder, Op, ValueId};
 use crate::nn::{conv2d_grouped, Conv2d, FeatureMaps};
+use quant_runtime::graph::{Conv2dGeometry, GraphBuilder, Op, ValueId};
+use quant_runtime::GraphError;
 
 /// A 2-D convolution (`weight [C_OUT, C_IN, K, K]`, stride `S`, zero padding `P`) whose weight
 /// passes through `weights_quantizer` (per output channel on axis 0, or per tensor) and whose
@@ -143,7 +143,7 @@ impl_for_conv! {
             )
         }
 
-        fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+        fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
             let geometry = Conv2dGeometry {
                 in_channels: C_IN,
                 out_channels: C_OUT,

@@ -15,12 +15,13 @@ pub use dfdx;
 pub use quant_core::{QuantError, QuantizationTarget, Result};
 
 pub use crate::convert::{Convert, LayerKind};
-pub use crate::export::ExportError;
-pub use crate::graph::{GraphBuilder, ValueId};
 pub use crate::layers::{
     fake_quantize_param, fake_quantize_param_mut, join_name, FakeQuantizer, LayerInput,
     QuantizedModule, QuantizerControl, Slot, SlotRef, TensorQuantizer,
 };
+pub use crate::lower::QuantizeNodes;
+pub use quant_runtime::graph::{GraphBuilder, ValueId};
+pub use quant_runtime::GraphError;
 
 /// The bounds a dtype needs for the layers of a model written dfdx-style (generic over
 /// `E: Dtype, D: Device<E>`): dfdx's `Linear` needs `Float`, every initialiser `SampleUniform`.

@@ -11,8 +11,8 @@ use super::{
     visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotVisitor, TensorQuantizer,
 };
 use crate::convert::LayerKind;
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, ValueId};
+use quant_runtime::graph::{GraphBuilder, ValueId};
+use quant_runtime::GraphError;
 
 /// An embedding table `[VOCAB, DIM]` whose rows pass through `weights_quantizer` (per row, or
 /// per tensor) before the lookup: slot `weights`, kind [`LayerKind::Embedding`].
@@ -112,13 +112,8 @@ impl<const V: usize, const M: usize, WQ: FakeQuantizer> QuantizedModule for QEmb
         )
     }
 
-    fn lower(
-        &self,
-        name: &str,
-        _g: &mut GraphBuilder,
-        _x: ValueId,
-    ) -> Result<ValueId, ExportError> {
-        Err(ExportError::Unsupported {
+    fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, GraphError> {
+        Err(GraphError::Unsupported {
             layer: name.to_string(),
             reason: "an Embedding looks up token ids, which the graph's float input does not carry; export the layers after it, or replace the lookup by a learned tensor added to the input".into(),
         })

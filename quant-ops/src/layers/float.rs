@@ -7,8 +7,8 @@ use quant_core::{QuantError, Result};
 
 use super::{join_name, QuantizedModule, SlotVisitor};
 use crate::convert::GraphOp;
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, ValueId};
+use quant_runtime::graph::{GraphBuilder, ValueId};
+use quant_runtime::GraphError;
 
 /// A module that stays float inside a quantized model (activations, normalisation, ...).
 ///
@@ -52,7 +52,7 @@ impl<M: GraphOp> QuantizedModule for Float<M> {
         Ok(())
     }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         lower_op(&self.0, name, g, x)
     }
 }
@@ -63,7 +63,7 @@ pub(crate) fn lower_op<M: GraphOp>(
     name: &str,
     g: &mut GraphBuilder,
     x: ValueId,
-) -> Result<ValueId, ExportError> {
+) -> Result<ValueId, GraphError> {
     match m.graph_op() {
         Ok(None) => Ok(x),
         Ok(Some(mut op)) => {
@@ -73,7 +73,7 @@ pub(crate) fn lower_op<M: GraphOp>(
             }
             g.add(name, op, &[x])
         }
-        Err(reason) => Err(ExportError::Unsupported {
+        Err(reason) => Err(GraphError::Unsupported {
             layer: name.to_string(),
             reason,
         }),

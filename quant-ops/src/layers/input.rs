@@ -12,9 +12,10 @@ use quant_core::{QuantError, Result};
 use super::float::lower_op;
 use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, TensorQuantizer};
 use crate::convert::InputOnly;
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, ValueId};
+use crate::lower::QuantizeNodes;
 use crate::nn::{AvgPool2d, Flatten, MaxPool2d};
+use quant_runtime::graph::{GraphBuilder, ValueId};
+use quant_runtime::GraphError;
 
 /// Quantizes the input of a module that has no weights (pooling, flatten, a residual add)
 /// with a per-tensor quantizer, then runs the module: pytorch-quantization's
@@ -158,7 +159,7 @@ impl<M: InputOnly> QuantizedModule for QuantInput<M> {
         visit_layer_slots(name, M::KIND, [(Slot::INPUT, &mut self.input_quantizer)], f)
     }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         let x = g.quantize(&join_name(name, Slot::INPUT.name), &self.input_quantizer, x)?;
         lower_op(&self.module, name, g, x)
     }

@@ -12,8 +12,8 @@ use super::{
     TensorQuantizer,
 };
 use crate::convert::LayerKind;
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, Op, ValueId};
+use quant_runtime::graph::{GraphBuilder, Op, ValueId};
+use quant_runtime::GraphError;
 
 /// A Linear layer (`y = x·Wᵀ + b`, weight `[O, I]`) on inputs of any rank dfdx's Linear takes
 /// (`[I]`, `[batch, I]`, `[batch, seq, I]`), whose weight passes through
@@ -148,7 +148,7 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Quant
         )
     }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         lower_weighted(
             name,
             g,

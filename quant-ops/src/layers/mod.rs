@@ -15,7 +15,7 @@
 //! reachable by its dotted name, `<layer>.<slot>` (`0.weights`, `fc1.input`), through
 //! [`QuantizedModule::visit_slots`], to configure it from a policy, change modes (like
 //! pytorch-quantization's `disable()` / `enable_calib()`), calibrate and report; and every
-//! module lowers itself into the [graph IR](crate::graph) ([`QuantizedModule::lower`]) for
+//! module lowers itself into the [graph IR](quant_runtime::graph) ([`QuantizedModule::lower`]) for
 //! export and integer inference.
 
 mod attention;
@@ -47,11 +47,13 @@ pub use residual::{
 };
 
 use dfdx::prelude::*;
+use quant_core::accumulator::{bias_scale, check_bias_scales};
 use quant_core::{QuantError, QuantizationTarget, Result};
 
 use crate::convert::LayerKind;
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, ValueId};
+use crate::lower::QuantizeNodes;
+use quant_runtime::graph::{GraphBuilder, ValueId};
+use quant_runtime::GraphError;
 
 /// A quantizer usable in a layer's slot. [`TensorQuantizer`] implements it for quantizers
 /// chosen at run time; implement it for a quantizer fixed at compile time that owns its
@@ -82,70 +84,6 @@ impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
     ) -> Result<Tensor<S, f32, Cpu, T>> {
         TensorQuantizer::fake_quantize_mut(self, x)
     }
-}
-
-/// Int32 bias codes at scale `s_input · s_weight[o]` (zero point 0, round half to even), as
-/// integer deployment holds the bias. A bias int32 cannot hold at that scale is an error, not
-/// a silently clamped value.
-///
-/// # Errors
-/// [`QuantError::LengthMismatch`] unless there is one weight scale, or one per bias element;
-/// [`QuantError::InvalidValue`] naming the output channel, the bias and the scales when a bias
-/// does not fit int32 (typically a tiny input scale, calibrated on constant inputs).
-pub fn quantize_bias(bias: &[f32], input_scale: f32, weight_scales: &[f32]) -> Result<Vec<i32>> {
-    check_bias_scales(bias.len(), weight_scales)?;
-    bias.iter()
-        .enumerate()
-        .map(|(o, b)| {
-            let s = bias_scale(input_scale, weight_scales, o);
-            let q = (*b as f64 / s).round_ties_even();
-            if q >= i32::MIN as f64 && q <= i32::MAX as f64 {
-                return Ok(q as i32);
-            }
-            Err(QuantError::InvalidValue {
-                what: format!("bias of output channel {o}"),
-                value: b.to_string(),
-                expected: format!(
-                    "a bias that int32 holds at the bias scale s_input * s_weight = {input_scale:e} * {:e} = {s:e}; it needs {q:e} steps, beyond the int32 range, and would be clamped. An input scale this small comes from calibration inputs that are (nearly) constant, such as all-zero pixels",
-                    weight_scales[if weight_scales.len() == 1 { 0 } else { o }]
-                ),
-            })
-        })
-        .collect()
-}
-
-fn check_bias_scales(outputs: usize, weight_scales: &[f32]) -> Result<()> {
-    if weight_scales.len() == 1 || weight_scales.len() == outputs {
-        Ok(())
-    } else {
-        Err(QuantError::LengthMismatch {
-            what: "weight scales (one, or one per output channel of the bias)".into(),
-            expected: outputs,
-            actual: weight_scales.len(),
-        })
-    }
-}
-
-/// Only after [`check_bias_scales`].
-fn bias_scale(input_scale: f32, weight_scales: &[f32], o: usize) -> f64 {
-    input_scale as f64 * weight_scales[if weight_scales.len() == 1 { 0 } else { o }] as f64
-}
-
-/// The float values of int32 bias codes at scale `s_input · s_weight[o]`: what a quantized
-/// layer adds in its fake-quantized forward pass. One weight scale, or one per code.
-pub fn accumulator_to_float(codes: &[i32], input_scale: f32, weight_scales: &[f32]) -> Vec<f32> {
-    codes
-        .iter()
-        .enumerate()
-        .map(|(o, q)| {
-            let s = input_scale as f64
-                * weight_scales
-                    .get(if weight_scales.len() == 1 { 0 } else { o })
-                    .copied()
-                    .unwrap_or(0.0) as f64;
-            (*q as f64 * s) as f32
-        })
-        .collect()
 }
 
 /// The bias a quantized layer adds: while both its input and its weights quantize, the bias
@@ -325,7 +263,7 @@ pub trait QuantizedModule {
     ///
     /// # Errors
     /// A part with no graph form, a quantizer still calibrating, a shape that does not fit.
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError>;
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError>;
 
     /// [`lower`](Self::lower) for modules that take or give several values (a tuple: dfdx's
     /// `SplitInto` gives one per branch, `AddInto` takes one per branch). By default one value
@@ -338,10 +276,10 @@ pub trait QuantizedModule {
         name: &str,
         g: &mut GraphBuilder,
         xs: &[ValueId],
-    ) -> Result<Vec<ValueId>, ExportError> {
+    ) -> Result<Vec<ValueId>, GraphError> {
         match xs {
             [x] => Ok(vec![self.lower(name, g, *x)?]),
-            _ => Err(ExportError::Unsupported {
+            _ => Err(GraphError::Unsupported {
                 layer: name.to_string(),
                 reason: format!("takes one value; it receives {} (a tuple)", xs.len()),
             }),
@@ -360,21 +298,26 @@ pub fn lower_weighted(
     (input, weights): (&dyn QuantizerControl, &dyn QuantizerControl),
     (weight, weight_shape): (&[f32], &[usize]),
     bias: &[f32],
-    op: impl FnOnce(crate::graph::Parameter, crate::graph::Parameter) -> crate::graph::Op,
-) -> Result<ValueId, ExportError> {
+    op: impl FnOnce(
+        quant_runtime::graph::Parameter,
+        quant_runtime::graph::Parameter,
+    ) -> quant_runtime::graph::Op,
+) -> Result<ValueId, GraphError> {
     let xq = g.quantize(&join_name(name, Slot::INPUT.name), input, x)?;
     let input_quantizer = match g.producer(xq) {
-        Some(crate::graph::Op::Quantize { quantizer }) if xq != x => Some(quantizer.clone()),
+        Some(quant_runtime::graph::Op::Quantize { quantizer }) if xq != x => {
+            Some(quantizer.clone())
+        }
         _ => None,
     };
-    let weight = crate::graph::weight_parameter(
+    let weight = crate::lower::weight_parameter(
         &join_name(name, "weight"),
         weight,
         weight_shape,
         &join_name(name, Slot::WEIGHTS.name),
         weights,
     )?;
-    let bias = crate::graph::bias_parameter(
+    let bias = quant_runtime::graph::bias_parameter(
         &join_name(name, "bias"),
         bias,
         input_quantizer.as_ref(),
@@ -410,16 +353,16 @@ macro_rules! tuple_quantized_module {
                 $(self.$idx.visit_slots(&join_name(name, stringify!($idx)), f)?;)+
                 Ok(())
             }
-            fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+            fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
                 match self.lower_values(name, g, &[x])?.as_slice() {
                     [y] => Ok(*y),
-                    ys => Err(ExportError::Unsupported {
+                    ys => Err(GraphError::Unsupported {
                         layer: name.to_string(),
                         reason: format!("gives {} values (a tuple) where one is expected", ys.len()),
                     }),
                 }
             }
-            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, ExportError> {
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, GraphError> {
                 let xs = xs.to_vec();
                 $(let xs = self.$idx.lower_values(&join_name(name, stringify!($idx)), g, &xs)?;)+
                 Ok(xs)
@@ -491,7 +434,7 @@ pub const MAX_PATTERN_BYTES: usize = 512;
 pub fn glob(pattern: &str) -> Result<globset::GlobMatcher> {
     let invalid = |why: String| QuantError::InvalidValue {
         what: "name pattern".into(),
-        value: crate::fs::shorten(pattern).into_owned(),
+        value: quant_runtime::fs::shorten(pattern).into_owned(),
         expected: format!(
             "a glob over dotted layer names such as `fc1.*` or `*input_quantizer` ({why})"
         ),

@@ -14,8 +14,9 @@ use quant_core::{QuantError, Result};
 
 use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, TensorQuantizer};
 use crate::convert::LayerKind;
-use crate::export::ExportError;
-use crate::graph::{GraphBuilder, Op, ValueId};
+use crate::lower::QuantizeNodes;
+use quant_runtime::graph::{GraphBuilder, Op, ValueId};
+use quant_runtime::GraphError;
 
 /// The quantizers of an add: `input` (both operands, one grid) and the optional `output`.
 #[derive(Debug, Clone)]
@@ -92,7 +93,7 @@ impl AddQuantizer {
         g: &mut GraphBuilder,
         a: ValueId,
         b: ValueId,
-    ) -> Result<ValueId, ExportError> {
+    ) -> Result<ValueId, GraphError> {
         let input = join_name(name, Slot::INPUT.name);
         let a = g.quantize_as(&join_name(&input, "0"), &input, &self.input_quantizer, a)?;
         let b = g.quantize_as(&join_name(&input, "1"), &input, &self.input_quantizer, b)?;
@@ -214,7 +215,7 @@ impl<F: QuantizedModule> QuantizedModule for QResidual<F> {
         self.add.visit_slots(name, f)
     }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         let y = self.module.lower(&join_name(name, "0"), g, x)?;
         self.add.lower(name, g, x, y)
     }
@@ -227,7 +228,7 @@ impl<F: QuantizedModule, R: QuantizedModule> QuantizedModule for QGeneralizedRes
         self.add.visit_slots(name, f)
     }
 
-    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, ExportError> {
+    fn lower(&self, name: &str, g: &mut GraphBuilder, x: ValueId) -> Result<ValueId, GraphError> {
         let a = self.f.lower(&join_name(name, "f"), g, x)?;
         let b = self.r.lower(&join_name(name, "r"), g, x)?;
         self.add.lower(name, g, a, b)
@@ -277,7 +278,7 @@ impl<T: QuantizedModule, const N: usize> QuantizedModule for QRepeated<T, N> {
         name: &str,
         g: &mut GraphBuilder,
         mut x: ValueId,
-    ) -> Result<ValueId, ExportError> {
+    ) -> Result<ValueId, GraphError> {
         for (i, m) in self.modules.iter().enumerate() {
             x = m.lower(&join_name(name, &i.to_string()), g, x)?;
         }
@@ -356,11 +357,11 @@ macro_rules! split_add_impls {
                 Ok(())
             }
 
-            fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, ExportError> {
+            fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, GraphError> {
                 Err(tuple_value(name, "SplitInto gives", $n))
             }
 
-            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, ExportError> {
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, GraphError> {
                 let [x] = xs else {
                     return Err(tuple_value(name, "SplitInto takes one value; it receives", xs.len()));
                 };
@@ -374,11 +375,11 @@ macro_rules! split_add_impls {
                 self.add.visit_slots(name, f)
             }
 
-            fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, ExportError> {
+            fn lower(&self, name: &str, _g: &mut GraphBuilder, _x: ValueId) -> Result<ValueId, GraphError> {
                 Err(tuple_value(name, "AddInto takes", $n))
             }
 
-            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, ExportError> {
+            fn lower_values(&self, name: &str, g: &mut GraphBuilder, xs: &[ValueId]) -> Result<Vec<ValueId>, GraphError> {
                 if xs.len() != $n {
                     return Err(tuple_value(name, "AddInto takes", $n));
                 }
@@ -403,8 +404,8 @@ macro_rules! add_all {
     }};
 }
 
-fn tuple_value(name: &str, what: &str, n: usize) -> ExportError {
-    ExportError::Unsupported {
+fn tuple_value(name: &str, what: &str, n: usize) -> GraphError {
+    GraphError::Unsupported {
         layer: name.to_string(),
         reason: format!("{what} {n} values; lower it inside a tuple that gives it what it takes (SplitInto then AddInto)"),
     }

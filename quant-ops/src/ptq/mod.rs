@@ -32,10 +32,12 @@ use serde::{Deserialize, Serialize};
 use quant_core::{QuantError, QuantizationTarget};
 
 use crate::convert::LayerKind;
-use crate::export::{export_model, ExportError};
-use crate::graph::{evaluate, Graph, Op, ParamValues, Parameter};
-use crate::layers::{quantize_bias, QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use crate::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use crate::lower::export_model;
 use crate::policy::Policy;
+use quant_core::accumulator::quantize_bias;
+use quant_runtime::graph::{evaluate, Graph, Op, ParamValues, Parameter};
+use quant_runtime::GraphError;
 
 use adaround::{Moments, RowGrid, Schedule};
 
@@ -172,7 +174,7 @@ pub fn refine<M>(
     policy: &Policy,
     input_shape: &[usize],
     samples: &[f32],
-) -> Result<Vec<RefinedLayer>, ExportError>
+) -> Result<Vec<RefinedLayer>, GraphError>
 where
     M: QuantizedModule + Clone + TensorCollection<f32, Cpu>,
 {
@@ -224,7 +226,7 @@ where
     let mut refined = Vec::new();
     let mut assigned: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     let (_, rewritten) =
-        crate::graph::evaluate_rewriting(&graph, x, &|_, _| false, &mut |i, input| {
+        quant_runtime::graph::evaluate_rewriting(&graph, x, &|_, _| false, &mut |i, input| {
             let node = &graph.nodes[i];
             let (Some(request), Some(float)) =
                 (requests.get(&node.name), float_layers.get(&node.name))
@@ -253,7 +255,7 @@ where
     let check = export_model(&updated, input_shape, BTreeMap::new())?;
     for (i, op) in &rewritten {
         if check.nodes.get(*i).map(|n| &n.op) != Some(op) {
-            return Err(ExportError::Invalid {
+            return Err(GraphError::Invalid {
                 node: graph.nodes[*i].name.clone(),
                 reason: "the model's quantizers do not reproduce the learned weights and bias (a quantizer that re-derives its scales from the weights?)".into(),
             });
@@ -328,7 +330,7 @@ struct Rows {
     /// Rows per sample.
     per_sample: usize,
     /// Conv2d: geometry and the per-sample input `[c, h, w]` and output `[oh, ow]` sizes.
-    conv: Option<(crate::graph::Conv2dGeometry, [usize; 3], [usize; 2])>,
+    conv: Option<(quant_runtime::graph::Conv2dGeometry, [usize; 3], [usize; 2])>,
 }
 
 impl Rows {
@@ -349,7 +351,7 @@ impl Rows {
                 conv: None,
             }),
             (Op::Conv2d { geometry: g, .. }, [c, h, w]) => {
-                let out = |len| crate::graph::out_len(len, g.kernel, g.stride, g.padding);
+                let out = |len| quant_runtime::graph::out_len(len, g.kernel, g.stride, g.padding);
                 let (Some(oh), Some(ow)) = (out(*h), out(*w)) else {
                     return Err(shape_error(op, in_shape));
                 };
@@ -593,7 +595,7 @@ impl<'a> Layer<'a> {
                 (ParamValues::Accumulator(_), Some(s_in), Some((scales, ..))) => {
                     let codes = quantize_bias(&corrected, s_in, scales)
                         .map_err(|e| e.at(format!("layer `{}` bias correction", self.name)))?;
-                    let held = crate::layers::accumulator_to_float(&codes, s_in, scales);
+                    let held = quant_core::accumulator::accumulator_to_float(&codes, s_in, scales);
                     (ParamValues::Accumulator(codes), held)
                 }
                 _ => (ParamValues::Float(corrected.clone()), corrected),
@@ -640,7 +642,7 @@ impl<'a> Layer<'a> {
 fn assign<M: TensorCollection<f32, Cpu>>(
     model: &mut M,
     values: &BTreeMap<String, Vec<f32>>,
-) -> Result<(), ExportError> {
+) -> Result<(), GraphError> {
     struct Assign<'a> {
         values: &'a BTreeMap<String, Vec<f32>>,
         done: BTreeSet<String>,
@@ -685,7 +687,7 @@ fn assign<M: TensorCollection<f32, Cpu>>(
         f: &mut visitor,
     })?;
     if let Some(missing) = values.keys().find(|k| !visitor.done.contains(*k)) {
-        return Err(ExportError::Unsupported {
+        return Err(GraphError::Unsupported {
             layer: missing.clone(),
             reason: "learned rounding and bias correction write the layer's weight and bias by the names its graph form gives them; the model has no tensor of this name".into(),
         });

@@ -10,14 +10,14 @@ use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
 use dfdx::tensor::Gradients;
 use quant_ops::convert::{convert_model, Convert, LayerKind};
-use quant_ops::export::export_model;
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{
     layer_bias, QMultiHeadAttention, QuantizedModule, QuantizedModuleExt, QuantizerControl,
     QuantizerMode,
 };
+use quant_ops::lower::export_model;
 use quant_ops::policy::{Policy, PolicyError};
 use quant_ops::report::layer_report;
+use quant_runtime::integer::IntegerModel;
 
 const POLICY: &str = r#"
 [weights]

@@ -1,6 +1,6 @@
 //! Checks shared by the integration tests.
 
-use quant_ops::integer::LOGIT_TOLERANCE;
+use quant_runtime::integer::LOGIT_TOLERANCE;
 
 /// Integer outputs match the fake-quantized model's within the integer runtime's documented
 /// tolerance, relative to the largest |output| (`what` names the model in the message).

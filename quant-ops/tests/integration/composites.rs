@@ -9,12 +9,12 @@ use dfdx::prelude::*;
 use dfdx::tensor::Gradients;
 use quant_core::{QuantizationMethod, QuantizationTarget, TrainingMethod};
 use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::export::export_model;
-use quant_ops::graph::{evaluate, Op};
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, QuantizerSpec, Slot};
+use quant_ops::lower::export_model;
 use quant_ops::observers::ObserverConfig;
 use quant_ops::policy::Policy;
+use quant_runtime::graph::{evaluate, Op};
+use quant_runtime::integer::IntegerModel;
 
 fn policy(bits: u32) -> Policy {
     Policy::from_toml_str(

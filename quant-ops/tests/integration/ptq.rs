@@ -5,13 +5,13 @@
 use dfdx::prelude::*;
 use quant_ops::calibration::calibrate;
 use quant_ops::convert::convert_model;
-use quant_ops::export::export_model;
-use quant_ops::graph::{evaluate, Op, ParamValues};
-use quant_ops::integer::IntegerModel;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_ops::lower::export_model;
 use quant_ops::nn::builders;
 use quant_ops::policy::Policy;
 use quant_ops::ptq::{refine, WeightRounding};
+use quant_runtime::graph::{evaluate, Op, ParamValues};
+use quant_runtime::integer::IntegerModel;
 
 use crate::common::assert_integer_matches;
 
@@ -69,7 +69,7 @@ fn float_and_images() -> (<Cnn as BuildOnDevice<Cpu, f32>>::Built, Vec<f32>) {
     (float, x)
 }
 
-fn layer_output(graph: &quant_ops::graph::Graph, x: &[f32], layer: &str) -> Vec<f32> {
+fn layer_output(graph: &quant_runtime::graph::Graph, x: &[f32], layer: &str) -> Vec<f32> {
     let kept = evaluate(graph, x, &|i, _| graph.nodes[i].name == layer)
         .expect("evaluates")
         .kept;
@@ -134,13 +134,14 @@ fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() 
 
     // The export holds the learned codes (some differ from nearest, each by one step), and
     // the integer model computes what the fake-quantized model does.
-    let codes = |g: &quant_ops::graph::Graph| match &g.nodes[g.node_index("0").expect("conv")].op {
-        Op::Conv2d { weight, .. } => match &weight.values {
-            ParamValues::Codes { codes, .. } => codes.clone(),
-            other => panic!("float weights: {other:?}"),
-        },
-        other => panic!("not a convolution: {other:?}"),
-    };
+    let codes =
+        |g: &quant_runtime::graph::Graph| match &g.nodes[g.node_index("0").expect("conv")].op {
+            Op::Conv2d { weight, .. } => match &weight.values {
+                ParamValues::Codes { codes, .. } => codes.clone(),
+                other => panic!("float weights: {other:?}"),
+            },
+            other => panic!("not a convolution: {other:?}"),
+        };
     let (a, b) = (codes(&g_nearest), codes(&g_learned));
     let changed = a.iter().zip(&b).filter(|(p, q)| p != q).count();
     assert!(changed > 0, "AdaRound changed no code");

@@ -6,8 +6,8 @@ use quant::dfdx::optim::{Adam, AdamConfig};
 use quant::dfdx::prelude::*;
 use quant::quant_ops::calibration::calibrate;
 use quant::quant_ops::convert::convert_model;
-use quant::quant_ops::export::export_model;
-use quant::quant_ops::integer::IntegerModel;
+use quant::quant_ops::lower::export_model;
+use quant::quant_runtime::integer::IntegerModel;
 use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
 use quant::quant_ops::policy::Policy;
 

@@ -162,7 +162,7 @@ pub enum Op {
 }
 
 /// Output positions along one axis, `None` when the window does not fit (or sizes overflow).
-pub(crate) fn out_len(len: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+pub fn out_len(len: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
     len.checked_add(padding.checked_mul(2)?)?
         .checked_sub(kernel)
         .and_then(|d| d.checked_div(stride))

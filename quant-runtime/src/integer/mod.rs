@@ -37,11 +37,11 @@ mod run;
 
 use quant_core::{QuantError, RoundingPolicy};
 
-use crate::export::ExportError;
 use crate::graph::Graph;
+use crate::GraphError;
 
 pub use kernels::{fixed_point_multiplier, rounding_shift};
-pub(crate) use prepare::attention_scale;
+pub use prepare::attention_scale;
 pub use prepare::SOFTMAX_BITS;
 
 /// Widest grid, in bits, the integer runtime runs (activations and weights).
@@ -163,12 +163,12 @@ impl IntegerModel {
     /// and memory of a sample.
     ///
     /// # Errors
-    /// [`ExportError::Unsupported`] naming the node: an op the runtime does not run (on float
+    /// [`GraphError::Unsupported`] naming the node: an op the runtime does not run (on float
     /// values, or an op without an integer form), weights or activations wider than
     /// [`MAX_BITS`], accumulators that could overflow `i32`, scales too far apart to requantize,
     /// logits that could overflow `f32`, a sample larger than [`MAX_SAMPLE_ELEMENTS`] or costlier
     /// than [`MAX_SAMPLE_MACS`].
-    pub fn new(graph: &Graph) -> Result<IntegerModel, ExportError> {
+    pub fn new(graph: &Graph) -> Result<IntegerModel, GraphError> {
         IntegerModel::with_budget(graph, Budget::default())
     }
 
@@ -176,7 +176,7 @@ impl IntegerModel {
     ///
     /// # Errors
     /// As [`IntegerModel::new`]; also a sample that needs more than `budget.working_bytes`.
-    pub fn with_budget(graph: &Graph, budget: Budget) -> Result<IntegerModel, ExportError> {
+    pub fn with_budget(graph: &Graph, budget: Budget) -> Result<IntegerModel, GraphError> {
         prepare::prepare(graph, budget)
     }
 

@@ -26,10 +26,9 @@ mod eval;
 mod ops;
 mod params;
 
-pub use builder::{bias_parameter, exported_quantizer, weight_parameter, GraphBuilder, ValueId};
-pub(crate) use eval::evaluate_rewriting;
-pub use eval::{evaluate, Evaluation};
-pub(crate) use ops::out_len;
+pub use builder::{bias_parameter, GraphBuilder, ValueId};
+pub use eval::{evaluate, evaluate_rewriting, Evaluation, NodeInput};
+pub use ops::out_len;
 pub(crate) use ops::taps;
 pub use ops::{Conv2dGeometry, Op, PoolGeometry};
 pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
@@ -38,7 +37,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
 
-use crate::export::ExportError;
+use crate::GraphError;
 
 /// Name of the graph's float input value.
 pub const INPUT: &str = "input";
@@ -132,17 +131,17 @@ impl Graph {
     /// value.
     ///
     /// # Errors
-    /// [`ExportError::Invalid`] naming the node and what is wrong.
-    pub fn check(&self) -> Result<Shapes, ExportError> {
+    /// [`GraphError::Invalid`] naming the node and what is wrong.
+    pub fn check(&self) -> Result<Shapes, GraphError> {
         self.infer(true)
-            .map_err(|(node, reason)| ExportError::Invalid { node, reason })
+            .map_err(|(node, reason)| GraphError::Invalid { node, reason })
     }
 
     /// [`Graph::check`] without the parameters' values (before a loader reads them): the
     /// structure, every op's geometry and every shape.
-    pub(crate) fn check_structure(&self) -> Result<Shapes, ExportError> {
+    pub(crate) fn check_structure(&self) -> Result<Shapes, GraphError> {
         self.infer(false)
-            .map_err(|(node, reason)| ExportError::Invalid { node, reason })
+            .map_err(|(node, reason)| GraphError::Invalid { node, reason })
     }
 
     fn infer(&self, values: bool) -> Result<Shapes, NodeError> {

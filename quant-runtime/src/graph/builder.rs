@@ -1,13 +1,12 @@
-//! Building a graph while walking a model: every quantized module lowers itself into nodes.
+//! Building a graph node by node, checking each node's shapes as it is added: what lowering a
+//! model (quant-ops) and the tests use.
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::export::ExportError;
-use crate::layers::QuantizerControl;
+use crate::GraphError;
 
 use super::{
-    checked_numel, ExportedQuantizer, Graph, GraphInput, Node, Op, ParamValues, Parameter,
-    QuantizerOrigin, INPUT,
+    checked_numel, ExportedQuantizer, Graph, GraphInput, Node, Op, ParamValues, Parameter, INPUT,
 };
 
 /// A value of a graph under construction: the graph input or a node's output.
@@ -18,7 +17,7 @@ pub struct ValueId(usize);
 /// that a module that does not fit its input fails where it is added, naming it.
 ///
 /// ```
-/// use quant_ops::graph::{GraphBuilder, Op};
+/// use quant_runtime::graph::{GraphBuilder, Op};
 ///
 /// let mut g = GraphBuilder::new(&[1, 4, 4])?;
 /// let x = g.input();
@@ -26,7 +25,7 @@ pub struct ValueId(usize);
 /// assert_eq!(g.shape(y), &[16]);
 /// let graph = g.finish(y, Default::default())?;
 /// assert_eq!(graph.nodes[0].inputs, ["input"]);
-/// # Ok::<(), quant_ops::export::ExportError>(())
+/// # Ok::<(), quant_runtime::GraphError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct GraphBuilder {
@@ -43,7 +42,7 @@ impl GraphBuilder {
     /// # Errors
     /// An empty or oversized shape, or one that is neither `[features]` nor
     /// `[channels, height, width]`.
-    pub fn new(input_shape: &[usize]) -> Result<GraphBuilder, ExportError> {
+    pub fn new(input_shape: &[usize]) -> Result<GraphBuilder, GraphError> {
         let input = GraphInput {
             name: INPUT.to_string(),
             shape: input_shape.to_vec(),
@@ -92,16 +91,16 @@ impl GraphBuilder {
     /// Adds a node named `name` running `op` on `inputs`, and returns its output.
     ///
     /// # Errors
-    /// [`ExportError::Invalid`] naming the node: a name already used, or an op that does not fit
+    /// [`GraphError::Invalid`] naming the node: a name already used, or an op that does not fit
     /// its inputs' shapes.
     pub fn add(
         &mut self,
         name: impl Into<String>,
         op: Op,
         inputs: &[ValueId],
-    ) -> Result<ValueId, ExportError> {
+    ) -> Result<ValueId, GraphError> {
         let name = name.into();
-        let invalid = |reason: String| ExportError::Invalid {
+        let invalid = |reason: String| GraphError::Invalid {
             node: name.clone(),
             reason,
         };
@@ -134,7 +133,7 @@ impl GraphBuilder {
         self,
         output: ValueId,
         info: BTreeMap<String, String>,
-    ) -> Result<Graph, ExportError> {
+    ) -> Result<Graph, GraphError> {
         let graph = Graph {
             output: match output.0 {
                 0 => self.input.name.clone(),
@@ -147,114 +146,11 @@ impl GraphBuilder {
         graph.check()?;
         Ok(graph)
     }
-
-    /// Adds the quantizer of slot `slot` (its dotted name, `fc1.input`) on `x`: a
-    /// [`Op::Quantize`] node while the quantizer quantizes, nothing (`x` itself) while it is
-    /// disabled or unconfigured, so the graph computes what the model's forward pass does.
-    ///
-    /// # Errors
-    /// A quantizer still calibrating, or whose parameters cannot be read.
-    pub fn quantize(
-        &mut self,
-        slot: &str,
-        quantizer: &dyn QuantizerControl,
-        x: ValueId,
-    ) -> Result<ValueId, ExportError> {
-        self.quantize_as(slot, slot, quantizer, x)
-    }
-
-    /// [`GraphBuilder::quantize`] with a node name of its own: a quantizer that quantizes
-    /// several values (an add's two inputs) adds one node per value, `node`, all of slot
-    /// `slot`.
-    ///
-    /// # Errors
-    /// See [`GraphBuilder::quantize`].
-    pub fn quantize_as(
-        &mut self,
-        node: &str,
-        slot: &str,
-        quantizer: &dyn QuantizerControl,
-        x: ValueId,
-    ) -> Result<ValueId, ExportError> {
-        match exported_quantizer(slot, quantizer)? {
-            Some(q) => self.add(node, Op::Quantize { quantizer: q }, &[x]),
-            None => Ok(x),
-        }
-    }
-}
-
-/// The exported form of a quantizer that quantizes in its current mode; `None` when it passes
-/// values through (disabled or unconfigured).
-///
-/// # Errors
-/// A quantizer still calibrating or not initialised (named `slot`), or whose parameters
-/// cannot be read.
-pub fn exported_quantizer(
-    slot: &str,
-    quantizer: &dyn QuantizerControl,
-) -> Result<Option<ExportedQuantizer>, ExportError> {
-    let mode = quantizer.mode();
-    let Some(d) = quantizer.describe() else {
-        return Ok(None);
-    };
-    if !mode.quantizes() {
-        if mode == crate::layers::QuantizerMode::Calibrating {
-            return Err(ExportError::Unsupported {
-                layer: slot.to_string(),
-                reason:
-                    "the quantizer is still calibrating; finish calibration (or train it) first"
-                        .into(),
-            });
-        }
-        return Ok(None);
-    }
-    let inferable = quantizer
-        .inferable()?
-        .ok_or_else(|| ExportError::Unsupported {
-            layer: slot.to_string(),
-            reason: "the quantizer is not calibrated; calibrate or train it first".into(),
-        })?;
-    Ok(Some(ExportedQuantizer {
-        inferable,
-        origin: QuantizerOrigin {
-            training_method: d.training_method.name().to_string(),
-            quantizer: d.metadata.map(|m| m.path()),
-            bits: d.bits,
-            method: d.method,
-        },
-    }))
-}
-
-/// A weight parameter `tensor` of `shape` (output channels first): codes on the weights
-/// quantizer's grid while it quantizes (named `slot` in errors), the float values otherwise.
-///
-/// # Errors
-/// See [`exported_quantizer`]; values that do not fit the quantizer.
-pub fn weight_parameter(
-    tensor: &str,
-    values: &[f32],
-    shape: &[usize],
-    slot: &str,
-    quantizer: &dyn QuantizerControl,
-) -> Result<Parameter, ExportError> {
-    Ok(Parameter {
-        tensor: tensor.to_string(),
-        values: match exported_quantizer(slot, quantizer)? {
-            Some(q) => ParamValues::Codes {
-                codes: q
-                    .inferable
-                    .quantize(values, shape)
-                    .map_err(|e| e.at(slot.to_string()))?,
-                quantizer: q,
-            },
-            None => ParamValues::Float(values.to_vec()),
-        },
-    })
 }
 
 /// The bias of a layer whose input goes through `input` (already lowered to `x`) and whose
 /// weight is `weight`: int32 at the accumulator's scale `s_input · s_weight[o]` when both are
-/// quantized (what the fake-quantized forward pass adds, [`crate::layers::layer_bias`]), float
+/// quantized (what the fake-quantized forward pass of a quantized layer adds), float
 /// otherwise.
 ///
 /// # Errors
@@ -265,12 +161,12 @@ pub fn bias_parameter(
     input: Option<&ExportedQuantizer>,
     weight: &Parameter,
     layer: &str,
-) -> Result<Parameter, ExportError> {
+) -> Result<Parameter, GraphError> {
     let values = match (input, weight.values.quantizer()) {
         // Integer deployment (quant's runtime, ONNX QDQ) takes codes of at most 8 bits: a
         // wider input is a model that trains and exports its graph, but has no int32 bias.
         (Some(qi), Some(_)) if qi.inferable.grid().bits() > crate::integer::MAX_BITS => {
-            return Err(ExportError::Unsupported {
+            return Err(GraphError::Unsupported {
                 layer: layer.to_string(),
                 reason: format!(
                     "its input is quantized to {} bits; integer deployment (quant's integer runtime, ONNX QDQ) takes activations of at most {} bits, whose accumulators hold the bias in int32: use 8 bits or fewer for integer inference",
@@ -280,7 +176,7 @@ pub fn bias_parameter(
             })
         }
         (Some(qi), Some(qw)) => ParamValues::Accumulator(
-            crate::layers::quantize_bias(
+            quant_core::accumulator::quantize_bias(
                 values,
                 qi.inferable.qparams().scales()[0],
                 qw.inferable.qparams().scales(),

@@ -9,8 +9,8 @@ use super::kernels::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requ
 use super::{
     Budget, IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
 };
-use crate::export::ExportError;
 use crate::graph::{Conv2dGeometry, Graph, Op, ParamValues, Parameter};
+use crate::GraphError;
 
 /// What the runtime prepared for one node.
 #[derive(Debug, Clone, Default)]
@@ -91,15 +91,15 @@ pub(super) struct Conv {
     pub output: (usize, usize),
 }
 
-fn unsupported(node: &str, reason: impl Into<String>) -> ExportError {
-    ExportError::Unsupported {
+fn unsupported(node: &str, reason: impl Into<String>) -> GraphError {
+    GraphError::Unsupported {
         layer: crate::graph::short(node),
         reason: reason.into(),
     }
 }
 
 /// Rejects a quantizer wider than [`MAX_BITS`]; `what` starts the reason ("it uses").
-fn check_bits(node: &str, what: &str, q: &InferableQuantizer) -> Result<(), ExportError> {
+fn check_bits(node: &str, what: &str, q: &InferableQuantizer) -> Result<(), GraphError> {
     let bits = q.grid().bits();
     if bits > MAX_BITS {
         return Err(unsupported(
@@ -130,7 +130,7 @@ fn reach(g: &StoredGrid) -> i64 {
     i64::from(g.zero - g.lo).max(i64::from(g.hi - g.zero))
 }
 
-pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, ExportError> {
+pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, GraphError> {
     let shapes = graph.check()?;
     let n_values = graph.nodes.len() + 1;
     let (inputs, output) = graph.value_numbers();
@@ -714,7 +714,7 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Exp
 }
 
 /// An error unless values up to `bound` (`what` they are) fit an `i32` accumulator.
-fn within_i32(node: &str, bound: i64, what: &str) -> Result<(), ExportError> {
+fn within_i32(node: &str, bound: i64, what: &str) -> Result<(), GraphError> {
     if bound > i64::from(i32::MAX) {
         return Err(unsupported(
             node,
@@ -725,7 +725,7 @@ fn within_i32(node: &str, bound: i64, what: &str) -> Result<(), ExportError> {
 }
 
 /// The grid of codes an op needs as its input, or why it cannot run.
-fn codes_in(node: &str, rep: &Rep, what: &str) -> Result<StoredGrid, ExportError> {
+fn codes_in(node: &str, rep: &Rep, what: &str) -> Result<StoredGrid, GraphError> {
     match rep {
         Rep::Codes(g) => Ok(*g),
         _ => Err(unsupported(
@@ -736,14 +736,14 @@ fn codes_in(node: &str, rep: &Rep, what: &str) -> Result<StoredGrid, ExportError
 }
 
 /// The scale of attention scores of codes at `query` and `key` over `d` features per head,
-/// `s_q · s_k / √d`: what [`crate::layers::QMultiHeadAttention`] prepares its simulated
+/// `s_q · s_k / √d`: what quant-ops' `QMultiHeadAttention` prepares its simulated
 /// softmax for, computed the same way.
-pub(crate) fn attention_scale(query: f64, key: f64, d: usize) -> f64 {
+pub fn attention_scale(query: f64, key: f64, d: usize) -> f64 {
     query * key / (d as f64).sqrt()
 }
 
 /// The requantization of values at `scales` (per channel, or one) into `grid`.
-fn requantizer(node: &str, scales: &[f64], grid: &StoredGrid) -> Result<Requantizer, ExportError> {
+fn requantizer(node: &str, scales: &[f64], grid: &StoredGrid) -> Result<Requantizer, GraphError> {
     let multipliers = scales
         .iter()
         .map(|s| fixed_point_multiplier(s / grid.scale))
@@ -762,7 +762,7 @@ fn requantizer(node: &str, scales: &[f64], grid: &StoredGrid) -> Result<Requanti
 type WeightCodes<'a> = (&'a [i32], Vec<i32>, Vec<f64>);
 
 /// Weight codes (at most [`MAX_BITS`]), their zero points and scales.
-fn weight_codes<'a>(node: &str, weight: &'a Parameter) -> Result<WeightCodes<'a>, ExportError> {
+fn weight_codes<'a>(node: &str, weight: &'a Parameter) -> Result<WeightCodes<'a>, GraphError> {
     match &weight.values {
         ParamValues::Codes { codes, quantizer } => {
             let q = &quantizer.inferable;
@@ -780,7 +780,7 @@ fn weight_codes<'a>(node: &str, weight: &'a Parameter) -> Result<WeightCodes<'a>
     }
 }
 
-fn accumulator_bias(node: &str, bias: &Parameter) -> Result<Vec<i32>, ExportError> {
+fn accumulator_bias(node: &str, bias: &Parameter) -> Result<Vec<i32>, GraphError> {
     match &bias.values {
         ParamValues::Accumulator(v) => Ok(v.clone()),
         _ => Err(unsupported(
@@ -797,7 +797,7 @@ fn accumulator_bound(
     fan_in: usize,
     bias: &[i32],
     reach: i64,
-) -> Result<i64, ExportError> {
+) -> Result<i64, GraphError> {
     let mut worst = 0i64;
     for (o, (row, b)) in centered.chunks(fan_in.max(1)).zip(bias).enumerate() {
         let w_abs: i64 = row.iter().map(|q| i64::from(*q).abs()).sum();

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use quant_core::IntegerGrid;
 
-use super::{ExportError, ExportFormat};
+use super::{ExportFormat, GraphError};
 use crate::graph::{checked_numel, Graph, ParamValues, Parameter};
 
 /// Version of the format; loaders reject other versions.
@@ -137,7 +137,7 @@ impl ExportFormat for QuantFormat {
         "quant"
     }
 
-    fn encode(&self, graph: &Graph) -> Result<Vec<(&'static str, Vec<u8>)>, ExportError> {
+    fn encode(&self, graph: &Graph) -> Result<Vec<(&'static str, Vec<u8>)>, GraphError> {
         let tensors_path = Path::new(TENSORS_FILE);
         let mut buffers: Vec<(String, StDtype, Vec<usize>, Vec<u8>)> = Vec::new();
         let mut names = BTreeSet::new();
@@ -145,7 +145,7 @@ impl ExportFormat for QuantFormat {
         for (node, output) in graph.nodes.iter().zip(&shapes.nodes) {
             for (p, shape) in node.op.parameters(output) {
                 if !names.insert(p.tensor.clone()) {
-                    return Err(ExportError::Invalid {
+                    return Err(GraphError::Invalid {
                         node: node.name.clone(),
                         reason: format!("tensor name `{}` is used twice", p.tensor),
                     });
@@ -163,14 +163,14 @@ impl ExportFormat for QuantFormat {
             .map(|(n, d, shape, b)| {
                 TensorView::new(*d, shape.clone(), b)
                     .map(|v| (n.clone(), v))
-                    .map_err(|e| ExportError::Tensors {
+                    .map_err(|e| GraphError::Tensors {
                         path: tensors_path.to_path_buf(),
                         message: format!("tensor `{n}`: {e:?}"),
                     })
             })
             .collect::<Result<_, _>>()?;
         let tensor_bytes =
-            safetensors::serialize(views, &None).map_err(|e| ExportError::Tensors {
+            safetensors::serialize(views, &None).map_err(|e| GraphError::Tensors {
                 path: tensors_path.to_path_buf(),
                 message: format!("{e:?}"),
             })?;
@@ -180,7 +180,7 @@ impl ExportFormat for QuantFormat {
             quant_version: env!("CARGO_PKG_VERSION").into(),
             graph: graph.clone(),
         };
-        let json = serde_json::to_vec_pretty(&meta).map_err(|e| ExportError::Metadata {
+        let json = serde_json::to_vec_pretty(&meta).map_err(|e| GraphError::Metadata {
             path: METADATA_FILE.into(),
             message: e.to_string(),
         })?;
@@ -194,10 +194,10 @@ impl QuantFormat {
     ///
     /// # Errors
     /// See [`crate::export::load`].
-    pub fn load(dir: &Path) -> Result<Graph, ExportError> {
+    pub fn load(dir: &Path) -> Result<Graph, GraphError> {
         let meta_path = dir.join(METADATA_FILE);
         let tensors_path = dir.join(TENSORS_FILE);
-        let bad_meta = |message: String| ExportError::Metadata {
+        let bad_meta = |message: String| GraphError::Metadata {
             path: meta_path.clone(),
             message,
         };
@@ -229,21 +229,21 @@ impl QuantFormat {
             serde_json::from_slice(&meta_bytes).map_err(|e| bad_meta(e.to_string()))?;
         let mut graph = meta.graph;
         // The graph's structure and geometry first: they size what is read from the tensors.
-        let in_meta = |e: ExportError| match e {
-            ExportError::Invalid { node, reason } => {
+        let in_meta = |e: GraphError| match e {
+            GraphError::Invalid { node, reason } => {
                 bad_meta(format!("node `{}`: {reason}", crate::graph::short(&node)))
             }
             other => other,
         };
         let shapes = graph.check_structure().map_err(in_meta)?;
         let tensor_bytes = read_file(&tensors_path, MAX_TENSOR_FILE_BYTES)?;
-        let bad_tensor = |message: String| ExportError::Tensors {
+        let bad_tensor = |message: String| GraphError::Tensors {
             path: tensors_path.clone(),
             message,
         };
-        // The header is checked in full before `safetensors` parses it (see crate::checkpoint).
+        // The header is checked in full before `safetensors` parses it (see crate::safetensors).
         let (_, tensors) =
-            crate::checkpoint::read_safetensors(&tensor_bytes).map_err(&bad_tensor)?;
+            crate::safetensors::read_safetensors(&tensor_bytes).map_err(&bad_tensor)?;
         let mut used = BTreeSet::new();
         for (node, output) in graph.nodes.iter_mut().zip(&shapes.nodes) {
             let node_name = crate::graph::short(&node.name);
@@ -301,8 +301,8 @@ fn read_parameter(
 }
 
 /// The bytes of the file at `path`, at most `limit` of them (see [`crate::fs::read_limited`]).
-fn read_file(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, ExportError> {
-    crate::fs::read_limited(path, limit).map_err(|source| ExportError::Io {
+fn read_file(path: &std::path::Path, limit: u64) -> Result<Vec<u8>, GraphError> {
+    crate::fs::read_limited(path, limit).map_err(|source| GraphError::Io {
         path: path.to_path_buf(),
         source,
     })

@@ -7,8 +7,8 @@
 
 use super::{float_values, int_attr, ints_attr, Writer};
 use crate::export::onnx::proto::data_type;
-use crate::export::ExportError;
 use crate::graph::{Node, Op, Parameter};
+use crate::GraphError;
 
 impl Writer<'_> {
     /// An int64 initializer (the shape input of `Reshape`); `0` copies the input's dimension,
@@ -54,7 +54,7 @@ impl Writer<'_> {
         epsilon: f64,
         (x, in_shape): (String, &[usize]),
         out: String,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), GraphError> {
         let rank = in_shape.len();
         let features = in_shape.last().copied().unwrap_or(1);
         let gamma = float_values(node, scale)?;
@@ -101,7 +101,7 @@ impl Writer<'_> {
         position: &Parameter,
         (x, in_shape): (String, &[usize]),
         out: String,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), GraphError> {
         let (c, tokens) = (in_shape[0], in_shape[1] * in_shape[2]);
         let p = float_values(node, position)?;
         let planes = self.reshape(node, x, &[c, tokens], "planes");

@@ -30,7 +30,7 @@ pub fn evaluate(graph: &Graph, x: &[f32], keep: &dyn Fn(usize, &Op) -> bool) -> 
 
 /// What [`evaluate_rewriting`]'s hook sees of a node about to run: its input value (the first,
 /// whole batch) and that value's per-sample shape.
-pub(crate) struct NodeInput<'a> {
+pub struct NodeInput<'a> {
     /// The node's first input, `samples × per-sample elements`.
     pub values: &'a [f32],
     /// Its per-sample shape.
@@ -47,7 +47,7 @@ pub(crate) struct NodeInput<'a> {
 /// # Errors
 /// As [`evaluate`]; the first error of `rewrite`.
 #[allow(clippy::type_complexity)]
-pub(crate) fn evaluate_rewriting(
+pub fn evaluate_rewriting(
     graph: &Graph,
     x: &[f32],
     keep: &dyn Fn(usize, &Op) -> bool,
@@ -358,7 +358,7 @@ fn bias_values(
                 }
             });
             match (input_quantizer, weight.values.quantizer()) {
-                (Some(qi), Some(qw)) => Ok(crate::layers::accumulator_to_float(
+                (Some(qi), Some(qw)) => Ok(quant_core::accumulator::accumulator_to_float(
                     v,
                     qi.inferable.qparams().scales()[0],
                     qw.inferable.qparams().scales(),

@@ -44,18 +44,18 @@
 //! 21's int4/uint4 was not chosen: it covers 4 bits only (not 2, 3, 5, 6 or 7), TensorRT runs
 //! int4 for weights only, and onnxruntime and OpenVINO run it only on recent versions, while
 //! int8 with the narrow range is loaded by every QDQ runtime and computes the same values.
-//! Grids wider than 8 bits are refused ([`ExportError::Unsupported`]): opset 13 has no int16.
+//! Grids wider than 8 bits are refused ([`GraphError::Unsupported`]): opset 13 has no int16.
 //!
 //! # Rounding
 //!
 //! ONNX's `QuantizeLinear` rounds ties to even; an activation quantizer with any other
-//! [`RoundingPolicy`] is refused with [`ExportError::Unsupported`] naming its node, and
+//! [`RoundingPolicy`] is refused with [`GraphError::Unsupported`] naming its node, and
 //! nothing is written. Weights are stored as the codes the model computes with, so their
 //! quantizers' rounding (applied once, at export) needs no ONNX counterpart and is accepted.
 //!
 //! ```
-//! use quant_ops::export::{ExportFormat, OnnxConvention, OnnxFormat};
-//! use quant_ops::graph::{GraphBuilder, Op};
+//! use quant_runtime::export::{ExportFormat, OnnxConvention, OnnxFormat};
+//! use quant_runtime::graph::{GraphBuilder, Op};
 //!
 //! let mut g = GraphBuilder::new(&[4])?;
 //! let x = g.input();
@@ -63,7 +63,7 @@
 //! let graph = g.finish(y, Default::default())?;
 //! let files = OnnxFormat::new(OnnxConvention::Standard).encode(&graph)?;
 //! assert_eq!(files[0].0, "model.onnx");
-//! # Ok::<(), quant_ops::export::ExportError>(())
+//! # Ok::<(), quant_runtime::GraphError>(())
 //! ```
 
 mod proto;
@@ -71,13 +71,11 @@ mod proto;
 mod tests;
 mod writer;
 
-use std::collections::BTreeMap;
-
 use quant_core::RoundingPolicy;
 
-use super::{export_model, ExportError, ExportFormat};
+use super::ExportFormat;
 use crate::graph::{ExportedQuantizer, Graph};
-use crate::layers::QuantizedModule;
+use crate::GraphError;
 
 /// The file [`OnnxFormat`] writes into an export directory.
 pub const ONNX_FILE: &str = "model.onnx";
@@ -165,11 +163,11 @@ impl OnnxConvention {
     }
 
     /// Checks a quantizer against the convention: `role` is `activation` or `weights`.
-    fn check(self, node: &str, role: Role, q: &ExportedQuantizer) -> Result<(), ExportError> {
+    fn check(self, node: &str, role: Role, q: &ExportedQuantizer) -> Result<(), GraphError> {
         let inferable = &q.inferable;
         let grid = inferable.grid();
         let refuse = |reason: String| {
-            Err(ExportError::Unsupported {
+            Err(GraphError::Unsupported {
                 layer: node.to_string(),
                 reason,
             })
@@ -245,11 +243,11 @@ impl OnnxFormat {
     /// The ONNX model of `graph`, serialised.
     ///
     /// # Errors
-    /// [`ExportError::Invalid`] for a graph that does not check; [`ExportError::Unsupported`]
+    /// [`GraphError::Invalid`] for a graph that does not check; [`GraphError::Unsupported`]
     /// naming the node for what ONNX (or the convention) cannot express: an activation
     /// rounding other than ties to even, a grid wider than 8 bits, a quantizer the convention
     /// refuses, a model larger than protobuf's 2 GiB.
-    pub fn to_bytes(&self, graph: &Graph) -> Result<Vec<u8>, ExportError> {
+    pub fn to_bytes(&self, graph: &Graph) -> Result<Vec<u8>, GraphError> {
         writer::write(graph, self.convention)
     }
 }
@@ -259,22 +257,7 @@ impl ExportFormat for OnnxFormat {
         "ONNX"
     }
 
-    fn encode(&self, graph: &Graph) -> Result<Vec<(&'static str, Vec<u8>)>, ExportError> {
+    fn encode(&self, graph: &Graph) -> Result<Vec<(&'static str, Vec<u8>)>, GraphError> {
         Ok(vec![(ONNX_FILE, self.to_bytes(graph)?)])
     }
-}
-
-/// Lowers `model` ([`export_model`]) and returns its ONNX model in `convention`, serialised:
-/// the bytes of a `model.onnx`. To write it beside quant's own files, pass an [`OnnxFormat`]
-/// to [`crate::export::save`].
-///
-/// # Errors
-/// See [`export_model`] and [`OnnxFormat::to_bytes`].
-pub fn export_onnx<M: QuantizedModule + ?Sized>(
-    model: &M,
-    input_shape: &[usize],
-    info: BTreeMap<String, String>,
-    convention: OnnxConvention,
-) -> Result<Vec<u8>, ExportError> {
-    OnnxFormat::new(convention).to_bytes(&export_model(model, input_shape, info)?)
 }

@@ -9,11 +9,12 @@ use quant_core::{InferableQuantizer, IntegerGrid, QParams, QuantizationMethod, R
 
 use super::proto::{data_type, DimensionValue, ModelProto, NodeProto, TensorProto};
 use super::{OnnxConvention, OnnxFormat, ONNX_FILE, OPSET};
-use crate::export::{save, save_with_optional, ExportError, ExportFormat, QuantFormat};
+use crate::export::{save, save_with_optional, ExportFormat, QuantFormat};
 use crate::graph::{
     Conv2dGeometry, ExportedQuantizer, Graph, GraphBuilder, Op, ParamValues, Parameter,
     PoolGeometry, QuantizerOrigin,
 };
+use crate::GraphError;
 
 fn quantizer(
     method: QuantizationMethod,
@@ -247,7 +248,7 @@ fn tensorrt_and_openvino_write_float_biases_and_refuse_what_their_runtimes_do_no
             .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect();
         let expected =
-            crate::layers::accumulator_to_float(&[5, -7, 100], 0.05, &[0.01, 0.02, 0.03]);
+            quant_core::accumulator::accumulator_to_float(&[5, -7, 100], 0.05, &[0.01, 0.02, 0.03]);
         assert_eq!(b, expected);
     }
     // TensorRT: every Q/DQ is int8 with zero point 0, so an unsigned activation is refused.
@@ -485,7 +486,7 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
 /// The layer and reason with which the writer of `convention` refuses `graph`.
 fn refusal(convention: OnnxConvention, graph: &Graph) -> (String, String) {
     match OnnxFormat::new(convention).to_bytes(graph) {
-        Err(ExportError::Unsupported { layer, reason }) => (layer, reason),
+        Err(GraphError::Unsupported { layer, reason }) => (layer, reason),
         other => panic!("expected the export to be refused, got {other:?}"),
     }
 }
@@ -509,7 +510,7 @@ fn rounding_onnx_cannot_express_is_refused_naming_the_node_and_nothing_is_writte
         );
         let graph = mlp(act);
         let err = OnnxFormat::default().to_bytes(&graph).unwrap_err();
-        let ExportError::Unsupported { layer, reason } = &err else {
+        let GraphError::Unsupported { layer, reason } = &err else {
             panic!("{err}")
         };
         assert_eq!(layer, "fc.input");
@@ -521,7 +522,7 @@ fn rounding_onnx_cannot_express_is_refused_naming_the_node_and_nothing_is_writte
 
         let dir = scratch("rounding").join("export");
         let err = save(&graph, &dir, &[&QuantFormat, &OnnxFormat::default()]).unwrap_err();
-        assert!(matches!(err, ExportError::Unsupported { .. }), "{err}");
+        assert!(matches!(err, GraphError::Unsupported { .. }), "{err}");
         assert!(!dir.exists(), "nothing is written");
         // As an optional format: quant's files are written, model.onnx is not, and why is said.
         let skipped =
@@ -573,7 +574,7 @@ fn a_directory_that_cannot_be_written_is_an_io_error_naming_it_and_nothing_is_wr
         &[&QuantFormat, &OnnxFormat::default()],
     )
     .unwrap_err();
-    assert!(matches!(err, ExportError::Io { .. }), "{err}");
+    assert!(matches!(err, GraphError::Io { .. }), "{err}");
     assert!(err.to_string().contains("a-file"), "{err}");
     assert_eq!(std::fs::read(&file).unwrap(), b"user data");
     // A directory of the user's: refused, left as it was.

@@ -31,7 +31,7 @@
 //! files quant writes; those of a process still running (a concurrent run) are left alone.
 //!
 //! ```
-//! use quant_ops::fs::{check_export_dir, replace_dir, ExportTarget};
+//! use quant_runtime::fs::{check_export_dir, replace_dir, ExportTarget};
 //!
 //! let parent = std::env::temp_dir().join(format!("quant-fs-doc-{}", std::process::id()));
 //! let out = parent.join("export");
@@ -129,7 +129,7 @@ fn refused(path: &Path, reason: String) -> OutputError {
 /// the cursor, erase a line or fake output.
 ///
 /// ```
-/// assert_eq!(quant_ops::fs::escape_controls("a\x1b[2Kb\0"), "a\\u{1b}[2Kb\\u{0}");
+/// assert_eq!(quant_runtime::fs::escape_controls("a\x1b[2Kb\0"), "a\\u{1b}[2Kb\\u{0}");
 /// ```
 pub fn escape_controls(text: &str) -> Cow<'_, str> {
     let unsafe_char = |c: char| c.is_control() && c != '\n' && c != '\t';

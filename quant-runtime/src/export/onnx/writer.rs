@@ -1,6 +1,6 @@
 //! Writes a graph as an ONNX model: one method per graph op, each adding its ONNX nodes and
 //! initializers. A new graph op gets one arm in [`Writer::node`] (and, when ONNX cannot
-//! express it, that arm returns [`ExportError::Unsupported`] naming the node).
+//! express it, that arm returns [`GraphError::Unsupported`] naming the node).
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,11 +14,11 @@ use super::proto::{
     TensorTypeProto, TypeProto, ValueInfoProto,
 };
 use super::{OnnxConvention, Role, IR_VERSION, OPSET};
-use crate::export::ExportError;
 use crate::graph::{
     Conv2dGeometry, ExportedQuantizer, Graph, Node, Op, ParamValues, Parameter, PoolGeometry,
     Shapes,
 };
+use crate::GraphError;
 
 /// Name of the ONNX model's input.
 const INPUT: &str = "input";
@@ -30,7 +30,7 @@ const BATCH: &str = "N";
 const MAX_MODEL_BYTES: usize = i32::MAX as usize;
 
 /// Serialises `graph` as an ONNX model following `convention`.
-pub(super) fn write(graph: &Graph, convention: OnnxConvention) -> Result<Vec<u8>, ExportError> {
+pub(super) fn write(graph: &Graph, convention: OnnxConvention) -> Result<Vec<u8>, GraphError> {
     let shapes = graph.check()?;
     let mut w = Writer::new(graph, &shapes, convention);
     for node in &graph.nodes {
@@ -49,7 +49,7 @@ pub(super) fn write(graph: &Graph, convention: OnnxConvention) -> Result<Vec<u8>
     let model = w.finish();
     let len = model.encoded_len();
     if len > MAX_MODEL_BYTES {
-        return Err(ExportError::Unsupported {
+        return Err(GraphError::Unsupported {
             layer: "(graph)".into(),
             reason: format!(
                 "the ONNX model would take {len} bytes; protobuf readers accept at most {MAX_MODEL_BYTES}"
@@ -107,10 +107,10 @@ fn transposed<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
 }
 
 /// The values of a parameter that must hold floats (a scale, shift or position embedding).
-fn float_values<'p>(node: &Node, p: &'p Parameter) -> Result<&'p [f32], ExportError> {
+fn float_values<'p>(node: &Node, p: &'p Parameter) -> Result<&'p [f32], GraphError> {
     match &p.values {
         ParamValues::Float(v) => Ok(v),
-        _ => Err(ExportError::Invalid {
+        _ => Err(GraphError::Invalid {
             node: node.name.clone(),
             reason: format!("`{}` must hold float values", p.tensor),
         }),
@@ -225,7 +225,7 @@ impl<'g> Writer<'g> {
     }
 
     /// Writes one graph node: one arm per op.
-    fn node(&mut self, node: &'g Node) -> Result<(), ExportError> {
+    fn node(&mut self, node: &'g Node) -> Result<(), GraphError> {
         let out = self.value_of[node.name.as_str()].clone();
         let x = self.input(node, 0);
         let in_shape = self.input_shape(node, 0);
@@ -443,7 +443,7 @@ impl<'g> Writer<'g> {
         q: &ExportedQuantizer,
         x: String,
         out: String,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), GraphError> {
         self.convention.check(&node.name, Role::Activation, q)?;
         let code = CodeType::of(q);
         let grid = q.inferable.grid();
@@ -482,7 +482,7 @@ impl<'g> Writer<'g> {
         p: &Parameter,
         shape: &[usize],
         transpose: bool,
-    ) -> Result<String, ExportError> {
+    ) -> Result<String, GraphError> {
         let stored_shape: Vec<usize> = if transpose {
             vec![shape[1], shape[0]]
         } else {
@@ -524,7 +524,7 @@ impl<'g> Writer<'g> {
                 );
                 Ok(out)
             }
-            ParamValues::Accumulator(_) => Err(ExportError::Invalid {
+            ParamValues::Accumulator(_) => Err(GraphError::Invalid {
                 node: node.name.clone(),
                 reason: format!("weight `{}` holds accumulator values", p.tensor),
             }),
@@ -539,19 +539,19 @@ impl<'g> Writer<'g> {
         bias: &Parameter,
         weight: &Parameter,
         out: usize,
-    ) -> Result<String, ExportError> {
+    ) -> Result<String, GraphError> {
         let acc = match &bias.values {
             ParamValues::Float(v) => return Ok(self.floats(&bias.tensor, &[out], v)),
             ParamValues::Accumulator(acc) => acc,
             ParamValues::Codes { .. } => {
-                return Err(ExportError::Invalid {
+                return Err(GraphError::Invalid {
                     node: node.name.clone(),
                     reason: format!("bias `{}` holds codes", bias.tensor),
                 })
             }
         };
         let (Some(input), Some(w)) = (self.input_quantizer(node), weight.values.quantizer()) else {
-            return Err(ExportError::Invalid {
+            return Err(GraphError::Invalid {
                 node: node.name.clone(),
                 reason: "an accumulator bias needs a quantized input and quantized weights".into(),
             });
@@ -559,7 +559,7 @@ impl<'g> Writer<'g> {
         let s_in = input.inferable.qparams().scales()[0];
         let s_w = w.inferable.qparams().scales();
         if !self.convention.int32_bias() {
-            let values = crate::layers::accumulator_to_float(acc, s_in, s_w);
+            let values = quant_core::accumulator::accumulator_to_float(acc, s_in, s_w);
             return Ok(self.floats(&bias.tensor, &[out], &values));
         }
         // The scale of each output's accumulator, rounded once to f32 (the float reference
@@ -612,7 +612,7 @@ impl<'g> Writer<'g> {
         x: String,
         in_shape: &[usize],
         out: String,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), GraphError> {
         let gemm = in_shape.len() == 1;
         let w = self.weight(node, weight, &[out_features, in_features], !gemm)?;
         let b = self.bias(node, bias, weight, out_features)?;
@@ -640,7 +640,7 @@ impl<'g> Writer<'g> {
         bias: &Parameter,
         x: String,
         out: String,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), GraphError> {
         let w = self.weight(node, weight, &g.weight_shape(), false)?;
         let b = self.bias(node, bias, weight, g.out_channels)?;
         let attrs = vec![
@@ -664,7 +664,7 @@ impl<'g> Writer<'g> {
         x: String,
         in_shape: &[usize],
         out: String,
-    ) -> Result<(), ExportError> {
+    ) -> Result<(), GraphError> {
         let mut dims = vec![1usize; in_shape.len()];
         dims[0] = in_shape[0];
         let s = self.floats(&scale.tensor, &dims, float_values(node, scale)?);

@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""The mixed-precision and fallback figures of the README's PTQ-toolbox section.
+
+For each model: `quant analyze` chooses on rows held out of the training split (never the test
+split), writes a policy, and `quant run --policy` measures that policy's PTQ accuracy on the
+test split (QAT off), beside uniform W4A8 PTQ and float.
+
+- mixed precision: `--weight-budget 4` and `--weight-budget 3` (candidates 2, 4, 8) on the
+  W4A8 run file;
+- fallback: `--max-drop 0.5` on a W4A4 run file, with the number of slots it left float;
+- timing: `quant analyze` (the ranking) and the `--weight-budget 4` search, wall time, with the
+  float models already cached (one untimed run first trains them).
+
+    cargo build --release --bin quant
+    python3 tools/ptq_toolbox_targets.py [--models mnist_cnn,digits_vit] [--tasks mixed,fallback,timing]
+"""
+import argparse
+import json
+import pathlib
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).parent))
+from learned_rounding_sweep import BASES, section_set, variant  # noqa: E402
+
+W4A4 = {
+    "mnist_cnn": "configs/mnist_cnn_w4a4.toml",
+    "digits_vit": "configs/vit_w4a4.toml",
+}
+OUT = pathlib.Path("runs/ptq_toolbox")
+
+
+def quant(binary, *args):
+    started = time.time()
+    proc = subprocess.run([binary, *args], capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise SystemExit(f"quant {' '.join(args)} failed:\n{proc.stderr}")
+    return proc.stdout, time.time() - started
+
+
+def config(name, text):
+    path = pathlib.Path("configs") / f".targets_{name}.toml"
+    path.write_text(text)
+    return path
+
+
+def ptq_of(binary, cfg, name, policy=None):
+    report = OUT / f"{name}.json"
+    args = ["run", str(cfg), "--quiet", "--report", str(report), "--out", str(OUT / name)]
+    if policy:
+        args += ["--policy", str(policy)]
+    quant(binary, *args)
+    r = json.loads(report.read_text())
+    return r["fp32_accuracy"] * 100, r["ptq_accuracy"] * 100
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--models", default="mnist_cnn,digits_vit")
+    ap.add_argument("--tasks", default="mixed,fallback,timing")
+    ap.add_argument("--binary", default="target/release/quant")
+    args = ap.parse_args()
+    OUT.mkdir(parents=True, exist_ok=True)
+    tasks = args.tasks.split(",")
+    for model in args.models.split(","):
+        w4a8 = config(f"{model}_w4a8", variant(pathlib.Path(BASES[model]).read_text(), 4, []))
+        if "mixed" in tasks:
+            fp32, uniform = ptq_of(args.binary, w4a8, f"{model}_w4a8_uniform")
+            print(f"{model:11} float {fp32:6.2f}  uniform W4A8 PTQ {uniform:6.2f}", flush=True)
+            for budget in ["4", "3"]:
+                policy = OUT / f"{model}_weights{budget}.toml"
+                out, secs = quant(args.binary, "analyze", str(w4a8), "--quiet", "--weight-budget",
+                                  budget, "--policy-out", str(policy),
+                                  "--report", str(OUT / f"{model}_weights{budget}_analysis.json"))
+                a = json.loads((OUT / f"{model}_weights{budget}_analysis.json").read_text())
+                m = a["mixed_precision"]
+                widths = ",".join(str(s["bits"]) for s in m["slots"])
+                _, mixed = ptq_of(args.binary, w4a8, f"{model}_weights{budget}", policy)
+                print(f"{model:11} mixed precision, weight budget {budget} bits: "
+                      f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
+                      f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
+        if "fallback" in tasks and model in W4A4:
+            text = pathlib.Path(W4A4[model]).read_text()
+            text = section_set(text, "qat", "epochs", "0")
+            text = section_set(text, "qat", "warmup_epochs", "0")
+            w4a4 = config(f"{model}_w4a4", text)
+            policy = OUT / f"{model}_fallback.toml"
+            report = OUT / f"{model}_fallback_analysis.json"
+            _, secs = quant(args.binary, "analyze", str(w4a4), "--quiet", "--max-drop", "0.5",
+                            "--policy-out", str(policy), "--report", str(report))
+            f = json.loads(report.read_text())["fallback"]
+            fp32, plain = ptq_of(args.binary, w4a4, f"{model}_w4a4_plain")
+            _, fell = ptq_of(args.binary, w4a4, f"{model}_w4a4_fallback", policy)
+            print(f"{model:11} fallback max_drop 0.5 on W4A4: {len(f['float_slots'])} of "
+                  f"{f['slots']} slots float ({', '.join(f['float_slots'])}); test: float "
+                  f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), "
+                  f"analyze {secs:.0f} s", flush=True)
+            w4a4.unlink()
+        if "timing" in tasks:
+            quant(args.binary, "analyze", str(w4a8), "--quiet")  # trains and caches the floats
+            _, rank_secs = quant(args.binary, "analyze", str(w4a8), "--quiet")
+            _, search_secs = quant(args.binary, "analyze", str(w4a8), "--quiet",
+                                   "--weight-budget", "4")
+            print(f"{model:11} timing (floats cached): analyze {rank_secs:.1f} s, "
+                  f"analyze --weight-budget 4 {search_secs:.1f} s", flush=True)
+        w4a8.unlink()
+
+
+if __name__ == "__main__":
+    main()
