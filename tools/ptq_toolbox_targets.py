@@ -8,6 +8,8 @@ test split (QAT off), beside uniform W4A8 PTQ and float.
 - mixed precision: `--weight-budget 4` and `--weight-budget 3` (candidates 2, 4, 8) on the
   W4A8 run file;
 - fallback: `--max-drop 0.5` on a W4A4 run file, with the number of slots it left float;
+- mixed precision with learned rounding (`mixed_adaround`): the same budgets, widths 2, 3, 4
+  and 8, on the W4A8 run file with `learned_rounding = "AdaRound"`;
 - timing: `quant analyze` (the ranking) and the `--weight-budget 4` search, wall time, with the
   float models already cached (one untimed run first trains them).
 
@@ -58,7 +60,7 @@ def ptq_of(binary, cfg, name, policy=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mnist_cnn,digits_vit")
-    ap.add_argument("--tasks", default="mixed,fallback,timing")
+    ap.add_argument("--tasks", default="mixed,mixed_adaround,fallback,timing")
     ap.add_argument("--binary", default="target/release/quant")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -80,6 +82,24 @@ def main():
                 print(f"{model:11} mixed precision, weight budget {budget} bits: "
                       f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
                       f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
+        if "mixed_adaround" in tasks:
+            base = pathlib.Path(BASES[model]).read_text()
+            _, uniform = ptq_of(args.binary, w4a8, f"{model}_w4a8_uniform")
+            learned = config(f"{model}_w4a8_adaround",
+                             variant(base, 4, ['learned_rounding = "AdaRound"']))
+            for budget in ["4", "3"]:
+                policy = OUT / f"{model}_weights{budget}_adaround.toml"
+                report = OUT / f"{model}_weights{budget}_adaround_analysis.json"
+                _, secs = quant(args.binary, "analyze", str(learned), "--quiet", "--weight-budget",
+                                budget, "--candidates", "2,3,4,8", "--policy-out", str(policy),
+                                "--report", str(report))
+                m = json.loads(report.read_text())["mixed_precision"]
+                widths = ",".join(str(s["bits"]) for s in m["slots"])
+                _, mixed = ptq_of(args.binary, learned, f"{model}_weights{budget}_adaround", policy)
+                print(f"{model:11} mixed precision + AdaRound, weight budget {budget} bits: "
+                      f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
+                      f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
+            learned.unlink()
         if "fallback" in tasks and model in W4A4:
             text = pathlib.Path(W4A4[model]).read_text()
             text = section_set(text, "qat", "epochs", "0")
