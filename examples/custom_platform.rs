@@ -17,6 +17,7 @@ use quant_ops::observers::ObserverConfig;
 use quant_ops::platform::{find_platform, platform_names, Platform};
 use quant_ops::policy::{Policy, QuantizerSettings};
 use quant_ops::report::{layer_report, layer_table};
+use quant_runtime::export::OnnxConvention;
 
 /// A DSP that multiplies int8 by int8 with symmetric, per-tensor scales everywhere and rounds
 /// ties away from zero (like NCNN), and whose activations are unsigned after ReLU.
@@ -45,6 +46,8 @@ fn my_dsp_int8() -> Platform {
         // The DSP has no integer LayerNorm: those inputs stay float unless a policy says.
         float_kinds: vec![quant_ops::convert::LayerKind::LayerNorm],
         attention: "matmul inputs quantized; softmax and LayerNorm in float".into(),
+        // Its ONNX files in TensorRT's layout (int8, zero point 0, float biases).
+        onnx: OnnxConvention::TensorRt,
     }
 }
 

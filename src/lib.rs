@@ -88,9 +88,9 @@ pub use quant_runtime::*;
 
 pub mod data;
 pub mod digits;
-#[cfg(feature = "onnx-runtime")]
-pub mod onnx_runtime;
 pub mod pipeline;
+#[cfg(feature = "tract")]
+pub mod tract;
 
 /// dfdx, as this crate uses it.
 pub use dfdx;

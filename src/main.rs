@@ -614,7 +614,7 @@ fn eval(
         }
     }
     if let Some(path) = onnx {
-        #[cfg(feature = "onnx-runtime")]
+        #[cfg(feature = "tract")]
         eval_onnx(
             path,
             data,
@@ -624,11 +624,11 @@ fn eval(
             show_predictions,
             budget,
         )?;
-        #[cfg(not(feature = "onnx-runtime"))]
+        #[cfg(not(feature = "tract"))]
         {
             let _ = integer_predictions;
             return Err(format!(
-                "{}: this quant was built without the `onnx-runtime` feature, which runs ONNX files; rebuild with default features",
+                "{}: this quant was built without the `tract` feature, which runs ONNX files; rebuild with default features",
                 path.display()
             )
             .into());
@@ -637,7 +637,7 @@ fn eval(
     Ok(())
 }
 
-#[cfg(feature = "onnx-runtime")]
+#[cfg(feature = "tract")]
 fn eval_onnx(
     path: &Path,
     data: &quant::data::Dataset,
@@ -647,7 +647,7 @@ fn eval_onnx(
     show_predictions: bool,
     budget: Budget,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    use quant::onnx_runtime::{eval_onnx, OnnxModel};
+    use quant::tract::{eval_onnx, OnnxModel};
     let (acc, n, predicted) = eval_onnx(path, data, budget)?;
     println!(
         "{}: ONNX model (tract) accuracy {:.2}% on {n} test samples",

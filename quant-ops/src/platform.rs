@@ -8,8 +8,8 @@
 //!
 //! # ONNX export
 //!
-//! `quant run` writes `model.onnx` in the layout of the policy's platform
-//! ([`OnnxConvention::for_platform`](quant_runtime::export::OnnxConvention::for_platform)):
+//! `quant run` writes `model.onnx` in the layout of the policy's platform, which each
+//! platform carries as data ([`Platform::onnx`]; a platform of your own picks any):
 //!
 //! - `TensorRtInt8` → [`OnnxConvention::TensorRt`](quant_runtime::export::OnnxConvention::TensorRt),
 //!   TensorRT's explicit quantization: every `QuantizeLinear` / `DequantizeLinear` int8 with
@@ -38,6 +38,7 @@ use quant_core::{QuantError, QuantizationMethod, Result, RoundingPolicy, Trainin
 use crate::convert::LayerKind;
 use crate::observers::{HistogramBins, Momentum, ObserverConfig};
 use crate::policy::QuantizerSettings;
+use quant_runtime::export::OnnxConvention;
 
 /// A backend preset: complete default settings for weights and for activations.
 #[derive(Debug, Clone, PartialEq)]
@@ -57,6 +58,8 @@ pub struct Platform {
     pub float_kinds: Vec<LayerKind>,
     /// What the target does with a transformer's attention, softmax, GELU and LayerNorm.
     pub attention: String,
+    /// The ONNX layout exports for this target follow (`model.onnx`).
+    pub onnx: OnnxConvention,
 }
 
 impl fmt::Display for Platform {
@@ -214,6 +217,7 @@ fn academic() -> Platform {
         ),
         float_kinds: Vec::new(),
         attention: INTEGER_RUNTIME_ATTENTION.into(),
+        onnx: OnnxConvention::Standard,
     }
 }
 
@@ -246,6 +250,7 @@ fn tensorrt_int8() -> Platform {
              values), as pytorch-quantization's BERT; softmax, LayerNorm and GELU run in \
              float or fp16, so their inputs are not quantized"
             .into(),
+        onnx: OnnxConvention::TensorRt,
     }
 }
 
@@ -277,6 +282,7 @@ fn openvino_int8() -> Platform {
         attention: "FakeQuantize on the inputs of both attention matmuls (as NNCF's transformer \
              preset); softmax, LayerNorm and GELU run in float, so their inputs are not quantized"
             .into(),
+        onnx: OnnxConvention::OpenVino,
     }
 }
 
@@ -308,6 +314,7 @@ fn generic_int4() -> Platform {
         ),
         float_kinds: Vec::new(),
         attention: INTEGER_RUNTIME_ATTENTION.into(),
+        onnx: OnnxConvention::Standard,
     }
 }
 

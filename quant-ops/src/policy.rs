@@ -597,6 +597,20 @@ impl Policy {
             .transpose()
     }
 
+    /// The ONNX layout exports under this policy follow: its platform's
+    /// ([`Platform::onnx`](crate::platform::Platform::onnx)), or onnxruntime's standard QDQ
+    /// without one.
+    ///
+    /// # Errors
+    /// A platform that is not registered.
+    pub fn onnx_convention(&self) -> Result<quant_runtime::export::OnnxConvention> {
+        match &self.platform {
+            Some(name) if name.len() <= MAX_NAME_BYTES => Ok(find_platform(name)?.onnx),
+            Some(_) => self.base().map(|_| Default::default()),
+            None => Ok(Default::default()),
+        }
+    }
+
     /// What runs on a weights slot after calibration ([`crate::ptq`]): the slot's
     /// `learned_rounding` and `bias_correction`, merged as every other setting. A float slot
     /// asks for nothing.

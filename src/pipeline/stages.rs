@@ -334,7 +334,7 @@ pub(crate) fn first_seed_outputs<S: BatchShape, Q: QuantizedModule + Clone>(
     };
     // Written beside the target; put in place only when every seed has succeeded.
     // model.onnx too, unless ONNX cannot express the model (the report says why).
-    let onnx = OnnxFormat::for_platform(s.cfg.quantization.platform.as_deref());
+    let onnx = OnnxFormat::new(s.cfg.quantization.onnx_convention()?);
     let skipped =
         export::save_with_optional(&integer.graph, staged.path(), &[&QuantFormat], &[&onnx])?;
     let no_onnx = skipped.into_iter().map(|(_, why)| why.to_string()).last();

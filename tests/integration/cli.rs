@@ -216,7 +216,7 @@ fn mnist_from_idx_files_runs_end_to_end_and_eval_reads_the_run_files_data() {
 fn eval_onnx_agrees(export: &Path, min_agreement: f64) {
     let onnx = export.join("model.onnx");
     assert!(onnx.is_file(), "quant run writes model.onnx");
-    if !cfg!(feature = "onnx-runtime") {
+    if !cfg!(feature = "tract") {
         return;
     }
     let o = quant(&[
@@ -365,7 +365,7 @@ fn bad_input_is_a_clear_error_and_writes_nothing() {
     assert!(!export.exists(), "nothing is exported when the run fails");
 
     // ONNX files that are missing or not ONNX name the file.
-    if cfg!(feature = "onnx-runtime") {
+    if cfg!(feature = "tract") {
         let not_onnx = dir.join("not.onnx");
         std::fs::write(&not_onnx, "this is not protobuf").unwrap();
         for path in ["no/such/model.onnx", not_onnx.to_str().unwrap()] {

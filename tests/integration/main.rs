@@ -10,7 +10,7 @@ mod determinism;
 mod error_messages;
 mod hostile;
 mod loaders_fuzz;
-#[cfg(feature = "onnx-runtime")]
+#[cfg(feature = "tract")]
 mod onnx;
 mod properties;
 mod registry;

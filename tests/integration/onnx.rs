@@ -21,8 +21,8 @@ use quant::graph::{
     PoolGeometry, QuantizerOrigin,
 };
 use quant::integer::{argmax_rows, IntegerModel};
-use quant::onnx_runtime::OnnxModel;
 use quant::pipeline::{self, RunConfig, RunOptions, RunReport};
+use quant::tract::OnnxModel;
 use quant::{InferableQuantizer, IntegerGrid, QParams, QuantizationMethod, RoundingPolicy};
 
 /// Every committed config; a new model kind is one more line.
@@ -301,7 +301,10 @@ fn platform_presets_export_the_layout_their_runtime_documents() {
             .metadata_props
             .iter()
             .find(|p| p.key == "quant.onnx_convention");
-        let expected = OnnxConvention::for_platform(Some(platform)).name();
+        let expected = quant::platform::find_platform(platform)
+            .unwrap()
+            .onnx
+            .name();
         assert_eq!(convention.map(|p| p.value.as_str()), Some(expected));
         let g = model.graph.as_ref().unwrap();
         let producer = |value: &str| g.node.iter().find(|n| n.output[0] == value);

@@ -1012,7 +1012,7 @@ fn a_copied_binary_runs_the_main_job_anywhere() {
 /// Issue 25: `quant eval --onnx` on a 5 KB file padding a convolution by 4000 (24 GB, then a
 /// tract panic, before the budget existed) fails cleanly within the address-space and time
 /// limits, naming the file and the attribute.
-#[cfg(feature = "onnx-runtime")]
+#[cfg(feature = "tract")]
 #[test]
 fn case_25_an_onnx_file_that_would_take_gigabytes_fails_cleanly_within_1_gib() {
     use prost::Message;

@@ -108,8 +108,8 @@ pub const LOGIT_TOLERANCE: f32 = 1e-4;
 /// The quantization layout an ONNX export follows: which deployment runtime it is written for.
 ///
 /// Every convention writes the same operators and computes the same values; they differ in
-/// what they accept and in how a bias is stored. [`OnnxConvention::for_platform`] picks the
-/// convention of a policy's platform.
+/// what they accept and in how a bias is stored. Each platform of quant-ops carries its
+/// convention (`Platform::onnx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnnxConvention {
@@ -136,17 +136,6 @@ pub enum OnnxConvention {
 }
 
 impl OnnxConvention {
-    /// The convention for models converted under the platform `name` (a policy's `platform`):
-    /// `TensorRtInt8` → [`OnnxConvention::TensorRt`], `OpenVinoInt8` →
-    /// [`OnnxConvention::OpenVino`], anything else (or none) → [`OnnxConvention::Standard`].
-    pub fn for_platform(name: Option<&str>) -> OnnxConvention {
-        match name {
-            Some("TensorRtInt8") => OnnxConvention::TensorRt,
-            Some("OpenVinoInt8") => OnnxConvention::OpenVino,
-            _ => OnnxConvention::Standard,
-        }
-    }
-
     /// The convention's name, as the model's metadata records it.
     pub fn name(self) -> &'static str {
         match self {
@@ -232,12 +221,6 @@ impl OnnxFormat {
     /// The format with `convention`.
     pub const fn new(convention: OnnxConvention) -> OnnxFormat {
         OnnxFormat { convention }
-    }
-
-    /// The format for models converted under the platform `name` (see
-    /// [`OnnxConvention::for_platform`]).
-    pub fn for_platform(name: Option<&str>) -> OnnxFormat {
-        OnnxFormat::new(OnnxConvention::for_platform(name))
     }
 
     /// The ONNX model of `graph`, serialised.

@@ -284,19 +284,6 @@ fn tensorrt_and_openvino_write_float_biases_and_refuse_what_their_runtimes_do_no
             "{reason}"
         );
     }
-    assert_eq!(
-        OnnxConvention::for_platform(Some("TensorRtInt8")),
-        OnnxConvention::TensorRt
-    );
-    assert_eq!(
-        OnnxConvention::for_platform(Some("OpenVinoInt8")),
-        OnnxConvention::OpenVino
-    );
-    assert_eq!(
-        OnnxConvention::for_platform(Some("GenericInt4")),
-        OnnxConvention::Standard
-    );
-    assert_eq!(OnnxConvention::for_platform(None), OnnxConvention::Standard);
 }
 
 #[test]

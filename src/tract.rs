@@ -1,13 +1,13 @@
 //! Runs ONNX files with [tract](https://docs.rs/tract-onnx), a pure-Rust ONNX runtime: `quant
 //! eval --onnx`, and the tests that check what quant exports against a runtime that is not
-//! quant's. Behind the default `onnx-runtime` feature.
+//! quant's. Behind the default `tract` feature.
 //!
 //! ```no_run
-//! use quant::onnx_runtime::OnnxModel;
+//! use quant::tract::OnnxModel;
 //! let model = OnnxModel::load("runs/mlp_w4a4/export/model.onnx".as_ref())?;
 //! let logits = model.forward(&vec![0.5; 64])?; // one sample of the digits MLP
 //! assert_eq!(logits.len(), model.output_features());
-//! # Ok::<(), quant::onnx_runtime::OnnxRunError>(())
+//! # Ok::<(), quant::tract::OnnxRunError>(())
 //! ```
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
