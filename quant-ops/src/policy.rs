@@ -75,20 +75,21 @@ pub const MAX_NAME_BYTES: usize = 256;
 /// dropped.
 ///
 /// # Errors
-/// [`PolicyError::Read`] saying which of these failed.
-pub fn read_config_file(path: &Path) -> std::result::Result<String, PolicyError> {
+/// [`ConfigError::Read`] saying which of these failed.
+pub fn read_config_file(path: &Path) -> std::result::Result<String, ConfigError> {
     quant_runtime::fs::read_text_limited(path, MAX_CONFIG_FILE_BYTES).map_err(|source| {
-        PolicyError::Read {
+        ConfigError::Read {
             path: path.display().to_string(),
             source,
         }
     })
 }
 
-/// Errors of policy files: where (file, key path) and what.
+/// Errors of configuration files, policy files and run files alike: where (file, key path)
+/// and what.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum PolicyError {
+pub enum ConfigError {
     /// The file could not be read.
     #[error("cannot read {path}: {source}")]
     Read {
@@ -400,10 +401,10 @@ impl Policy {
     /// Parses and validates a policy from TOML text. `origin` names the source in errors.
     ///
     /// # Errors
-    /// [`PolicyError::Parse`] for syntax, unknown keys and bad values (with the key path),
-    /// [`PolicyError::Invalid`] for combinations no quantizer supports, unknown platforms and
+    /// [`ConfigError::Parse`] for syntax, unknown keys and bad values (with the key path),
+    /// [`ConfigError::Invalid`] for combinations no quantizer supports, unknown platforms and
     /// invalid patterns.
-    pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, PolicyError> {
+    pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, ConfigError> {
         let de = toml::Deserializer::new(text);
         let mut policy: Policy =
             serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, text, e))?;
@@ -416,8 +417,8 @@ impl Policy {
     /// see [`read_config_file`]).
     ///
     /// # Errors
-    /// See [`Policy::from_toml_str`]; also [`PolicyError::Read`].
-    pub fn from_file(path: &Path) -> std::result::Result<Policy, PolicyError> {
+    /// See [`Policy::from_toml_str`]; also [`ConfigError::Read`].
+    pub fn from_file(path: &Path) -> std::result::Result<Policy, ConfigError> {
         let text = read_config_file(path)?;
         Policy::from_toml_str(&text, &path.display().to_string())
     }
@@ -455,10 +456,10 @@ impl Policy {
     /// a policy embedded in a larger file, with the table's key as `key_prefix`).
     ///
     /// # Errors
-    /// [`PolicyError::Invalid`] naming the key: unknown platform, invalid pattern, a slot the
+    /// [`ConfigError::Invalid`] naming the key: unknown platform, invalid pattern, a slot the
     /// kind does not have, incomplete or unsupported settings.
-    pub fn validate(&self, origin: &str, key_prefix: &str) -> std::result::Result<(), PolicyError> {
-        let invalid = |key: &str, source: QuantError| PolicyError::Invalid {
+    pub fn validate(&self, origin: &str, key_prefix: &str) -> std::result::Result<(), ConfigError> {
+        let invalid = |key: &str, source: QuantError| ConfigError::Invalid {
             origin: origin.to_string(),
             key: join_name(key_prefix, key),
             source,
@@ -494,7 +495,7 @@ impl Policy {
                          input: &Option<SlotSetting>,
                          slots: &BTreeMap<String, SlotSetting>,
                          targets: &dyn Fn(&str) -> Option<QuantizationTarget>|
-         -> std::result::Result<(), PolicyError> {
+         -> std::result::Result<(), ConfigError> {
             for (key, setting, target) in [
                 ("weights", weights, QuantizationTarget::Weights),
                 ("input", input, QuantizationTarget::Activation),
@@ -694,12 +695,12 @@ impl Policy {
     /// unmatched patterns otherwise.
     ///
     /// # Errors
-    /// [`PolicyError::Invalid`] naming the file and the override (`overrides[2].pattern`,
+    /// [`ConfigError::Invalid`] naming the file and the override (`overrides[2].pattern`,
     /// `overrides[0].slots.inptu`), with the layers (or slots) there are.
-    pub fn check_unmatched(&self) -> std::result::Result<Vec<String>, PolicyError> {
+    pub fn check_unmatched(&self) -> std::result::Result<Vec<String>, ConfigError> {
         let seen = self.seen.borrow();
         let (origin, prefix) = &self.location;
-        let invalid = |key: String, value: String, expected: String| PolicyError::Invalid {
+        let invalid = |key: String, value: String, expected: String| ConfigError::Invalid {
             origin: origin.clone(),
             key: join_name(prefix, &key),
             source: QuantError::InvalidValue {
@@ -710,7 +711,7 @@ impl Policy {
         };
         let mut unmatched = Vec::new();
         for (n, o) in self.overrides.iter().enumerate() {
-            let pattern = glob(&o.pattern).map_err(|e| PolicyError::Invalid {
+            let pattern = glob(&o.pattern).map_err(|e| ConfigError::Invalid {
                 origin: origin.clone(),
                 key: join_name(prefix, &format!("overrides[{n}].pattern")),
                 source: e,
@@ -794,17 +795,17 @@ fn parse_error(
     origin: &str,
     text: &str,
     e: serde_path_to_error::Error<toml::de::Error>,
-) -> PolicyError {
+) -> ConfigError {
     let key = e.path().to_string();
     toml_parse_error(origin, text, key, &e.into_inner())
 }
 
-/// A TOML error as a [`PolicyError::Parse`]: the key path serde reported, or, when the TOML
+/// A TOML error as a [`ConfigError::Parse`]: the key path serde reported, or, when the TOML
 /// parser failed before any key was known (syntax errors, numbers too large for their type),
 /// the key written on the offending line under its table (`qat.batch_size`,
 /// `overrides[1].pattern`); the message gains the line, column and byte offset. `key` is the
 /// path serde reported (`.` for none). The run file's loader uses it too.
-pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Error) -> PolicyError {
+pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Error) -> ConfigError {
     let mut message = e.message().to_string();
     let mut key = key;
     if let Some(start) = e.span().map(|s| s.start.min(text.len())) {
@@ -819,7 +820,7 @@ pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Err
         }
     }
     // A key or value can be as long as the file: messages quote at most a readable part.
-    PolicyError::Parse {
+    ConfigError::Parse {
         origin: origin.to_string(),
         key: quant_runtime::fs::shorten(&key).into_owned(),
         message: quant_runtime::fs::shorten_quoted(&message).into_owned(),

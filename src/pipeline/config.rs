@@ -49,7 +49,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::policy::{ConfigError, Policy};
 
 /// Most epochs of one training phase (`float.epochs`, `qat.epochs`); the recipes use 30 to 60.
 pub const MAX_EPOCHS: usize = 10_000;
@@ -356,9 +356,9 @@ impl RunConfig {
     /// Parses and validates a run file's text; `origin` names it in errors.
     ///
     /// # Errors
-    /// [`PolicyError::Parse`] with the key path for syntax errors, unknown keys and bad values;
-    /// [`PolicyError::Invalid`] for values out of range and policies no quantizer supports.
-    pub fn from_toml_str(text: &str, origin: &str) -> Result<RunConfig, PolicyError> {
+    /// [`ConfigError::Parse`] with the key path for syntax errors, unknown keys and bad values;
+    /// [`ConfigError::Invalid`] for values out of range and policies no quantizer supports.
+    pub fn from_toml_str(text: &str, origin: &str) -> Result<RunConfig, ConfigError> {
         let de = toml::Deserializer::new(text);
         let mut cfg: RunConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
@@ -366,7 +366,7 @@ impl RunConfig {
         })?;
         cfg.origin = origin.to_string();
         cfg.quantization.set_location(origin, "quantization");
-        let invalid = |key: &str, expected: &str, value: String| PolicyError::Invalid {
+        let invalid = |key: &str, expected: &str, value: String| ConfigError::Invalid {
             origin: origin.to_string(),
             key: key.to_string(),
             source: quant_core::QuantError::InvalidValue {
@@ -441,7 +441,7 @@ impl RunConfig {
                 crate::data::DataError::Config { key, message } => (format!("data.{key}"), message),
                 other => ("data".to_string(), other.to_string()),
             };
-            return Err(PolicyError::Invalid {
+            return Err(ConfigError::Invalid {
                 origin: origin.to_string(),
                 key: key.clone(),
                 source: quant_core::QuantError::InvalidValue {
@@ -520,8 +520,8 @@ impl RunConfig {
     ///
     /// # Errors
     /// The run file has no `[model]` (the message names the file and says what to add).
-    pub fn bundled_model(&self) -> Result<ModelKind, PolicyError> {
-        self.model.as_ref().map(|m| m.kind).ok_or_else(|| PolicyError::Invalid {
+    pub fn bundled_model(&self) -> Result<ModelKind, ConfigError> {
+        self.model.as_ref().map(|m| m.kind).ok_or_else(|| ConfigError::Invalid {
             origin: self.origin.clone(),
             key: "model".into(),
             source: quant_core::QuantError::InvalidValue {
@@ -537,8 +537,8 @@ impl RunConfig {
     /// [`read_config_file`](quant_ops::policy::read_config_file)).
     ///
     /// # Errors
-    /// See [`RunConfig::from_toml_str`]; also [`PolicyError::Read`].
-    pub fn from_file(path: &Path) -> Result<RunConfig, PolicyError> {
+    /// See [`RunConfig::from_toml_str`]; also [`ConfigError::Read`].
+    pub fn from_file(path: &Path) -> Result<RunConfig, ConfigError> {
         let text = quant_ops::policy::read_config_file(path)?;
         RunConfig::from_toml_str(&text, &path.display().to_string())
     }
@@ -563,7 +563,7 @@ method = "Uniform"
 bits = 4
 "#;
 
-    fn with(extra: &str) -> Result<RunConfig, PolicyError> {
+    fn with(extra: &str) -> Result<RunConfig, ConfigError> {
         // Tables in `extra` go before the policy, so that they are not read as part of it.
         RunConfig::from_toml_str(&format!("{extra}\n{BASE}"), "test.toml")
     }
@@ -620,7 +620,7 @@ bits = 4
         ] {
             let e = with(extra).unwrap_err();
             assert!(
-                matches!(&e, PolicyError::Invalid { key: k, .. } if k == key),
+                matches!(&e, ConfigError::Invalid { key: k, .. } if k == key),
                 "{extra}: {e}"
             );
             assert!(e.to_string().contains(key), "{e}");

@@ -50,7 +50,7 @@ use indicatif::{MultiProgress, ProgressDrawTarget};
 use quant_core::QuantError;
 use quant_ops::convert::convert_model;
 use quant_ops::lower::export_model;
-use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::policy::{ConfigError, Policy};
 use quant_ops::ptq::RefinedLayer;
 use quant_runtime::export::{self};
 pub use quant_runtime::fs::OutputError;
@@ -76,7 +76,7 @@ use train::{accuracy, calibration_inputs, logits, predictions};
 pub enum RunError {
     /// The run file.
     #[error(transparent)]
-    Config(#[from] PolicyError),
+    Config(#[from] ConfigError),
     /// The data file.
     #[error(transparent)]
     Data(#[from] DataError),

@@ -22,7 +22,7 @@ use quant_ops::layers::Slot;
 use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
 use quant_ops::lower::export_model;
 use quant_ops::observers::{HistogramBins, ObserverConfig};
-use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::policy::{ConfigError, Policy};
 use quant_runtime::export::{self, QuantFormat};
 use quant_runtime::GraphError;
 
@@ -257,11 +257,11 @@ fn file_errors_name_the_file() {
     let dir = scratch("files");
     let missing = dir.join("no-such-policy.toml");
     let e = Policy::from_file(&missing).unwrap_err();
-    assert!(matches!(e, PolicyError::Read { .. }));
+    assert!(matches!(e, ConfigError::Read { .. }));
     has(&e.to_string(), &["no-such-policy.toml"]);
 
     let e = RunConfig::from_file(&dir.join("no-such-run.toml")).unwrap_err();
-    assert!(matches!(e, PolicyError::Read { .. }));
+    assert!(matches!(e, ConfigError::Read { .. }));
     has(&e.to_string(), &["no-such-run.toml"]);
 
     let dev = Cpu::default();

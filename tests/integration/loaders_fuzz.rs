@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
-use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::policy::{ConfigError, Policy};
 use quant_runtime::export::{self, QuantFormat};
 use quant_runtime::integer::IntegerModel;
 use quant_runtime::safetensors::check_safetensors;
@@ -125,11 +125,11 @@ fn mutated_toml() -> impl Strategy<Value = String> {
 
 /// Checks a loader's outcome: an error names the origin; a parse or validation error names a
 /// key path.
-fn check_policy_error(e: &PolicyError, origin: &str) {
+fn check_policy_error(e: &ConfigError, origin: &str) {
     let message = e.to_string();
     assert!(message.contains(origin), "{message}");
     match e {
-        PolicyError::Parse { key, .. } | PolicyError::Invalid { key, .. } => {
+        ConfigError::Parse { key, .. } | ConfigError::Invalid { key, .. } => {
             assert!(!key.is_empty(), "{message}")
         }
         _ => {}

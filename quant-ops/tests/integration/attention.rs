@@ -15,7 +15,7 @@ use quant_ops::layers::{
     QuantizerMode,
 };
 use quant_ops::lower::export_model;
-use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::policy::{ConfigError, Policy};
 use quant_ops::report::layer_report;
 use quant_runtime::integer::IntegerModel;
 
@@ -158,7 +158,7 @@ fn attention_slots_are_configured_by_kind_and_by_name() {
         ),
     ] {
         match Policy::from_toml_str(&format!("{POLICY}{extra}"), "attention.toml") {
-            Err(PolicyError::Invalid { key: k, .. }) => assert_eq!(k, key),
+            Err(ConfigError::Invalid { key: k, .. }) => assert_eq!(k, key),
             other => panic!("{extra}: {other:?}"),
         }
     }

@@ -8,7 +8,7 @@ use quant_core::{QuantizationMethod, QuantizationTarget, QuantizerConfig, Traini
 use quant_ops::convert::{convert_model, LayerKind};
 use quant_ops::layers::QuantizedModuleExt;
 use quant_ops::layers::Slot;
-use quant_ops::policy::{Policy, PolicyError};
+use quant_ops::policy::{ConfigError, Policy};
 
 fn policies_dir() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../configs/policies")
@@ -149,7 +149,7 @@ fn error(text: &str, key: &str) -> String {
     let err = Policy::from_toml_str(text, "bad.toml").expect_err(text);
     let msg = err.to_string();
     let named = match &err {
-        PolicyError::Parse { key: k, .. } | PolicyError::Invalid { key: k, .. } => k == key,
+        ConfigError::Parse { key: k, .. } | ConfigError::Invalid { key: k, .. } => k == key,
         _ => false,
     };
     assert!(named, "expected key `{key}` in: {msg}");
