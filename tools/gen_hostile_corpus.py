@@ -175,7 +175,7 @@ def weights_q(o):
 
 
 def quantize(name, inp, q=None):
-    return {"name": name, "inputs": [inp], "op": {"type": "Quantize", "quantizer": q or IN_Q}}
+    return {"name": name, "inputs": [inp], "op": {"type": "QuantizeDequantize", "quantizer": q or IN_Q}}
 
 
 def param(tensor, encoding, q=None):

@@ -51,7 +51,7 @@ pub fn export_onnx<M: QuantizedModule + ?Sized>(
 /// Quantize nodes from a model's live quantizers, added to a [`GraphBuilder`].
 pub trait QuantizeNodes {
     /// Adds the quantizer of slot `slot` (its dotted name, `fc1.input`) on `x`: a
-    /// [`Op::Quantize`] node while the quantizer quantizes, nothing (`x` itself) while it is
+    /// [`Op::QuantizeDequantize`] node while the quantizer quantizes, nothing (`x` itself) while it is
     /// disabled or unconfigured, so the graph computes what the model's forward pass does.
     ///
     /// # Errors
@@ -89,7 +89,7 @@ impl QuantizeNodes for GraphBuilder {
         x: ValueId,
     ) -> Result<ValueId, GraphError> {
         match exported_quantizer(slot, quantizer)? {
-            Some(q) => self.add(node, Op::Quantize { quantizer: q }, &[x]),
+            Some(q) => self.add(node, Op::QuantizeDequantize { quantizer: q }, &[x]),
             None => Ok(x),
         }
     }

@@ -860,7 +860,7 @@ fn slot_units<S: BatchShape, Q: QuantizedModule>(
         .map(|(name, layer, _)| {
             let units = graph.nodes.iter().enumerate().find_map(|(i, n)| {
                 match (&n.op, resource) {
-                    (Op::Quantize { .. }, Resource::Activations) if n.name == *name => {
+                    (Op::QuantizeDequantize { .. }, Resource::Activations) if n.name == *name => {
                         Some(numel(i))
                     }
                     (Op::Linear { weight, out_features, .. }, Resource::Weights | Resource::Bops)
@@ -911,7 +911,7 @@ fn weighted(
         .first()
         .and_then(|v| graph.node_index(v))
         .and_then(|p| match &graph.nodes[p].op {
-            Op::Quantize { quantizer } => Some(u64::from(quantizer.origin.bits)),
+            Op::QuantizeDequantize { quantizer } => Some(u64::from(quantizer.origin.bits)),
             _ => None,
         })
         .unwrap_or(32);

@@ -179,7 +179,7 @@ fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
         let quantize_nodes = graph
             .nodes
             .iter()
-            .filter(|n| matches!(n.op, Op::Quantize { .. }))
+            .filter(|n| matches!(n.op, Op::QuantizeDequantize { .. }))
             .count();
         let q_ops = g
             .node
@@ -445,7 +445,7 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let q = g
         .add(
             "conv.input",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: act(4, 0.15, 7),
             },
             &[x],
@@ -490,7 +490,7 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let y = g
         .add(
             "pool.input",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: act(8, 0.0123, 0),
             },
             &[y],
@@ -521,7 +521,7 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let a = g
         .add(
             "add.a",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: act(8, 0.0217, 3),
             },
             &[a],
@@ -530,7 +530,7 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let b = g
         .add(
             "add.b",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: act(8, 0.0217, 3),
             },
             &[b],
@@ -549,7 +549,7 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let y = g
         .add(
             "fc.input",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: act(8, 0.0531, 128),
             },
             &[y],

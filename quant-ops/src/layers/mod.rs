@@ -305,7 +305,7 @@ pub fn lower_weighted(
 ) -> Result<ValueId, GraphError> {
     let xq = g.quantize(&join_name(name, Slot::INPUT.name), input, x)?;
     let input_quantizer = match g.producer(xq) {
-        Some(quant_runtime::graph::Op::Quantize { quantizer }) if xq != x => {
+        Some(quant_runtime::graph::Op::QuantizeDequantize { quantizer }) if xq != x => {
             Some(quantizer.clone())
         }
         _ => None,

@@ -452,7 +452,9 @@ impl<'a> Layer<'a> {
             .first()
             .and_then(|v| graph.node_index(v))
             .and_then(|p| match &graph.nodes[p].op {
-                Op::Quantize { quantizer } => Some(quantizer.inferable.qparams().scales()[0]),
+                Op::QuantizeDequantize { quantizer } => {
+                    Some(quantizer.inferable.qparams().scales()[0])
+                }
                 _ => None,
             });
         Ok(Layer {

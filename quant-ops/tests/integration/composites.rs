@@ -110,7 +110,10 @@ fn a_residual_block_and_layer_norm_convert_calibrate_and_train() {
         .iter()
         .map(|n| (n.name.as_str(), n.op.name()))
         .collect();
-    assert!(ops.contains(&("1.input.0", "Quantize")) && ops.contains(&("1.input.1", "Quantize")));
+    assert!(
+        ops.contains(&("1.input.0", "QuantizeDequantize"))
+            && ops.contains(&("1.input.1", "QuantizeDequantize"))
+    );
     assert!(ops.contains(&("1", "Add")) && ops.contains(&("2", "LayerNorm")));
     // The model runs the integer LayerNorm (simulated) on the quantized input, as the integer
     // runtime does.

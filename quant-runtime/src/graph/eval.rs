@@ -95,7 +95,9 @@ pub fn evaluate_rewriting(
         )?;
         let op = replaced.as_ref().unwrap_or(&node.op);
         let y = match op {
-            Op::Quantize { quantizer } => quantizer.inferable.fake_quantize(xs, &[xs.len()])?,
+            Op::QuantizeDequantize { quantizer } => {
+                quantizer.inferable.fake_quantize(xs, &[xs.len()])?
+            }
             Op::Relu => xs.iter().map(|v| v.max(0.0)).collect(),
             Op::Tanh => xs.iter().map(|v| v.tanh()).collect(),
             Op::Sigmoid => xs.iter().map(|v| 1.0 / (1.0 + (-v).exp())).collect(),
@@ -353,7 +355,7 @@ fn bias_values(
         ParamValues::Accumulator(v) => {
             let input_quantizer = inputs.first().and_then(|i| i.checked_sub(1)).and_then(|i| {
                 match &graph.nodes[i].op {
-                    Op::Quantize { quantizer } => Some(quantizer),
+                    Op::QuantizeDequantize { quantizer } => Some(quantizer),
                     _ => None,
                 }
             });

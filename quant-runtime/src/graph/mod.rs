@@ -7,7 +7,7 @@
 //! the graph's input and the values of nodes before it, so a graph is acyclic by construction
 //! and every value is defined once.
 //!
-//! Quantization is explicit. A quantized activation is the output of a [`Op::Quantize`] node,
+//! Quantization is explicit. A quantized activation is the output of a [`Op::QuantizeDequantize`] node,
 //! which carries its quantizer's inferable form and is named after the quantizer's slot
 //! (`fc1.input`); a quantized weight is a [`Parameter`] holding integer codes and its quantizer;
 //! a bias that deployment holds in int32 at the accumulator's scale `s_input · s_weight[o]` is
@@ -184,7 +184,8 @@ impl Graph {
                     Some(&i) => {
                         inputs.push(shapes[i].as_slice());
                         if k == 0 {
-                            quantized_input = matches!(producers[i], Some(Op::Quantize { .. }));
+                            quantized_input =
+                                matches!(producers[i], Some(Op::QuantizeDequantize { .. }));
                         }
                     }
                     None => {

@@ -71,8 +71,10 @@ pub struct PoolGeometry {
 #[serde(tag = "type", deny_unknown_fields)]
 pub enum Op {
     /// Quantizes its input onto the quantizer's grid and back (a QDQ pair): in the integer
-    /// runtime its output is integer codes. Per tensor.
-    Quantize {
+    /// runtime its output is integer codes. Per tensor. (Files written before it had this name
+    /// call it `Quantize`; they still load.)
+    #[serde(alias = "Quantize")]
+    QuantizeDequantize {
         /// The quantizer.
         quantizer: ExportedQuantizer,
     },
@@ -229,7 +231,7 @@ impl Op {
     /// The op's name, as the metadata writes it.
     pub fn name(&self) -> &'static str {
         match self {
-            Op::Quantize { .. } => "Quantize",
+            Op::QuantizeDequantize { .. } => "QuantizeDequantize",
             Op::Linear { .. } => "Linear",
             Op::Conv2d { .. } => "Conv2d",
             Op::ChannelAffine { .. } => "ChannelAffine",
@@ -346,9 +348,9 @@ impl Op {
     /// not loaded yet).
     pub(crate) fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
         match self {
-            Op::Quantize { quantizer } => {
+            Op::QuantizeDequantize { quantizer } => {
                 check_quantizer(quantizer, "the quantizer", None)?;
-                Ok(single(inputs, "Quantize")?.to_vec())
+                Ok(single(inputs, "QuantizeDequantize")?.to_vec())
             }
             Op::Relu | Op::Tanh | Op::Sigmoid | Op::Gelu | Op::Softmax => {
                 Ok(single(inputs, self.name())?.to_vec())

@@ -162,7 +162,7 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
                 format!("one sample would hold more than {MAX_SAMPLE_ELEMENTS} values here"),
             ));
         }
-        if rep_a == Rep::Float && !matches!(node.op, Op::Quantize { .. }) {
+        if rep_a == Rep::Float && !matches!(node.op, Op::QuantizeDequantize { .. }) {
             return Err(unsupported(
                 name,
                 format!(
@@ -174,7 +174,7 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
         let mut step = Step::default();
         let mut cost: u64 = 0;
         let (rep, layout) = match &node.op {
-            Op::Quantize { quantizer } => {
+            Op::QuantizeDequantize { quantizer } => {
                 let q = &quantizer.inferable;
                 check_bits(name, "it uses", q)?;
                 let (grid, offset) = stored_grid(q);

@@ -152,7 +152,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let step = &m.steps[i];
         let frees = &m.frees[i];
         let y = match &node.op {
-            Op::Quantize { .. } => match step.quantize.as_ref() {
+            Op::QuantizeDequantize { .. } => match step.quantize.as_ref() {
                 Some(q) => quantize(q, values[a].as_ref(), m.layouts[a])?,
                 None => return Err(internal(&node.name)),
             },

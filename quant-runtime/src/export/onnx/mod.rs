@@ -9,7 +9,7 @@
 //!
 //! | graph op | ONNX |
 //! |---|---|
-//! | `Quantize` | `QuantizeLinear` → `DequantizeLinear` (per tensor), after a `Clip` when the grid is narrower than int8/uint8 |
+//! | `QuantizeDequantize` | `QuantizeLinear` → `DequantizeLinear` (per tensor), after a `Clip` when the grid is narrower than int8/uint8 |
 //! | weights held as codes | int8/uint8 initializer → `DequantizeLinear` (per axis on the output channels for per-channel weights) |
 //! | accumulator bias | int32 initializer → `DequantizeLinear` at scale `s_input · s_weight[o]`, zero point 0 (or a float initializer, see [`OnnxConvention`]) |
 //! | `Linear` | `Gemm` (`transB = 1`) on `[N, features]`; `MatMul` + `Add` over the last axis of larger values |

@@ -67,7 +67,7 @@ fn mlp(act: ExportedQuantizer) -> Graph {
     let mut g = GraphBuilder::new(&[4]).unwrap();
     let x = g.input();
     let q = g
-        .add("fc.input", Op::Quantize { quantizer: act }, &[x])
+        .add("fc.input", Op::QuantizeDequantize { quantizer: act }, &[x])
         .unwrap();
     let wq = quantizer(
         QuantizationMethod::Symmetric,
@@ -293,7 +293,7 @@ fn every_op_has_its_onnx_form() {
     let q = g
         .add(
             "conv.input",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: uniform(8, 0.1, 0),
             },
             &[x],
@@ -423,7 +423,7 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
     let c = g
         .add(
             "q",
-            Op::Quantize {
+            Op::QuantizeDequantize {
                 quantizer: uniform(8, 0.1, 0),
             },
             &[b],

@@ -230,7 +230,7 @@ impl<'g> Writer<'g> {
         let x = self.input(node, 0);
         let in_shape = self.input_shape(node, 0);
         match &node.op {
-            Op::Quantize { quantizer } => self.quantize(node, quantizer, x, out)?,
+            Op::QuantizeDequantize { quantizer } => self.quantize(node, quantizer, x, out)?,
             Op::Linear {
                 in_features,
                 out_features,
@@ -329,11 +329,11 @@ impl<'g> Writer<'g> {
         }
     }
 
-    /// The quantizer of the `Quantize` node producing the node's first input, if any.
+    /// The quantizer of the `QuantizeDequantize` node producing the node's first input, if any.
     fn input_quantizer(&self, node: &Node) -> Option<&'g ExportedQuantizer> {
         let i = *self.producer.get(node.inputs.first()?.as_str())?;
         match &self.graph.nodes[i].op {
-            Op::Quantize { quantizer } => Some(quantizer),
+            Op::QuantizeDequantize { quantizer } => Some(quantizer),
             _ => None,
         }
     }
@@ -436,7 +436,7 @@ impl<'g> Writer<'g> {
         (scale, zero, attrs)
     }
 
-    /// `Quantize`: `[Clip →] QuantizeLinear → DequantizeLinear`, per tensor.
+    /// `QuantizeDequantize`: `[Clip →] QuantizeLinear → DequantizeLinear`, per tensor.
     fn quantize(
         &mut self,
         node: &Node,

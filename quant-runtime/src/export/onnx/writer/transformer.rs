@@ -3,7 +3,7 @@
 //! axis, the attention products as per-head `MatMul`s between `Reshape`s and `Transpose`s, and
 //! the ViT's token ops. Each computes what the graph's float reference computes; the values
 //! around them are quantized by the `QuantizeLinear` / `DequantizeLinear` pairs the graph's
-//! `Quantize` nodes become.
+//! `QuantizeDequantize` nodes become.
 
 use super::{float_values, int_attr, ints_attr, Writer};
 use crate::export::onnx::proto::data_type;
