@@ -8,6 +8,7 @@ test split (QAT off), beside uniform W4A8 PTQ and float.
 - mixed precision: `--weight-budget 4` and `--weight-budget 3` (candidates 2, 4, 8) on the
   W4A8 run file;
 - fallback: `--max-drop 0.5` on a W4A4 run file, with the number of slots it left float;
+- fallback with learned rounding and bias correction (`fallback_adaround`) on the W4A4 run file;
 - mixed precision with learned rounding (`mixed_adaround`): the same budgets, widths 2, 3, 4
   and 8, on the W4A8 run file with `learned_rounding = "AdaRound"`;
 - timing: `quant analyze` (the ranking) and the `--weight-budget 4` search, wall time, with the
@@ -60,7 +61,7 @@ def ptq_of(binary, cfg, name, policy=None):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mnist_cnn,digits_vit")
-    ap.add_argument("--tasks", default="mixed,mixed_adaround,fallback,timing")
+    ap.add_argument("--tasks", default="mixed,mixed_adaround,fallback,fallback_adaround,timing")
     ap.add_argument("--binary", default="target/release/quant")
     args = ap.parse_args()
     OUT.mkdir(parents=True, exist_ok=True)
@@ -116,6 +117,25 @@ def main():
                   f"{f['slots']} slots float ({', '.join(f['float_slots'])}); test: float "
                   f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), "
                   f"analyze {secs:.0f} s", flush=True)
+            w4a4.unlink()
+        if "fallback_adaround" in tasks and model in W4A4:
+            text = pathlib.Path(W4A4[model]).read_text()
+            text = section_set(text, "qat", "epochs", "0")
+            text = section_set(text, "qat", "warmup_epochs", "0")
+            text = section_set(text, "quantization.weights", "learned_rounding", '"AdaRound"')
+            text = section_set(text, "quantization.weights", "bias_correction", "true")
+            w4a4 = config(f"{model}_w4a4_adaround", text)
+            policy = OUT / f"{model}_fallback_adaround.toml"
+            report = OUT / f"{model}_fallback_adaround_analysis.json"
+            _, secs = quant(args.binary, "analyze", str(w4a4), "--quiet", "--max-drop", "0.5",
+                            "--policy-out", str(policy), "--report", str(report))
+            f = json.loads(report.read_text())["fallback"]
+            fp32, plain = ptq_of(args.binary, w4a4, f"{model}_w4a4_adaround_plain")
+            _, fell = ptq_of(args.binary, w4a4, f"{model}_w4a4_adaround_fallback", policy)
+            print(f"{model:11} fallback max_drop 0.5 on W4A4 + AdaRound + bias correction: "
+                  f"{len(f['float_slots'])} of {f['slots']} slots float; test: float {fp32:6.2f}, "
+                  f"PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), analyze {secs:.0f} s",
+                  flush=True)
             w4a4.unlink()
         if "timing" in tasks:
             quant(args.binary, "analyze", str(w4a8), "--quiet")  # trains and caches the floats
