@@ -12,7 +12,7 @@ use std::sync::Arc;
 use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
 use quant::prelude::*;
-use quant::{kernels, ops, registry, symmetric_scale};
+use quant::{dfdx_ops, kernels, registry, symmetric_scale};
 
 quant::training_methods!(
     /// The training methods this program adds to quant's built-in ones.
@@ -130,7 +130,7 @@ impl TrainableQuantizer for LearnedThreshold {
         let zeros = vec![0.0; scales.len()];
         let mut dscale = vec![0.0; scales.len()];
         let mut dzero = vec![0.0; scales.len()];
-        let g = ops::lsq_grad_factor(x.layout.numel(), x.grid);
+        let g = dfdx_ops::lsq_grad_factor(x.layout.numel(), x.grid);
         let ok = kernels::fake_quantize_learnable_affine_backward_into(
             x.data,
             dy,
@@ -293,10 +293,16 @@ fn main() -> Result<(), QuantError> {
     let t0 = learned.as_vec()[..8].to_vec();
 
     let quantize = |learned: &Slots| -> Result<Vec<f32>, QuantError> {
-        Ok(
-            ops::fake_quantize_dyn(&quantizer, w.clone(), learned, &fixed, grid, Some(0), false)?
-                .as_vec(),
-        )
+        Ok(dfdx_ops::fake_quantize_dyn(
+            &quantizer,
+            w.clone(),
+            learned,
+            &fixed,
+            grid,
+            Some(0),
+            false,
+        )?
+        .as_vec())
     };
     let before = mse(&quantize(&learned)?, &w_data);
 
@@ -310,7 +316,7 @@ fn main() -> Result<(), QuantError> {
     );
     for _ in 0..300 {
         let grads = learned.alloc_grads();
-        let y = ops::fake_quantize_dyn(
+        let y = dfdx_ops::fake_quantize_dyn(
             &quantizer,
             w.clone().traced(grads),
             &learned,
@@ -379,7 +385,8 @@ fn main() -> Result<(), QuantError> {
         &mut ParamBankMut::new(&mut slots, 1)?,
     )?;
     learned.copy_from(&slots);
-    let y = ops::fake_quantize_dyn(&act, x.clone(), &learned, &fixed, grid, None, false)?.as_vec();
+    let y =
+        dfdx_ops::fake_quantize_dyn(&act, x.clone(), &learned, &fixed, grid, None, false)?.as_vec();
     let inferable = act.to_inferable(&ParamBank::new(&learned.as_vec(), 1)?, grid, None)?;
     assert_eq!(inferable.fake_quantize(&x_data, &[4, 16])?, y);
     let codes: Vec<u8> = inferable.quantize(&x_data, &[4, 16])?;

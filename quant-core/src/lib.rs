@@ -4,7 +4,7 @@
 //! ([`QuantizationTarget`]), how the grid is laid out ([`QuantizationMethod`],
 //! [`IntegerGrid`]), how a quantizer trains ([`TrainingMethod`]), how values round
 //! ([`RoundingPolicy`]), quantization parameters ([`QParams`]), exact fake-quantization
-//! [`kernels`] on slices, differentiable dfdx [`ops`], the [`TrainableQuantizer`] trait, the
+//! [`kernels`] on slices, differentiable dfdx ops ([`dfdx_ops`], behind the default `dfdx` feature), the [`TrainableQuantizer`] trait, the
 //! [`InferableQuantizer`] a trained quantizer becomes, the quantizer [`registry`], and the
 //! exact [`int8`] kernels (matrix product, requantization, im2col, pooling) that integer
 //! inference runs on, with the widest instructions the CPU has.
@@ -56,13 +56,13 @@ macro_rules! serde_via_new {
 
 pub mod accumulator;
 pub mod config;
+#[cfg(feature = "dfdx")]
+pub mod dfdx_ops;
 pub mod error;
 pub mod grid;
 pub mod inferable;
 pub mod int8;
 pub mod kernels;
-#[cfg(feature = "dfdx")]
-pub mod ops;
 pub mod quantizer;
 pub mod registry;
 pub mod vocab;

@@ -11,19 +11,19 @@
 //! `quant run` writes `model.onnx` in the layout of the policy's platform, which each
 //! platform carries as data ([`Platform::onnx`]; a platform of your own picks any):
 //!
-//! - `TensorRtInt8` → [`OnnxConvention::TensorRt`](quant_runtime::export::OnnxConvention::TensorRt),
+//! - `TensorRtInt8` → [`OnnxConvention::TensorRt`],
 //!   TensorRT's explicit quantization: every `QuantizeLinear` / `DequantizeLinear` int8 with
 //!   zero point 0 (TensorRT's Q/DQ layers are symmetric int8), weights per channel on the
 //!   output axis (axis 0 of `Conv` and `Gemm` weights), Q/DQ pairs where the graph quantizes:
 //!   on the inputs of each quantizable op (its activation and its weights) and on both inputs
 //!   of a residual `Add` (which the graph quantizes onto one grid), and float biases (TensorRT
 //!   refuses a `DequantizeLinear` of int32 and quantizes biases itself).
-//! - `OpenVinoInt8` → [`OnnxConvention::OpenVino`](quant_runtime::export::OnnxConvention::OpenVino),
+//! - `OpenVinoInt8` → [`OnnxConvention::OpenVino`],
 //!   what OpenVINO's ONNX import turns into its low-precision form (activation Q/DQ pairs into
 //!   `FakeQuantize`, weight `DequantizeLinear`s into int8 constants with a dequantization):
 //!   signed int8 weights with zero point 0, per channel on the output axis, activations uint8
 //!   or int8 per tensor with any zero point, float biases (as NNCF writes them).
-//! - any other platform → [`OnnxConvention::Standard`](quant_runtime::export::OnnxConvention::Standard),
+//! - any other platform → [`OnnxConvention::Standard`],
 //!   onnxruntime's QDQ format with int32 biases at `s_input · s_weight`.
 //!
 //! A model whose quantizers break its convention (a TensorRT policy overridden to unsigned
@@ -224,7 +224,7 @@ fn academic() -> Platform {
 /// TensorRT INT8 (explicit quantization): symmetric int8 everywhere, zero point 0; weights per
 /// output channel on `[-127, 127]` (`amax / 127`), activations per tensor, entropy-calibrated;
 /// ties to even, as TensorRT's `IQuantizeLayer` rounds. Exported to ONNX in
-/// [`OnnxConvention::TensorRt`](quant_runtime::export::OnnxConvention::TensorRt) (see the module
+/// [`OnnxConvention::TensorRt`] (see the module
 /// docs): int8 zero-point-0 Q/DQ on the inputs of each quantizable op, per-channel weights on
 /// the output axis, float biases.
 fn tensorrt_int8() -> Platform {
@@ -257,7 +257,7 @@ fn tensorrt_int8() -> Platform {
 /// OpenVINO INT8: symmetric int8 weights per output channel on `[-127, 127]` (OpenVINO's
 /// 255-level weights), symmetric 8-bit activations per tensor, unsigned after a ReLU (256
 /// levels), moving-average min/max. Exported to ONNX in
-/// [`OnnxConvention::OpenVino`](quant_runtime::export::OnnxConvention::OpenVino) (see the module
+/// [`OnnxConvention::OpenVino`] (see the module
 /// docs): int8 zero-point-0 weights behind `DequantizeLinear`, uint8/int8 activation Q/DQ
 /// pairs, float biases.
 fn openvino_int8() -> Platform {

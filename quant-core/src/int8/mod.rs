@@ -64,7 +64,7 @@ use crate::error::check_len;
 
 pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
-pub use nhwc::{im2col_u8, max_pool_u8, Window};
+pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};
 pub use nonlinear::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 pub use requant::{fixed_point_multiplier, requantize_u8, rounding_shift, Requantizer, MAX_SHIFT};
 

@@ -143,6 +143,30 @@ pub fn max_pool_u8(
     window: Window,
     out: &mut [u8],
 ) -> Result<[usize; 2]> {
+    max_pool(input, shape, window, out, u8::MIN)
+}
+
+/// [`max_pool_u8`] on `i32` accumulators (a pooling that follows a layer whose output is not
+/// requantized), with the same checks.
+///
+/// # Errors
+/// As [`max_pool_u8`].
+pub fn max_pool_i32(
+    input: &[i32],
+    shape: [usize; 3],
+    window: Window,
+    out: &mut [i32],
+) -> Result<[usize; 2]> {
+    max_pool(input, shape, window, out, i32::MIN)
+}
+
+fn max_pool<T: Copy + Ord>(
+    input: &[T],
+    shape: [usize; 3],
+    window: Window,
+    out: &mut [T],
+    lowest: T,
+) -> Result<[usize; 2]> {
     let [h, w, c] = shape;
     let [oh, ow] = window.checked_output(input.len(), shape)?;
     for d in 0..2 {
@@ -163,7 +187,7 @@ pub fn max_pool_u8(
         let (oy, ox) = (pos / ow, pos % ow);
         let (y0, _, ny) = inside(oy, 0, &window, h);
         let (x0, _, nx) = inside(ox, 1, &window, w);
-        px.fill(0);
+        px.fill(lowest);
         for iy in y0..y0 + ny {
             let run = &input[(iy * w + x0) * c..(iy * w + x0 + nx) * c];
             for pixel in run.chunks_exact(c) {

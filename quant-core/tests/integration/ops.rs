@@ -4,7 +4,7 @@
 
 use dfdx::prelude::*;
 use quant_core::kernels::{self, fake_quantize_per_channel_affine};
-use quant_core::{ops, IntegerGrid, QParams, RoundingPolicy};
+use quant_core::{dfdx_ops, IntegerGrid, QParams, RoundingPolicy};
 
 const HALF_EVEN: RoundingPolicy = RoundingPolicy::HalfEven;
 
@@ -23,7 +23,7 @@ fn ste_forward_matches_the_kernel_and_gradient_is_the_mask() {
     let x = dev.tensor([[0.26f32, -1.9, 0.74], [3.0, -0.51, 0.1]]);
     let q = QParams::per_channel(1, vec![0.5, 0.25, 0.1], vec![0, 1, -2]).unwrap();
     let grid = IntegerGrid::new(4, true, false).unwrap();
-    let y = ops::fake_quantize(x.clone().leaky_trace(), &q, grid, HALF_EVEN).unwrap();
+    let y = dfdx_ops::fake_quantize(x.clone().leaky_trace(), &q, grid, HALF_EVEN).unwrap();
     let expected = fake_quantize_per_channel_affine(
         &x.as_vec(),
         &[2, 3],
@@ -40,7 +40,7 @@ fn ste_forward_matches_the_kernel_and_gradient_is_the_mask() {
     // 3.0/0.5 = 6 ok, -0.51/0.25 + 1 = -1.04 ok, 0.74/0.1 - 2 = 5.4 ok, 0.1/0.1-2 = -1 ok.
     assert_eq!(g.get(&x).array(), [[1.0, 1.0, 1.0], [1.0, 1.0, 1.0]]);
     let far = dev.tensor([100.0f32, -100.0, 0.3]);
-    let y = ops::fake_quantize(
+    let y = dfdx_ops::fake_quantize(
         far.leaky_trace(),
         &QParams::per_tensor(0.5, 0).unwrap(),
         grid,
@@ -58,7 +58,7 @@ fn ops_work_on_non_contiguous_inputs() {
     let xt = t.clone().leaky_trace().permute::<Rank2<3, 2>, _>();
     let q = QParams::per_channel(0, vec![0.5, 0.25, 1.0], vec![0, 0, 0]).unwrap();
     let grid = IntegerGrid::new(3, true, false).unwrap();
-    let y = ops::fake_quantize(xt, &q, grid, HALF_EVEN).unwrap();
+    let y = dfdx_ops::fake_quantize(xt, &q, grid, HALF_EVEN).unwrap();
     // Channel c of the permuted tensor is column c of `t`.
     let tv = t.array();
     let yv = y.array();
@@ -113,7 +113,7 @@ fn lsq_gradients_match_finite_differences_of_the_surrogate() {
     let scale: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([s0 as f32]);
     let zero: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([z0 as f32]);
     let x = dev.tensor(xs);
-    let y = ops::lsq(
+    let y = dfdx_ops::lsq(
         x.clone().leaky_trace(),
         &scale,
         Some(&zero),
@@ -146,7 +146,7 @@ fn lsq_per_channel_on_axis_one_and_default_grad_factor() {
     let x = dev.tensor([[0.2f32, -0.7, 3.0], [1.1, 0.45, -2.0]]);
     let scale: Tensor<Rank1<3>, f32, Cpu> = dev.tensor([0.1, 0.2, 0.4]);
     let grid = IntegerGrid::new(3, true, false).unwrap(); // [-4, 3]
-    let y = ops::lsq(
+    let y = dfdx_ops::lsq(
         x.clone().leaky_trace(),
         &scale,
         None,
@@ -192,7 +192,7 @@ fn pact_gradients_match_finite_differences_of_the_clip() {
     let alpha: Tensor<Rank0, f32, Cpu> = dev.tensor(alpha0 as f32);
     let grid = IntegerGrid::new(8, false, false).unwrap();
     let x = dev.tensor(xs);
-    let y = ops::pact(x.clone().leaky_trace(), &alpha, grid, HALF_EVEN).unwrap();
+    let y = dfdx_ops::pact(x.clone().leaky_trace(), &alpha, grid, HALF_EVEN).unwrap();
     // Forward: clamp to [0, α], then 8-bit with scale α/255.
     let expected = kernels::fake_quantize_per_tensor_affine(&xs, 2.0 / 255.0, 0, 0, 255).unwrap();
     assert_eq!(y.as_vec(), expected);
@@ -207,7 +207,7 @@ fn pact_gradients_match_finite_differences_of_the_clip() {
     assert!(close(da, fd(surrogate, alpha0, 1e-4), 1e-5), "dα {da}");
     assert_eq!(g.get(&x).array(), [0.0, 2.0, -1.0, 0.5, 0.0, 0.0]);
     // A signed grid is rejected.
-    assert!(ops::pact(x, &alpha, IntegerGrid::INT8, HALF_EVEN).is_err());
+    assert!(dfdx_ops::pact(x, &alpha, IntegerGrid::INT8, HALF_EVEN).is_err());
 }
 
 /// DSQ's soft surrogate, independently in f64, with the zero point and cell index frozen.
@@ -258,7 +258,7 @@ fn dsq_gradients_match_finite_differences_of_the_soft_surrogate() {
     let lower: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([l0 as f32]);
     let upper: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([u0 as f32]);
     let x = dev.tensor(xs);
-    let y = ops::dsq(
+    let y = dfdx_ops::dsq(
         x.clone().leaky_trace(),
         &alpha,
         &lower,
@@ -324,7 +324,7 @@ fn none_tape_matches_owned_tape_and_ops_compose_in_larger_graphs() {
     let w: Tensor<Rank2<6, 5>, f32, Cpu> = dev.sample_normal();
     let scale: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([0.2]);
     let grid = IntegerGrid::new(4, true, false).unwrap();
-    let eval = ops::lsq(
+    let eval = dfdx_ops::lsq(
         x.clone().matmul(w.clone()),
         &scale,
         None,
@@ -334,7 +334,7 @@ fn none_tape_matches_owned_tape_and_ops_compose_in_larger_graphs() {
         None,
     )
     .unwrap();
-    let train = ops::lsq(
+    let train = dfdx_ops::lsq(
         x.clone().leaky_trace().matmul(w.clone()),
         &scale,
         None,
@@ -352,6 +352,6 @@ fn none_tape_matches_owned_tape_and_ops_compose_in_larger_graphs() {
     assert!(g.get(&scale).array()[0].is_finite() && g.get(&scale).array()[0] != 0.0);
     // Shapes that do not match the parameters are typed errors.
     let bad: Tensor<Rank1<3>, f32, Cpu> = dev.tensor([0.1, 0.1, 0.1]);
-    assert!(ops::lsq(x.clone(), &bad, None, Some(1), grid, HALF_EVEN, None).is_err());
-    assert!(ops::lsq(x.clone(), &bad, None, Some(2), grid, HALF_EVEN, None).is_err());
+    assert!(dfdx_ops::lsq(x.clone(), &bad, None, Some(1), grid, HALF_EVEN, None).is_err());
+    assert!(dfdx_ops::lsq(x.clone(), &bad, None, Some(2), grid, HALF_EVEN, None).is_err());
 }

@@ -115,7 +115,7 @@ tensor_collection! {
 ///
 /// Once `query` and `key` quantize, the scores are integers at `s_q · s_k / √d`, and the
 /// softmax is the integer runtime's ([`quant_core::int8::IntSoftmax`], fixed point, to
-/// [`SOFTMAX_BITS`] bits), simulated ([`quant_core::ops::int_softmax`]) so that the
+/// [`SOFTMAX_BITS`] bits), simulated ([`quant_core::dfdx_ops::int_softmax`]) so that the
 /// fake-quantized and the integer model agree; the `probs` quantizer then requantizes it.
 /// Self-attention lowers to the graph ops [`Op::AttentionScores`], [`Op::Softmax`] and
 /// [`Op::AttentionContext`] between the projections.
@@ -232,7 +232,7 @@ macro_rules! attend {
         let scale = 1.0 / ((K / H) as f64).sqrt();
         let scores = q.try_matmul(k)?.try_mul(scale as f32)?;
         let probs = match $self.matmul_inputs.softmax_kernel(K / H, s2.size())? {
-            Some(kernel) => quant_core::ops::int_softmax(scores, &kernel)?,
+            Some(kernel) => quant_core::dfdx_ops::int_softmax(scores, &kernel)?,
             None => scores.try_softmax::<Axis<3>>()?,
         };
         let probs = $self.matmul_inputs.probs.$quantize(probs)?;

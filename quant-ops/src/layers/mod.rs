@@ -112,7 +112,7 @@ pub fn layer_bias<S: ConstShape, T: Tape<f32, Cpu>>(
     // range: a step size that is tiny for a while must not stop QAT; export reports an
     // overflow that remains) and back (as `accumulator_to_float`); the gradient passes
     // straight through.
-    quant_core::ops::elementwise_op(
+    quant_core::dfdx_ops::elementwise_op(
         bias.retaped::<T>(),
         |b, y| {
             for (o, (y, b)) in y.iter_mut().zip(b).enumerate() {

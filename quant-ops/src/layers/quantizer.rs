@@ -9,7 +9,7 @@ use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use quant_core::{
-    ops::{self, read_contiguous},
+    dfdx_ops::{self, read_contiguous},
     registry, ChannelLayout, InferableQuantizer, IntegerGrid, ParamBank, ParamBankMut, QParams,
     QuantError, QuantizationMethod, QuantizationTarget, QuantizerConfig, QuantizerMetadata, Result,
     TrainableQuantizer, TrainingMethod, MAX_PARAMETERS,
@@ -358,7 +358,7 @@ impl<const C: usize> TensorQuantizer<C> {
                     return Err(self.not_initialized());
                 }
                 let grid = self.grid()?.ok_or_else(|| self.not_initialized())?;
-                ops::fake_quantize_dyn(
+                dfdx_ops::fake_quantize_dyn(
                     &setup.quantizer,
                     x,
                     &self.learned,
@@ -420,11 +420,11 @@ impl TensorQuantizer<1> {
     ///
     /// # Errors
     /// Parameters that cannot be read.
-    pub fn code_grid(&self) -> Result<Option<quant_core::ops::CodeGrid>> {
+    pub fn code_grid(&self) -> Result<Option<quant_core::dfdx_ops::CodeGrid>> {
         if !self.mode().quantizes() || self.setup.is_none() || self.initialized == 0 {
             return Ok(None);
         }
-        Ok(self.inferable()?.map(|q| quant_core::ops::CodeGrid {
+        Ok(self.inferable()?.map(|q| quant_core::dfdx_ops::CodeGrid {
             scale: q.qparams().scales()[0],
             zero_point: q.qparams().zero_points()[0],
             codes: q.grid().quant_min()..=q.grid().quant_max(),
@@ -440,7 +440,7 @@ fn merged_bank<const C: usize>(
     fixed: &Tensor<Rank2<MAX_PARAMETERS, C>, f32, Cpu>,
 ) -> Vec<f32> {
     let mut bank = read_contiguous(fixed);
-    let learned = ops::Scratch::copy_of(learned);
+    let learned = dfdx_ops::Scratch::copy_of(learned);
     for (k, decl) in q.parameters().iter().enumerate() {
         if decl.trainable {
             let r = k * C..(k + 1) * C;

@@ -1,7 +1,7 @@
 //! Recording a hand-written backward pass for an op whose output shape differs from its
 //! input's.
 //!
-//! `quant_core::ops::custom_op` covers elementwise ops (output shaped like the input, plus
+//! `quant_core::dfdx_ops::custom_op` covers elementwise ops (output shaped like the input, plus
 //! parameter gradients); convolution, pooling and flattening change the shape, so they use
 //! this helper, which follows the same protocol: the output gradient is taken out of its slot
 //! (so input gradients can be borrowed mutably at the same time), the op adds (never writes)

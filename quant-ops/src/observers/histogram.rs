@@ -11,8 +11,8 @@ use quant_core::{
 };
 
 use super::config::{HistogramBins, ObserverConfig, Percentile};
-use super::kernel::{batch_stats, block_stats, finite, MIN_BLOCK};
 use super::minmax::ranges_of;
+use super::stats::{batch_stats, block_stats, finite, MIN_BLOCK};
 use super::{collect_qparams, not_initialized, observer_statistics, LayoutGuard, Observer};
 
 /// Smallest range a histogram with nonzero data takes, so `bins / range` stays a finite `f32`

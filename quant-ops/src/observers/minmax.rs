@@ -3,7 +3,7 @@
 use quant_core::{ChannelLayout, IntegerGrid, QParams, QuantizationMethod, Result, RoundingPolicy};
 
 use super::config::{Momentum, ObserverConfig};
-use super::kernel::{batch_stats, BatchStats, BlockStats};
+use super::stats::{batch_stats, BatchStats, BlockStats};
 use super::{
     extremes_observer_common, not_initialized, observer_statistics, seen_or_zero, LayoutGuard,
     Observer,

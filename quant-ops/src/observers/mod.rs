@@ -62,10 +62,10 @@ use quant_core::{
 
 mod config;
 mod histogram;
-mod kernel;
 mod lsq;
 mod minmax;
 mod select;
+mod stats;
 
 pub use config::{HistogramBins, Momentum, ObserverConfig, Percentile};
 pub use histogram::{EntropyObserver, Histogram, MseObserver, PercentileObserver};

@@ -173,8 +173,9 @@ impl TrainableQuantizer for Affine {
             Step::Learned { grad_factor } => {
                 let scales = self.scales(params, axis);
                 let zero_points = params.values(1, axis).to_vec();
-                let g = grad_factor
-                    .unwrap_or_else(|| quant_core::ops::lsq_grad_factor(x.layout.numel(), x.grid));
+                let g = grad_factor.unwrap_or_else(|| {
+                    quant_core::dfdx_ops::lsq_grad_factor(x.layout.numel(), x.grid)
+                });
                 let mut ds = vec![0.0; scales.len()];
                 let mut dz = vec![0.0; scales.len()];
                 if kernels::fake_quantize_learnable_affine_backward_into(

@@ -236,7 +236,7 @@ fn lsq_backward_adds_scale_and_zero_point_gradients() {
         2.0,
         0,
         15,
-        quant_core::ops::lsq_grad_factor(5, grid),
+        quant_core::dfdx_ops::lsq_grad_factor(5, grid),
     )
     .unwrap();
     assert_eq!(dx, edx);

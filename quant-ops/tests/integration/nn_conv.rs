@@ -3,7 +3,7 @@
 
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
-use quant_core::ops::fake_quantize;
+use quant_core::dfdx_ops::fake_quantize;
 use quant_core::{IntegerGrid, QParams, QuantError, RoundingPolicy};
 use quant_ops::nn::{builders, conv2d, Conv2d};
 

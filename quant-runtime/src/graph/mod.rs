@@ -29,7 +29,6 @@ mod params;
 pub use builder::{bias_parameter, GraphBuilder, ValueId};
 pub use eval::{evaluate, evaluate_rewriting, Evaluation, NodeInput};
 pub use ops::out_len;
-pub(crate) use ops::taps;
 pub use ops::{Conv2dGeometry, Op, PoolGeometry};
 pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
 

@@ -22,7 +22,7 @@
 //! ([`SOFTMAX_BITS`]-bit output, requantized by the `probs` quantizer), GELU and LayerNorm on
 //! the codes of their input quantizer (their `i32` outputs at the kernels' scales are
 //! requantized by the next quantizer). The fake-quantized model runs the same kernels on the
-//! same codes (`quant_core::ops::int_softmax` and the others), so the two agree as they do
+//! same codes (`quant_core::dfdx_ops::int_softmax` and the others), so the two agree as they do
 //! for the MLP. The mean of the tokens sums them in `i64` and rounds to the accumulators' step.
 //!
 //! Feature maps are stored channels-last (NHWC) so that a convolution's im2col rows and its
@@ -31,7 +31,6 @@
 //! Large batches run in chunks of samples, so the working memory of a batch stays within the
 //! [`Budget`] whatever the model.
 
-mod kernels;
 mod prepare;
 mod run;
 
@@ -40,7 +39,6 @@ use quant_core::{QuantError, RoundingPolicy};
 use crate::graph::Graph;
 use crate::GraphError;
 
-pub use kernels::{fixed_point_multiplier, rounding_shift};
 pub use prepare::attention_scale;
 pub use prepare::SOFTMAX_BITS;
 
@@ -263,6 +261,7 @@ pub fn argmax_rows(values: &[f32], cols: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use quant_core::int8::{fixed_point_multiplier, rounding_shift};
 
     #[test]
     fn fixed_point_multipliers_are_accurate() {

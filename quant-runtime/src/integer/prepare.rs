@@ -5,12 +5,12 @@ use quant_core::InferableQuantizer;
 
 use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 
-use super::kernels::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 use super::{
     Budget, IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
 };
 use crate::graph::{Conv2dGeometry, Graph, Op, ParamValues, Parameter};
 use crate::GraphError;
+use quant_core::int8::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 
 /// What the runtime prepared for one node.
 #[derive(Debug, Clone, Default)]
@@ -41,7 +41,7 @@ pub(super) enum Nonlinear {
 
 /// Output bits of the integer softmax: its `i32` output at scale `1 / (2^16 - 1)` is
 /// requantized by the quantizer after it (attention's `probs`), as the fake-quantized model's
-/// [`quant_core::ops::int_softmax`] gives it.
+/// [`quant_core::dfdx_ops::int_softmax`] gives it.
 pub const SOFTMAX_BITS: u32 = 16;
 
 /// Most bits by which an ImageTokens node refines its accumulators' scale.

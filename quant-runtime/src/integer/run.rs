@@ -6,10 +6,10 @@ use quant_core::int8::PARALLEL_MACS;
 use quant_core::{QuantError, Result};
 use rayon::prelude::*;
 
-use super::kernels::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
 use super::prepare::{Nonlinear, Quantize, Weighted};
 use super::{IntegerModel, Layout, Rep};
 use crate::graph::Op;
+use quant_core::int8::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
 /// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
@@ -199,16 +199,9 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     }
                     Some(Buf::I32(v)) => {
                         let mut y = zeroed_i32(n * per_out);
+                        let window = Window::square(p.kernel, p.stride, p.padding);
                         for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
-                            max_pool_i32(
-                                xs,
-                                (h, w, c),
-                                p.kernel,
-                                p.stride,
-                                p.padding,
-                                (oh, ow),
-                                ys,
-                            );
+                            max_pool_i32(xs, [h, w, c], window, ys)?;
                         }
                         Buf::I32(y)
                     }

@@ -65,7 +65,7 @@
 //! runs a kernel on real values that lie on its input grid (a fake-quantized model's values):
 //! each value is taken back to its code, the kernel runs, and the output codes are turned back
 //! into real values as the integer runtime dequantizes them. The dfdx ops
-//! [`crate::ops::int_softmax`], [`crate::ops::int_gelu`] and [`crate::ops::int_layer_norm`] use
+//! [`crate::dfdx_ops::int_softmax`], [`crate::dfdx_ops::int_gelu`] and [`crate::dfdx_ops::int_layer_norm`] use
 //! it as their forward pass, with the exact functions' gradients.
 //!
 //! ```

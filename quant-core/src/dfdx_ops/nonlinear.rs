@@ -13,7 +13,7 @@
 //! ```
 //! use dfdx::prelude::*;
 //! use quant_core::int8::{Approximation, IntSoftmax};
-//! use quant_core::ops::int_softmax;
+//! use quant_core::dfdx_ops::int_softmax;
 //!
 //! let dev = Cpu::default();
 //! // Scores on a grid of 1/16 (as fake-quantized Q·Kᵀ would give), rows of 4, 8-bit probabilities.

@@ -10,14 +10,14 @@
 //!
 //! ```
 //! use dfdx::prelude::*;
-//! use quant_core::ops;
+//! use quant_core::dfdx_ops;
 //! use quant_core::{IntegerGrid, RoundingPolicy};
 //!
 //! let dev = Cpu::default();
 //! let scale: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([0.5]);
 //! let x = dev.tensor([0.3f32, -0.9, 4.0]);
 //! let grads = scale.alloc_grads();
-//! let y = ops::lsq(x.trace(grads), &scale, None, None, IntegerGrid::new(4, true, false)?, RoundingPolicy::HalfEven, None)?;
+//! let y = dfdx_ops::lsq(x.trace(grads), &scale, None, None, IntegerGrid::new(4, true, false)?, RoundingPolicy::HalfEven, None)?;
 //! assert_eq!(y.array(), [0.5, -1.0, 3.5]);
 //! let grads = y.sum().backward();
 //! assert!(grads.get(&scale).array()[0] != 0.0);
