@@ -14,9 +14,9 @@ use super::{
 };
 use crate::convert::{Convert, LayerKind};
 use crate::lower::QuantizeNodes;
-use quant_core::int8::{Approximation, IntSoftmax};
+use quant_core::int8::nonlinear::attention_scale;
+use quant_core::int8::IntSoftmax;
 use quant_runtime::graph::{GraphBuilder, Op, ValueId};
-use quant_runtime::integer::{attention_scale, SOFTMAX_BITS};
 use quant_runtime::GraphError;
 
 /// A [`QLinear`] whose quantizers are [`TensorQuantizer`]s on dtype `E`, device `D`.
@@ -74,7 +74,7 @@ impl AttentionQuantizers {
 impl AttentionQuantizers {
     /// The integer softmax the integer runtime runs on the scores, when `query` and `key`
     /// quantize (so the scores are integers at `s_q · s_k / √d`, `d` features per head):
-    /// [`SOFTMAX_BITS`] bits, fixed point; `None` while either passes values through.
+    /// [`SOFTMAX_BITS`](quant_core::int8::nonlinear::SOFTMAX_BITS) bits, fixed point; `None` while either passes values through.
     ///
     /// # Errors
     /// Parameters that cannot be read, or scores the kernel cannot be prepared for.
@@ -82,8 +82,7 @@ impl AttentionQuantizers {
         match (self.query.code_grid()?, self.key.code_grid()?) {
             (Some(q), Some(k)) => {
                 let scale = attention_scale(q.scale as f64, k.scale as f64, head_features);
-                IntSoftmax::new(scale as f32, keys, SOFTMAX_BITS, Approximation::FixedPoint)
-                    .map(Some)
+                IntSoftmax::deployed(scale as f32, keys).map(Some)
             }
             _ => Ok(None),
         }
@@ -115,7 +114,7 @@ tensor_collection! {
 ///
 /// Once `query` and `key` quantize, the scores are integers at `s_q · s_k / √d`, and the
 /// softmax is the integer runtime's ([`quant_core::int8::IntSoftmax`], fixed point, to
-/// [`SOFTMAX_BITS`] bits), simulated ([`quant_core::dfdx_ops::int_softmax`]) so that the
+/// [`SOFTMAX_BITS`](quant_core::int8::nonlinear::SOFTMAX_BITS) bits), simulated ([`quant_core::dfdx_ops::int_softmax`]) so that the
 /// fake-quantized and the integer model agree; the `probs` quantizer then requantizes it.
 /// Self-attention lowers to the graph ops [`Op::AttentionScores`], [`Op::Softmax`] and
 /// [`Op::AttentionContext`] between the projections.

@@ -6,7 +6,7 @@ use dfdx::prelude::*;
 use dfdx::nn::modules::{AccurateGeLU, AvgPoolGlobal, LayerNorm1D, MaxPoolGlobal};
 use dfdx::tensor::CpuError;
 use quant_core::dfdx_ops::{int_gelu, int_layer_norm, CodeGrid};
-use quant_core::int8::{Approximation, IntGelu};
+use quant_core::int8::IntGelu;
 use quant_core::{QuantError, Result};
 
 use super::float::lower_op;
@@ -146,12 +146,7 @@ kernel_on_grid!(
 
 /// The GELU kernel of codes on `grid`, as the integer runtime prepares it.
 pub(crate) fn gelu_kernel(grid: &CodeGrid) -> Result<IntGelu> {
-    IntGelu::new(
-        grid.scale,
-        grid.zero_point,
-        grid.codes.clone(),
-        Approximation::FixedPoint,
-    )
+    IntGelu::deployed(grid.scale, grid.zero_point, grid.codes.clone())
 }
 
 impl<M: InputOnly> QuantizedModule for QuantInput<M> {

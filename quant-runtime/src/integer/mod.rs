@@ -19,7 +19,7 @@
 //! matrix products multiply centered codes into `i32` (`Q·Kᵀ` at `s_q · s_k / √d`, probabilities
 //! times `V` at `s_p · s_v`). The ops without an exact integer form run the fixed-point kernels
 //! of [`quant_core::int8::nonlinear`] on integers only: softmax on the score accumulators
-//! ([`SOFTMAX_BITS`]-bit output, requantized by the `probs` quantizer), GELU and LayerNorm on
+//! ([`SOFTMAX_BITS`](quant_core::int8::nonlinear::SOFTMAX_BITS)-bit output, requantized by the `probs` quantizer), GELU and LayerNorm on
 //! the codes of their input quantizer (their `i32` outputs at the kernels' scales are
 //! requantized by the next quantizer). The fake-quantized model runs the same kernels on the
 //! same codes (`quant_core::dfdx_ops::int_softmax` and the others), so the two agree as they do
@@ -38,9 +38,6 @@ use quant_core::{QuantError, RoundingPolicy};
 
 use crate::graph::Graph;
 use crate::GraphError;
-
-pub use prepare::attention_scale;
-pub use prepare::SOFTMAX_BITS;
 
 /// Widest grid, in bits, the integer runtime runs (activations and weights).
 pub const MAX_BITS: u32 = 8;

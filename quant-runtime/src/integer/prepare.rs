@@ -3,7 +3,8 @@
 
 use quant_core::InferableQuantizer;
 
-use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
+use quant_core::int8::nonlinear::attention_scale;
+use quant_core::int8::{IntGelu, IntLayerNorm, IntSoftmax};
 
 use super::{
     Budget, IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
@@ -38,11 +39,6 @@ pub(super) enum Nonlinear {
     Gelu(IntGelu),
     Softmax(IntSoftmax),
 }
-
-/// Output bits of the integer softmax: its `i32` output at scale `1 / (2^16 - 1)` is
-/// requantized by the quantizer after it (attention's `probs`), as the fake-quantized model's
-/// [`quant_core::dfdx_ops::int_softmax`] gives it.
-pub const SOFTMAX_BITS: u32 = 16;
 
 /// Most bits by which an ImageTokens node refines its accumulators' scale.
 const MAX_POSITION_SHIFT: u32 = 24;
@@ -449,13 +445,8 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
             }
             Op::Gelu => {
                 let g = codes_in(name, &rep_a, "Gelu")?;
-                let kernel = IntGelu::new(
-                    g.scale as f32,
-                    g.zero,
-                    g.lo..=g.hi,
-                    Approximation::FixedPoint,
-                )
-                .map_err(|e| unsupported(name, format!("integer GELU: {e}")))?;
+                let kernel = IntGelu::deployed(g.scale as f32, g.zero, g.lo..=g.hi)
+                    .map_err(|e| unsupported(name, format!("integer GELU: {e}")))?;
                 cost = numels[a] as u64;
                 let rep = Rep::Acc {
                     scales: vec![kernel.output_scale() as f64],
@@ -479,9 +470,8 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
                     ));
                 };
                 let row = shapes.of_value(a).last().copied().unwrap_or(1);
-                let kernel =
-                    IntSoftmax::new(*scale as f32, row, SOFTMAX_BITS, Approximation::FixedPoint)
-                        .map_err(|e| unsupported(name, format!("integer softmax: {e}")))?;
+                let kernel = IntSoftmax::deployed(*scale as f32, row)
+                    .map_err(|e| unsupported(name, format!("integer softmax: {e}")))?;
                 cost = numels[a] as u64;
                 let rep = Rep::Acc {
                     scales: vec![kernel.output_scale() as f64],
@@ -733,13 +723,6 @@ fn codes_in(node: &str, rep: &Rep, what: &str) -> Result<StoredGrid, GraphError>
             format!("{what} needs its input quantized to run on integers; quantize it (its layer's input slot)"),
         )),
     }
-}
-
-/// The scale of attention scores of codes at `query` and `key` over `d` features per head,
-/// `s_q · s_k / √d`: what quant-ops' `QMultiHeadAttention` prepares its simulated
-/// softmax for, computed the same way.
-pub fn attention_scale(query: f64, key: f64, d: usize) -> f64 {
-    query * key / (d as f64).sqrt()
 }
 
 /// The requantization of values at `scales` (per channel, or one) into `grid`.

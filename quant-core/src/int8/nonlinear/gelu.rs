@@ -72,6 +72,19 @@ enum Phi {
 }
 
 impl IntGelu {
+    /// The GELU quant deploys: fixed point. The one constructor both the fake-quantized model
+    /// (QAT) and the integer runtime call, so that they run the same kernel.
+    ///
+    /// # Errors
+    /// As [`IntGelu::new`].
+    pub fn deployed(
+        input_scale: f32,
+        zero_point: i32,
+        codes: RangeInclusive<i32>,
+    ) -> Result<IntGelu> {
+        IntGelu::new(input_scale, zero_point, codes, Approximation::FixedPoint)
+    }
+
     /// Prepares GELU of codes in `codes` (clamped into it) with `zero_point` at `input_scale`.
     ///
     /// # Errors

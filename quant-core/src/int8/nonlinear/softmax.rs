@@ -76,7 +76,32 @@ enum Exp {
     FixedPoint(FixedPointExp),
 }
 
+/// Output bits of the deployed softmax ([`IntSoftmax::deployed`]): its `i32` output at scale
+/// `1 / (2^16 - 1)` is requantized by the quantizer after it (attention's `probs`).
+pub const SOFTMAX_BITS: u32 = 16;
+
+/// The scale of attention scores of codes at `query` and `key` over `d` features per head,
+/// `s_q · s_k / √d`: the input scale of attention's softmax, in QAT and in the integer runtime.
+pub fn attention_scale(query: f64, key: f64, d: usize) -> f64 {
+    query * key / (d as f64).sqrt()
+}
+
 impl IntSoftmax {
+    /// The softmax quant deploys: fixed point, into [`SOFTMAX_BITS`]-bit codes. The one
+    /// constructor both the fake-quantized model (QAT) and the integer runtime call, so that
+    /// they run the same kernel.
+    ///
+    /// # Errors
+    /// As [`IntSoftmax::new`].
+    pub fn deployed(input_scale: f32, row_len: usize) -> Result<IntSoftmax> {
+        IntSoftmax::new(
+            input_scale,
+            row_len,
+            SOFTMAX_BITS,
+            Approximation::FixedPoint,
+        )
+    }
+
     /// Prepares softmax over rows of `row_len` codes at `input_scale`, into codes of
     /// `output_bits` bits.
     ///
