@@ -58,6 +58,30 @@ def ptq_of(binary, cfg, name, policy=None):
     return r["fp32_accuracy"] * 100, r["ptq_accuracy"] * 100
 
 
+def fallback(binary, model, label, weights_settings):
+    """`--max-drop 0.5` on the model's W4A4 run file (QAT off, `weights_settings` added to its
+    weights table), then the written policy's PTQ on the test split."""
+    text = pathlib.Path(W4A4[model]).read_text()
+    text = section_set(text, "qat", "epochs", "0")
+    text = section_set(text, "qat", "warmup_epochs", "0")
+    for key, value in weights_settings:
+        text = section_set(text, "quantization.weights", key, value)
+    w4a4 = config(f"{model}_w4a4{label}", text)
+    policy = OUT / f"{model}_fallback{label}.toml"
+    report = OUT / f"{model}_fallback{label}_analysis.json"
+    _, secs = quant(binary, "analyze", str(w4a4), "--quiet", "--max-drop", "0.5",
+                    "--policy-out", str(policy), "--report", str(report))
+    f = json.loads(report.read_text())["fallback"]
+    fp32, plain = ptq_of(binary, w4a4, f"{model}_w4a4{label}_plain")
+    _, fell = ptq_of(binary, w4a4, f"{model}_w4a4{label}_fallback", policy)
+    settings = ", ".join(f"{k} = {v}" for k, v in weights_settings) or "nearest rounding"
+    print(f"{model:11} fallback max_drop 0.5 on W4A4 ({settings}): {len(f['float_slots'])} of "
+          f"{f['slots']} slots float ({', '.join(f['float_slots'])}); test: float "
+          f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), "
+          f"analyze {secs:.0f} s", flush=True)
+    w4a4.unlink()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="mnist_cnn,digits_vit")
@@ -102,41 +126,10 @@ def main():
                       f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
             learned.unlink()
         if "fallback" in tasks and model in W4A4:
-            text = pathlib.Path(W4A4[model]).read_text()
-            text = section_set(text, "qat", "epochs", "0")
-            text = section_set(text, "qat", "warmup_epochs", "0")
-            w4a4 = config(f"{model}_w4a4", text)
-            policy = OUT / f"{model}_fallback.toml"
-            report = OUT / f"{model}_fallback_analysis.json"
-            _, secs = quant(args.binary, "analyze", str(w4a4), "--quiet", "--max-drop", "0.5",
-                            "--policy-out", str(policy), "--report", str(report))
-            f = json.loads(report.read_text())["fallback"]
-            fp32, plain = ptq_of(args.binary, w4a4, f"{model}_w4a4_plain")
-            _, fell = ptq_of(args.binary, w4a4, f"{model}_w4a4_fallback", policy)
-            print(f"{model:11} fallback max_drop 0.5 on W4A4: {len(f['float_slots'])} of "
-                  f"{f['slots']} slots float ({', '.join(f['float_slots'])}); test: float "
-                  f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), "
-                  f"analyze {secs:.0f} s", flush=True)
-            w4a4.unlink()
+            fallback(args.binary, model, "", [])
         if "fallback_adaround" in tasks and model in W4A4:
-            text = pathlib.Path(W4A4[model]).read_text()
-            text = section_set(text, "qat", "epochs", "0")
-            text = section_set(text, "qat", "warmup_epochs", "0")
-            text = section_set(text, "quantization.weights", "learned_rounding", '"AdaRound"')
-            text = section_set(text, "quantization.weights", "bias_correction", "true")
-            w4a4 = config(f"{model}_w4a4_adaround", text)
-            policy = OUT / f"{model}_fallback_adaround.toml"
-            report = OUT / f"{model}_fallback_adaround_analysis.json"
-            _, secs = quant(args.binary, "analyze", str(w4a4), "--quiet", "--max-drop", "0.5",
-                            "--policy-out", str(policy), "--report", str(report))
-            f = json.loads(report.read_text())["fallback"]
-            fp32, plain = ptq_of(args.binary, w4a4, f"{model}_w4a4_adaround_plain")
-            _, fell = ptq_of(args.binary, w4a4, f"{model}_w4a4_adaround_fallback", policy)
-            print(f"{model:11} fallback max_drop 0.5 on W4A4 + AdaRound + bias correction: "
-                  f"{len(f['float_slots'])} of {f['slots']} slots float; test: float {fp32:6.2f}, "
-                  f"PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), analyze {secs:.0f} s",
-                  flush=True)
-            w4a4.unlink()
+            fallback(args.binary, model, "_adaround",
+                     [("learned_rounding", '"AdaRound"'), ("bias_correction", "true")])
         if "timing" in tasks:
             quant(args.binary, "analyze", str(w4a8), "--quiet")  # trains and caches the floats
             _, rank_secs = quant(args.binary, "analyze", str(w4a8), "--quiet")
