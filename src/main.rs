@@ -13,7 +13,7 @@ use quant::fs::{
     check_export_dir, check_output_file, commit_together, recover_outputs, resolve, StagedFile,
 };
 use quant::integer::{Budget, IntegerModel};
-use quant::pipeline::sensitivity::{AnalyzeRequest, PrecisionBudget, Resource};
+use quant::pipeline::sensitivity::{AnalyzeRequest, PrecisionBudget, Raise, Resource};
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
 
 #[derive(Parser)]
@@ -110,6 +110,10 @@ enum Command {
         /// PTQ to come within this many points of float on the analysed rows.
         #[arg(long, allow_negative_numbers = true)]
         max_drop: Option<f64>,
+        /// What --max-drop raises slots to: `float`, or a bit width such as 8 (recalibrated;
+        /// a slot already that wide goes float), which keeps the model deployable on integers.
+        #[arg(long, default_value = "float", value_parser = parse_raise, requires = "max_drop")]
+        raise_to: Raise,
         /// Mixed precision: choose each weights slot's width among --candidates so that the
         /// weights take at most this many bits per weight on average (4 allows what uniform
         /// 4-bit weights take), with the least summed noise (an exact solver).
@@ -278,6 +282,19 @@ fn seed_line(d: SeedDone<'_>) {
     );
 }
 
+/// `--raise-to`: `float` or a bit width.
+fn parse_raise(text: &str) -> Result<Raise, String> {
+    match text {
+        "float" => Ok(Raise::Float),
+        bits => bits
+            .parse::<u8>()
+            .ok()
+            .filter(|b| (2..=16).contains(b))
+            .map(Raise::Bits)
+            .ok_or_else(|| format!("`{bits}`: `float` or a bit width from 2 to 16")),
+    }
+}
+
 fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
     match cli.command {
         Command::Run {
@@ -334,6 +351,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             report,
             plot,
             max_drop,
+            raise_to,
             weight_budget,
             bops_budget,
             activation_budget,
@@ -356,6 +374,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             });
             let request = AnalyzeRequest {
                 max_drop,
+                raise: raise_to,
                 budget: budget.clone(),
             };
             request.check()?;

@@ -203,6 +203,8 @@ pub struct Analysis {
 pub struct AnalyzeRequest {
     /// The accuracy-aware fallback's allowed drop, in points.
     pub max_drop: Option<f64>,
+    /// What the fallback raises slots to.
+    pub raise: Raise,
     /// A mixed-precision search under this budget.
     pub budget: Option<PrecisionBudget>,
 }
@@ -216,6 +218,16 @@ impl AnalyzeRequest {
         if let Some(d) = self.max_drop {
             check_max_drop(d)?;
         }
+        if let Raise::Bits(b) = self.raise {
+            if !(2..=16).contains(&b) {
+                return Err(quant_core::QuantError::InvalidValue {
+                    what: "raise_to".into(),
+                    value: b.to_string(),
+                    expected: "a bit width from 2 to 16, or float".into(),
+                }
+                .into());
+            }
+        }
         if let Some(b) = &self.budget {
             check_budget(b)?;
         }
@@ -223,23 +235,36 @@ impl AnalyzeRequest {
     }
 }
 
-/// The fewest slots, in sensitivity order, left float so that PTQ comes within a drop of
-/// float on the analysis rows (mean over seeds).
+/// What the fallback does to the slots it raises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub enum Raise {
+    /// Leaves them float (their quantizers disabled).
+    #[default]
+    Float,
+    /// Quantizes them at this many bits, recalibrated (a slot already this wide goes float):
+    /// 8 keeps the model deployable on integers.
+    Bits(u8),
+}
+
+/// The fewest slots, in sensitivity order, raised (to float or to more bits) so that PTQ
+/// comes within a drop of float on the analysis rows (mean over seeds).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Fallback {
     /// The drop allowed, in points of accuracy.
     pub max_drop: f64,
-    /// The slots left float, most sensitive first.
-    pub float_slots: Vec<String>,
+    /// What the raised slots became.
+    pub raise: Raise,
+    /// The slots raised, most sensitive first.
+    pub raised: Vec<String>,
     /// Of how many.
     pub slots: usize,
-    /// PTQ's accuracy with them float (mean over seeds).
+    /// PTQ's accuracy with them raised (mean over seeds).
     pub accuracy: f64,
     /// The float model's (mean over seeds).
     pub float_accuracy: f64,
-    /// Whether the drop was met (leaving every slot float always meets it).
+    /// Whether the drop was met (raising every slot to float always meets it).
     pub met: bool,
-    /// The run file's policy with one override per slot left float: a policy file to commit.
+    /// The run file's policy with one override per slot raised: a policy file to commit.
     #[serde(skip)]
     pub policy: Policy,
 }
@@ -504,45 +529,84 @@ where
     Ok(sum / models.len().max(1) as f64)
 }
 
-/// The fallback of `max_drop` points over the seeds' PTQ `models`, slots in the order of
-/// `ranked`, from `policy`.
-fn fallback<S, const C: usize, Q>(
-    dev: &Cpu,
-    models: &mut [Q],
-    mean: &Sensitivity,
-    rows: &Samples,
+/// `policy` with the slots `raised` raised as `raise` says (`widths`: each slot's bits).
+fn with_raised(
     policy: &Policy,
-    max_drop: f64,
-) -> Result<Fallback, RunError>
-where
-    S: BatchShape,
-    Q: QuantizedModel<S, C>,
-{
-    let ranked = &mean.slots;
-    let within = |acc: f64| 100.0 * (mean.float_accuracy - acc) <= max_drop + 1e-9;
-    let mut k = 0;
-    let mut acc = accuracy_with_float::<S, C, Q>(dev, models, ranked, 0, rows)?;
-    while !within(acc) && k < ranked.len() {
-        k += 1;
-        acc = accuracy_with_float::<S, C, Q>(dev, models, ranked, k, rows)?;
-    }
+    raised: &[SlotSensitivity],
+    raise: Raise,
+    widths: &BTreeMap<String, u32>,
+) -> Policy {
     let mut policy = policy.clone();
-    for s in &ranked[..k] {
+    for s in raised {
+        let setting = match raise {
+            Raise::Bits(b) if widths.get(&s.slot).is_some_and(|w| *w < u32::from(b)) => {
+                SlotSetting::Quantize(QuantizerSettings {
+                    bits: Some(u32::from(b)),
+                    ..QuantizerSettings::default()
+                })
+            }
+            _ => SlotSetting::Float,
+        };
         policy.overrides.push(Override {
             pattern: exactly(&s.layer),
             weights: None,
             input: None,
-            slots: [(s.slot_name.clone(), SlotSetting::Float)].into(),
+            slots: [(s.slot_name.clone(), setting)].into(),
         });
+    }
+    policy
+}
+
+/// The fallback of `max_drop` points: the seeds' PTQ `models` with slots disabled in the order
+/// of the ranking (raising to float), or the seeds' `deploys` recalibrated with slots widened
+/// (raising to bits).
+#[allow(clippy::too_many_arguments)]
+fn fallback<S, const C: usize, D>(
+    cfg: &RunConfig,
+    data: &Dataset,
+    deploys: &[(Cpu, D, u64)],
+    models: &mut [D::Quantized],
+    mean: &Sensitivity,
+    max_drop: f64,
+    raise: Raise,
+) -> Result<Fallback, RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
+    let ranked = &mean.slots;
+    let within = |acc: f64| 100.0 * (mean.float_accuracy - acc) <= max_drop + 1e-9;
+    let mut widths = BTreeMap::new();
+    if let Some(q) = models.first_mut() {
+        for (name, d) in q.quantizers()? {
+            widths.insert(name, d.bits);
+        }
+    }
+    let policy_of = |k: usize| with_raised(&cfg.quantization, &ranked[..k], raise, &widths);
+    let dev = deploys.first().map(|d| d.0.clone()).unwrap_or_default();
+    let mut accuracy_at = |k: usize| -> Result<f64, RunError> {
+        match raise {
+            Raise::Float => {
+                accuracy_with_float::<S, C, D::Quantized>(&dev, models, ranked, k, &data.test)
+            }
+            Raise::Bits(_) => ptq_accuracy::<S, C, D>(cfg, data, deploys, &policy_of(k)),
+        }
+    };
+    let mut k = 0;
+    let mut acc = accuracy_at(0)?;
+    while !within(acc) && k < ranked.len() {
+        k += 1;
+        acc = accuracy_at(k)?;
     }
     Ok(Fallback {
         max_drop,
-        float_slots: ranked[..k].iter().map(|s| s.slot.clone()).collect(),
+        raise,
+        raised: ranked[..k].iter().map(|s| s.slot.clone()).collect(),
         slots: ranked.len(),
         accuracy: acc,
         float_accuracy: mean.float_accuracy,
         met: within(acc),
-        policy,
+        policy: policy_of(k),
     })
 }
 
@@ -588,16 +652,20 @@ impl Analysis {
             );
         }
         if let Some(f) = &self.fallback {
+            let raised = match f.raise {
+                Raise::Float => "left float".to_string(),
+                Raise::Bits(b) => format!("raised to {b} bits"),
+            };
             let _ = writeln!(
                 out,
-                "\nfallback (max_drop {} points): {} of {} slots left float, PTQ {:.2}% against float {:.2}%{}{}",
+                "\nfallback (max_drop {} points): {} of {} slots {raised}, PTQ {:.2}% against float {:.2}%{}{}",
                 f.max_drop,
-                f.float_slots.len(),
+                f.raised.len(),
                 f.slots,
                 100.0 * f.accuracy,
                 100.0 * f.float_accuracy,
-                if f.float_slots.is_empty() { "" } else { ": " },
-                f.float_slots.join(", ")
+                if f.raised.is_empty() { "" } else { ": " },
+                f.raised.join(", ")
             );
             if !f.met {
                 let _ = writeln!(out, "the drop is not met even with every slot float");
@@ -1101,7 +1169,6 @@ where
     let digest = cache::split_digest(&data.train);
     let mut runs = Vec::new();
     let mut models = Vec::new();
-    let mut dev = Cpu::default();
     // Per seed, for the mixed-precision search: the seed's device and deployable model, and
     // the noise of each weights slot at each candidate width.
     let mut deploys = Vec::new();
@@ -1158,7 +1225,6 @@ where
             }
             noises.push(SeedNoise { noise });
         }
-        dev = float.dev.clone();
         models.push(ptq.model);
         deploys.push((float.dev, ptq.deploy, seed));
     }
@@ -1171,16 +1237,7 @@ where
     };
     let max_drop = request.max_drop;
     let fallback = max_drop
-        .map(|d| {
-            fallback::<S, C, D::Quantized>(
-                &dev,
-                &mut models,
-                &mean,
-                &data.test,
-                &cfg.quantization,
-                d,
-            )
-        })
+        .map(|d| fallback::<S, C, D>(cfg, &data, &deploys, &mut models, &mean, d, request.raise))
         .transpose()?;
     Ok(Analysis {
         model: model.name().to_string(),

@@ -5,7 +5,9 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use quant::pipeline::sensitivity::{analyze, Analysis, AnalyzeRequest, PrecisionBudget, Resource};
+use quant::pipeline::sensitivity::{
+    analyze, Analysis, AnalyzeRequest, PrecisionBudget, Raise, Resource,
+};
 use quant::pipeline::{RunConfig, RunOptions};
 
 /// The digits MLP, 8-bit everywhere but the middle Linear's weights: 2 bits, per tensor,
@@ -107,13 +109,13 @@ fn the_fallback_leaves_the_fewest_slots_float_and_its_policy_reproduces_it() {
     assert!(drop(a.mean.quantized.accuracy) > 0.5, "{}", a.table());
     assert!(f.met && drop(f.accuracy) <= 0.5 + 1e-9, "{}", a.table());
     assert!(
-        !f.float_slots.is_empty() && f.float_slots.len() < f.slots,
+        !f.raised.is_empty() && f.raised.len() < f.slots,
         "{}",
         a.table()
     );
     // The fewest: the most sensitive slots, in order, one fewer would not do.
     let ranked: Vec<&str> = a.mean.slots.iter().map(|s| s.slot.as_str()).collect();
-    assert_eq!(f.float_slots, ranked[..f.float_slots.len()]);
+    assert_eq!(f.raised, ranked[..f.raised.len()]);
     let mut fewer = cfg.clone();
     fewer.quantization = f.policy.clone();
     fewer.quantization.overrides.pop();
@@ -293,6 +295,55 @@ fn bops_and_activation_budgets_count_their_units_and_keep_them() {
     assert!(e.contains("activation_budget"), "{e}");
 }
 
+#[test]
+fn the_fallback_can_raise_slots_to_8_bits_instead_of_float() {
+    let cfg = harsh();
+    let request = AnalyzeRequest {
+        max_drop: Some(0.5),
+        raise: Raise::Bits(8),
+        ..AnalyzeRequest::default()
+    };
+    let a = analyze(&cfg, &RunOptions::default(), &request).unwrap();
+    let f = a.fallback.as_ref().unwrap();
+    let drop = |acc: f64| 100.0 * (a.mean.float_accuracy - acc);
+    assert!(f.met && drop(f.accuracy) <= 0.5 + 1e-9, "{}", a.table());
+    assert!(
+        !f.raised.is_empty() && f.raised.len() < f.slots,
+        "{}",
+        a.table()
+    );
+    let ranked: Vec<&str> = a.mean.slots.iter().map(|s| s.slot.as_str()).collect();
+    assert_eq!(f.raised, ranked[..f.raised.len()]);
+    assert!(a.table().contains("raised to 8 bits"), "{}", a.table());
+    // Each raised slot (all 2-bit weights or 8-bit inputs here) becomes 8 bits, or float when
+    // already 8 bits wide: the overrides say so, in rank order.
+    let added = &f.policy.overrides[f.policy.overrides.len() - f.raised.len()..];
+    for (o, slot) in added.iter().zip(&f.raised) {
+        let (name, setting) = o.slots.iter().next().unwrap();
+        assert!(slot.ends_with(name.as_str()), "{slot} {name}");
+        match (name.as_str(), setting) {
+            ("weights", quant::policy::SlotSetting::Quantize(q)) => assert_eq!(q.bits, Some(8)),
+            ("input", quant::policy::SlotSetting::Float) => {}
+            other => panic!("{slot}: {other:?}"),
+        }
+    }
+    // The policy file, read back, gives the same PTQ accuracy.
+    let text = toml::to_string(&f.policy).unwrap();
+    let mut again = cfg.clone();
+    again.quantization = quant::policy::Policy::from_toml_str(&text, "raised.toml").unwrap();
+    let again = analyze(&again, &RunOptions::default(), &AnalyzeRequest::default()).unwrap();
+    assert_eq!(again.mean.quantized.accuracy, f.accuracy, "{text}");
+    // A width no quantizer has is refused before anything trains.
+    let bad = AnalyzeRequest {
+        raise: Raise::Bits(17),
+        ..request
+    };
+    let e = analyze(&cfg, &RunOptions::default(), &bad)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("raise_to"), "{e}");
+}
+
 fn scratch(name: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("quant-analyze-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -410,6 +461,13 @@ fn quant_analyze_prints_the_ranking_and_writes_json_and_svg() {
     ]);
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("exactly one of them"));
+    // --raise-to takes `float` or a bit width, and only with --max-drop.
+    let o = run(&["--max-drop", "1", "--raise-to", "1"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("bit width from 2 to 16"));
+    let o = run(&["--raise-to", "8"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--max-drop"));
     // A policy file without a fallback to write is a usage error.
     let o = run(&["--policy-out", "b.json"]);
     assert_eq!(o.status.code(), Some(1));
