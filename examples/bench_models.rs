@@ -15,7 +15,8 @@
 //! from the memory the other left behind). The models are untrained (random weights,
 //! calibrated on 4 training batches): their speed does not depend on the values.
 //!
-//! Run: `cargo run --release --example bench_models`
+//! Run: `cargo run --release --example bench_models [qat] [mlp] [cnn] [resnet] [vit]` (no
+//! argument: every section).
 
 use std::time::{Duration, Instant};
 
@@ -243,13 +244,25 @@ fn main() -> Result<(), BoxError> {
         cpu_name(),
         rayon::current_num_threads()
     );
-    qat_step(&data, &single)?;
-
+    // Optional filter: the section names to run (`qat`, `mlp`, `cnn`, `resnet`, `vit`).
+    let only: Vec<String> = std::env::args().skip(1).map(|a| a.to_lowercase()).collect();
+    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    if wanted("qat") {
+        qat_step(&data, &single)?;
+    }
     println!("\n2. Inference: the float dfdx model (BatchNorm folded) against its exported W4A4 integer model");
     println!("   model  batch threads  float (µs)  integer (µs)  integer/float");
-    inference("MLP", &nets::mlp(), &data, &single)?;
-    inference("CNN", &nets::cnn(), &data, &single)?;
-    inference("ResNet", &nets::resnet(), &data, &single)?;
-    inference("ViT", &nets::vit(), &data, &single)?;
+    if wanted("mlp") {
+        inference("MLP", &nets::mlp(), &data, &single)?;
+    }
+    if wanted("cnn") {
+        inference("CNN", &nets::cnn(), &data, &single)?;
+    }
+    if wanted("resnet") {
+        inference("ResNet", &nets::resnet(), &data, &single)?;
+    }
+    if wanted("vit") {
+        inference("ViT", &nets::vit(), &data, &single)?;
+    }
     Ok(())
 }

@@ -52,16 +52,19 @@
 //! # Ok::<(), quant_core::QuantError>(())
 //! ```
 
+mod attention;
 mod depthwise;
 mod gemm;
 mod nhwc;
 pub mod nonlinear;
 mod requant;
+mod widths;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
 use crate::error::check_len;
 
+pub use attention::{attention_context_u8, attention_scores_u8, AttentionShape};
 pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};

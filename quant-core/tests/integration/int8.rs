@@ -8,8 +8,9 @@ use std::sync::Once;
 
 use proptest::prelude::*;
 use quant_core::int8::{
-    fixed_point_multiplier, gemm_u8, im2col_u8, max_pool_u8, requantize_u8, rounding_shift,
-    DepthwiseFilter, Isa, PackedMatrix, Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
+    attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, im2col_u8,
+    max_pool_u8, requantize_u8, rounding_shift, AttentionShape, DepthwiseFilter, Isa, PackedMatrix,
+    Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
 };
 use quant_core::{QuantError, RoundingPolicy};
 
@@ -579,4 +580,103 @@ fn requantization_ties_on_every_path() {
             }
         }
     }
+}
+
+/// Attention's products by their definitions: scores `[heads, s1, s2]` and context `[s1, f]`
+/// per sample.
+fn attention_reference(
+    q: &[u8],
+    k: &[u8],
+    p: &[u8],
+    shape: AttentionShape,
+    zeros: [i32; 4],
+) -> (Vec<i32>, Vec<i32>) {
+    let AttentionShape {
+        queries: s1,
+        keys: s2,
+        features: f,
+        heads,
+    } = shape;
+    let d = f / heads;
+    let n = q.len() / (s1 * f);
+    let (mut scores, mut context) = (vec![0i32; n * heads * s1 * s2], vec![0i32; n * s1 * f]);
+    for b in 0..n {
+        for h in 0..heads {
+            for i in 0..s1 {
+                for j in 0..s2 {
+                    let mut sum = 0;
+                    for c in h * d..(h + 1) * d {
+                        let a = q[(b * s1 + i) * f + c] as i32 - zeros[0];
+                        let w = k[(b * s2 + j) * f + c] as i32 - zeros[1];
+                        sum += a * w;
+                    }
+                    scores[((b * heads + h) * s1 + i) * s2 + j] = sum;
+                }
+                for c in h * d..(h + 1) * d {
+                    let mut sum = 0;
+                    for j in 0..s2 {
+                        let w = p[((b * heads + h) * s1 + i) * s2 + j] as i32 - zeros[2];
+                        sum += w * (k[(b * s2 + j) * f + c] as i32 - zeros[3]);
+                    }
+                    context[(b * s1 + i) * f + c] = sum;
+                }
+            }
+        }
+    }
+    (scores, context)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Both products of attention (the keys serve as values) on every path.
+    #[test]
+    fn attention_products_match_the_definition_on_every_path(
+        (shape, q, k, p) in (1usize..=3, 1usize..=20, 1usize..=20, 1usize..=4, 1usize..=24)
+            .prop_flat_map(|(n, s1, s2, heads, d)| {
+                let shape = AttentionShape { queries: s1, keys: s2, features: heads * d, heads };
+                (
+                    Just(shape),
+                    proptest::collection::vec(code(), n * s1 * heads * d),
+                    proptest::collection::vec(code(), n * s2 * heads * d),
+                    proptest::collection::vec(code(), n * heads * s1 * s2),
+                )
+            }),
+        zeros in proptest::array::uniform4(0i32..=255),
+    ) {
+        let (scores, context) = attention_reference(&q, &k, &p, shape, zeros);
+        for isa in paths() {
+            let mut got = vec![7i32; scores.len()];
+            attention_scores_u8(isa, &q, &k, shape, [zeros[0], zeros[1]], &mut got).unwrap();
+            prop_assert_eq!(&got, &scores, "scores on {}", isa);
+            let mut got = vec![7i32; context.len()];
+            attention_context_u8(isa, &p, &k, shape, [zeros[2], zeros[3]], &mut got).unwrap();
+            prop_assert_eq!(&got, &context, "context on {}", isa);
+        }
+    }
+}
+
+#[test]
+fn attention_products_refuse_bad_shapes_and_write_nothing() {
+    let shape = AttentionShape {
+        queries: 2,
+        keys: 3,
+        features: 4,
+        heads: 2,
+    };
+    let (q, k) = (vec![1u8; 8], vec![2u8; 12]);
+    let mut out = vec![7i32; 12];
+    // Features not a multiple of heads.
+    let odd = AttentionShape { heads: 3, ..shape };
+    assert!(attention_scores_u8(Isa::Portable, &q, &k, odd, [0, 0], &mut out).is_err());
+    // Keys for a different number of samples.
+    let err = attention_scores_u8(Isa::Portable, &q, &k[..6], shape, [0, 0], &mut out);
+    assert!(
+        matches!(err, Err(QuantError::LengthMismatch { .. })),
+        "{err:?}"
+    );
+    // A zero point that is no u8 code.
+    let err = attention_context_u8(Isa::Portable, &[0u8; 12], &k, shape, [0, 300], &mut [0; 8]);
+    assert!(err.unwrap_err().to_string().contains("0..=255"));
+    assert_eq!(out, vec![7i32; 12]);
 }

@@ -14,7 +14,7 @@ use quant_core::int8::nonlinear::{
     SOFTMAX_FIXED_POINT_MAX_ERROR, SOFTMAX_IBERT_MAX_ERROR, SOFTMAX_IBERT_MAX_INPUT_SCALE,
     SOFTMAX_IBERT_SCALE_ERROR, SOFTMAX_MAX_INPUT_SCALE, SOFTMAX_MAX_ROW_LEN,
 };
-use quant_core::int8::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};
+use quant_core::int8::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax, Isa};
 use quant_core::QuantError;
 
 use crate::nonlinear_reference::{erfc, gelu, layer_norm, max_scale, softmax};
@@ -755,4 +755,75 @@ fn documented_bounds_are_what_max_error_reports() {
         layer_norm.max_error(),
         LAYER_NORM_MAX_ERROR * layer_norm.output_scale() as f64
     );
+}
+
+// ---------------------------------------------------------------------------------------
+// Every instruction-set path gives the reference's codes
+// ---------------------------------------------------------------------------------------
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Softmax and layer normalisation are compiled once per register width (the compiler
+    /// vectorizes the same loops); every path this CPU runs must give the portable codes.
+    #[test]
+    fn softmax_gives_the_same_codes_on_every_path(
+        approximation in approximation(),
+        (scale, codes) in softmax_row(SOFTMAX_IBERT_MAX_INPUT_SCALE, 1..=40),
+        rows in 1usize..=4,
+        bits in 2u32..=16,
+    ) {
+        let codes = codes.repeat(rows).iter().enumerate()
+            .map(|(i, c)| c.wrapping_add((i / rows) as i32 % 3))
+            .collect::<Vec<_>>();
+        let n = codes.len() / rows;
+        let reference = IntSoftmax::new(scale, n, bits, approximation).unwrap()
+            .with_isa(Isa::Portable).unwrap();
+        let mut expected = vec![0i32; codes.len()];
+        reference.run(&codes, &mut expected).unwrap();
+        for isa in Isa::available() {
+            let k = reference.clone().with_isa(isa).unwrap();
+            let mut got = vec![0i32; codes.len()];
+            k.run(&codes, &mut got).unwrap();
+            prop_assert_eq!(&got, &expected, "path {}", isa);
+        }
+    }
+
+    #[test]
+    fn layer_norm_gives_the_same_codes_on_every_path(
+        (scale, (lo, hi), gamma, beta, eps, codes) in layer_norm_case(),
+    ) {
+        let Ok(reference) = IntLayerNorm::new(scale, lo..=hi, &gamma, &beta, eps) else {
+            return Ok(());
+        };
+        let reference = reference.with_isa(Isa::Portable).unwrap();
+        let mut expected = vec![0i32; codes.len()];
+        reference.run(&codes, &mut expected).unwrap();
+        for isa in Isa::available() {
+            let k = reference.clone().with_isa(isa).unwrap();
+            let mut got = vec![0i32; codes.len()];
+            k.run(&codes, &mut got).unwrap();
+            prop_assert_eq!(&got, &expected, "path {}", isa);
+        }
+    }
+
+    /// GELU keeps the outputs of narrow code ranges in a table: a lookup must give what the
+    /// kernel computes for the code (clamped into the range), for codes inside and outside it.
+    #[test]
+    fn gelu_table_gives_the_computed_codes(
+        approximation in approximation(),
+        (lo, span) in (-40_000i32..=40_000, 0i32..=1100),
+        zero in -300i32..=300,
+        scale in scale_in(1e-4, 0.05),
+        extra in proptest::collection::vec(any::<i32>(), 0..8),
+    ) {
+        let hi = lo + span;
+        let k = IntGelu::new(scale, lo + zero, lo..=hi, approximation).unwrap();
+        let codes: Vec<i32> = (lo - 3..=hi + 3).chain(extra).collect();
+        let mut got = vec![0i32; codes.len()];
+        k.run(&codes, &mut got).unwrap();
+        for (q, out) in codes.iter().zip(&got) {
+            prop_assert_eq!(*out, k.value(*q), "code {} of {}..={}", q, lo, hi);
+        }
+    }
 }

@@ -9,7 +9,10 @@ use rayon::prelude::*;
 use super::prepare::{Nonlinear, Quantize, Weighted};
 use super::{IntegerModel, Layout, Rep};
 use crate::graph::Op;
-use quant_core::int8::{gemm_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
+use quant_core::int8::{
+    attention_context_u8, attention_scores_u8, gemm_u8, im2col_u8, max_pool_i32, max_pool_u8,
+    AttentionShape, Isa, Window,
+};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
 /// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
@@ -302,12 +305,27 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     return Err(internal(&node.name));
                 };
                 let (fx, fy, zeros) = (features(m, a), features(m, b), [gx.zero, gy.zero]);
+                let isa = Isa::detected();
                 Buf::I32(if matches!(node.op, Op::AttentionScores { .. }) {
-                    let sizes = [m.numels[a] / fx, m.numels[b] / fy, fx];
-                    attention_scores(x, y, n, sizes, *heads, zeros)
+                    let shape = AttentionShape {
+                        queries: m.numels[a] / fx,
+                        keys: m.numels[b] / fy,
+                        features: fx,
+                        heads: *heads,
+                    };
+                    let mut scores = zeroed_i32(n * heads * shape.queries * shape.keys);
+                    attention_scores_u8(isa, x, y, shape, zeros, &mut scores)?;
+                    scores
                 } else {
-                    let sizes = [m.numels[a] / (fx * heads), fx, fy];
-                    attention_context(x, y, n, sizes, *heads, zeros)
+                    let shape = AttentionShape {
+                        queries: m.numels[a] / (fx * heads),
+                        keys: fx,
+                        features: fy,
+                        heads: *heads,
+                    };
+                    let mut out = zeroed_i32(n * shape.queries * shape.features);
+                    attention_context_u8(isa, x, y, shape, zeros, &mut out)?;
+                    out
                 })
             }
             Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => return Err(internal(&node.name)),
@@ -356,78 +374,6 @@ fn rounded_div(a: i64, b: i64) -> i32 {
         std::cmp::Ordering::Less => false,
     };
     (q + i64::from(up)) as i32
-}
-
-/// Per sample, `[heads, s1, s2]` dot products of centered query codes `[s1, f]` and key codes
-/// `[s2, f]` over each head's `f / heads` features.
-fn attention_scores(
-    q: &[u8],
-    k: &[u8],
-    n: usize,
-    [s1, s2, f]: [usize; 3],
-    heads: usize,
-    [zq, zk]: [i32; 2],
-) -> Vec<i32> {
-    let d = f / heads.max(1);
-    let mut y = zeroed_i32(n * heads * s1 * s2);
-    // Each sample's codes centered once, not once per row that reads them.
-    let (mut qc, mut kc) = (vec![0i32; s1 * f], vec![0i32; s2 * f]);
-    for b in 0..n {
-        let center = |out: &mut [i32], codes: &[u8], z: i32| {
-            out.iter_mut()
-                .zip(codes)
-                .for_each(|(c, v)| *c = *v as i32 - z)
-        };
-        center(&mut qc, &q[b * s1 * f..(b + 1) * s1 * f], zq);
-        center(&mut kc, &k[b * s2 * f..(b + 1) * s2 * f], zk);
-        let ys = &mut y[b * heads * s1 * s2..(b + 1) * heads * s1 * s2];
-        for h in 0..heads {
-            for i in 0..s1 {
-                let qi = &qc[i * f + h * d..i * f + (h + 1) * d];
-                let row = &mut ys[(h * s1 + i) * s2..(h * s1 + i + 1) * s2];
-                for (j, out) in row.iter_mut().enumerate() {
-                    let kj = &kc[j * f + h * d..j * f + (h + 1) * d];
-                    *out = qi.iter().zip(kj).map(|(a, b)| a * b).sum();
-                }
-            }
-        }
-    }
-    y
-}
-
-/// Per sample, `[s1, f]` sums of centered value codes `[s2, f]` weighted by centered
-/// probability codes `[heads, s1, s2]`, each head over its `f / heads` features.
-fn attention_context(
-    p: &[u8],
-    v: &[u8],
-    n: usize,
-    [s1, s2, f]: [usize; 3],
-    heads: usize,
-    [zp, zv]: [i32; 2],
-) -> Vec<i32> {
-    let d = f / heads.max(1);
-    let mut y = zeroed_i32(n * s1 * f);
-    for b in 0..n {
-        let ps = &p[b * heads * s1 * s2..(b + 1) * heads * s1 * s2];
-        let vs = &v[b * s2 * f..(b + 1) * s2 * f];
-        let ys = &mut y[b * s1 * f..(b + 1) * s1 * f];
-        for h in 0..heads {
-            for i in 0..s1 {
-                let out = &mut ys[i * f + h * d..i * f + (h + 1) * d];
-                for j in 0..s2 {
-                    let w = ps[(h * s1 + i) * s2 + j] as i32 - zp;
-                    if w == 0 {
-                        continue;
-                    }
-                    let vj = &vs[j * f + h * d..j * f + (h + 1) * d];
-                    out.iter_mut()
-                        .zip(vj)
-                        .for_each(|(o, x)| *o += w * (*x as i32 - zv));
-                }
-            }
-        }
-    }
-    y
 }
 
 /// A pooling node's input maps `(channels, height, width)` and output maps `(height, width)`.

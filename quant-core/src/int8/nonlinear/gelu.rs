@@ -63,7 +63,15 @@ pub struct IntGelu {
     codes: RangeInclusive<i32>,
     out_shift: u32,
     phi: Phi,
+    /// The output of every accepted code, `lo..=hi`, when there are at most [`TABLE_CODES`]
+    /// (empty otherwise): GELU of one code depends on nothing else, so a table of the kernel's
+    /// own results is the kernel, at one load per value.
+    table: Vec<i32>,
 }
+
+/// The widest code range whose outputs [`IntGelu`] keeps in a table (10-bit codes and
+/// narrower; 4 KiB).
+const TABLE_CODES: i64 = 1 << 10;
 
 #[derive(Debug, Clone)]
 enum Phi {
@@ -111,7 +119,7 @@ impl IntGelu {
             Approximation::IBert => Phi::IBert(IBertPhi::new(input_scale)?),
             Approximation::FixedPoint => Phi::FixedPoint(FixedPointPhi::new(input_scale)),
         };
-        Ok(IntGelu {
+        let mut kernel = IntGelu {
             approximation,
             input_scale,
             zero_point,
@@ -119,7 +127,13 @@ impl IntGelu {
             // |d| < 2^k and Φ ≤ 2^30 (+ a little for I-BERT's floors): |out| < 2^30 + 1.
             out_shift: 64 - largest.leading_zeros(),
             phi,
-        })
+            table: Vec::new(),
+        };
+        let (lo, hi) = (*kernel.codes.start(), *kernel.codes.end());
+        if (hi as i64 - lo as i64) < TABLE_CODES {
+            kernel.table = (lo..=hi).map(|q| kernel.value(q)).collect();
+        }
+        Ok(kernel)
     }
 
     /// The approximation of `Φ` it evaluates.
@@ -169,11 +183,30 @@ impl IntGelu {
     /// `out` not as long as `input`; nothing is written then.
     pub fn run<I: InputCode>(&self, input: &[I], out: &mut [i32]) -> Result<()> {
         super::super::check_len("gelu output", input.len(), out.len())?;
+        let (lo, hi) = (*self.codes.start(), *self.codes.end());
+        if !self.table.is_empty() {
+            for (o, q) in out.iter_mut().zip(input) {
+                // Clamped into lo..=hi, the index is within the table.
+                *o = self.table[(q.code().clamp(lo, hi) - lo) as usize];
+            }
+            return Ok(());
+        }
         match &self.phi {
             Phi::IBert(phi) => self.values(input, out, |d| phi.phi(d)),
             Phi::FixedPoint(phi) => self.values(input, out, |d| phi.phi(d)),
         }
         Ok(())
+    }
+
+    /// The output code of one input code (clamped into [`IntGelu::input_codes`]), evaluated
+    /// rather than looked up: what [`IntGelu::run`] gives for it, by definition.
+    pub fn value(&self, code: i32) -> i32 {
+        let mut out = [0];
+        match &self.phi {
+            Phi::IBert(phi) => self.values(&[code], &mut out, |d| phi.phi(d)),
+            Phi::FixedPoint(phi) => self.values(&[code], &mut out, |d| phi.phi(d)),
+        }
+        out[0]
     }
 
     /// What [`IntGelu::run`] computes, on real values: the GELU a fake-quantized model uses to

@@ -1,5 +1,5 @@
-//! Integer layer normalisation over rows: exact integer mean and variance, `⌊√·⌋` by Newton's
-//! iteration with the variance scaled up to 62 bits first, a fixed-point reciprocal, and the
+//! Integer layer normalisation over rows: exact integer mean and variance, the exact `⌊√·⌋` of
+//! the variance scaled up to 62 bits first, a fixed-point reciprocal, and the
 //! affine `γ`, `β` folded into integer multipliers and offsets.
 
 use std::ops::RangeInclusive;
@@ -7,6 +7,8 @@ use std::ops::RangeInclusive;
 use super::InputCode;
 use super::{check_code_range, check_rows, check_scale, codes_of, isqrt, round_shift, values_of};
 use crate::error::{QuantError, Result};
+use crate::int8::widths::compiled_for_each_width;
+use crate::int8::Isa;
 
 /// The error of [`IntLayerNorm`] in output steps ([`IntLayerNorm::output_scale`]), for every
 /// accepted input: measured worst case `1.53` steps (200 000 random rows, scales `2^-20` to
@@ -50,6 +52,7 @@ pub struct IntLayerNorm {
     gamma: Vec<i64>,
     beta: Vec<i64>,
     output_scale: f32,
+    isa: Isa,
 }
 
 impl IntLayerNorm {
@@ -147,7 +150,23 @@ impl IntLayerNorm {
                 .map(|b| (*b as f64 / s).round() as i64)
                 .collect(),
             output_scale,
+            isa: Isa::detected(),
         })
+    }
+
+    /// The same kernel on the path `isa` (tests and benchmarks use it to force a path; every
+    /// path gives the same codes).
+    ///
+    /// # Errors
+    /// A path this CPU cannot run.
+    pub fn with_isa(mut self, isa: Isa) -> Result<IntLayerNorm> {
+        self.isa = isa.check_available()?;
+        Ok(self)
+    }
+
+    /// The path it runs on.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// Values per row.
@@ -192,34 +211,8 @@ impl IntLayerNorm {
     /// # Errors
     /// `input` not whole rows, or `out` not as long as `input`; nothing is written then.
     pub fn run<I: InputCode>(&self, input: &[I], out: &mut [i32]) -> Result<()> {
-        let n = self.row_len();
-        check_rows("layer norm", n, input.len(), out.len())?;
-        let (lo, hi) = (*self.codes.start(), *self.codes.end());
-        let unit = |q: &I| q.code().clamp(lo, hi) as i64 - lo as i64;
-        for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            // n · (hi - lo) < 2^31: S < 2^31, n · Σu² < 2^62, |c| < 2^31.
-            let (sum, squares) = row.iter().fold((0i64, 0i64), |(s, q2), q| {
-                let u = unit(q);
-                (s + u, q2 + u * u)
-            });
-            let w = n as i64 * squares - sum * sum;
-            if w == 0 {
-                for (o, b) in out.iter_mut().zip(&self.beta) {
-                    *o = *b as i32;
-                }
-                continue;
-            }
-            let (reciprocal, shift) = self.reciprocal_sqrt(w as u64);
-            for ((o, q), (g, b)) in out
-                .iter_mut()
-                .zip(row)
-                .zip(self.gamma.iter().zip(&self.beta))
-            {
-                let c = n as i64 * unit(q) - sum;
-                let norm = round_shift(c * reciprocal, shift);
-                *o = (round_shift(norm * g, 31) + b) as i32;
-            }
-        }
+        check_rows("layer norm", self.row_len(), input.len(), out.len())?;
+        norm_rows(self.isa, self, input, out);
         Ok(())
     }
 
@@ -254,6 +247,42 @@ impl IntLayerNorm {
         let reciprocal = ((1u64 << 61) / root) as i64; // (2^30, 2^31]
                                                        // c · F · 2^(j - 31 - b) with j = 16 - a: a right shift by 15 + b + a, in 1..=48.
         (reciprocal, (15 + self.norm_bits as i32 + a) as u32)
+    }
+}
+
+compiled_for_each_width! {
+    /// Every row of `input` into `out`.
+    fn norm_rows<I: InputCode>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32]) => rows;
+}
+
+#[inline(always)]
+fn rows<I: InputCode>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32]) {
+    let n = kernel.row_len();
+    let (lo, hi) = (*kernel.codes.start(), *kernel.codes.end());
+    let unit = |q: &I| q.code().clamp(lo, hi) as i64 - lo as i64;
+    for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        // n · (hi - lo) < 2^31: S < 2^31, n · Σu² < 2^62, |c| < 2^31.
+        let (sum, squares) = row.iter().fold((0i64, 0i64), |(s, q2), q| {
+            let u = unit(q);
+            (s + u, q2 + u * u)
+        });
+        let w = n as i64 * squares - sum * sum;
+        if w == 0 {
+            for (o, b) in out.iter_mut().zip(&kernel.beta) {
+                *o = *b as i32;
+            }
+            continue;
+        }
+        let (reciprocal, shift) = kernel.reciprocal_sqrt(w as u64);
+        for ((o, q), (g, b)) in out
+            .iter_mut()
+            .zip(row)
+            .zip(kernel.gamma.iter().zip(&kernel.beta))
+        {
+            let c = n as i64 * unit(q) - sum;
+            let norm = round_shift(c * reciprocal, shift);
+            *o = (round_shift(norm * g, 31) + b) as i32;
+        }
     }
 }
 

@@ -5,6 +5,8 @@ use super::{check_input_scale, check_rows, codes_of, values_of};
 use super::{Approximation, FixedPointInput, InputCode, OutputCode};
 use super::{FRACTION_BITS, ONE};
 use crate::error::{QuantError, Result};
+use crate::int8::widths::compiled_for_each_width;
+use crate::int8::Isa;
 
 /// The longest row [`IntSoftmax`] accepts. Every `exp` keeps `61 - ⌈log2 n⌉` fraction bits, so
 /// that a row's sum fits 61 bits; up to this length that is at least 45 bits, and the floors of
@@ -68,6 +70,7 @@ pub struct IntSoftmax {
     /// `E`: fraction bits of the `exp` values.
     exp_bits: u32,
     exp: Exp,
+    isa: Isa,
 }
 
 #[derive(Debug, Clone)]
@@ -145,7 +148,23 @@ impl IntSoftmax {
             max_code: (1 << output_bits) - 1,
             exp_bits,
             exp,
+            isa: Isa::detected(),
         })
+    }
+
+    /// The same kernel on the path `isa` (tests and benchmarks use it to force a path; every
+    /// path gives the same codes).
+    ///
+    /// # Errors
+    /// A path this CPU cannot run.
+    pub fn with_isa(mut self, isa: Isa) -> Result<IntSoftmax> {
+        self.isa = isa.check_available()?;
+        Ok(self)
+    }
+
+    /// The path it runs on.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// The approximation of `exp` it evaluates.
@@ -214,8 +233,8 @@ impl IntSoftmax {
             });
         }
         match &self.exp {
-            Exp::IBert(exp) => self.rows(input, out, |delta| exp.exp(delta)),
-            Exp::FixedPoint(exp) => self.rows(input, out, |delta| exp.exp(delta)),
+            Exp::IBert(exp) => softmax_rows(self.isa, self, exp, input, out),
+            Exp::FixedPoint(exp) => softmax_rows(self.isa, self, exp, input, out),
         }
         Ok(())
     }
@@ -238,37 +257,6 @@ impl IntSoftmax {
         Ok(())
     }
 
-    /// Every row, with `exp(Δ) · 2^E` given by `exp`.
-    #[inline(always)]
-    fn rows<I: InputCode, O: OutputCode>(
-        &self,
-        input: &[I],
-        out: &mut [O],
-        exp: impl Fn(i64) -> u64,
-    ) {
-        let n = self.row_len;
-        let mut stack = [0u64; STACK_ROW];
-        for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
-            let delta = |q: &I| q.code() as i64 - max;
-            if n <= STACK_ROW {
-                let e = &mut stack[..n];
-                for (e, q) in e.iter_mut().zip(row) {
-                    *e = exp(delta(q));
-                }
-                let normalise = self.normaliser(e.iter().sum());
-                for (o, e) in out.iter_mut().zip(e.iter()) {
-                    *o = O::from_code(normalise.code(*e));
-                }
-            } else {
-                let normalise = self.normaliser(row.iter().map(|q| exp(delta(q))).sum());
-                for (o, q) in out.iter_mut().zip(row) {
-                    *o = O::from_code(normalise.code(exp(delta(q))));
-                }
-            }
-        }
-    }
-
     /// The per-row constants of `round(e · (2^bits - 1) / sum)` (`sum ≥ 2^(E-1)`).
     #[inline(always)]
     fn normaliser(&self, sum: u64) -> Normaliser {
@@ -280,11 +268,75 @@ impl IntSoftmax {
         let numerator = (self.max_code as u128) << (self.exp_bits - FRACTION_BITS + shift);
         Normaliser {
             drop: self.exp_bits - FRACTION_BITS,
-            factor: (numerator / sum as u128) as u64,
+            factor: floor_div(numerator, sum),
             shift,
             max_code: self.max_code,
         }
     }
+}
+
+compiled_for_each_width! {
+    /// Every row of `input` into `out`, with `exp(Δ) · 2^E` given by `exp`.
+    fn softmax_rows<I: InputCode, O: OutputCode, E: Exponential>(
+        kernel: &IntSoftmax,
+        exp: &E,
+        input: &[I],
+        out: &mut [O],
+    ) => rows;
+}
+
+#[inline(always)]
+fn rows<I: InputCode, O: OutputCode, E: Exponential>(
+    kernel: &IntSoftmax,
+    exp: &E,
+    input: &[I],
+    out: &mut [O],
+) {
+    let n = kernel.row_len;
+    let mut stack = [0u64; STACK_ROW];
+    for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+        let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
+        let delta = |q: &I| q.code() as i64 - max;
+        if n <= STACK_ROW {
+            let e = &mut stack[..n];
+            for (e, q) in e.iter_mut().zip(row) {
+                *e = exp.exp(delta(q));
+            }
+            let normalise = kernel.normaliser(e.iter().sum());
+            for (o, e) in out.iter_mut().zip(e.iter()) {
+                *o = O::from_code(normalise.code(*e));
+            }
+        } else {
+            let normalise = kernel.normaliser(row.iter().map(|q| exp.exp(delta(q))).sum());
+            for (o, q) in out.iter_mut().zip(row) {
+                *o = O::from_code(normalise.code(exp.exp(delta(q))));
+            }
+        }
+    }
+}
+
+/// `exp(Δ · scale) · 2^E` of a difference `Δ ≤ 0` of input codes, by one [`Approximation`].
+trait Exponential {
+    fn exp(&self, delta: i64) -> u64;
+}
+
+/// `⌊n / d⌋` for `d ≥ 1` and a quotient below `2^52`, without a `u128` division (a library
+/// call of a hundred cycles, once per row): the `f64` quotient is within `2^-52` relative of
+/// the true one, so within one of its floor, and whole steps of the exact remainder (in `i128`,
+/// products only) correct it.
+#[inline(always)]
+fn floor_div(n: u128, d: u64) -> u64 {
+    let mut q = (n as f64 / d as f64) as u64;
+    let mut r = n as i128 - q as i128 * d as i128;
+    while r < 0 {
+        q -= 1;
+        r += d as i128;
+    }
+    while r >= d as i128 {
+        q += 1;
+        r -= d as i128;
+    }
+    q
 }
 
 /// `round(e · (2^bits - 1) / sum)` for one row.
@@ -355,7 +407,9 @@ impl IBertExp {
             down: bits.saturating_sub(exp_bits),
         }
     }
+}
 
+impl Exponential for IBertExp {
     #[inline(always)]
     fn exp(&self, delta: i64) -> u64 {
         let t = delta >> self.pre_shift;
@@ -370,6 +424,8 @@ impl IBertExp {
 
 /// `ln 2 · 2^30`, `ln 2 / 2 · 2^30` (the middle of `(-ln 2, 0]`), rounded.
 const LN2_FIXED: i64 = (std::f64::consts::LN_2 * ONE as f64 + 0.5) as i64;
+/// `⌊2^56 / LN2_FIXED⌋`, for [`div_rem`].
+const LN2_RECIPROCAL: u64 = (1u64 << 56) / LN2_FIXED as u64;
 const HALF_LN2_FIXED: i64 = (std::f64::consts::LN_2 * 0.5 * ONE as f64 + 0.5) as i64;
 
 /// `exp(m + u) = e^m · Σ uᵏ / k!`, `m = -ln 2 / 2`, `e^m = 1 / √2`: the Taylor coefficients
@@ -409,12 +465,17 @@ impl FixedPointExp {
             up: exp_bits - FRACTION_BITS,
         }
     }
+}
 
+impl Exponential for FixedPointExp {
     #[inline(always)]
     fn exp(&self, delta: i64) -> u64 {
         let t = self.input.apply(delta.max(self.delta_floor));
         let a = ((-t) as u64).min(64 * LN2_FIXED as u64);
-        let (z, r) = (a / LN2_FIXED as u64, (a % LN2_FIXED as u64) as i64);
+        // `/` and `%` by a constant compile to a 128-bit product, which no vector unit has;
+        // `div_rem`'s 64-bit one gives the same quotient and remainder.
+        let (z, r) = div_rem(a, LN2_FIXED as u64, LN2_RECIPROCAL);
+        let r = r as i64;
         // p = -r ∈ (-ln 2, 0]; u = p - m = ln 2 / 2 - r.
         let u = HALF_LN2_FIXED - r;
         let mut poly = EXP_TAYLOR[6];

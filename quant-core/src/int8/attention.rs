@@ -1,0 +1,217 @@
+//! The two matrix products of attention on `u8` codes: scores `Q Kᵀ` per head, and the
+//! context `P V` per head, into exact `i32` sums of centered codes.
+
+use super::widths::compiled_for_each_width;
+use super::{checked_size, Isa};
+use crate::error::{QuantError, Result};
+
+/// The shapes of attention's two products for one sample: `queries` rows attend to `keys`
+/// rows, each of `features` features split evenly over `heads` heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionShape {
+    /// Query rows (tokens) per sample.
+    pub queries: usize,
+    /// Key and value rows per sample.
+    pub keys: usize,
+    /// Features per row, all heads together.
+    pub features: usize,
+    /// Heads; `features` is a multiple of it.
+    pub heads: usize,
+}
+
+impl AttentionShape {
+    /// Features per head.
+    pub fn head_features(&self) -> usize {
+        self.features / self.heads.max(1)
+    }
+
+    fn check(&self, zeros: [i32; 2]) -> Result<()> {
+        let whole = self.heads >= 1 && self.features.is_multiple_of(self.heads);
+        // Centered u8 codes lie within ±255: sums of fewer than 2^15 products fit i32.
+        let short = self.head_features() < 1 << 15 && self.keys < 1 << 15;
+        if !whole || !short || self.queries == 0 || self.keys == 0 {
+            return Err(QuantError::InvalidValue {
+                what: "attention shape".into(),
+                value: format!("{self:?}"),
+                expected: "at least one query, key and head, features a multiple of heads, \
+                           and fewer than 2^15 keys and features per head"
+                    .into(),
+            });
+        }
+        if let Some(z) = zeros.iter().find(|z| !(0..=255).contains(*z)) {
+            return Err(QuantError::InvalidValue {
+                what: "attention zero point".into(),
+                value: z.to_string(),
+                expected: "a u8 code, 0..=255".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Lengths per sample of queries, keys (or values) and scores (or probabilities), and the
+/// number of samples `queries` holds; an error unless every buffer holds that many.
+fn samples(
+    shape: &AttentionShape,
+    zeros: [i32; 2],
+    [first, second, out]: [(&str, usize); 3],
+    lens: [usize; 3],
+) -> Result<usize> {
+    shape.check(zeros)?;
+    let per = [first.1, second.1, out.1];
+    let n = lens[0] / per[0].max(1);
+    for ((what, per), len) in [first.0, second.0, out.0].into_iter().zip(per).zip(lens) {
+        let expected = checked_size(what, n, per)?;
+        if len != expected {
+            return Err(QuantError::LengthMismatch {
+                what: format!("attention {what} ({n} samples of {per})"),
+                expected,
+                actual: len,
+            });
+        }
+    }
+    Ok(n)
+}
+
+/// Attention scores: for each sample, head `h`, query `i` and key `j`,
+/// `out[h, i, j] = Σ_c (q[i, c] - q_zero) · (k[j, c] - k_zero)` over the head's features
+/// `c`, exactly (every sum of `u8` products over fewer than `2^15` features fits `i32`).
+/// `q` holds samples of `[queries, features]`, `k` of `[keys, features]`, `out` of
+/// `[heads, queries, keys]`. `isa` picks the registers (every path gives the same integers).
+///
+/// # Errors
+/// A shape without queries, keys or heads, features not a multiple of heads, `2^15` or more
+/// keys or features per head, a zero point outside `0..=255`, or buffers that do not hold the
+/// same number of whole samples; nothing is written then.
+pub fn attention_scores_u8(
+    isa: Isa,
+    q: &[u8],
+    k: &[u8],
+    shape: AttentionShape,
+    [q_zero, k_zero]: [i32; 2],
+    out: &mut [i32],
+) -> Result<()> {
+    let AttentionShape {
+        queries,
+        keys,
+        features,
+        heads,
+    } = shape;
+    samples(
+        &shape,
+        [q_zero, k_zero],
+        [
+            ("queries", queries * features),
+            ("keys", keys * features),
+            ("scores", heads * queries * keys),
+        ],
+        [q.len(), k.len(), out.len()],
+    )?;
+    scores_wide(isa, q, k, &shape, [q_zero, k_zero], out);
+    Ok(())
+}
+
+compiled_for_each_width! {
+    fn scores_wide<>(q: &[u8], k: &[u8], shape: &AttentionShape, zeros: [i32; 2], out: &mut [i32])
+        => scores;
+}
+
+#[inline(always)]
+fn scores(q: &[u8], k: &[u8], shape: &AttentionShape, [zq, zk]: [i32; 2], out: &mut [i32]) {
+    let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
+    let d = shape.head_features();
+    // Per sample, the queries centered, and the keys centered and transposed to
+    // `[features, keys]`, so that the innermost loop runs along a row of scores.
+    let mut qc = vec![0i32; s1 * f];
+    let mut kt = vec![0i32; f * s2];
+    let samples = q.chunks_exact(s1 * f).zip(k.chunks_exact(s2 * f));
+    for ((qs, ks), ys) in samples.zip(out.chunks_exact_mut(shape.heads * s1 * s2)) {
+        for (c, v) in qc.iter_mut().zip(qs) {
+            *c = *v as i32 - zq;
+        }
+        for (j, row) in ks.chunks_exact(f).enumerate() {
+            for (c, v) in row.iter().enumerate() {
+                kt[c * s2 + j] = *v as i32 - zk;
+            }
+        }
+        for (h, head) in ys.chunks_exact_mut(s1 * s2).enumerate() {
+            for (i, row) in head.chunks_exact_mut(s2).enumerate() {
+                row.fill(0);
+                let query = &qc[i * f + h * d..i * f + (h + 1) * d];
+                for (a, keys) in query.iter().zip(kt[h * d * s2..].chunks_exact(s2)) {
+                    for (y, b) in row.iter_mut().zip(keys) {
+                        *y += a * b;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Attention context: for each sample, query `i` and feature `c` of head `h`,
+/// `out[i, c] = Σ_j (p[h, i, j] - p_zero) · (v[j, c] - v_zero)`, exactly (fewer than `2^15`
+/// keys). `p` holds samples of `[heads, queries, keys]`, `v` of `[keys, features]`, `out` of
+/// `[queries, features]`. `isa` picks the registers (every path gives the same integers).
+///
+/// # Errors
+/// As [`attention_scores_u8`].
+pub fn attention_context_u8(
+    isa: Isa,
+    p: &[u8],
+    v: &[u8],
+    shape: AttentionShape,
+    [p_zero, v_zero]: [i32; 2],
+    out: &mut [i32],
+) -> Result<()> {
+    let AttentionShape {
+        queries,
+        keys,
+        features,
+        heads,
+    } = shape;
+    samples(
+        &shape,
+        [p_zero, v_zero],
+        [
+            ("probabilities", heads * queries * keys),
+            ("values", keys * features),
+            ("context", queries * features),
+        ],
+        [p.len(), v.len(), out.len()],
+    )?;
+    context_wide(isa, p, v, &shape, [p_zero, v_zero], out);
+    Ok(())
+}
+
+compiled_for_each_width! {
+    fn context_wide<>(p: &[u8], v: &[u8], shape: &AttentionShape, zeros: [i32; 2], out: &mut [i32])
+        => context;
+}
+
+#[inline(always)]
+fn context(p: &[u8], v: &[u8], shape: &AttentionShape, [zp, zv]: [i32; 2], out: &mut [i32]) {
+    let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
+    let d = shape.head_features();
+    let mut vc = vec![0i32; s2 * f];
+    let samples = p
+        .chunks_exact(shape.heads * s1 * s2)
+        .zip(v.chunks_exact(s2 * f));
+    for ((ps, vs), ys) in samples.zip(out.chunks_exact_mut(s1 * f)) {
+        for (c, x) in vc.iter_mut().zip(vs) {
+            *c = *x as i32 - zv;
+        }
+        ys.fill(0);
+        for (h, probs) in ps.chunks_exact(s1 * s2).enumerate() {
+            for (i, weights) in probs.chunks_exact(s2).enumerate() {
+                let row = &mut ys[i * f + h * d..i * f + (h + 1) * d];
+                for (j, w) in weights.iter().enumerate() {
+                    let w = *w as i32 - zp;
+                    let value = &vc[j * f + h * d..j * f + (h + 1) * d];
+                    for (y, x) in row.iter_mut().zip(value) {
+                        *y += w * x;
+                    }
+                }
+            }
+        }
+    }
+}
