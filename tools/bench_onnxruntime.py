@@ -6,7 +6,8 @@ ratio. tract (quant eval --onnx) is timed too, for reference.
     cargo build --release
     /tmp/ort/bin/python tools/bench_onnxruntime.py runs/mlp_w4a4/export --batch 360 --repeat 200
 
-Each figure is the median of --repeat timed runs after warm-up. Not part of CI.
+The runs alternate between the two in --rounds rounds (a shared machine's load then falls on
+both alike); each figure is the median of the rounds' medians. Not part of CI.
 """
 
 import argparse
@@ -16,6 +17,8 @@ import statistics
 import sys
 import time
 
+import numpy as np
+
 from onnx_common import ROOT, batch_input, digits_test_split, onnx_path_and_dir, quant, session
 
 
@@ -23,37 +26,57 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("export", help="an export directory (model.onnx beside model.json)")
     p.add_argument("--batch", type=int, default=360, help="samples per batch (cycling through the test split)")
-    p.add_argument("--repeat", type=int, default=200)
+    p.add_argument("--repeat", type=int, default=200, help="timed runs of each side, in all")
+    p.add_argument("--rounds", type=int, default=5, help="alternating rounds the runs are split into")
     p.add_argument("--quant", default=os.path.join(ROOT, "target", "release", "quant"), help="the quant binary")
+    p.add_argument("--config", help="the run file of a model on other data (MNIST): quant eval reads its test "
+                   "split; onnxruntime gets uniform random pixels of the same shape (neither's speed depends "
+                   "on the values)")
     args = p.parse_args()
 
     onnx_file, export_dir = onnx_path_and_dir(args.export)
-    images, _ = digits_test_split()
     s = session(onnx_file, threads=1)
     inp = s.get_inputs()[0]
-    x = batch_input(images, inp.shape[1:], args.batch)
+    if args.config:
+        shape = [args.batch, *inp.shape[1:]]
+        x = np.random.default_rng(0).random(shape, dtype=np.float32)
+    else:
+        images, _ = digits_test_split()
+        x = batch_input(images, inp.shape[1:], args.batch)
     for _ in range(10):
         s.run(None, {inp.name: x})
-    times = []
-    for _ in range(args.repeat):
-        t = time.perf_counter()
-        s.run(None, {inp.name: x})
-        times.append((time.perf_counter() - t) * 1e3)
-    ort_ms = statistics.median(times)
 
-    out = quant(
-        args.quant,
-        ["eval", export_dir, "--onnx", onnx_file, "--repeat", str(args.repeat), "--batch", str(args.batch)],
-        threads=1,
-    )
-    def ms(label):
+    def ms(out, label):
         m = re.search(rf"^{label}: ([0-9.]+) ms per batch", out, re.M)
         if not m:
             sys.exit(f"no `{label}` timing in quant's output:\n{out}")
         return float(m.group(1))
-    integer_ms, tract_ms = ms("integer runtime"), ms("tract")
 
-    print(f"{export_dir}: batch {args.batch}, one thread, median of {args.repeat} runs")
+    # Rounds alternate between onnxruntime and quant, so that a change in the machine's load
+    # (other tenants of a shared CPU) falls on both sides alike; each side's figure is the median
+    # of its per-round medians. tract, far slower, runs in the first round only.
+    per_round = max(1, args.repeat // args.rounds)
+    ort_rounds, integer_rounds, tract_ms = [], [], None
+    for r in range(args.rounds):
+        times = []
+        for _ in range(per_round):
+            t = time.perf_counter()
+            s.run(None, {inp.name: x})
+            times.append((time.perf_counter() - t) * 1e3)
+        ort_rounds.append(statistics.median(times))
+        onnx = ["--onnx", onnx_file] if r == 0 else []
+        out = quant(
+            args.quant,
+            ["eval", export_dir, *onnx, "--repeat", str(per_round), "--batch", str(args.batch)]
+            + (["--config", args.config] if args.config else []),
+            threads=1,
+        )
+        integer_rounds.append(ms(out, "integer runtime"))
+        if r == 0:
+            tract_ms = ms(out, "tract")
+    ort_ms, integer_ms = statistics.median(ort_rounds), statistics.median(integer_rounds)
+
+    print(f"{export_dir}: batch {args.batch}, one thread, {args.rounds} alternating rounds of {per_round} runs")
     print(f"  onnxruntime      {ort_ms:9.4f} ms")
     print(f"  quant integer    {integer_ms:9.4f} ms")
     print(f"  tract            {tract_ms:9.4f} ms")

