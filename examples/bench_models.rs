@@ -1,8 +1,8 @@
 //! Model-level benchmarks, each against its float baseline in the same process:
 //!
 //! 1. QAT overhead: one training step (forward, backward, Adam update, gradients zeroed for
-//!    the next step, as the pipeline trains) of the float MLP and of the W4A4 LSQ-quantized
-//!    MLP, batch 64, one thread.
+//!    the next step, as the pipeline trains) of each float network and of its W4A4
+//!    LSQ-quantized model, batch 64, one thread.
 //! 2. Integer inference: the exported W4A4 integer model against the float dfdx model it was
 //!    converted from (BatchNorm folded, as exported), for every network of the main job (MLP,
 //!    CNN, ResNet, ViT), on the test split (360 images) and on a batch of 64 with one thread, and
@@ -20,13 +20,15 @@
 
 use std::time::{Duration, Instant};
 
-use dfdx::optim::{Adam, AdamConfig, Optimizer};
 use dfdx::prelude::*;
 use quant::data::Dataset;
 use quant::digits;
+use quant::pipeline::config::{Optimizer as PipelineOptimizer, Schedule};
 use quant::pipeline::nets;
-use quant::pipeline::train::{input, targets, Logits, Taped};
-use quant::pipeline::{quantize, BatchShape, DeployModel, FloatModel, Model};
+use quant::pipeline::train::{input, Logits, Phase, Trainer};
+use quant::pipeline::{
+    quantize, BatchShape, DeployModel, FloatModel, Model, QuantizedModel, RunConfig,
+};
 use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
 use quant_ops::lower::export_model;
 use quant_ops::policy::Policy;
@@ -113,56 +115,141 @@ fn calibrated<S: BatchShape, const C: usize, F, D: DeployModel<S, C>>(
     )?)
 }
 
-/// One training step as the pipeline takes it: forward with the gradients of the last step
-/// (zeroed), backward, Adam update, gradients zeroed for the next step.
-fn train_step<M>(
-    model: &mut M,
-    opt: &mut Adam<M, f32, Cpu>,
-    grads: &mut Option<dfdx::tensor::Gradients<f32, Cpu>>,
-    x: &Tensor<(usize, Const<64>), f32, Cpu>,
-    y: &Tensor<(usize, Const<10>), f32, Cpu>,
-) where
-    M: TensorCollection<f32, Cpu>
-        + ModuleMut<Tensor<(usize, Const<64>), f32, Cpu, Taped>, Output = Logits<10, Taped>>,
-    <M as ModuleMut<Tensor<(usize, Const<64>), f32, Cpu, Taped>>>::Error: std::fmt::Debug,
-{
-    let g = grads.take().unwrap_or_else(|| model.alloc_grads());
-    let logits = model.try_forward_mut(x.clone().traced(g)).expect("forward");
-    let mut g = cross_entropy_with_logits_loss(logits, y.clone()).backward();
-    opt.update(model, &g).expect("update");
-    model.zero_grads(&mut g);
-    *grads = Some(g);
+/// The training phase both sides of section 1 step with: Adam at 1e-3, no decay, no
+/// smoothing (the step's cost does not depend on them).
+fn phase() -> Phase {
+    Phase {
+        epochs: 1,
+        batch_size: 64,
+        lr: 1e-3,
+        schedule: Schedule::Constant,
+        warmup_epochs: 0,
+        shift: 0,
+        optimizer: PipelineOptimizer::Adam,
+        weight_decay: 0.0,
+        label_smoothing: 0.0,
+    }
 }
 
-/// Section 1: the W4A4 LSQ QAT step against the float step, MLP, batch 64, one thread.
-fn qat_step(data: &Dataset, single: &rayon::ThreadPool) -> Result<(), BoxError> {
-    let mlp = nets::mlp();
+/// Section 1, one network: a training step as the pipeline takes it ([`Trainer::step`]:
+/// forward, backward, Adam update, gradients zeroed for the next step), batch 64, one thread,
+/// of the W4A4 LSQ-quantized model against the float model in the same form (BatchNorm
+/// folded, as it is quantized: the same layers without quantizers, the overhead of
+/// quantization) and against the float model as the pipeline trains it (BatchNorm in
+/// training mode, where the network has it).
+fn qat_step<S, const C: usize, F, D>(
+    name: &str,
+    model: &Model<S, C, F, D>,
+    data: &Dataset,
+    single: &rayon::ThreadPool,
+) -> Result<(), BoxError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C> + FloatModel<S, C>,
+{
     let dev = Cpu::seed_from_u64(0);
-    let float = mlp.build(&dev);
-    let mut qat = calibrated(&mlp, &dev, &float, W4A4, data)?;
+    let float = model.build(&dev);
+    let deploy = model.deploy(&float);
+    let mut qat = calibrated(model, &dev, &float, W4A4, data)?;
     qat.set_mode("*", QuantizerMode::Training)?;
-
     let idx: Vec<usize> = (0..64).collect();
     let (pixels, labels) = data.train.gather(&idx);
-    let x = input::<(usize, Const<64>)>(&dev, pixels, 64)?;
-    let y = dev.tensor_from_vec(targets(&labels, 10, 0.0), (64usize, Const::<10>));
+    /// Times `a`'s and `b`'s steps against each other.
+    fn steps<S: BatchShape, const C: usize, A, B>(
+        dev: &Cpu,
+        (mut a, mut b): (A, B),
+        pixels: &[f32],
+        labels: &[usize],
+    ) -> Result<(Duration, Duration), quant::QuantError>
+    where
+        A: FloatModel<S, C>,
+        B: QuantizedModel<S, C>,
+    {
+        let mut a_trainer = Trainer::<A, S, C>::new(dev, &a, &phase(), None)?;
+        let mut b_trainer = Trainer::<B, S, C>::new(dev, &b, &phase(), None)?;
+        Ok(compare(
+            || {
+                a_trainer
+                    .step(&mut a, pixels.to_vec(), labels, 1e-3)
+                    .expect("float step");
+            },
+            || {
+                b_trainer
+                    .step(&mut b, pixels.to_vec(), labels, 1e-3)
+                    .expect("QAT step");
+            },
+        ))
+    }
+    // Moved in: a quantized model is Send but not Sync.
+    let (folded, trained) = single.install(move || -> Result<_, quant::QuantError> {
+        let trained = steps::<S, C, F, D::Quantized>(&dev, (float, qat.clone()), &pixels, &labels)?;
+        let folded = steps::<S, C, D, D::Quantized>(&dev, (deploy, qat), &pixels, &labels)?;
+        Ok((folded, trained))
+    })?;
+    println!(
+        "   {name:<6} {:>10.1}  {:>10.1}  {:>9.2}x  {:>16.1}  {:>9.2}x",
+        micros(folded.0),
+        micros(folded.1),
+        ratio(folded.1, folded.0),
+        micros(trained.0),
+        ratio(trained.1, trained.0),
+    );
+    Ok(())
+}
 
-    let (t_float, t_qat) = single.install(|| {
-        let mut f = float.clone();
-        let mut f_opt = Adam::new(&f, AdamConfig::default());
-        let mut f_grads = None;
-        let mut q = qat.clone();
-        let mut q_opt = Adam::new(&q, AdamConfig::default());
-        let mut q_grads = None;
-        compare(
-            || train_step(&mut f, &mut f_opt, &mut f_grads, &x, &y),
-            || train_step(&mut q, &mut q_opt, &mut q_grads, &x, &y),
-        )
-    });
-    println!("1. One training step, MLP 64-256-256-10, batch 64, one thread");
-    println!("   float step            {:>9.1} µs", micros(t_float));
-    println!("   W4A4 LSQ QAT step     {:>9.1} µs", micros(t_qat));
-    println!("   ratio QAT / float     {:>9.2}x", ratio(t_qat, t_float));
+/// Section 3, one network on MNIST (28x28): the float step (as the pipeline trains it) and the
+/// W4A4 LSQ QAT step, batch 64, on one thread and on every core, timed against each other.
+/// `tools/bench_pytorch_training.py` reads the `train28` lines.
+fn mnist_steps<S, const C: usize, F, D>(
+    name: &str,
+    model: &Model<S, C, F, D>,
+    data: &Dataset,
+    single: &rayon::ThreadPool,
+) -> Result<(), BoxError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
+    let dev = Cpu::seed_from_u64(0);
+    let float = model.build(&dev);
+    let mut qat = calibrated(model, &dev, &float, W4A4, data)?;
+    qat.set_mode("*", QuantizerMode::Training)?;
+    let idx: Vec<usize> = (0..64).collect();
+    let (pixels, labels) = data.train.gather(&idx);
+    for pool in [Some(single), None] {
+        let (f, q, p, l, d) = (float.clone(), qat.clone(), pixels.clone(), labels.clone(), dev.clone());
+        let measure = move || -> Result<_, quant::QuantError> {
+            let (mut f, mut q) = (f, q);
+            let mut f_trainer = Trainer::<F, S, C>::new(&d, &f, &phase(), None)?;
+            let mut q_trainer = Trainer::<D::Quantized, S, C>::new(&d, &q, &phase(), None)?;
+            Ok(compare(
+                || {
+                    f_trainer.step(&mut f, p.clone(), &l, 1e-3).expect("float step");
+                },
+                || {
+                    q_trainer.step(&mut q, p.clone(), &l, 1e-3).expect("QAT step");
+                },
+            ))
+        };
+        let ((t_float, t_qat), threads) = match pool {
+            Some(pool) => (pool.install(measure)?, 1),
+            None => (measure()?, rayon::current_num_threads()),
+        };
+        println!(
+            "   {name:<6} {threads:>7}  {:>10.1}  {:>10.1}  {:>9.2}x",
+            micros(t_float),
+            micros(t_qat),
+            ratio(t_qat, t_float)
+        );
+        println!(
+            "train28 {} {threads} {:.1} {:.1}",
+            name.to_lowercase(),
+            micros(t_float),
+            micros(t_qat)
+        );
+    }
     Ok(())
 }
 
@@ -244,11 +331,20 @@ fn main() -> Result<(), BoxError> {
         cpu_name(),
         rayon::current_num_threads()
     );
-    // Optional filter: the section names to run (`qat`, `mlp`, `cnn`, `resnet`, `vit`).
+    // Optional filter: the section names to run (`qat`, `qatvit`, `mlp`, `cnn`, `resnet`,
+    // `vit`, `train28`; the MNIST section `train28` runs only when named).
     let only: Vec<String> = std::env::args().skip(1).map(|a| a.to_lowercase()).collect();
-    let wanted = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let named = |name: &str| only.iter().any(|o| o == name);
+    let wanted = |name: &str| (only.is_empty() && name != "train28") || named(name);
+    println!("1. One training step, batch 64, one thread: the W4A4 LSQ QAT model against the float model");
+    println!("   model  float, folded (µs)  QAT (µs)  QAT/float   float, trained (µs)  QAT/float");
     if wanted("qat") {
-        qat_step(&data, &single)?;
+        qat_step("MLP", &nets::mlp(), &data, &single)?;
+        qat_step("CNN", &nets::cnn(), &data, &single)?;
+        qat_step("ResNet", &nets::resnet(), &data, &single)?;
+    }
+    if wanted("qat") || wanted("qatvit") {
+        qat_step("ViT", &nets::vit(), &data, &single)?;
     }
     println!("\n2. Inference: the float dfdx model (BatchNorm folded) against its exported W4A4 integer model");
     println!("   model  batch threads  float (µs)  integer (µs)  integer/float");
@@ -263,6 +359,14 @@ fn main() -> Result<(), BoxError> {
     }
     if wanted("vit") {
         inference("ViT", &nets::vit(), &data, &single)?;
+    }
+    if wanted("train28") {
+        let config = RunConfig::from_file(std::path::Path::new("configs/mnist_cnn_w4a4.toml"))?;
+        let mnist = quant::data::load(&config.data)?;
+        println!("\n3. MNIST training steps, batch 64: float (as trained) and W4A4 LSQ QAT");
+        println!("   model  threads  float (µs)    QAT (µs)  QAT/float");
+        mnist_steps("CNN", &nets::cnn_28(), &mnist, &single)?;
+        mnist_steps("ViT", &nets::vit_28(), &mnist, &single)?;
     }
     Ok(())
 }

@@ -34,6 +34,7 @@ use super::{custom_op, ParamInput};
 use crate::error::{QuantError, Result};
 use crate::int8::nonlinear::normal_cdf;
 use crate::int8::{IntGelu, IntLayerNorm, IntSoftmax};
+use crate::kernels::round_ties_even_f64;
 
 /// An error unless the last axis of `shape` is `row_len` long.
 fn check_last_axis<S: Shape>(what: &str, shape: &S, row_len: usize) -> Result<()> {
@@ -110,16 +111,43 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
         Vec::new(),
         Box::new(|x, _, y| kernel.simulate(x, y)),
         Box::new(move |x, _, dy, dx, _| {
+            // The inputs are a quantizer's outputs: a few hundred distinct values, each the same
+            // f32 wherever it occurs. Each code's slope is computed once, from the first value
+            // with that code, and reused for the values with the same bits (any other value
+            // gets its own): the same slopes as computing each, a fraction of the erf series.
+            let span = hi - lo + 1.0;
+            let mut memo: Vec<Option<(u32, f64)>> = if span <= MEMO_CODES {
+                vec![None; span as usize]
+            } else {
+                Vec::new()
+            };
             for ((x, dy), dx) in x.iter().zip(dy).zip(dx.iter_mut()) {
-                let code = (*x as f64 / scale).round_ties_even() + zero;
+                let code = round_ties_even_f64(*x as f64 / scale) + zero;
                 if (lo..=hi).contains(&code) {
-                    let x = *x as f64;
-                    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
-                    *dx += (*dy as f64 * (normal_cdf(x) + x * pdf)) as f32;
+                    let slot = memo.get_mut((code - lo) as usize);
+                    let slope = match slot {
+                        Some(Some((bits, slope))) if *bits == x.to_bits() => *slope,
+                        Some(slot) => {
+                            let slope = gelu_slope(*x as f64);
+                            *slot = Some((x.to_bits(), slope));
+                            slope
+                        }
+                        None => gelu_slope(*x as f64),
+                    };
+                    *dx += (*dy as f64 * slope) as f32;
                 }
             }
         }),
     )
+}
+
+/// Code ranges up to this wide get [`int_gelu`]'s backward memo of slopes.
+const MEMO_CODES: f64 = 4096.0;
+
+/// `Φ(x) + x · φ(x)`: the slope of the exact GELU.
+fn gelu_slope(x: f64) -> f64 {
+    let pdf = (-0.5 * x * x).exp() / (2.0 * std::f64::consts::PI).sqrt();
+    normal_cdf(x) + x * pdf
 }
 
 /// The grid a kernel's input values lie on (a per-tensor quantizer's): the scale and zero

@@ -13,6 +13,21 @@ pub(super) fn rne(v: f32) -> f32 {
     (v + MAGIC) - MAGIC
 }
 
+/// `1.5 * 2^52`, [`MAGIC`] for `f64`.
+const MAGIC_F64: f64 = 6_755_399_441_055_744.0;
+
+/// `v.round_ties_even()` for any `f64`, without the library call baseline x86-64 makes for
+/// it (no `roundsd` before SSE4.1): the add-and-subtract trick where it is exact
+/// (`|v| ≤ 2^51`), the call beyond (where `v` is an integer or half-integer anyway).
+#[inline(always)]
+pub(crate) fn round_ties_even_f64(v: f64) -> f64 {
+    if v.abs() <= (1u64 << 51) as f64 {
+        (v + MAGIC_F64) - MAGIC_F64
+    } else {
+        v.round_ties_even()
+    }
+}
+
 /// An integer-valued `f32` with `|v| < 2^22` as `i32`, exactly: vectorises where `as i32` on
 /// a float (a saturating conversion) does not.
 #[inline(always)]

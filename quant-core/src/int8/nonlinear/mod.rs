@@ -97,6 +97,7 @@ pub use softmax::{
 };
 
 use crate::error::{QuantError, Result};
+use crate::kernels::round_ties_even_f64;
 
 /// Which integer approximation of `exp` (softmax) and `erf` (GELU) a kernel evaluates (see the
 /// [module documentation](self)).
@@ -316,19 +317,19 @@ fn check_rows(what: &str, row_len: usize, input: usize, out: usize) -> Result<()
 /// zero_point`, in `f64`, saturated to `i32`. A value computed in `f32` from a code below
 /// `2^23` in magnitude is within `2^-24` relative of it, so this gives the code back exactly.
 fn codes_of(what: &str, x: &[f32], scale: f32, zero_point: i32) -> Result<Vec<i32>> {
-    x.iter()
-        .enumerate()
-        .map(|(i, v)| {
-            if !v.is_finite() {
-                return Err(QuantError::NonFinite {
-                    what: format!("{what}[{i}]"),
-                    value: *v as f64,
-                });
-            }
-            let code = (*v as f64 / scale as f64).round_ties_even() + zero_point as f64;
-            Ok(code.clamp(i32::MIN as f64, i32::MAX as f64) as i32)
+    if let Some(i) = x.iter().position(|v| !v.is_finite()) {
+        return Err(QuantError::NonFinite {
+            what: format!("{what}[{i}]"),
+            value: x[i] as f64,
+        });
+    }
+    // Checked first, so that this loop is a plain map the compiler can vectorize.
+    Ok(x.iter()
+        .map(|v| {
+            let code = round_ties_even_f64(*v as f64 / scale as f64) + zero_point as f64;
+            code.clamp(i32::MIN as f64, i32::MAX as f64) as i32
         })
-        .collect()
+        .collect())
 }
 
 /// `code · scale` in `f32` for each code: the real values of a kernel's output codes, as the
