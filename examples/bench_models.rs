@@ -219,17 +219,27 @@ where
     let idx: Vec<usize> = (0..64).collect();
     let (pixels, labels) = data.train.gather(&idx);
     for pool in [Some(single), None] {
-        let (f, q, p, l, d) = (float.clone(), qat.clone(), pixels.clone(), labels.clone(), dev.clone());
+        let (f, q, p, l, d) = (
+            float.clone(),
+            qat.clone(),
+            pixels.clone(),
+            labels.clone(),
+            dev.clone(),
+        );
         let measure = move || -> Result<_, quant::QuantError> {
             let (mut f, mut q) = (f, q);
             let mut f_trainer = Trainer::<F, S, C>::new(&d, &f, &phase(), None)?;
             let mut q_trainer = Trainer::<D::Quantized, S, C>::new(&d, &q, &phase(), None)?;
             Ok(compare(
                 || {
-                    f_trainer.step(&mut f, p.clone(), &l, 1e-3).expect("float step");
+                    f_trainer
+                        .step(&mut f, p.clone(), &l, 1e-3)
+                        .expect("float step");
                 },
                 || {
-                    q_trainer.step(&mut q, p.clone(), &l, 1e-3).expect("QAT step");
+                    q_trainer
+                        .step(&mut q, p.clone(), &l, 1e-3)
+                        .expect("QAT step");
                 },
             ))
         };
