@@ -3,8 +3,10 @@
 //!
 //! Each kernel is prepared once per layer from the scale of its input codes (the real value of
 //! a code `q` is `(q - zero_point) · scale`) and holds integer constants only: its `run` uses
-//! `i64`/`u64` arithmetic (and `u128` for one division per softmax row), no floats, no
-//! allocation, and gives the same integers on every machine and thread. `run` *is* the
+//! `i64`/`u64` arithmetic (and `i128` products for one exact division per softmax row), no
+//! allocation, and gives the same integers on every machine and thread. Floats appear only as
+//! first guesses that integer steps then correct exactly (the square root of [`isqrt`], the
+//! quotient of the softmax's division). `run` *is* the
 //! definition: a fake-quantized training model that wants to agree with the integer runtime
 //! recovers the codes of its fake-quantized values and calls the same kernel; the real value
 //! of each output is `(code - output_zero_point) · output_scale`.
