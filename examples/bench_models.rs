@@ -131,6 +131,34 @@ fn phase() -> Phase {
     }
 }
 
+/// The median times of a training step of `a` and of `b` (a float model and a quantized one),
+/// timed against each other (see [`compare`]).
+fn steps<S: BatchShape, const C: usize, A, B>(
+    dev: &Cpu,
+    (mut a, mut b): (A, B),
+    pixels: &[f32],
+    labels: &[usize],
+) -> Result<(Duration, Duration), quant::QuantError>
+where
+    A: FloatModel<S, C>,
+    B: QuantizedModel<S, C>,
+{
+    let mut a_trainer = Trainer::<A, S, C>::new(dev, &a, &phase(), None)?;
+    let mut b_trainer = Trainer::<B, S, C>::new(dev, &b, &phase(), None)?;
+    Ok(compare(
+        || {
+            a_trainer
+                .step(&mut a, pixels.to_vec(), labels, 1e-3)
+                .expect("float step");
+        },
+        || {
+            b_trainer
+                .step(&mut b, pixels.to_vec(), labels, 1e-3)
+                .expect("QAT step");
+        },
+    ))
+}
+
 /// Section 1, one network: a training step as the pipeline takes it ([`Trainer::step`]:
 /// forward, backward, Adam update, gradients zeroed for the next step), batch 64, one thread,
 /// of the W4A4 LSQ-quantized model against the float model in the same form (BatchNorm
@@ -155,32 +183,6 @@ where
     qat.set_mode("*", QuantizerMode::Training)?;
     let idx: Vec<usize> = (0..64).collect();
     let (pixels, labels) = data.train.gather(&idx);
-    /// Times `a`'s and `b`'s steps against each other.
-    fn steps<S: BatchShape, const C: usize, A, B>(
-        dev: &Cpu,
-        (mut a, mut b): (A, B),
-        pixels: &[f32],
-        labels: &[usize],
-    ) -> Result<(Duration, Duration), quant::QuantError>
-    where
-        A: FloatModel<S, C>,
-        B: QuantizedModel<S, C>,
-    {
-        let mut a_trainer = Trainer::<A, S, C>::new(dev, &a, &phase(), None)?;
-        let mut b_trainer = Trainer::<B, S, C>::new(dev, &b, &phase(), None)?;
-        Ok(compare(
-            || {
-                a_trainer
-                    .step(&mut a, pixels.to_vec(), labels, 1e-3)
-                    .expect("float step");
-            },
-            || {
-                b_trainer
-                    .step(&mut b, pixels.to_vec(), labels, 1e-3)
-                    .expect("QAT step");
-            },
-        ))
-    }
     // Moved in: a quantized model is Send but not Sync.
     let (folded, trained) = single.install(move || -> Result<_, quant::QuantError> {
         let trained = steps::<S, C, F, D::Quantized>(&dev, (float, qat.clone()), &pixels, &labels)?;
@@ -226,23 +228,8 @@ where
             labels.clone(),
             dev.clone(),
         );
-        let measure = move || -> Result<_, quant::QuantError> {
-            let (mut f, mut q) = (f, q);
-            let mut f_trainer = Trainer::<F, S, C>::new(&d, &f, &phase(), None)?;
-            let mut q_trainer = Trainer::<D::Quantized, S, C>::new(&d, &q, &phase(), None)?;
-            Ok(compare(
-                || {
-                    f_trainer
-                        .step(&mut f, p.clone(), &l, 1e-3)
-                        .expect("float step");
-                },
-                || {
-                    q_trainer
-                        .step(&mut q, p.clone(), &l, 1e-3)
-                        .expect("QAT step");
-                },
-            ))
-        };
+        // Moved in: a quantized model is Send but not Sync.
+        let measure = move || steps::<S, C, F, D::Quantized>(&d, (f, q), &p, &l);
         let ((t_float, t_qat), threads) = match pool {
             Some(pool) => (pool.install(measure)?, 1),
             None => (measure()?, rayon::current_num_threads()),

@@ -49,28 +49,49 @@ impl AttentionShape {
     }
 }
 
-/// Lengths per sample of queries, keys (or values) and scores (or probabilities), and the
-/// number of samples `queries` holds; an error unless every buffer holds that many.
-fn samples(
-    shape: &AttentionShape,
-    zeros: [i32; 2],
-    [first, second, out]: [(&str, usize); 3],
-    lens: [usize; 3],
-) -> Result<usize> {
-    shape.check(zeros)?;
-    let per = [first.1, second.1, out.1];
-    let n = lens[0] / per[0].max(1);
-    for ((what, per), len) in [first.0, second.0, out.0].into_iter().zip(per).zip(lens) {
-        let expected = checked_size(what, n, per)?;
-        if len != expected {
-            return Err(QuantError::LengthMismatch {
-                what: format!("attention {what} ({n} samples of {per})"),
-                expected,
-                actual: len,
-            });
+/// Which of attention's two products a call computes.
+#[derive(Clone, Copy)]
+enum Product {
+    Scores,
+    Context,
+}
+
+impl AttentionShape {
+    /// The names and per-sample lengths of `product`'s two inputs and its output.
+    fn buffers(&self, product: Product) -> [(&'static str, usize); 3] {
+        let (s1, s2, f, h) = (self.queries, self.keys, self.features, self.heads);
+        match product {
+            Product::Scores => [
+                ("queries", s1 * f),
+                ("keys", s2 * f),
+                ("scores", h * s1 * s2),
+            ],
+            Product::Context => [
+                ("probabilities", h * s1 * s2),
+                ("values", s2 * f),
+                ("context", s1 * f),
+            ],
         }
     }
-    Ok(n)
+
+    /// An error unless the shape and zero points are valid and the three buffers of `product`
+    /// (lengths `lens`) hold the same number of whole samples.
+    fn check_buffers(&self, product: Product, zeros: [i32; 2], lens: [usize; 3]) -> Result<()> {
+        self.check(zeros)?;
+        let buffers = self.buffers(product);
+        let n = lens[0] / buffers[0].1.max(1);
+        for ((what, per), len) in buffers.into_iter().zip(lens) {
+            let expected = checked_size(what, n, per)?;
+            if len != expected {
+                return Err(QuantError::LengthMismatch {
+                    what: format!("attention {what} ({n} samples of {per})"),
+                    expected,
+                    actual: len,
+                });
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Attention scores: for each sample, head `h`, query `i` and key `j`,
@@ -91,20 +112,9 @@ pub fn attention_scores_u8(
     [q_zero, k_zero]: [i32; 2],
     out: &mut [i32],
 ) -> Result<()> {
-    let AttentionShape {
-        queries,
-        keys,
-        features,
-        heads,
-    } = shape;
-    samples(
-        &shape,
+    shape.check_buffers(
+        Product::Scores,
         [q_zero, k_zero],
-        [
-            ("queries", queries * features),
-            ("keys", keys * features),
-            ("scores", heads * queries * keys),
-        ],
         [q.len(), k.len(), out.len()],
     )?;
     scores_wide(isa, q, k, &shape, [q_zero, k_zero], out);
@@ -200,20 +210,9 @@ pub fn attention_context_u8(
     [p_zero, v_zero]: [i32; 2],
     out: &mut [i32],
 ) -> Result<()> {
-    let AttentionShape {
-        queries,
-        keys,
-        features,
-        heads,
-    } = shape;
-    samples(
-        &shape,
+    shape.check_buffers(
+        Product::Context,
         [p_zero, v_zero],
-        [
-            ("probabilities", heads * queries * keys),
-            ("values", keys * features),
-            ("context", queries * features),
-        ],
         [p.len(), v.len(), out.len()],
     )?;
     context_wide(isa, p, v, &shape, [p_zero, v_zero], out);
