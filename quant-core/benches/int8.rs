@@ -9,6 +9,8 @@
 //!   `x · wᵀ` of the same shape: the digits MLP's layers at batch 64 and 360 and a CNN layer's
 //!   im2col rows, with 8-bit and 4-bit weights;
 //! - `Requantizer::run` (i32 accumulators → u8 codes) against a memcpy of the accumulators;
+//! - the transformer kernels (softmax, LayerNorm, GELU, both attention products) of the MNIST
+//!   ViT at batch 64 against a memcpy of their output (`-- softmax`, `-- attention`, ...);
 //! - the detected path's `gemm_u8` on rayon's default pool against one thread.
 //!
 //! Each baseline sits in its kernel's criterion group; at the end a summary prints each
@@ -20,7 +22,10 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion};
 use dfdx::prelude::*;
-use quant_core::int8::{fixed_point_multiplier, gemm_u8, Isa, PackedMatrix, Requantizer};
+use quant_core::int8::{
+    attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, AttentionShape,
+    IntGelu, IntLayerNorm, IntSoftmax, Isa, PackedMatrix, Requantizer,
+};
 use quant_core::RoundingPolicy;
 
 /// (name, rows m, fan-in k, outputs n): the digits MLP 64-256-256-10 at batch 64 and 360, and
@@ -138,6 +143,127 @@ fn requantize_cases() -> Vec<Case> {
     cases
 }
 
+/// The transformer kernels of the MNIST ViT (16 tokens of 64 features, 4 heads, MLP 128) at
+/// batch 64 on every path, each against a memcpy of its output: softmax over rows of 16
+/// scores, LayerNorm over rows of 64 codes, GELU of 8-bit codes (a table) and of 16-bit codes
+/// (evaluated), and both attention products.
+fn transformer_cases() -> Vec<Case> {
+    let (n, tokens, width, heads, hidden) = (64, 16, 64, 4, 128);
+    let shape = AttentionShape {
+        queries: tokens,
+        keys: tokens,
+        features: width,
+        heads,
+    };
+    let memcpy = |len: usize| -> (&'static str, Box<dyn FnMut() + Send>) {
+        let (from, mut to) = (vec![1i32; len], vec![0i32; len]);
+        let copy: Box<dyn FnMut() + Send> = Box::new(move || {
+            to.copy_from_slice(black_box(&from));
+            black_box(&to);
+        });
+        ("memcpy of the output", copy)
+    };
+    let per_path = |mut make: Box<dyn FnMut(Isa) -> Box<dyn FnMut() + Send>>| {
+        Isa::available()
+            .into_iter()
+            .map(|isa| (isa.name().to_string(), make(isa)))
+            .collect::<Vec<_>>()
+    };
+    let scores_len = n * heads * tokens * tokens;
+    let scores = codes(scores_len, 5, -40_000, 40_000);
+    let softmax = IntSoftmax::deployed(2e-4, tokens).expect("valid softmax");
+    let rows = codes(n * tokens * width, 6, 0, 255);
+    let gamma: Vec<f32> = (0..width).map(|i| 0.5 + i as f32 / width as f32).collect();
+    let layer_norm = IntLayerNorm::new(0.05, 0..=255, &gamma, &gamma, 1e-5).expect("valid");
+    let hidden_codes = codes(n * tokens * hidden, 7, 0, 255);
+    let gelu8 = IntGelu::deployed(0.05, 128, 0..=255).expect("valid GELU");
+    let gelu16 = IntGelu::deployed(2e-4, 0, -32768..=32767).expect("valid GELU");
+    let wide_codes = codes(n * tokens * hidden, 8, -32768, 32767);
+    let bytes = |len: usize, seed: u64| -> Vec<u8> {
+        codes(len, seed, 0, 255).iter().map(|c| *c as u8).collect()
+    };
+    let (q, k, p) = (
+        bytes(n * tokens * width, 9),
+        bytes(n * tokens * width, 10),
+        bytes(scores_len, 11),
+    );
+    vec![
+        Case {
+            group: format!("softmax [{}, {tokens}]", scores_len / tokens),
+            baseline: memcpy(scores_len),
+            kernels: per_path(Box::new(move |isa| {
+                let (k, x, mut out) = (
+                    softmax.clone().with_isa(isa).expect("available"),
+                    scores.clone(),
+                    vec![0i32; scores_len],
+                );
+                Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
+            })),
+        },
+        Case {
+            group: format!("layer norm [{}, {width}]", n * tokens),
+            baseline: memcpy(rows.len()),
+            kernels: per_path(Box::new(move |isa| {
+                let (k, x, mut out) = (
+                    layer_norm.clone().with_isa(isa).expect("available"),
+                    rows.clone(),
+                    vec![0i32; rows.len()],
+                );
+                Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
+            })),
+        },
+        Case {
+            group: format!("gelu 8-bit codes (table) [{}]", hidden_codes.len()),
+            baseline: memcpy(hidden_codes.len()),
+            kernels: per_path(Box::new(move |isa| {
+                let (k, x, mut out) = (
+                    gelu8.clone().with_isa(isa).expect("available"),
+                    hidden_codes.clone(),
+                    vec![0i32; hidden_codes.len()],
+                );
+                Box::new(move || k.run(black_box(&x), &mut out).expect("same lengths"))
+            })),
+        },
+        Case {
+            group: format!("gelu 16-bit codes (evaluated) [{}]", wide_codes.len()),
+            baseline: memcpy(wide_codes.len()),
+            kernels: per_path(Box::new(move |isa| {
+                let (k, x, mut out) = (
+                    gelu16.clone().with_isa(isa).expect("available"),
+                    wide_codes.clone(),
+                    vec![0i32; wide_codes.len()],
+                );
+                Box::new(move || k.run(black_box(&x), &mut out).expect("same lengths"))
+            })),
+        },
+        Case {
+            group: format!("attention scores {n} x {shape:?}"),
+            baseline: memcpy(scores_len),
+            kernels: per_path(Box::new({
+                let (q, k) = (q.clone(), k.clone());
+                move |isa| {
+                    let (q, k, mut out) = (q.clone(), k.clone(), vec![0i32; scores_len]);
+                    Box::new(move || {
+                        attention_scores_u8(isa, black_box(&q), &k, shape, [128, 128], &mut out)
+                            .expect("valid shape")
+                    })
+                }
+            })),
+        },
+        Case {
+            group: format!("attention context {n} x {shape:?}"),
+            baseline: memcpy(n * tokens * width),
+            kernels: per_path(Box::new(move |isa| {
+                let (p, v, mut out) = (p.clone(), k.clone(), vec![0i32; n * tokens * width]);
+                Box::new(move || {
+                    attention_context_u8(isa, black_box(&p), &v, shape, [0, 128], &mut out)
+                        .expect("valid shape")
+                })
+            })),
+        },
+    ]
+}
+
 /// The detected path on rayon's default pool against the same on one thread (the baseline).
 fn thread_cases(one: &'static rayon::ThreadPool, all: &'static rayon::ThreadPool) -> Vec<Case> {
     let mut cases = Vec::new();
@@ -238,6 +364,7 @@ fn main() {
     let mut cases: Vec<Case> = one.install(|| {
         let mut cases = gemm_cases(&dev);
         cases.extend(requantize_cases());
+        cases.extend(transformer_cases());
         cases
     });
     cases.extend(thread_cases(one, all));
