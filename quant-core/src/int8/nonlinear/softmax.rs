@@ -480,7 +480,12 @@ impl Exponential for FixedPointExp {
         let u = HALF_LN2_FIXED - r;
         let mut poly = EXP_TAYLOR[6];
         for c in EXP_TAYLOR[..6].iter().rev() {
-            poly = c + ((poly * u) >> FRACTION_BITS);
+            // |u| < 2^29, and 0 < poly < 2^31 (each step is a tail of the Taylor sum of
+            // e^(m + u) ≤ 1 in units of 2^-30, at most 2^30 plus the floors' drift): both fit
+            // i32, so the product is the same as in i64, and written so, it is one 32x32→64
+            // multiply (`vpmuldq`), which AVX2 has, instead of a 64-bit one, which it lacks.
+            debug_assert!(poly == poly as i32 as i64 && u == u as i32 as i64);
+            poly = c + (((poly as i32 as i64) * (u as i32 as i64)) >> FRACTION_BITS);
         }
         ((poly as u64) << self.up) >> z.min(63)
     }
