@@ -159,6 +159,40 @@ where
     ))
 }
 
+/// What both training-step sections time: a network's float model, its W4A4 LSQ model
+/// (calibrated, in training mode), and the first 64 training samples.
+struct Training<F, Q> {
+    dev: Cpu,
+    float: F,
+    qat: Q,
+    pixels: Vec<f32>,
+    labels: Vec<usize>,
+}
+
+fn training<S, const C: usize, F, D>(
+    model: &Model<S, C, F, D>,
+    data: &Dataset,
+) -> Result<Training<F, D::Quantized>, BoxError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
+    let dev = Cpu::seed_from_u64(0);
+    let float = model.build(&dev);
+    let mut qat = calibrated(model, &dev, &float, W4A4, data)?;
+    qat.set_mode("*", QuantizerMode::Training)?;
+    let idx: Vec<usize> = (0..64).collect();
+    let (pixels, labels) = data.train.gather(&idx);
+    Ok(Training {
+        dev,
+        float,
+        qat,
+        pixels,
+        labels,
+    })
+}
+
 /// Section 1, one network: a training step as the pipeline takes it ([`Trainer::step`]:
 /// forward, backward, Adam update, gradients zeroed for the next step), batch 64, one thread,
 /// of the W4A4 LSQ-quantized model against the float model in the same form (BatchNorm
@@ -176,13 +210,14 @@ where
     F: FloatModel<S, C>,
     D: DeployModel<S, C> + FloatModel<S, C>,
 {
-    let dev = Cpu::seed_from_u64(0);
-    let float = model.build(&dev);
+    let Training {
+        dev,
+        float,
+        qat,
+        pixels,
+        labels,
+    } = training(model, data)?;
     let deploy = model.deploy(&float);
-    let mut qat = calibrated(model, &dev, &float, W4A4, data)?;
-    qat.set_mode("*", QuantizerMode::Training)?;
-    let idx: Vec<usize> = (0..64).collect();
-    let (pixels, labels) = data.train.gather(&idx);
     // Moved in: a quantized model is Send but not Sync.
     let (folded, trained) = single.install(move || -> Result<_, quant::QuantError> {
         let trained = steps::<S, C, F, D::Quantized>(&dev, (float, qat.clone()), &pixels, &labels)?;
@@ -214,12 +249,13 @@ where
     F: FloatModel<S, C>,
     D: DeployModel<S, C>,
 {
-    let dev = Cpu::seed_from_u64(0);
-    let float = model.build(&dev);
-    let mut qat = calibrated(model, &dev, &float, W4A4, data)?;
-    qat.set_mode("*", QuantizerMode::Training)?;
-    let idx: Vec<usize> = (0..64).collect();
-    let (pixels, labels) = data.train.gather(&idx);
+    let Training {
+        dev,
+        float,
+        qat,
+        pixels,
+        labels,
+    } = training(model, data)?;
     for pool in [Some(single), None] {
         let (f, q, p, l, d) = (
             float.clone(),

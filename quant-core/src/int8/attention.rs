@@ -47,16 +47,7 @@ impl AttentionShape {
         }
         Ok(())
     }
-}
 
-/// Which of attention's two products a call computes.
-#[derive(Clone, Copy)]
-enum Product {
-    Scores,
-    Context,
-}
-
-impl AttentionShape {
     /// The names and per-sample lengths of `product`'s two inputs and its output.
     fn buffers(&self, product: Product) -> [(&'static str, usize); 3] {
         let (s1, s2, f, h) = (self.queries, self.keys, self.features, self.heads);
@@ -92,6 +83,13 @@ impl AttentionShape {
         }
         Ok(())
     }
+}
+
+/// Which of attention's two products a call computes.
+#[derive(Clone, Copy)]
+enum Product {
+    Scores,
+    Context,
 }
 
 /// Attention scores: for each sample, head `h`, query `i` and key `j`,

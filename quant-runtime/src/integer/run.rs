@@ -58,11 +58,8 @@ fn zeroed<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>
 /// memory for nothing.
 fn overwritten<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
     let mut v = spare(len, pick);
-    if v.len() >= len {
-        v.truncate(len);
-    } else {
-        v.resize(len, T::default());
-    }
+    // Shortens without touching the elements, or zero-fills only the new ones.
+    v.resize(len, T::default());
     v
 }
 
@@ -82,7 +79,7 @@ fn overwritten_i32(len: usize) -> Vec<i32> {
     overwritten(len, |s| &mut s.words)
 }
 
-/// Keeps `buf`'s storage for a later [`zeroed`] on this thread.
+/// Keeps `buf`'s storage for a later [`spare`] on this thread.
 fn recycle(buf: Buf) {
     fn keep<T>(list: &mut Vec<Vec<T>>, v: Vec<T>) {
         let bytes = v.capacity() * std::mem::size_of::<T>();

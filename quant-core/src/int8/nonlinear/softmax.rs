@@ -52,7 +52,8 @@ const STACK_ROW: usize = 256;
 ///    `z` (floor). The largest value of the row gets `exp(0)`, so every row's sum is at least
 ///    `2^(E-1)`; values more than `64 · ln 2` below the maximum contribute 0.
 /// 2. `S = Σ eᵢ`, and `outᵢ = round(eᵢ · (2^bits - 1) / S)` (half up) through one exact
-///    `u128` division per row (see `floor_div`) and a `u64` multiply-shift per value.
+///    division of a `u128` numerator per row (see `floor_div`) and a `u64` multiply-shift per
+///    value.
 ///
 /// The output grid is `k / (2^bits - 1)`, `k = 0..=2^bits - 1`, zero point 0: both 0 and 1 are
 /// on it, so a row dominated by one value gives exactly 1 (I-BERT uses `k / 2^bits`, where 1
