@@ -29,9 +29,9 @@ use quant::pipeline::train::{input, Logits, Phase, Trainer};
 use quant::pipeline::{
     quantize, BatchShape, DeployModel, FloatModel, Model, QuantizedModel, RunConfig,
 };
-use quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
-use quant_ops::lower::export_model;
-use quant_ops::policy::Policy;
+use quant_dfdx::layers::{QuantizedModuleExt, QuantizerMode};
+use quant_dfdx::lower::export_model;
+use quant_dfdx::policy::Policy;
 use quant_runtime::integer::IntegerModel;
 
 type BoxError = Box<dyn std::error::Error>;

@@ -12,10 +12,10 @@ use quant::digits;
 use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
 use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
-use quant_ops::calibration::calibrate;
-use quant_ops::convert::convert_model;
-use quant_ops::policy::Policy;
-use quant_ops::report::layer_report;
+use quant_dfdx::calibration::calibrate;
+use quant_dfdx::convert::convert_model;
+use quant_dfdx::policy::Policy;
+use quant_dfdx::report::layer_report;
 
 type X = (usize, Const<64>);
 

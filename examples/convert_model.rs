@@ -1,8 +1,8 @@
 //! QuanTransformer's model transformer story, in Rust: a float CNN converted layer by layer by a
 //! per-type policy with per-name special layers.
 //!
-//! The float CNN is built from quant-ops' stable convolution, pooling and flattening
-//! (`quant_ops::nn::builders`) and dfdx's Linear/ReLU, and trained briefly on the bundled
+//! The float CNN is built from quant-dfdx' stable convolution, pooling and flattening
+//! (`quant_dfdx::nn::builders`) and dfdx's Linear/ReLU, and trained briefly on the bundled
 //! digits. `convert_model` then walks it: every layer is asked of the policy by its dotted name
 //! and kind (QuanTransformer's `quan_policy` by type, `special_layers` by name); `Conv2d` becomes
 //! `QConv2d`, `Linear` becomes `QLinear`, pooling and flattening become `QuantInput<_>` (input
@@ -14,14 +14,14 @@
 
 use dfdx::prelude::*;
 
+use quant::convert::{convert_model, LayerKind};
 use quant::digits;
+use quant::layers::{QuantizerSpec, Slot};
+use quant::nn::builders as qnn;
+use quant::observers::ObserverConfig;
 use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
 use quant::prelude::*;
-use quant::quant_ops::convert::{convert_model, LayerKind};
-use quant::quant_ops::layers::{QuantizerSpec, Slot};
-use quant::quant_ops::nn::builders as qnn;
-use quant::quant_ops::observers::ObserverConfig;
-use quant::quant_ops::report::{layer_report, layer_table};
+use quant::report::{layer_report, layer_table};
 
 /// The float CNN, as builders (dfdx's tuples hold at most six modules, so it nests):
 /// `0.*` the first conv block, `1.*` the second, `2.*` the classifier.

@@ -20,12 +20,12 @@ use dfdx::optim::{Adam, AdamConfig};
 use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 
-use quant::prelude::*;
-use quant::quant_ops::convert::{convert_model, LayerKind};
-use quant::quant_ops::layers::{
+use quant::convert::{convert_model, LayerKind};
+use quant::layers::{
     QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot,
 };
-use quant::quant_ops::observers::ObserverConfig;
+use quant::observers::ObserverConfig;
+use quant::prelude::*;
 
 // ----- 1. the user's float layers ------------------------------------------------------------------
 

@@ -13,16 +13,16 @@
 use dfdx::nn::builders::{LayerNorm1D, Linear};
 use dfdx::prelude::*;
 
+use quant::calibration::calibrate;
+use quant::convert::convert_model;
 use quant::digits;
+use quant::integer::IntegerModel;
+use quant::layers::{QuantizedModuleExt, QuantizerMode};
+use quant::lower::export_model;
 use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
-use quant::quant_ops::calibration::calibrate;
-use quant::quant_ops::convert::convert_model;
-use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
-use quant::quant_ops::lower::export_model;
-use quant::quant_ops::policy::Policy;
-use quant::quant_ops::report::{layer_report, layer_table};
-use quant::quant_runtime::integer::IntegerModel;
+use quant::policy::Policy;
+use quant::report::{layer_report, layer_table};
 
 type Block = Residual<(Linear<64, 64>, ReLU, Linear<64, 64>)>;
 type Builder = (Linear<64, 64>, ReLU, Block, LayerNorm1D<64>, Linear<64, 10>);

@@ -18,15 +18,15 @@ use dfdx::nn::builders::{Linear, TransformerEncoder};
 use dfdx::optim::Adam;
 use dfdx::prelude::*;
 
+use quant::calibration::calibrate;
+use quant::convert::convert_model;
 use quant::data::Samples;
 use quant::digits;
+use quant::integer::IntegerModel;
+use quant::layers::{QuantizedModuleExt, QuantizerMode};
+use quant::lower::export_model;
 use quant::pipeline::train::targets;
-use quant::quant_ops::calibration::calibrate;
-use quant::quant_ops::convert::convert_model;
-use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
-use quant::quant_ops::lower::export_model;
-use quant::quant_ops::policy::Policy;
-use quant::quant_runtime::integer::IntegerModel;
+use quant::policy::Policy;
 
 const TOKENS: usize = 8;
 const MODEL: usize = 32;

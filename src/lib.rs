@@ -3,10 +3,11 @@
 //! Quantization-aware training (QAT), calibration (PTQ) and integer inference for
 //! [dfdx](https://docs.rs/dfdx) 0.13 models.
 //!
-//! This facade re-exports the three crates of the workspace: `quant-core` (vocabulary,
-//! numerics, dfdx ops, quantizer traits, registry) at the root and as [`core`], `quant-ops`
-//! (built-in quantizers, observers, layers, conversion, calibration, export) at the root, and the
-//! macros of `quant-macros`.
+//! This facade re-exports every item of the workspace's crates at its root, each under one path:
+//! `quant-core` (vocabulary, numerics, integer kernels, quantizer traits, registry),
+//! `quant-dfdx` (built-in quantizers, observers, quantized dfdx layers, conversion, calibration,
+//! learned rounding, lowering to the graph), `quant-runtime` (the graph IR, the integer runtime,
+//! export files, ONNX; no dfdx, for deployment alone) and the macros of `quant-macros`.
 //!
 //! ```
 //! use quant::prelude::*;
@@ -78,12 +79,11 @@
 
 #![forbid(unsafe_code)]
 
-pub use quant_core as core;
+// Every item of the workspace's crates at this crate's root, under one path each (`quant::graph`,
+// `quant::layers`, `quant::int8`…): their module names are distinct.
 pub use quant_core::*;
+pub use quant_dfdx::*;
 pub use quant_macros::*;
-pub use quant_ops;
-pub use quant_ops::*;
-pub use quant_runtime;
 pub use quant_runtime::*;
 
 pub mod data;

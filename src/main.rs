@@ -508,7 +508,7 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 "\n{:<17} {:<21} quantized by default",
                 "layer kind", "slots"
             );
-            for kind in quant_ops::convert::LayerKind::ALL {
+            for kind in quant_dfdx::convert::LayerKind::ALL {
                 let slots: Vec<&str> = kind.slots().iter().map(|s| s.name).collect();
                 let slots = if slots.is_empty() {
                     "(declared by the layer)".to_string()
@@ -523,8 +523,8 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
                 println!("{:<17} {slots:<21} {default}", kind.to_string());
             }
             println!("\nplatforms");
-            for name in quant_ops::platform::platform_names() {
-                let p = quant_ops::platform::find_platform(name)?;
+            for name in quant_dfdx::platform::platform_names() {
+                let p = quant_dfdx::platform::find_platform(name)?;
                 let float: Vec<String> = p.float_kinds.iter().map(|k| k.to_string()).collect();
                 println!("  {}: {}", p.name, p.description);
                 println!("    transformers: {}", p.attention);

@@ -25,7 +25,7 @@ def case(path, loader, contains, data):
     CASES.append((path, loader, contains))
 
 
-# ----- policy files (quant_ops::policy::Policy::from_file) ------------------------------------
+# ----- policy files (quant_dfdx::policy::Policy::from_file) ------------------------------------
 
 LSQ_W = '[weights]\ntraining_method = "Lsq"\nmethod = "Symmetric"\nbits = 4\n'
 LSQ_I = '[input]\ntraining_method = "Lsq"\nmethod = "Uniform"\nbits = 4\n'
@@ -156,8 +156,8 @@ jcase("not_json.json", ["expected"], b"\x00\x01\x02garbage")
 jcase("deep_nesting.json", ["line 1"], "[" * 20000 + "]" * 20000)
 jcase("empty.json", ["EOF"], "")
 
-# ----- exports (quant_ops::export::load, then IntegerModel::new) -----------------------------
-# Format version 2: model.json holds a graph of named nodes (see quant_ops::graph).
+# ----- exports (quant_dfdx::export::load, then IntegerModel::new) -----------------------------
+# Format version 2: model.json holds a graph of named nodes (see quant_dfdx::graph).
 
 
 def quantizer(method, bits, signed, scales, zps, axis=None, training="Lsq"):
@@ -588,7 +588,7 @@ export("image_tokens_on_features", ["model.json", "node `t`", "[channels, height
                                          "op": {"type": "ImageTokens", "position": param("t.position", "float")}}]),
        tensors=VALID_TENSORS[:2] + [("t.position", "F32", [3], F32([0.0] * 3))])
 
-# ----- float checkpoints (quant_ops::checkpoint::load_checkpoint into Linear<4, 3>) -----------
+# ----- float checkpoints (quant_dfdx::checkpoint::load_checkpoint into Linear<4, 3>) -----------
 
 W = struct.pack("<12f", *[0.1 * i for i in range(12)])
 B = struct.pack("<3f", 0.5, -0.5, 0.25)

@@ -9,7 +9,7 @@
 //!
 //! ```
 //! use quant_core::{registry, QuantizationMethod, QuantizationTarget, TrainingMethod};
-//! // quant-core itself registers nothing; quant-ops registers the built-ins.
+//! // quant-core itself registers nothing; quant-dfdx registers the built-ins.
 //! let err = registry::find(QuantizationTarget::Weights, QuantizationMethod::Symmetric, TrainingMethod::new("Nope"))
 //!     .unwrap_err();
 //! assert!(err.to_string().contains("no quantizer registered"));

@@ -6,16 +6,17 @@ use quote::quote;
 use syn::Path;
 
 /// The path to quant-core as the calling crate sees it: `::quant_core` (or its renamed name)
-/// when it is a direct dependency or the crate itself, else `::quant::core` through the facade,
-/// else `::quant_core` (the compiler then says it is missing; `crate = path` overrides).
+/// when it is a direct dependency or the crate itself, else `::quant` (the facade re-exports
+/// every item at its root), else `::quant_core` (the compiler then says it is missing;
+/// `crate = path` overrides).
 pub fn core_path() -> Path {
-    runtime_path("quant-core", "core")
+    package_path("quant-core")
 }
 
-/// The path to a runtime package as the calling crate sees it: `::package` (or its renamed
-/// name) when it is a direct dependency or the crate itself, else `::quant::facade_module`
-/// through the facade, else `::package`.
-fn runtime_path(package: &str, facade_module: &str) -> Path {
+/// The path to a package of the workspace as the calling crate sees it: `::package` (or its
+/// renamed name) when it is a direct dependency or the crate itself, else the facade's root,
+/// else `::package`.
+fn package_path(package: &str) -> Path {
     let ident = |name: &str| syn::Ident::new(&name.replace('-', "_"), Span::call_site());
     let own = ident(package);
     match crate_name(package) {
@@ -27,8 +28,8 @@ fn runtime_path(package: &str, facade_module: &str) -> Path {
         Err(_) => {}
     }
     if let Ok(FoundCrate::Name(facade)) = crate_name("quant") {
-        let (facade, module) = (ident(&facade), ident(facade_module));
-        return syn::parse_quote!(::#facade::#module);
+        let facade = ident(&facade);
+        return syn::parse_quote!(::#facade);
     }
     syn::parse_quote!(::#own)
 }
@@ -57,9 +58,9 @@ impl Errors {
     }
 }
 
-/// The path to quant-ops as the calling crate sees it: `::quant_ops` (or its renamed name) when
-/// it is a direct dependency or the crate itself, else `::quant::quant_ops` through the facade,
-/// else `::quant_ops` (the compiler then says it is missing; `crate = path` overrides).
-pub fn ops_path() -> Path {
-    runtime_path("quant-ops", "quant_ops")
+/// The path to quant-dfdx as the calling crate sees it: `::quant_dfdx` (or its renamed name)
+/// when it is a direct dependency or the crate itself, else `::quant` (the facade), else
+/// `::quant_dfdx` (the compiler then says it is missing; `crate = path` overrides).
+pub fn dfdx_path() -> Path {
+    package_path("quant-dfdx")
 }

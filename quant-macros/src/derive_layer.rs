@@ -1,6 +1,6 @@
 //! `#[derive(QuantizedLayer)]`: a quantized wrapper (`Q` + name) for a user's own layer, whose
 //! weights pass through quantizers inside the user's own forward pass (see
-//! `quant_ops::layers::fake_quantize_param`), plus the dfdx boilerplate and the conversion of the
+//! `quant_dfdx::layers::fake_quantize_param`), plus the dfdx boilerplate and the conversion of the
 //! float layer.
 
 use proc_macro2::TokenStream;
@@ -81,8 +81,8 @@ fn check(info: &StructInfo, errors: &mut Errors) {
 }
 
 fn generate(info: &StructInfo) -> TokenStream {
-    let ops = info.ops_path();
-    let paths = Paths::new(&ops);
+    let krate = info.dfdx_path();
+    let paths = Paths::new(&krate);
     let Paths { sup, dfdx, cpu, .. } = &paths;
     let ident = &info.ident;
     let wrapper = info.generated_name();

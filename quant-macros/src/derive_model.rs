@@ -41,8 +41,8 @@ fn twin_type(f: &FieldInfo, paths: &Paths) -> TokenStream {
 }
 
 fn generate(info: &StructInfo) -> TokenStream {
-    let ops = info.ops_path();
-    let paths = Paths::new(&ops);
+    let krate = info.dfdx_path();
+    let paths = Paths::new(&krate);
     let Paths { sup, dfdx, .. } = &paths;
     let ident = &info.ident;
     let twin = info.generated_name();

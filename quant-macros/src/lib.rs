@@ -1,5 +1,5 @@
 //! Procedural macros of `quant`. Thin: they parse and check attributes, and emit calls into
-//! quant-core (through its hidden `__private` module) and quant-ops (through its hidden
+//! quant-core (through its hidden `__private` module) and quant-dfdx (through its hidden
 //! `layers::derive` module). Use them through the `quant` facade.
 //!
 //! The `quant` crate's documentation shows `#[mark_quantizer]` on a quantizer of your own,
@@ -35,7 +35,7 @@ use proc_macro::TokenStream;
 /// - `id`: the training-method id, `Lsq` or `TrainingMethod::Lsq`; a custom id declared with
 ///   `training_methods!` works when its extension trait is in scope.
 /// - `crate` (optional): the path to quant-core, for renamed dependencies (default: found from
-///   Cargo.toml, `::quant_core` or `::quant::core`).
+///   Cargo.toml, `::quant_core` or the facade `::quant`).
 ///
 /// Generates `impl MarkedQuantizer` (the metadata as an associated `const`) and an entry in the
 /// quantizer registry. The struct must not be generic. Every problem in the attribute is a
@@ -63,7 +63,7 @@ pub fn mark_quantizer(args: TokenStream, item: TokenStream) -> TokenStream {
 ///
 /// Arguments of `#[quantized(...)]`:
 /// - on the struct: `name = Ident` (the wrapper's name; default `Q` + the struct's name),
-///   `input` (quantize the layer's input, per tensor), `crate = path` (the path to quant-ops,
+///   `input` (quantize the layer's input, per tensor), `crate = path` (the path to quant-dfdx,
 ///   for renamed dependencies);
 /// - on a tensor field: `weights` (quantize it, per tensor), `weights, channels = N` (per
 ///   channel along axis 0; `N` a const parameter of the struct or a constant expression without
@@ -112,7 +112,7 @@ pub fn derive_quantized_layer(item: TokenStream) -> TokenStream {
 /// - `name = Ident`: the twin's name (default: the struct's name prefixed with `Q`);
 /// - `forward = manual`: you implement `Module`/`ModuleMut` for both structs; the twin's graph
 ///   form (`QuantizedModule::lower`) is then a typed error, as it follows the forward pass;
-/// - `crate = path`: the path to quant-ops, for renamed dependencies.
+/// - `crate = path`: the path to quant-dfdx, for renamed dependencies.
 ///
 /// Fields take no arguments.
 ///

@@ -179,7 +179,7 @@ fn parse_attr(args: TokenStream, errors: &mut Errors) -> Option<Attr> {
                 Expr::Path(p) if p.qself.is_none() => krate = Some(p.path.clone()),
                 other => error(
                     other,
-                    "expected a path to quant-core, e.g. `crate = ::quant::core`".into(),
+                    "expected a path to quant-core, e.g. `crate = ::quant`".into(),
                     errors,
                 ),
             },

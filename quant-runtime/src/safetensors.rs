@@ -3,7 +3,7 @@
 //! `safetensors` 0.3 trusts parts of a file's header: an offset near `usize::MAX` overflows its
 //! size check (a panic in debug builds, and in release builds a header it accepts, whose tensor
 //! then panics when sliced). [`check_safetensors`] validates the header completely before the
-//! library sees the bytes; the export loader and quant-ops' checkpoint loader both call it.
+//! library sees the bytes; the export loader and quant-dfdx' checkpoint loader both call it.
 
 use std::collections::BTreeMap;
 

@@ -39,7 +39,7 @@
 //! label_smoothing = 0.1         # as in [float]
 //! weight_decay = 0.0            # as in [float]; never applied to quantizer parameters
 //!
-//! [quantization]                # a policy: see quant_ops::policy
+//! [quantization]                # a policy: see quant_dfdx::policy
 //! platform = "Academic"
 //! weights = { training_method = "Lsq", bits = 4 }
 //! input = { training_method = "Lsq", bits = 4 }
@@ -49,7 +49,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use quant_ops::policy::{ConfigError, Policy};
+use quant_dfdx::policy::{ConfigError, Policy};
 
 /// Most epochs of one training phase (`float.epochs`, `qat.epochs`); the recipes use 30 to 60.
 pub const MAX_EPOCHS: usize = 10_000;
@@ -362,7 +362,7 @@ impl RunConfig {
         let de = toml::Deserializer::new(text);
         let mut cfg: RunConfig = serde_path_to_error::deserialize(de).map_err(|e| {
             let key = e.path().to_string();
-            quant_ops::policy::toml_parse_error(origin, text, key, &e.into_inner())
+            quant_dfdx::policy::toml_parse_error(origin, text, key, &e.into_inner())
         })?;
         cfg.origin = origin.to_string();
         cfg.quantization.set_location(origin, "quantization");
@@ -533,13 +533,13 @@ impl RunConfig {
     }
 
     /// Reads and validates a run file: a regular file of at most
-    /// [`MAX_CONFIG_FILE_BYTES`](quant_ops::policy::MAX_CONFIG_FILE_BYTES), UTF-8 (see
-    /// [`read_config_file`](quant_ops::policy::read_config_file)).
+    /// [`MAX_CONFIG_FILE_BYTES`](quant_dfdx::policy::MAX_CONFIG_FILE_BYTES), UTF-8 (see
+    /// [`read_config_file`](quant_dfdx::policy::read_config_file)).
     ///
     /// # Errors
     /// See [`RunConfig::from_toml_str`]; also [`ConfigError::Read`].
     pub fn from_file(path: &Path) -> Result<RunConfig, ConfigError> {
-        let text = quant_ops::policy::read_config_file(path)?;
+        let text = quant_dfdx::policy::read_config_file(path)?;
         RunConfig::from_toml_str(&text, &path.display().to_string())
     }
 }

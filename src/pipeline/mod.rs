@@ -48,10 +48,10 @@ use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressDrawTarget};
 
 use quant_core::QuantError;
-use quant_ops::convert::convert_model;
-use quant_ops::lower::export_model;
-use quant_ops::policy::{ConfigError, Policy};
-use quant_ops::ptq::RefinedLayer;
+use quant_dfdx::convert::convert_model;
+use quant_dfdx::lower::export_model;
+use quant_dfdx::policy::{ConfigError, Policy};
+use quant_dfdx::ptq::RefinedLayer;
 use quant_runtime::export::{self};
 pub use quant_runtime::fs::OutputError;
 use quant_runtime::fs::{check_output_file, StagedDir};
@@ -288,7 +288,7 @@ where
 /// Converts `deploy` under `policy` and calibrates it on `batches` shuffled batches of
 /// `batch_size` samples of `calibration` (the shuffle seeded by `seed`), then runs the learned
 /// rounding and bias correction the policy asks for on the first of those samples
-/// ([`quant_ops::ptq`]): the PTQ model, every quantizer frozen. A policy pattern that matches
+/// ([`quant_dfdx::ptq`]): the PTQ model, every quantizer frozen. A policy pattern that matches
 /// no layer is an error naming it.
 ///
 /// # Errors
@@ -312,7 +312,7 @@ where
 }
 
 /// [`quantize`], also returning what learned rounding and bias correction did to each layer
-/// they ran on ([`quant_ops::ptq::refine`]); `plan` is `(batches, batch_size, seed)`.
+/// they ran on ([`quant_dfdx::ptq::refine`]); `plan` is `(batches, batch_size, seed)`.
 ///
 /// # Errors
 /// As [`quantize`].
@@ -344,8 +344,8 @@ where
         }
         samples.extend(x.as_vec());
     }
-    quant_ops::calibration::calibrate(&mut model, inputs)?;
-    let refined = quant_ops::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
+    quant_dfdx::calibration::calibrate(&mut model, inputs)?;
+    let refined = quant_dfdx::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
     Ok((model, refined))
 }
 
@@ -517,6 +517,6 @@ where
     F: TensorCollection<f32, Cpu>,
 {
     let mut m = model.build(dev);
-    quant_ops::checkpoint::load_checkpoint(&mut m, path).map_err(|e| file_error(path, e))?;
+    quant_dfdx::checkpoint::load_checkpoint(&mut m, path).map_err(|e| file_error(path, e))?;
     Ok(m)
 }

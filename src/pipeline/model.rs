@@ -12,8 +12,8 @@ use std::sync::Arc;
 use dfdx::prelude::*;
 
 use quant_core::QuantError;
-use quant_ops::convert::Convert;
-use quant_ops::layers::QuantizedModule;
+use quant_dfdx::convert::Convert;
+use quant_dfdx::layers::QuantizedModule;
 
 /// The training tape.
 pub type Taped = OwnedTape<f32, Cpu>;
@@ -167,7 +167,7 @@ impl<S, const C: usize, F: Clone + 'static> Model<S, C, F, F> {
 
 impl<S, const C: usize, F, D> Model<S, C, F, D> {
     /// Prepares the trained model for quantization with `deploy` (fold BatchNorm into the
-    /// convolutions, say: [`quant_ops::fold::fold_batchnorm`]).
+    /// convolutions, say: [`quant_dfdx::fold::fold_batchnorm`]).
     pub fn with_deploy<D2>(
         self,
         deploy: impl Fn(&F) -> D2 + Send + Sync + 'static,

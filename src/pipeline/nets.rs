@@ -4,9 +4,9 @@
 
 use dfdx::prelude::*;
 
-use quant_ops::convert::Convert;
-/// BatchNorm folding, now in the library ([`quant_ops::fold`]).
-pub use quant_ops::fold::fold_batchnorm;
+use quant_dfdx::convert::Convert;
+/// BatchNorm folding, now in the library ([`quant_dfdx::fold`]).
+pub use quant_dfdx::fold::fold_batchnorm;
 
 use super::config::{ModelKind, RunConfig};
 use super::model::{BatchShape, DeployModel, FloatModel, Model};
@@ -40,19 +40,19 @@ pub fn mlp() -> Model<(usize, Const<64>), 10, Mlp> {
 /// max pooling (8×8 → 4×4 → 2×2), then a Linear head on the 128 features.
 pub type CnnBuilder = (
     (
-        quant_ops::nn::builders::Conv2d<1, 16, 3, 1, 1>,
+        quant_dfdx::nn::builders::Conv2d<1, 16, 3, 1, 1>,
         dfdx::nn::builders::BatchNorm2D<16>,
         ReLU,
-        quant_ops::nn::MaxPool2d<2>,
+        quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
-        quant_ops::nn::builders::Conv2d<16, 32, 3, 1, 1>,
+        quant_dfdx::nn::builders::Conv2d<16, 32, 3, 1, 1>,
         dfdx::nn::builders::BatchNorm2D<32>,
         ReLU,
-        quant_ops::nn::MaxPool2d<2>,
+        quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
-        quant_ops::nn::Flatten<128>,
+        quant_dfdx::nn::Flatten<128>,
         dfdx::nn::builders::Linear<128, 10>,
     ),
 );
@@ -61,17 +61,17 @@ pub type Cnn = <CnnBuilder as BuildOnDevice<Cpu, f32>>::Built;
 /// The CNN with BatchNorm folded into the convolutions.
 pub type FoldedCnn = (
     (
-        quant_ops::nn::Conv2d<1, 16, 3, 1, 1>,
+        quant_dfdx::nn::Conv2d<1, 16, 3, 1, 1>,
         ReLU,
-        quant_ops::nn::MaxPool2d<2>,
+        quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
-        quant_ops::nn::Conv2d<16, 32, 3, 1, 1>,
+        quant_dfdx::nn::Conv2d<16, 32, 3, 1, 1>,
         ReLU,
-        quant_ops::nn::MaxPool2d<2>,
+        quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
-        quant_ops::nn::Flatten<128>,
+        quant_dfdx::nn::Flatten<128>,
         dfdx::nn::modules::Linear<128, 10, f32, Cpu>,
     ),
 );
@@ -96,16 +96,16 @@ pub fn cnn() -> Model<Digits8x8, 10, Cnn, FoldedCnn> {
 /// shortcut, global average pooling and a Linear head. Every convolution has its BatchNorm.
 pub type ResnetBuilder = (
     (
-        quant_ops::nn::builders::Conv2d<1, 16, 3, 1, 1>,
+        quant_dfdx::nn::builders::Conv2d<1, 16, 3, 1, 1>,
         dfdx::nn::builders::BatchNorm2D<16>,
         ReLU,
     ),
     (
         dfdx::nn::builders::Residual<(
-            quant_ops::nn::builders::DepthwiseConv2d<16, 3, 1, 1>,
+            quant_dfdx::nn::builders::DepthwiseConv2d<16, 3, 1, 1>,
             dfdx::nn::builders::BatchNorm2D<16>,
             ReLU,
-            quant_ops::nn::builders::Conv2d<16, 16, 1>,
+            quant_dfdx::nn::builders::Conv2d<16, 16, 1>,
             dfdx::nn::builders::BatchNorm2D<16>,
         )>,
         ReLU,
@@ -113,14 +113,14 @@ pub type ResnetBuilder = (
     (
         dfdx::nn::builders::GeneralizedResidual<
             (
-                quant_ops::nn::builders::Conv2d<16, 32, 3, 2, 1>,
+                quant_dfdx::nn::builders::Conv2d<16, 32, 3, 2, 1>,
                 dfdx::nn::builders::BatchNorm2D<32>,
                 ReLU,
-                quant_ops::nn::builders::Conv2d<32, 32, 3, 1, 1>,
+                quant_dfdx::nn::builders::Conv2d<32, 32, 3, 1, 1>,
                 dfdx::nn::builders::BatchNorm2D<32>,
             ),
             (
-                quant_ops::nn::builders::Conv2d<16, 32, 1, 2>,
+                quant_dfdx::nn::builders::Conv2d<16, 32, 1, 2>,
                 dfdx::nn::builders::BatchNorm2D<32>,
             ),
         >,
@@ -135,14 +135,14 @@ pub type ResnetBuilder = (
 pub type Resnet = <ResnetBuilder as BuildOnDevice<Cpu, f32>>::Built;
 
 type Conv<const I: usize, const O: usize, const K: usize, const S: usize = 1, const P: usize = 0> =
-    quant_ops::nn::Conv2d<I, O, K, S, P, 1, I, f32, Cpu>;
+    quant_dfdx::nn::Conv2d<I, O, K, S, P, 1, I, f32, Cpu>;
 
 /// The residual CNN with every BatchNorm folded into its convolution.
 pub type FoldedResnet = (
     (Conv<1, 16, 3, 1, 1>, ReLU),
     (
         dfdx::nn::modules::Residual<(
-            quant_ops::nn::DepthwiseConv2d<16, 3, 1, 1>,
+            quant_dfdx::nn::DepthwiseConv2d<16, 3, 1, 1>,
             ReLU,
             Conv<16, 16, 1>,
         )>,
@@ -219,14 +219,14 @@ pub type VitBlockBuilder = (
 /// position embedding, three pre-norm encoder blocks, a final LayerNorm, the mean of the tokens
 /// and a Linear head. No BatchNorm: the trained model is the one quantized.
 pub type VitBuilder = (
-    quant_ops::nn::builders::Conv2d<1, VIT_WIDTH, 2, 2, 0>,
-    quant_ops::nn::builders::ImageTokens<VIT_WIDTH, 16>,
+    quant_dfdx::nn::builders::Conv2d<1, VIT_WIDTH, 2, 2, 0>,
+    quant_dfdx::nn::builders::ImageTokens<VIT_WIDTH, 16>,
     VitBlockBuilder,
     VitBlockBuilder,
     VitBlockBuilder,
     (
         dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
-        quant_ops::nn::MeanTokens,
+        quant_dfdx::nn::MeanTokens,
         dfdx::nn::builders::Linear<VIT_WIDTH, 10>,
     ),
 );
@@ -261,17 +261,17 @@ pub fn mlp_784() -> Model<(usize, Const<784>), 10, Mlp784> {
 /// One convolution stage as builders: a 3x3 convolution (padding 1), BatchNorm, ReLU, 2x2 max
 /// pooling.
 pub type ConvStageBuilder<const I: usize, const O: usize> = (
-    quant_ops::nn::builders::Conv2d<I, O, 3, 1, 1>,
+    quant_dfdx::nn::builders::Conv2d<I, O, 3, 1, 1>,
     dfdx::nn::builders::BatchNorm2D<O>,
     ReLU,
-    quant_ops::nn::MaxPool2d<2>,
+    quant_dfdx::nn::MaxPool2d<2>,
 );
 /// A built convolution stage.
 pub type ConvStage<const I: usize, const O: usize> =
     <ConvStageBuilder<I, O> as BuildOnDevice<Cpu, f32>>::Built;
 /// A convolution stage with its BatchNorm folded.
 pub type FoldedConvStage<const I: usize, const O: usize> =
-    (Conv<I, O, 3, 1, 1>, ReLU, quant_ops::nn::MaxPool2d<2>);
+    (Conv<I, O, 3, 1, 1>, ReLU, quant_dfdx::nn::MaxPool2d<2>);
 
 /// Folds a convolution stage's BatchNorm into its convolution.
 pub fn fold_conv_stage<const I: usize, const O: usize>(
@@ -287,7 +287,7 @@ pub type Cnn28Builder = (
     ConvStageBuilder<16, 32>,
     ConvStageBuilder<32, 64>,
     (
-        quant_ops::nn::Flatten<576>,
+        quant_dfdx::nn::Flatten<576>,
         dfdx::nn::builders::Linear<576, 10>,
     ),
 );
@@ -299,7 +299,7 @@ pub type FoldedCnn28 = (
     FoldedConvStage<16, 32>,
     FoldedConvStage<32, 64>,
     (
-        quant_ops::nn::Flatten<576>,
+        quant_dfdx::nn::Flatten<576>,
         dfdx::nn::modules::Linear<576, 10, f32, Cpu>,
     ),
 );
@@ -323,10 +323,10 @@ pub fn cnn_28() -> Model<Images28x28, 10, Cnn28, FoldedCnn28> {
 /// a ReLU, the identity added, then a ReLU.
 pub type BasicBlockBuilder<const C: usize> = (
     dfdx::nn::builders::Residual<(
-        quant_ops::nn::builders::Conv2d<C, C, 3, 1, 1>,
+        quant_dfdx::nn::builders::Conv2d<C, C, 3, 1, 1>,
         dfdx::nn::builders::BatchNorm2D<C>,
         ReLU,
-        quant_ops::nn::builders::Conv2d<C, C, 3, 1, 1>,
+        quant_dfdx::nn::builders::Conv2d<C, C, 3, 1, 1>,
         dfdx::nn::builders::BatchNorm2D<C>,
     )>,
     ReLU,
@@ -345,14 +345,14 @@ pub type FoldedBasicBlock<const C: usize> = (
 pub type DownBlockBuilder<const I: usize, const O: usize> = (
     dfdx::nn::builders::GeneralizedResidual<
         (
-            quant_ops::nn::builders::Conv2d<I, O, 3, 2, 1>,
+            quant_dfdx::nn::builders::Conv2d<I, O, 3, 2, 1>,
             dfdx::nn::builders::BatchNorm2D<O>,
             ReLU,
-            quant_ops::nn::builders::Conv2d<O, O, 3, 1, 1>,
+            quant_dfdx::nn::builders::Conv2d<O, O, 3, 1, 1>,
             dfdx::nn::builders::BatchNorm2D<O>,
         ),
         (
-            quant_ops::nn::builders::Conv2d<I, O, 1, 2>,
+            quant_dfdx::nn::builders::Conv2d<I, O, 1, 2>,
             dfdx::nn::builders::BatchNorm2D<O>,
         ),
     >,
@@ -399,7 +399,7 @@ pub fn fold_down_block<const I: usize, const O: usize>(
 /// average pooling and a Linear head.
 pub type Resnet28Builder = (
     (
-        quant_ops::nn::builders::Conv2d<1, 16, 3, 2, 1>,
+        quant_dfdx::nn::builders::Conv2d<1, 16, 3, 2, 1>,
         dfdx::nn::builders::BatchNorm2D<16>,
         ReLU,
     ),
@@ -469,8 +469,8 @@ pub type Vit28BlockBuilder = (
 /// pre-norm encoder blocks (4-head attention, GeLU MLP 64-128-64), LayerNorm, the mean of the
 /// tokens and a Linear head.
 pub type Vit28Builder = (
-    quant_ops::nn::builders::Conv2d<1, VIT28_WIDTH, 7, 7, 0>,
-    quant_ops::nn::builders::ImageTokens<VIT28_WIDTH, 16>,
+    quant_dfdx::nn::builders::Conv2d<1, VIT28_WIDTH, 7, 7, 0>,
+    quant_dfdx::nn::builders::ImageTokens<VIT28_WIDTH, 16>,
     (
         Vit28BlockBuilder,
         Vit28BlockBuilder,
@@ -479,7 +479,7 @@ pub type Vit28Builder = (
     ),
     (
         dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
-        quant_ops::nn::MeanTokens,
+        quant_dfdx::nn::MeanTokens,
         dfdx::nn::builders::Linear<VIT28_WIDTH, 10>,
     ),
 );

@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use quant_ops::ptq::RefinedLayer;
-use quant_ops::report::LayerReport;
+use quant_dfdx::ptq::RefinedLayer;
+use quant_dfdx::report::LayerReport;
 
 use super::RunConfig;
 
@@ -157,7 +157,7 @@ impl RunReport {
             );
         }
         let _ = writeln!(s);
-        s.push_str(&quant_ops::report::layer_table(&self.layers));
+        s.push_str(&quant_dfdx::report::layer_table(&self.layers));
         if !self.refined.is_empty() {
             s.push_str("  learned rounding and bias correction (first seed, PTQ; output MSE against the float layer):\n");
             for r in &self.refined {

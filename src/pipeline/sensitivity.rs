@@ -17,8 +17,8 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 
 use quant_core::QuantizationTarget;
-use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, Slot};
-use quant_ops::policy::{Override, Policy, QuantizerSettings, SlotSetting};
+use quant_dfdx::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, Slot};
+use quant_dfdx::policy::{Override, Policy, QuantizerSettings, SlotSetting};
 use quant_runtime::graph::Op;
 
 use super::mixed_precision::{pareto_front, solve, Choice};
@@ -920,7 +920,7 @@ fn slot_units<S: BatchShape, Q: QuantizedModule>(
     slots: &[(String, String, String)],
     resource: Resource,
 ) -> Result<Vec<u64>, RunError> {
-    let graph = quant_ops::lower::export_model(q, &S::sample_shape(), BTreeMap::new())?;
+    let graph = quant_dfdx::lower::export_model(q, &S::sample_shape(), BTreeMap::new())?;
     let shapes = graph.check()?;
     let numel = |i: usize| shapes.nodes[i].iter().product::<usize>() as u64;
     slots
@@ -1310,7 +1310,7 @@ mod tests {
 
     #[test]
     fn glob_characters_in_names_match_literally() {
-        let g = quant_ops::layers::glob(&exactly("a[0].b*")).unwrap();
+        let g = quant_dfdx::layers::glob(&exactly("a[0].b*")).unwrap();
         assert!(g.is_match("a[0].b*"));
         assert!(!g.is_match("a0.bx"));
     }

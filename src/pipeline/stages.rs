@@ -9,11 +9,11 @@ use std::time::Duration;
 use dfdx::prelude::*;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 
-use quant_ops::convert::Convert;
-use quant_ops::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
-use quant_ops::lower::export_model;
-use quant_ops::ptq::RefinedLayer;
-use quant_ops::report::{layer_report, LayerReport};
+use quant_dfdx::convert::Convert;
+use quant_dfdx::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
+use quant_dfdx::lower::export_model;
+use quant_dfdx::ptq::RefinedLayer;
+use quant_dfdx::report::{layer_report, LayerReport};
 use quant_runtime::export::{self, OnnxFormat, QuantFormat};
 use quant_runtime::fs::StagedDir;
 use quant_runtime::graph::Graph;
@@ -84,14 +84,14 @@ where
         (FloatWeights::Given(trained), _) => (trained.clone(), true),
         (FloatWeights::Safetensors(path), _) => {
             let mut float = model.build(&dev);
-            quant_ops::checkpoint::load_checkpoint(&mut float, path)
+            quant_dfdx::checkpoint::load_checkpoint(&mut float, path)
                 .map_err(|e| file_error(path, format!("cannot load the float weights: {e}")))?;
             (float, true)
         }
         (FloatWeights::Train, Some(path)) if path.exists() => {
             let mut float = model.build(&dev);
             // A checked load: a corrupted cache file is a typed error, not a panic in dfdx.
-            quant_ops::checkpoint::load_checkpoint(&mut float, path)
+            quant_dfdx::checkpoint::load_checkpoint(&mut float, path)
                 .map_err(|e| {
                     file_error(
                         path,

@@ -14,7 +14,7 @@ use rand::seq::SliceRandom;
 use rand::SeedableRng;
 
 use quant_core::{QuantError, Result};
-use quant_ops::calibration::BatchPlan;
+use quant_dfdx::calibration::BatchPlan;
 use quant_runtime::integer::argmax_rows;
 
 use super::config::{Distillation, Optimizer, Schedule};
@@ -490,7 +490,7 @@ pub fn accuracy(predicted: &[usize], labels: &[usize]) -> f64 {
 pub const CALIBRATION_SEED_SALT: u64 = 0xca11_b4a7;
 
 /// The input tensors of `batches` shuffled training batches of `batch_size` rows, for
-/// [`quant_ops::calibration::calibrate`]: the rows of [`BatchPlan`] with the seed
+/// [`quant_dfdx::calibration::calibrate`]: the rows of [`BatchPlan`] with the seed
 /// `seed ^` [`CALIBRATION_SEED_SALT`].
 ///
 /// # Errors
@@ -616,7 +616,7 @@ mod tests {
         assert_eq!(m.bias.as_vec(), b);
 
         // In a quantized model the quantizers' parameters are left alone.
-        let mut q = quant_ops::layers::QLinear::from_linear(&m);
+        let mut q = quant_dfdx::layers::QLinear::from_linear(&m);
         q.weights_quantizer.learned = dev.ones();
         q.input_quantizer.learned = dev.ones();
         let w = q.weight.as_vec();

@@ -67,8 +67,8 @@ fn list_shows_quantizers_layer_kinds_with_their_slots_and_platforms() {
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
     for line in [
-        "Weights     Lsq        Symmetric, Uniform               quant_ops::quantizers::lsq::LsqWeightsQuantizer",
-        "Activation  Pact       Uniform                          quant_ops::quantizers::pact::PactActivationQuantizer",
+        "Weights     Lsq        Symmetric, Uniform               quant_dfdx::quantizers::lsq::LsqWeightsQuantizer",
+        "Activation  Pact       Uniform                          quant_dfdx::quantizers::pact::PactActivationQuantizer",
         // Layer kinds with their slots, the transformer ones included.
         "AttentionScores   query, key            yes",
         "AttentionContext  probs, value          yes",

@@ -11,13 +11,13 @@ use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 
 use quant::prelude::*;
-use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::layers::{
+use quant_dfdx::convert::{convert_model, LayerKind};
+use quant_dfdx::layers::{
     QuantizedModule, QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot,
 };
-use quant_ops::lower::export_model;
-use quant_ops::observers::ObserverConfig;
-use quant_ops::report::layer_report;
+use quant_dfdx::lower::export_model;
+use quant_dfdx::observers::ObserverConfig;
+use quant_dfdx::report::layer_report;
 use quant_runtime::integer::IntegerModel;
 
 // ----- a user's own layer -----------------------------------------------------------------------

@@ -2,8 +2,8 @@
 //! data raises it, says what is wrong and names the offending value, key, layer or file.
 //!
 //! Elsewhere: policy and run-file parse/validation errors with key paths
-//! (`quant-ops/tests/integration/policy.rs`, `tests/integration/hostile.rs`), export metadata and tensor errors and data
-//! files (`tests/integration/hostile.rs`), observer errors (`quant-ops/tests/integration/observers.rs`), the registry's
+//! (`quant-dfdx/tests/integration/policy.rs`, `tests/integration/hostile.rs`), export metadata and tensor errors and data
+//! files (`tests/integration/hostile.rs`), observer errors (`quant-dfdx/tests/integration/observers.rs`), the registry's
 //! `Ambiguous` (`tests/integration/registry.rs`), the data file's size limits (`DataError::TooLarge`) and
 //! empty splits (`DataError::EmptySplit`) in `tests/integration/safety.rs`. `QuantError::Device` wraps dfdx's allocation failure and
 //! is not raised on purpose here.
@@ -16,13 +16,13 @@ use quant::pipeline::{eval_export, run, OutputError, RunConfig, RunError, RunOpt
 use quant::prelude::*;
 use quant_core::kernels::{fake_quantize_affine_into, fake_quantize_per_tensor_affine};
 use quant_core::{registry, symmetric_scale, MAX_PARAMETERS};
-use quant_ops::checkpoint::{load_checkpoint, CheckpointError};
-use quant_ops::convert::{convert_model, LayerKind};
-use quant_ops::layers::Slot;
-use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
-use quant_ops::lower::export_model;
-use quant_ops::observers::{HistogramBins, ObserverConfig};
-use quant_ops::policy::{ConfigError, Policy};
+use quant_dfdx::checkpoint::{load_checkpoint, CheckpointError};
+use quant_dfdx::convert::{convert_model, LayerKind};
+use quant_dfdx::layers::Slot;
+use quant_dfdx::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant_dfdx::lower::export_model;
+use quant_dfdx::observers::{HistogramBins, ObserverConfig};
+use quant_dfdx::policy::{ConfigError, Policy};
 use quant_runtime::export::{self, QuantFormat};
 use quant_runtime::GraphError;
 

@@ -9,8 +9,8 @@ use std::path::{Path, PathBuf};
 use dfdx::prelude::*;
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
-use quant_ops::checkpoint::load_checkpoint;
-use quant_ops::policy::Policy;
+use quant_dfdx::checkpoint::load_checkpoint;
+use quant_dfdx::policy::Policy;
 use quant_runtime::export;
 use quant_runtime::integer::IntegerModel;
 

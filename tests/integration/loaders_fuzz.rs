@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use quant::pipeline::RunConfig;
 use quant_core::InferableQuantizer;
-use quant_ops::policy::{ConfigError, Policy};
+use quant_dfdx::policy::{ConfigError, Policy};
 use quant_runtime::export::{self, QuantFormat};
 use quant_runtime::integer::IntegerModel;
 use quant_runtime::safetensors::check_safetensors;

@@ -612,11 +612,11 @@ fn every_op_runs_in_tract_as_the_float_reference_computes_it() {
 /// float reference.
 #[test]
 fn a_sequence_model_runs_in_tract_token_by_token() {
+    use quant::convert::convert_model;
     use quant::dfdx::prelude::*;
-    use quant::quant_ops::convert::convert_model;
-    use quant::quant_ops::layers::QuantizedModuleExt;
-    use quant::quant_ops::lower::export_model;
-    use quant::quant_ops::policy::Policy;
+    use quant::layers::QuantizedModuleExt;
+    use quant::lower::export_model;
+    use quant::policy::Policy;
     let policy = Policy::from_toml_str(
         "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 8\n\
          [input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 8\nobserver = \"MinMax\"\n",

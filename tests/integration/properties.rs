@@ -11,7 +11,7 @@
 //!   within the tolerance documented in `quant_runtime::integer`.
 //!
 //! Observers' properties (finite positive scales for any finite input, constants and single
-//! elements included) are in `quant-ops/tests/integration/observers.rs`.
+//! elements included) are in `quant-dfdx/tests/integration/observers.rs`.
 
 use dfdx::prelude::*;
 use proptest::prelude::*;
@@ -21,12 +21,12 @@ use quant_core::kernels::{
     fake_quantize_affine_into, fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine,
 };
 use quant_core::{registry, ParamBank, ParamBankMut, MAX_PARAMETERS};
-use quant_ops::convert::{convert_model, Convert, LayerKind};
-use quant_ops::layers::Slot;
-use quant_ops::layers::{QuantizedModuleExt, QuantizerSpec};
-use quant_ops::lower::export_model;
-use quant_ops::nn::builders;
-use quant_ops::observers::ObserverConfig;
+use quant_dfdx::convert::{convert_model, Convert, LayerKind};
+use quant_dfdx::layers::Slot;
+use quant_dfdx::layers::{QuantizedModuleExt, QuantizerSpec};
+use quant_dfdx::lower::export_model;
+use quant_dfdx::nn::builders;
+use quant_dfdx::observers::ObserverConfig;
 use quant_runtime::integer::IntegerModel;
 
 const POLICIES: [RoundingPolicy; 7] = [
@@ -202,7 +202,7 @@ fn built_in_configs(
 ) -> Vec<QuantizerConfig> {
     let mut out = Vec::new();
     for entry in registry::registered() {
-        if !entry.metadata.module_path.starts_with("quant_ops") {
+        if !entry.metadata.module_path.starts_with("quant_dfdx") {
             continue;
         }
         for method in entry.metadata.methods {
@@ -358,7 +358,7 @@ fn policy(
 /// Largest |integer − fake-quantized| logit difference, and the logits' range.
 fn compare<M, S>(
     model: &M,
-    policy: &dyn quant_ops::convert::LayerPolicy,
+    policy: &dyn quant_dfdx::convert::LayerPolicy,
     dev: &Cpu,
     calib: Tensor<S, f32, Cpu>,
     x: Tensor<S, f32, Cpu>,
@@ -369,7 +369,7 @@ where
     M: Convert,
     M::Quantized: ModuleMut<Tensor<S, f32, Cpu>, Error = QuantError>
         + Module<Tensor<S, f32, Cpu>, Error = QuantError>
-        + quant_ops::layers::QuantizedModule,
+        + quant_dfdx::layers::QuantizedModule,
     <M::Quantized as Module<Tensor<S, f32, Cpu>>>::Output: AsVec<f32>,
 {
     let _ = dev;

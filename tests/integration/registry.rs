@@ -96,7 +96,7 @@ fn listing_covers_built_ins_and_other_crates() {
     assert!(
         paths
             .iter()
-            .any(|p| p == "quant_ops::quantizers::lsq::LsqWeightsQuantizer"),
+            .any(|p| p == "quant_dfdx::quantizers::lsq::LsqWeightsQuantizer"),
         "{paths:?}"
     );
     assert!(

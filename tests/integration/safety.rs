@@ -667,7 +667,7 @@ fn case_8_huge_glob_patterns_are_typed_errors_not_panics() {
             .join(",")
     );
     for pattern in ["*?".repeat(100_000), "a".repeat(1_000_000), alternation] {
-        let e = quant_ops::layers::glob(&pattern).unwrap_err().to_string();
+        let e = quant_dfdx::layers::glob(&pattern).unwrap_err().to_string();
         assert!(
             e.contains("at most 512 bytes") && e.contains(&format!("({} bytes)", pattern.len())),
             "{}",
@@ -682,7 +682,7 @@ fn case_8_huge_glob_patterns_are_typed_errors_not_panics() {
             "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 4\n\
              [[overrides]]\npattern = \"{pattern}\"\nweights = {{ bits = 8 }}\n"
         );
-        let e = quant_ops::policy::Policy::from_toml_str(&text, "p.toml")
+        let e = quant_dfdx::policy::Policy::from_toml_str(&text, "p.toml")
             .unwrap_err()
             .to_string();
         assert!(
@@ -702,7 +702,7 @@ fn case_8_huge_glob_patterns_are_typed_errors_not_panics() {
         "\\*".repeat(256),
     ] {
         assert!(pattern.len() <= 512);
-        if let Ok(m) = quant_ops::layers::glob(&pattern) {
+        if let Ok(m) = quant_dfdx::layers::glob(&pattern) {
             let _ = m.is_match("0.weights");
         }
     }
@@ -797,7 +797,7 @@ fn case_10_a_header_of_a_million_empty_tensors_is_refused_cheaply() {
     let checkpoint = dir.join("huge.safetensors");
     std::fs::write(&checkpoint, &huge).unwrap();
     let mut model = Cpu::default().build_module::<Linear<4, 3>, f32>();
-    let e = quant_ops::checkpoint::load_checkpoint(&mut model, &checkpoint).unwrap_err();
+    let e = quant_dfdx::checkpoint::load_checkpoint(&mut model, &checkpoint).unwrap_err();
     assert!(e.to_string().contains("over the limit"), "{e}");
 
     // Under the byte limit, the tensor count stops the parse.
@@ -928,13 +928,13 @@ fn case_11_a_data_file_of_more_rows_than_the_limit_stops_at_the_limit() {
 
 #[test]
 fn case_12_a_bias_int32_cannot_hold_is_named_not_clamped() {
-    use quant_ops::convert::convert_model;
-    use quant_ops::layers::QuantizedModuleExt;
-    use quant_ops::lower::export_model;
+    use quant_dfdx::convert::convert_model;
+    use quant_dfdx::layers::QuantizedModuleExt;
+    use quant_dfdx::lower::export_model;
     let dev = Cpu::seed_from_u64(0);
     let mut float = dev.build_module::<(Linear<4, 3>, ReLU, Linear<3, 2>), f32>();
     float.0.bias = dev.tensor([1000.0, -1000.0, 0.5]);
-    let policy = quant_ops::policy::Policy::from_toml_str(
+    let policy = quant_dfdx::policy::Policy::from_toml_str(
         "[weights]\ntraining_method = \"Lsq\"\nmethod = \"Symmetric\"\nbits = 8\n\
          [input]\ntraining_method = \"Lsq\"\nmethod = \"Uniform\"\nbits = 8\n",
         "p.toml",

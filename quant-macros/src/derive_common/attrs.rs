@@ -207,7 +207,7 @@ pub struct StructOptions {
     pub input: bool,
     /// `forward = manual` (models): the user writes the forward pass.
     pub manual_forward: bool,
-    /// `crate = path`: the path to quant-ops.
+    /// `crate = path`: the path to quant-dfdx.
     pub krate: Option<Path>,
 }
 
@@ -263,14 +263,14 @@ pub fn struct_options(
                 }
             }
             "crate" => {
-                let Some(v) = value(&arg, "crate = ::quant::quant_ops", errors) else {
+                let Some(v) = value(&arg, "crate = ::quant", errors) else {
                     continue;
                 };
                 match v {
                     Expr::Path(p) if p.qself.is_none() => opts.krate = Some(p.path.clone()),
                     other => errors.push(syn::Error::new_spanned(
                         other,
-                        "expected a path to quant-ops, e.g. `crate = ::quant::quant_ops`",
+                        "expected a path to quant-dfdx, e.g. `crate = ::quant`",
                     )),
                 }
             }

@@ -7,13 +7,13 @@ use syn::{GenericParam, Generics, Ident, Path};
 
 use super::structure::*;
 
-pub(super) fn cpu_path(ops: &Path) -> TokenStream {
-    quote!(#ops::layers::derive::dfdx::tensor::Cpu)
+pub(super) fn cpu_path(krate: &Path) -> TokenStream {
+    quote!(#krate::layers::derive::dfdx::tensor::Cpu)
 }
 
 /// The paths an expansion uses.
 pub struct Paths {
-    /// The support module `quant_ops::layers::derive`.
+    /// The support module `quant_dfdx::layers::derive`.
     pub sup: TokenStream,
     /// dfdx, through the support module.
     pub dfdx: TokenStream,
@@ -24,12 +24,12 @@ pub struct Paths {
 }
 
 impl Paths {
-    /// The paths under quant-ops at `ops`.
-    pub fn new(ops: &Path) -> Paths {
-        let sup = quote!(#ops::layers::derive);
+    /// The paths under quant-dfdx at `ops`.
+    pub fn new(krate: &Path) -> Paths {
+        let sup = quote!(#krate::layers::derive);
         Paths {
             dfdx: quote!(#sup::dfdx),
-            cpu: cpu_path(ops),
+            cpu: cpu_path(krate),
             result: quote!(#sup::Result),
             sup,
         }

@@ -10,7 +10,7 @@ use syn::{
     TypeParamBound, Visibility, WherePredicate,
 };
 
-use crate::crate_path::{ops_path, Errors};
+use crate::crate_path::{dfdx_path, Errors};
 
 use super::attrs::*;
 use super::collection::{cpu_path, Paths, Visit};
@@ -278,7 +278,7 @@ impl StructInfo {
             fields: Vec::new(),
             options,
         };
-        let cpu = cpu_path(&info.ops_path());
+        let cpu = cpu_path(&info.dfdx_path());
         for f in named?.named.iter() {
             let Some(ident) = f.ident.clone() else {
                 continue;
@@ -349,9 +349,9 @@ impl StructInfo {
             .collect()
     }
 
-    /// The path to quant-ops.
-    pub fn ops_path(&self) -> Path {
-        self.options.krate.clone().unwrap_or_else(ops_path)
+    /// The path to quant-dfdx.
+    pub fn dfdx_path(&self) -> Path {
+        self.options.krate.clone().unwrap_or_else(dfdx_path)
     }
 
     /// The generics of the generated (always `f32`-on-CPU) structs and impls: the const

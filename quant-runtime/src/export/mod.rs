@@ -1,4 +1,4 @@
-//! Export formats: they write a [graph](crate::graph) (lowered from a model by quant-ops'
+//! Export formats: they write a [graph](crate::graph) (lowered from a model by quant-dfdx'
 //! `export_model`) into a directory ([`save`]) and read it back ([`load`]).
 //!
 //! Formats sit behind one trait, [`ExportFormat`]: [`QuantFormat`] (`model.json` with the graph

@@ -1,5 +1,5 @@
 //! Building a graph node by node, checking each node's shapes as it is added: what lowering a
-//! model (quant-ops) and the tests use.
+//! model (quant-dfdx) and the tests use.
 
 use std::collections::{BTreeMap, HashMap};
 

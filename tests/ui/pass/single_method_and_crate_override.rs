@@ -7,7 +7,7 @@ quant::training_methods!(pub trait MyMethods { MyTraining });
 
 // `method = Uniform` without brackets means `method = [Uniform]`; `crate = ...` points at
 // quant-core through the facade; `id = TrainingMethod::MyTraining` is the long form.
-#[mark_quantizer(target = Activation, method = Uniform, id = TrainingMethod::MyTraining, crate = ::quant::core)]
+#[mark_quantizer(target = Activation, method = Uniform, id = TrainingMethod::MyTraining, crate = ::quant)]
 #[derive(Debug)]
 pub struct Marked(QuantizerConfig);
 identity_quantizer!(Marked: Activation);

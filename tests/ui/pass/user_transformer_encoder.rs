@@ -4,12 +4,12 @@
 
 use quant::dfdx::optim::{Adam, AdamConfig};
 use quant::dfdx::prelude::*;
-use quant::quant_ops::calibration::calibrate;
-use quant::quant_ops::convert::convert_model;
-use quant::quant_ops::lower::export_model;
-use quant::quant_runtime::integer::IntegerModel;
-use quant::quant_ops::layers::{QuantizedModuleExt, QuantizerMode};
-use quant::quant_ops::policy::Policy;
+use quant::calibration::calibrate;
+use quant::convert::convert_model;
+use quant::lower::export_model;
+use quant::integer::IntegerModel;
+use quant::layers::{QuantizedModuleExt, QuantizerMode};
+use quant::policy::Policy;
 
 type Encoder = TransformerEncoder<16, 2, 32, 2>;
 

@@ -108,7 +108,7 @@ pub const LOGIT_TOLERANCE: f32 = 1e-4;
 /// The quantization layout an ONNX export follows: which deployment runtime it is written for.
 ///
 /// Every convention writes the same operators and computes the same values; they differ in
-/// what they accept and in how a bias is stored. Each platform of quant-ops carries its
+/// what they accept and in how a bias is stored. Each platform of quant-dfdx carries its
 /// convention (`Platform::onnx`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]

@@ -1,13 +1,13 @@
 use quant::dfdx::nn::modules::{Linear, ReLU};
 use quant::dfdx::prelude::*;
 use quant::prelude::*;
-use quant::quant_ops::convert::{convert_model, LayerKind};
-use quant::quant_ops::layers::{QuantizerSpec, Slot};
-use quant::quant_ops::layers::QuantizedModuleExt;
+use quant::convert::{convert_model, LayerKind};
+use quant::layers::{QuantizerSpec, Slot};
+use quant::layers::QuantizedModuleExt;
 
 /// A residual block: the forward pass is not the fields in order, so it is written by hand.
 #[derive(Clone, Debug, QuantizedModel)]
-#[quantized(forward = manual, name = QuantResidual, crate = ::quant::quant_ops)]
+#[quantized(forward = manual, name = QuantResidual, crate = ::quant)]
 pub struct Residual<const N: usize> {
     pub fc: Linear<N, N, f32, Cpu>,
     pub act: ReLU,

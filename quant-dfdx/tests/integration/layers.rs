@@ -1,0 +1,218 @@
+//! Quantized layers end to end: conversion of a float tuple model, modes by name, calibration,
+//! training of quantizer parameters with dfdx optimisers, save/load.
+
+use dfdx::optim::{Adam, AdamConfig};
+use dfdx::prelude::*;
+use quant_core::{
+    ActivationQuantizerConfig, QuantizationMethod, QuantizerConfig, TrainingMethod,
+    WeightsQuantizerConfig,
+};
+use quant_dfdx::convert::{convert_model, LayerKind};
+use quant_dfdx::layers::{
+    QuantizedModuleExt, QuantizerControl, QuantizerMode, QuantizerSpec, Slot,
+};
+use quant_dfdx::observers::ObserverConfig;
+
+type Mlp = (Linear<16, 32>, ReLU, Linear<32, 4>);
+type MlpModel = (
+    dfdx::nn::modules::Linear<16, 32, f32, Cpu>,
+    ReLU,
+    dfdx::nn::modules::Linear<32, 4, f32, Cpu>,
+);
+
+fn spec(config: QuantizerConfig) -> QuantizerSpec {
+    QuantizerSpec {
+        config,
+        observer: ObserverConfig::MinMax,
+    }
+}
+
+/// W4A4 LSQ everywhere, except layer `2`'s input left float when `keep_last_input_float`.
+fn lsq_w4a4(
+    keep_last_input_float: bool,
+) -> impl Fn(&str, LayerKind, Slot) -> quant_core::Result<Option<QuantizerSpec>> {
+    move |name: &str, kind: LayerKind, slot: Slot| {
+        assert_eq!(kind, LayerKind::Linear);
+        Ok(match slot {
+            Slot::WEIGHTS => Some(spec(
+                WeightsQuantizerConfig::new(TrainingMethod::Lsq, QuantizationMethod::Symmetric, 4)
+                    .into(),
+            )),
+            _ if keep_last_input_float && name == "2" => None,
+            _ => Some(spec(
+                ActivationQuantizerConfig::new(
+                    TrainingMethod::Lsq,
+                    QuantizationMethod::Symmetric,
+                    4,
+                )
+                .into(),
+            )),
+        })
+    }
+}
+
+fn setup() -> (Cpu, MlpModel, Tensor<Rank2<8, 16>, f32, Cpu>) {
+    let dev = Cpu::seed_from_u64(1);
+    let model = dev.build_module::<Mlp, f32>();
+    let x = dev.sample_normal::<Rank2<8, 16>>();
+    (dev, model, x)
+}
+
+#[test]
+fn converted_model_in_disabled_mode_gives_exactly_the_float_outputs() {
+    let (_dev, model, x) = setup();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
+    // Freshly converted: calibrating (pass-through) — forward_mut observes, outputs are float.
+    let y_float = model.forward(x.clone());
+    let y_calib = q.try_forward_mut(x.clone()).unwrap();
+    assert_eq!(y_float.array(), y_calib.array());
+    assert_eq!(q.set_mode("*", QuantizerMode::Disabled).unwrap(), 4);
+    assert_eq!(q.try_forward(x.clone()).unwrap().array(), y_float.array());
+}
+
+#[test]
+fn quantizers_are_reachable_by_dotted_name() {
+    let (_dev, model, _x) = setup();
+    let mut q = convert_model(&model, &lsq_w4a4(true)).unwrap();
+    let names: Vec<String> = q
+        .quantizers()
+        .unwrap()
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(names, ["0.input", "0.weights", "2.weights"]);
+    assert_eq!(q.set_mode("2.*", QuantizerMode::Disabled).unwrap(), 1);
+    // Quantizing before calibration is an error naming the quantizer.
+    let err = q
+        .set_mode("0.weights", QuantizerMode::Training)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.starts_with("0.weights: quantizer is not initialised"),
+        "{err}"
+    );
+    let err = q
+        .set_mode("[", QuantizerMode::Training)
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("name pattern"), "{err}");
+}
+
+#[test]
+fn calibration_then_training_updates_weights_and_quantizer_parameters() {
+    let (dev, model, x) = setup();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
+    for _ in 0..3 {
+        q.try_forward_mut(x.clone()).unwrap();
+    }
+    assert_eq!(q.finish_calibration().unwrap(), 4);
+    let y_float = model.forward(x.clone());
+    let y_ptq = q.try_forward(x.clone()).unwrap();
+    assert_ne!(
+        y_float.array(),
+        y_ptq.array(),
+        "4-bit quantization must change the outputs"
+    );
+    let err: f32 = (y_float.clone() - y_ptq.clone())
+        .abs()
+        .mean::<Rank0, _>()
+        .array();
+    let mag: f32 = y_float.clone().abs().mean::<Rank0, _>().array();
+    assert!(err < 0.5 * mag, "PTQ error {err} vs magnitude {mag}");
+
+    // Input of layer 0 quantized to 16 levels: the layer's effective input is on the grid.
+    let qp = q.0.input_quantizer.qparams().unwrap().unwrap();
+    let grid = q.0.input_quantizer.grid().unwrap().unwrap();
+    let (s, z) = (qp.scales()[0], qp.zero_points()[0] as f32);
+    let xq =
+        q.0.input_quantizer
+            .fake_quantize(x.clone())
+            .unwrap()
+            .as_vec();
+    let mut levels = std::collections::BTreeSet::new();
+    for v in &xq {
+        let k = v / s + z;
+        assert!(
+            (k - k.round()).abs() < 1e-3,
+            "{v} is not on the grid of scale {s}"
+        );
+        assert!(
+            (grid.quant_min() as f32..=grid.quant_max() as f32).contains(&k.round()),
+            "{v} lies outside the 4-bit grid"
+        );
+        levels.insert(k.round() as i32);
+    }
+    assert!(levels.len() > 4 && levels.len() <= 16, "{levels:?}");
+
+    q.set_mode("*", QuantizerMode::Training).unwrap();
+    let scale_before = q.0.weights_quantizer.learned.as_vec();
+    let w_before = q.0.weight.as_vec();
+    let target = dev.sample_normal::<Rank2<8, 4>>();
+    let mut opt = Adam::new(
+        &q,
+        AdamConfig {
+            lr: 2e-3,
+            ..Default::default()
+        },
+    );
+    let mut losses = Vec::new();
+    for _ in 0..30 {
+        let grads = q.alloc_grads();
+        let y = q.try_forward_mut(x.clone().traced(grads)).unwrap();
+        let loss = mse_loss(y, target.clone());
+        losses.push(loss.array());
+        let grads = loss.backward();
+        opt.update(&mut q, &grads).unwrap();
+    }
+    assert!(losses[29] < 0.7 * losses[0], "loss {losses:?}");
+    assert_ne!(
+        q.0.weights_quantizer.learned.as_vec(),
+        scale_before,
+        "LSQ scales must train"
+    );
+    assert_ne!(q.0.weight.as_vec(), w_before, "weights must train");
+}
+
+#[test]
+fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
+    let (dev, model, x) = setup();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
+    q.try_forward_mut(x.clone()).unwrap();
+    q.finish_calibration().unwrap();
+    q.set_mode("*", QuantizerMode::Training).unwrap();
+    q.set_mode("0.input", QuantizerMode::Frozen).unwrap();
+    let frozen_before = q.0.input_quantizer.learned.as_vec();
+    let mut opt = Adam::new(
+        &q,
+        AdamConfig {
+            lr: 2e-3,
+            ..Default::default()
+        },
+    );
+    let target = dev.sample_normal::<Rank2<8, 4>>();
+    for _ in 0..5 {
+        let grads = q.alloc_grads();
+        let y = q.try_forward_mut(x.clone().traced(grads)).unwrap();
+        let grads = mse_loss(y, target.clone()).backward();
+        // A frozen quantizer's parameters get no gradient: dfdx reports them as unused.
+        match opt.update(&mut q, &grads) {
+            Ok(()) | Err(OptimizerUpdateError::UnusedParams(_)) => {}
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+    assert_eq!(q.0.input_quantizer.learned.as_vec(), frozen_before);
+
+    let dir = std::env::temp_dir().join(format!("quant-layers-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.safetensors");
+    q.save_safetensors(&path).unwrap();
+    let y = q.try_forward(x.clone()).unwrap();
+
+    // Rebuild from the same float model and policy, then load the tensors and scalars.
+    let mut fresh = convert_model(&model, &lsq_w4a4(false)).unwrap();
+    fresh.load_safetensors(&path).unwrap();
+    assert_eq!(fresh.0.input_quantizer.mode(), QuantizerMode::Frozen);
+    assert_eq!(fresh.0.weights_quantizer.mode(), QuantizerMode::Training);
+    assert_eq!(fresh.try_forward(x.clone()).unwrap().array(), y.array());
+    std::fs::remove_dir_all(&dir).ok();
+}
