@@ -289,17 +289,17 @@ macro_rules! input_only {
 }
 input_only!(
     MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::MaxPool2d,
-        |_m| Op::MaxPool2d(PoolGeometry { kernel: K, stride: S, padding: P });
+        |_m| Op::MaxPool2d(quant_runtime::graph::MaxPool2d { window: PoolGeometry { kernel: K, stride: S, padding: P } });
     AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::AvgPool2d,
-        |_m| Op::AvgPool2d(PoolGeometry { kernel: K, stride: S, padding: P });
+        |_m| Op::AvgPool2d(quant_runtime::graph::AvgPool2d { window: PoolGeometry { kernel: K, stride: S, padding: P } });
     Flatten<N> where [const N: usize] => LayerKind::Flatten, |_m| Op::Flatten;
     AvgPoolGlobal where [] => LayerKind::GlobalAvgPool, |_m| Op::GlobalAvgPool;
     MaxPoolGlobal where [] => LayerKind::GlobalMaxPool, |_m| Op::GlobalMaxPool;
-    LayerNorm1D<M, f32, Cpu> where [const M: usize] => LayerKind::LayerNorm, |m| Op::LayerNorm {
+    LayerNorm1D<M, f32, Cpu> where [const M: usize] => LayerKind::LayerNorm, |m| Op::LayerNorm(quant_runtime::graph::LayerNorm {
         scale: Parameter::float("gamma", m.gamma.as_vec()),
         shift: Parameter::float("beta", m.beta.as_vec()),
         epsilon: m.epsilon,
-    };
+    });
     AccurateGeLU where [] => LayerKind::Gelu, |_m| Op::Gelu;
 );
 
@@ -347,9 +347,9 @@ stays_float!(
     Sqrt => |_m| no_graph_op("Sqrt");
     Abs => |_m| no_graph_op("Abs");
     MinPoolGlobal => |_m| no_graph_op("MinPoolGlobal");
-    ImageTokens<C, N, f32, Cpu> where [const C: usize, const N: usize] => |m| Ok(Some(Op::ImageTokens {
+    ImageTokens<C, N, f32, Cpu> where [const C: usize, const N: usize] => |m| Ok(Some(Op::ImageTokens(quant_runtime::graph::ImageTokens {
         position: Parameter::float("position", m.position.as_vec()),
-    }));
+    })));
     MeanTokens => |_m| Ok(Some(Op::MeanTokens));
     Dropout => |_m| Ok(None);
     DropoutOneIn<N> where [const N: usize] => |_m| Ok(None);
@@ -375,10 +375,10 @@ fn batch_norm(gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32], epsilon: f
         .zip(&scale)
         .map(|((b, m), s)| (*b as f64 - *m as f64 * *s as f64) as f32)
         .collect();
-    Op::ChannelAffine {
+    Op::ChannelAffine(quant_runtime::graph::ChannelAffine {
         scale: Parameter::float("scale", scale),
         shift: Parameter::float("shift", shift),
-    }
+    })
 }
 
 impl<const V: usize, const M: usize> Convert for Embedding<V, M, f32, Cpu> {

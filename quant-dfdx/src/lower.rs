@@ -89,7 +89,11 @@ impl QuantizeNodes for GraphBuilder {
         x: ValueId,
     ) -> Result<ValueId, GraphError> {
         match exported_quantizer(slot, quantizer)? {
-            Some(q) => self.add(node, Op::QuantizeDequantize { quantizer: q }, &[x]),
+            Some(q) => self.add(
+                node,
+                Op::QuantizeDequantize(quant_runtime::graph::QuantizeDequantize { quantizer: q }),
+                &[x],
+            ),
             None => Ok(x),
         }
     }

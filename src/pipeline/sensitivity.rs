@@ -928,17 +928,17 @@ fn slot_units<S: BatchShape, Q: QuantizedModule>(
         .map(|(name, layer, _)| {
             let units = graph.nodes.iter().enumerate().find_map(|(i, n)| {
                 match (&n.op, resource) {
-                    (Op::QuantizeDequantize { .. }, Resource::Activations) if n.name == *name => {
+                    (Op::QuantizeDequantize(crate::graph::QuantizeDequantize { .. }), Resource::Activations) if n.name == *name => {
                         Some(numel(i))
                     }
-                    (Op::Linear { weight, out_features, .. }, Resource::Weights | Resource::Bops)
+                    (Op::Linear(crate::graph::Linear { weight, out_features, .. }), Resource::Weights | Resource::Bops)
                         if n.name == *layer =>
                     {
                         // Multiply-adds: every weight once per row (token) of the output.
                         let rows = numel(i) / (*out_features).max(1) as u64;
                         Some(weighted(&graph, n, weight.values.len() as u64, rows, resource))
                     }
-                    (Op::Conv2d { weight, geometry, .. }, Resource::Weights | Resource::Bops)
+                    (Op::Conv2d(crate::graph::Conv2d { weight, geometry, .. }), Resource::Weights | Resource::Bops)
                         if n.name == *layer =>
                     {
                         let positions = numel(i) / geometry.out_channels.max(1) as u64;
@@ -979,7 +979,9 @@ fn weighted(
         .first()
         .and_then(|v| graph.node_index(v))
         .and_then(|p| match &graph.nodes[p].op {
-            Op::QuantizeDequantize { quantizer } => Some(u64::from(quantizer.origin.bits)),
+            Op::QuantizeDequantize(crate::graph::QuantizeDequantize { quantizer }) => {
+                Some(u64::from(quantizer.origin.bits))
+            }
             _ => None,
         })
         .unwrap_or(32);

@@ -307,7 +307,11 @@ fn a_long_chain_with_long_names_is_prepared_and_run_in_linear_time() {
     let mut g = GraphBuilder::new(&[4]).unwrap();
     let x = g.input();
     let mut last = g
-        .add("q", Op::QuantizeDequantize { quantizer }, &[x])
+        .add(
+            "q",
+            Op::QuantizeDequantize(quant::graph::QuantizeDequantize { quantizer }),
+            &[x],
+        )
         .unwrap();
     for i in 0..65_532 {
         last = g

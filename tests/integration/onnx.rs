@@ -179,7 +179,12 @@ fn every_committed_config_exports_onnx_that_tract_runs_like_quant() {
         let quantize_nodes = graph
             .nodes
             .iter()
-            .filter(|n| matches!(n.op, Op::QuantizeDequantize { .. }))
+            .filter(|n| {
+                matches!(
+                    n.op,
+                    Op::QuantizeDequantize(quant::graph::QuantizeDequantize { .. })
+                )
+            })
             .count();
         let q_ops = g
             .node
@@ -445,9 +450,9 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let q = g
         .add(
             "conv.input",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(quant::graph::QuantizeDequantize {
                 quantizer: act(4, 0.15, 7),
-            },
+            }),
             &[x],
         )
         .unwrap();
@@ -473,36 +478,38 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let y = g
         .add(
             "conv",
-            Op::Conv2d {
+            Op::Conv2d(quant::graph::Conv2d {
                 geometry,
                 weight,
                 bias,
-            },
+            }),
             &[q],
         )
         .unwrap();
-    let affine = Op::ChannelAffine {
+    let affine = Op::ChannelAffine(quant::graph::ChannelAffine {
         scale: Parameter::float("bn.scale", vec![1.5, 0.5, -1.0, 2.0]),
         shift: Parameter::float("bn.shift", vec![0.1, -0.2, 0.3, 0.0]),
-    };
+    });
     let y = g.add("bn", affine, &[y]).unwrap();
     let y = g.add("relu", Op::Relu, &[y]).unwrap();
     let y = g
         .add(
             "pool.input",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(quant::graph::QuantizeDequantize {
                 quantizer: act(8, 0.0123, 0),
-            },
+            }),
             &[y],
         )
         .unwrap();
     let a = g
         .add(
             "max",
-            Op::MaxPool2d(PoolGeometry {
-                kernel: 3,
-                stride: 2,
-                padding: 1,
+            Op::MaxPool2d(quant::graph::MaxPool2d {
+                window: PoolGeometry {
+                    kernel: 3,
+                    stride: 2,
+                    padding: 1,
+                },
             }),
             &[y],
         )
@@ -510,10 +517,12 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let b = g
         .add(
             "avg",
-            Op::AvgPool2d(PoolGeometry {
-                kernel: 3,
-                stride: 2,
-                padding: 1,
+            Op::AvgPool2d(quant::graph::AvgPool2d {
+                window: PoolGeometry {
+                    kernel: 3,
+                    stride: 2,
+                    padding: 1,
+                },
             }),
             &[y],
         )
@@ -521,37 +530,37 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let a = g
         .add(
             "add.a",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(quant::graph::QuantizeDequantize {
                 quantizer: act(8, 0.0217, 3),
-            },
+            }),
             &[a],
         )
         .unwrap();
     let b = g
         .add(
             "add.b",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(quant::graph::QuantizeDequantize {
                 quantizer: act(8, 0.0217, 3),
-            },
+            }),
             &[b],
         )
         .unwrap();
     let y = g.add("add", Op::Add, &[a, b]).unwrap();
     let y = g.add("tanh", Op::Tanh, &[y]).unwrap();
-    let rows = Op::Linear {
+    let rows = Op::Linear(quant::graph::Linear {
         in_features: 3,
         out_features: 5,
         weight: Parameter::float("rows.weight", noise(15, 2)),
         bias: Parameter::float("rows.bias", noise(5, 3)),
-    };
+    });
     let y = g.add("rows", rows, &[y]).unwrap();
     let y = g.add("flat", Op::Flatten, &[y]).unwrap();
     let y = g
         .add(
             "fc.input",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(quant::graph::QuantizeDequantize {
                 quantizer: act(8, 0.0531, 128),
-            },
+            }),
             &[y],
         )
         .unwrap();
@@ -569,12 +578,12 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let y = g
         .add(
             "fc",
-            Op::Linear {
+            Op::Linear(quant::graph::Linear {
                 in_features: 60,
                 out_features: 3,
                 weight,
                 bias,
-            },
+            }),
             &[y],
         )
         .unwrap();

@@ -376,10 +376,18 @@ impl<const M: usize, const H: usize, const K: usize, const V: usize> QuantizedMo
         let q = g.quantize(&join_name(&scores, Slot::QUERY.name), &inputs.query, q)?;
         let k = g.quantize(&join_name(&scores, Slot::KEY.name), &inputs.key, k)?;
         let v = g.quantize(&join_name(&context, Slot::VALUE.name), &inputs.value, v)?;
-        let s = g.add(&scores, Op::AttentionScores { heads: H }, &[q, k])?;
+        let s = g.add(
+            &scores,
+            Op::AttentionScores(quant_runtime::graph::AttentionScores { heads: H }),
+            &[q, k],
+        )?;
         let p = g.add(join_name(name, "softmax"), Op::Softmax, &[s])?;
         let p = g.quantize(&join_name(&context, Slot::PROBS.name), &inputs.probs, p)?;
-        let c = g.add(&context, Op::AttentionContext { heads: H }, &[p, v])?;
+        let c = g.add(
+            &context,
+            Op::AttentionContext(quant_runtime::graph::AttentionContext { heads: H }),
+            &[p, v],
+        )?;
         self.w_o.lower(&join_name(name, "w_o"), g, c)
     }
 }

@@ -159,11 +159,11 @@ impl_for_conv! {
                 (&self.input_quantizer, &self.weights_quantizer),
                 (&self.weight.as_vec(), &geometry.weight_shape()),
                 &self.bias.as_vec(),
-                |weight, bias| Op::Conv2d {
+                |weight, bias| Op::Conv2d(quant_runtime::graph::Conv2d {
                     geometry,
                     weight,
                     bias,
-                },
+                }),
             )
         }
     }

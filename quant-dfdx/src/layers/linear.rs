@@ -156,11 +156,13 @@ impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> Quant
             (&self.input_quantizer, &self.weights_quantizer),
             (&self.weight.as_vec(), &[O, I]),
             &self.bias.as_vec(),
-            |weight, bias| Op::Linear {
-                in_features: I,
-                out_features: O,
-                weight,
-                bias,
+            |weight, bias| {
+                Op::Linear(quant_runtime::graph::Linear {
+                    in_features: I,
+                    out_features: O,
+                    weight,
+                    bias,
+                })
             },
         )
     }

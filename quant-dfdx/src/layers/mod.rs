@@ -305,9 +305,9 @@ pub fn lower_weighted(
 ) -> Result<ValueId, GraphError> {
     let xq = g.quantize(&join_name(name, Slot::INPUT.name), input, x)?;
     let input_quantizer = match g.producer(xq) {
-        Some(quant_runtime::graph::Op::QuantizeDequantize { quantizer }) if xq != x => {
-            Some(quantizer.clone())
-        }
+        Some(quant_runtime::graph::Op::QuantizeDequantize(
+            quant_runtime::graph::QuantizeDequantize { quantizer },
+        )) if xq != x => Some(quantizer.clone()),
         _ => None,
     };
     let weight = crate::lower::weight_parameter(

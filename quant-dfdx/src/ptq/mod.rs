@@ -280,7 +280,9 @@ fn float_layers(
 ) -> quant_core::Result<BTreeMap<String, FloatLayer>> {
     let mut found: Vec<(&str, &str, Vec<f32>, Vec<f32>)> = Vec::new();
     for node in &float_graph.nodes {
-        let (Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. }) = &node.op else {
+        let (Op::Linear(quant_runtime::graph::Linear { weight, bias, .. })
+        | Op::Conv2d(quant_runtime::graph::Conv2d { weight, bias, .. })) = &node.op
+        else {
             continue;
         };
         if let (true, Some(input), ParamValues::Float(w), ParamValues::Float(b)) = (
@@ -337,11 +339,11 @@ impl Rows {
     fn of(op: &Op, in_shape: &[usize]) -> quant_core::Result<Rows> {
         match (op, in_shape) {
             (
-                Op::Linear {
+                Op::Linear(quant_runtime::graph::Linear {
                     in_features,
                     out_features,
                     ..
-                },
+                }),
                 _,
             ) => Ok(Rows {
                 outputs: *out_features,
@@ -350,7 +352,7 @@ impl Rows {
                 per_sample: in_shape.iter().product::<usize>() / (*in_features).max(1),
                 conv: None,
             }),
-            (Op::Conv2d { geometry: g, .. }, [c, h, w]) => {
+            (Op::Conv2d(quant_runtime::graph::Conv2d { geometry: g, .. }), [c, h, w]) => {
                 let out = |len| quant_runtime::graph::out_len(len, g.kernel, g.stride, g.padding);
                 let (Some(oh), Some(ow)) = (out(*h), out(*w)) else {
                     return Err(shape_error(op, in_shape));
@@ -437,7 +439,8 @@ impl<'a> Layer<'a> {
     fn of(graph: &'a Graph, i: usize) -> quant_core::Result<Layer<'a>> {
         let node = &graph.nodes[i];
         let (weight, bias) = match &node.op {
-            Op::Linear { weight, bias, .. } | Op::Conv2d { weight, bias, .. } => (weight, bias),
+            Op::Linear(quant_runtime::graph::Linear { weight, bias, .. })
+            | Op::Conv2d(quant_runtime::graph::Conv2d { weight, bias, .. }) => (weight, bias),
             other => {
                 return Err(QuantError::InvalidValue {
                     what: format!("layer `{}`", node.name),
@@ -452,7 +455,7 @@ impl<'a> Layer<'a> {
             .first()
             .and_then(|v| graph.node_index(v))
             .and_then(|p| match &graph.nodes[p].op {
-                Op::QuantizeDequantize { quantizer } => {
+                Op::QuantizeDequantize(quant_runtime::graph::QuantizeDequantize { quantizer }) => {
                     Some(quantizer.inferable.qparams().scales()[0])
                 }
                 _ => None,
@@ -569,16 +572,16 @@ impl<'a> Layer<'a> {
             error_refined / outputs as f64,
         );
         let mut op = self.op.clone();
-        let (Op::Linear {
+        let (Op::Linear(quant_runtime::graph::Linear {
             weight: new_weight,
             bias: new_bias,
             ..
-        }
-        | Op::Conv2d {
+        })
+        | Op::Conv2d(quant_runtime::graph::Conv2d {
             weight: new_weight,
             bias: new_bias,
             ..
-        }) = &mut op
+        })) = &mut op
         else {
             return Err(shape_error(self.op, in_shape));
         };

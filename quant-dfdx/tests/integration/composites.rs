@@ -260,7 +260,7 @@ fn residual_cnn_runs_on_integers_like_the_fake_quantized_model() {
         assert!(graph
             .nodes
             .iter()
-            .any(|n| matches!(&n.op, Op::Conv2d { geometry, .. } if geometry.groups == 4)));
+            .any(|n| matches!(&n.op, Op::Conv2d(quant_runtime::graph::Conv2d { geometry, .. }) if geometry.groups == 4)));
         let integer = IntegerModel::new(&graph).unwrap();
         let int = integer.forward(&x.as_vec()).unwrap();
         assert_integer_matches(&int, &fq, &format!("W{bits}A{bits}"));

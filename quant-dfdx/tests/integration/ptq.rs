@@ -136,7 +136,7 @@ fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() 
     // the integer model computes what the fake-quantized model does.
     let codes =
         |g: &quant_runtime::graph::Graph| match &g.nodes[g.node_index("0").expect("conv")].op {
-            Op::Conv2d { weight, .. } => match &weight.values {
+            Op::Conv2d(quant_runtime::graph::Conv2d { weight, .. }) => match &weight.values {
                 ParamValues::Codes { codes, .. } => codes.clone(),
                 other => panic!("float weights: {other:?}"),
             },

@@ -28,8 +28,10 @@ mod params;
 
 pub use builder::{bias_parameter, GraphBuilder, ValueId};
 pub use eval::{evaluate, evaluate_rewriting, Evaluation, NodeInput};
-pub use ops::out_len;
-pub use ops::{Conv2dGeometry, Op, PoolGeometry};
+pub use ops::{
+    out_len, AttentionContext, AttentionScores, AvgPool2d, ChannelAffine, Conv2d, Conv2dGeometry,
+    ImageTokens, LayerNorm, Linear, MaxPool2d, Op, PoolGeometry, QuantizeDequantize,
+};
 pub use params::{ExportedQuantizer, ParamValues, Parameter, QuantizerOrigin};
 
 use std::collections::{BTreeMap, HashMap};
@@ -184,7 +186,7 @@ impl Graph {
                         inputs.push(shapes[i].as_slice());
                         if k == 0 {
                             quantized_input =
-                                matches!(producers[i], Some(Op::QuantizeDequantize { .. }));
+                                matches!(producers[i], Some(Op::QuantizeDequantize(_)));
                         }
                     }
                     None => {

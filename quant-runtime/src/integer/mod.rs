@@ -31,7 +31,8 @@
 //! Large batches run in chunks of samples, so the working memory of a batch stays within the
 //! [`Budget`] whatever the model.
 
-mod prepare;
+pub(crate) mod prepare;
+pub(crate) use prepare::{Conv, Nonlinear, Quantize, Weighted};
 mod run;
 
 use quant_core::{QuantError, RoundingPolicy};
@@ -97,19 +98,19 @@ impl Default for Budget {
 
 /// An integer grid as the runtime stores it: codes `q + offset` in `u8`.
 #[derive(Debug, Clone, Copy, PartialEq)]
-struct StoredGrid {
-    scale: f64,
+pub(crate) struct StoredGrid {
+    pub scale: f64,
     /// The zero point, stored (`z + offset`).
-    zero: i32,
+    pub zero: i32,
     /// The grid's bounds, stored.
-    lo: i32,
-    hi: i32,
-    rounding: RoundingPolicy,
+    pub lo: i32,
+    pub hi: i32,
+    pub rounding: RoundingPolicy,
 }
 
 /// How one value is held at run time.
 #[derive(Debug, Clone, PartialEq)]
-enum Rep {
+pub(crate) enum Rep {
     /// Float (the graph input).
     Float,
     /// `u8` codes on a grid.
@@ -121,7 +122,7 @@ enum Rep {
 
 /// The per-sample layout of a value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Layout {
+pub(crate) enum Layout {
     /// Rows of features: `[.., features]` (one row for `[features]`).
     Flat { features: usize },
     /// Feature maps `[c, h, w]`, stored `[h, w, c]`.

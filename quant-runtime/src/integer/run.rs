@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::prepare::{Nonlinear, Quantize, Weighted};
 use super::{IntegerModel, Layout, Rep};
-use crate::graph::Op;
+use crate::graph::{AttentionContext, AttentionScores, AvgPool2d, MaxPool2d, Op};
 use quant_core::int8::{
     attention_context_u8, attention_scores_u8, gemm_u8, im2col_u8, max_pool_i32, max_pool_u8,
     AttentionShape, Isa, Window,
@@ -192,11 +192,11 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
         let step = &m.steps[i];
         let frees = &m.frees[i];
         let y = match &node.op {
-            Op::QuantizeDequantize { .. } => match step.quantize.as_ref() {
+            Op::QuantizeDequantize(_) => match step.quantize.as_ref() {
                 Some(q) => quantize(q, values[a].as_ref(), m.layouts[a])?,
                 None => return Err(internal(&node.name)),
             },
-            Op::Linear { .. } | Op::Conv2d { .. } => match (&step.weighted, values[a].as_ref()) {
+            Op::Linear(_) | Op::Conv2d(_) => match (&step.weighted, values[a].as_ref()) {
                 (Some(w), Some(Buf::U8(codes))) => Buf::I32(weighted(w, codes, n)?),
                 _ => return Err(internal(&node.name)),
             },
@@ -225,7 +225,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     _ => return Err(internal(&node.name)),
                 }
             }
-            Op::MaxPool2d(p) => {
+            Op::MaxPool2d(MaxPool2d { window: p }) => {
                 let ((c, h, w), (oh, ow)) = pool_dims(m, a, i + 1, &node.name)?;
                 let (per_in, per_out) = (h * w * c, oh * ow * c);
                 match values[a].as_ref() {
@@ -248,7 +248,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     _ => return Err(internal(&node.name)),
                 }
             }
-            Op::AvgPool2d(p) => {
+            Op::AvgPool2d(AvgPool2d { window: p }) => {
                 let ((c, h, w), (oh, ow)) = pool_dims(m, a, i + 1, &node.name)?;
                 // Window sums of centered values; the scale carries the division.
                 let centered: Vec<i32> = match (values[a].as_ref(), &m.reps[a]) {
@@ -283,7 +283,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     _ => return Err(internal(&node.name)),
                 }
             }
-            Op::LayerNorm { .. } | Op::Gelu | Op::Softmax => {
+            Op::LayerNorm(_) | Op::Gelu | Op::Softmax => {
                 let mut y = overwritten_i32(n * m.numels[i + 1]);
                 match (&step.nonlinear, values[a].as_ref()) {
                     (Some(Nonlinear::LayerNorm(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
@@ -293,7 +293,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 }
                 Buf::I32(y)
             }
-            Op::ImageTokens { .. } => {
+            Op::ImageTokens(_) => {
                 let pos = &step.position;
                 let mut y = match (take(&mut values, frees, a), &m.reps[a]) {
                     (Buf::I32(v), _) => v,
@@ -331,7 +331,8 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     _ => return Err(internal(&node.name)),
                 }
             }
-            Op::AttentionScores { heads } | Op::AttentionContext { heads } => {
+            Op::AttentionScores(AttentionScores { heads })
+            | Op::AttentionContext(AttentionContext { heads }) => {
                 let b = m.inputs[i][1];
                 let (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(gx), Rep::Codes(gy)) = (
                     values[a].as_ref(),
@@ -343,7 +344,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                 };
                 let (fx, fy, zeros) = (features(m, a), features(m, b), [gx.zero, gy.zero]);
                 let isa = Isa::detected();
-                Buf::I32(if matches!(node.op, Op::AttentionScores { .. }) {
+                Buf::I32(if matches!(node.op, Op::AttentionScores(_)) {
                     let shape = AttentionShape {
                         queries: m.numels[a] / fx,
                         keys: m.numels[b] / fy,
@@ -365,7 +366,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
                     out
                 })
             }
-            Op::Tanh | Op::Sigmoid | Op::ChannelAffine { .. } => return Err(internal(&node.name)),
+            Op::Tanh | Op::Sigmoid | Op::ChannelAffine(_) => return Err(internal(&node.name)),
         };
         values[i + 1] = Some(y);
         for &v in frees {

@@ -66,10 +66,10 @@
 //! # Ok::<(), quant_runtime::GraphError>(())
 //! ```
 
-mod proto;
+pub(crate) mod proto;
 #[cfg(test)]
 mod tests;
-mod writer;
+pub(crate) mod writer;
 
 use quant_core::RoundingPolicy;
 
@@ -152,7 +152,12 @@ impl OnnxConvention {
     }
 
     /// Checks a quantizer against the convention: `role` is `activation` or `weights`.
-    fn check(self, node: &str, role: Role, q: &ExportedQuantizer) -> Result<(), GraphError> {
+    pub(crate) fn check(
+        self,
+        node: &str,
+        role: Role,
+        q: &ExportedQuantizer,
+    ) -> Result<(), GraphError> {
         let inferable = &q.inferable;
         let grid = inferable.grid();
         let refuse = |reason: String| {
@@ -196,7 +201,7 @@ impl OnnxConvention {
 
 /// What a quantizer quantizes, for the convention checks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Role {
+pub(crate) enum Role {
     Activation,
     Weights,
 }

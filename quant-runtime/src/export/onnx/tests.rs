@@ -67,7 +67,11 @@ fn mlp(act: ExportedQuantizer) -> Graph {
     let mut g = GraphBuilder::new(&[4]).unwrap();
     let x = g.input();
     let q = g
-        .add("fc.input", Op::QuantizeDequantize { quantizer: act }, &[x])
+        .add(
+            "fc.input",
+            Op::QuantizeDequantize(crate::graph::QuantizeDequantize { quantizer: act }),
+            &[x],
+        )
         .unwrap();
     let wq = quantizer(
         QuantizationMethod::Symmetric,
@@ -86,12 +90,12 @@ fn mlp(act: ExportedQuantizer) -> Graph {
         tensor: "fc.bias".into(),
         values: ParamValues::Accumulator(vec![5, -7, 100]),
     };
-    let op = Op::Linear {
+    let op = Op::Linear(crate::graph::Linear {
         in_features: 4,
         out_features: 3,
         weight,
         bias,
-    };
+    });
     let y = g.add("fc", op, &[q]).unwrap();
     let y = g.add("act", Op::Relu, &[y]).unwrap();
     g.finish(y, Default::default()).unwrap()
@@ -262,7 +266,7 @@ fn tensorrt_and_openvino_write_float_biases_and_refuse_what_their_runtimes_do_no
     decode(&mlp(uniform(8, 0.05, 3)), OnnxConvention::OpenVino);
     // Both refuse asymmetric weights.
     let mut graph = mlp(symmetric(8, false, 0.05));
-    let Op::Linear { weight, .. } = &mut graph.nodes[1].op else {
+    let Op::Linear(crate::graph::Linear { weight, .. }) = &mut graph.nodes[1].op else {
         unreachable!()
     };
     let wq = quantizer(
@@ -293,9 +297,9 @@ fn every_op_has_its_onnx_form() {
     let q = g
         .add(
             "conv.input",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(crate::graph::QuantizeDequantize {
                 quantizer: uniform(8, 0.1, 0),
-            },
+            }),
             &[x],
         )
         .unwrap();
@@ -308,7 +312,7 @@ fn every_op_has_its_onnx_form() {
         padding: 1,
         groups: 2,
     };
-    let conv = Op::Conv2d {
+    let conv = Op::Conv2d(crate::graph::Conv2d {
         geometry,
         weight: Parameter {
             tensor: "conv.weight".into(),
@@ -318,21 +322,23 @@ fn every_op_has_its_onnx_form() {
             },
         },
         bias: Parameter::float("conv.bias", vec![0.1, 0.2, 0.3, 0.4]),
-    };
+    });
     let y = g.add("conv", conv, &[q]).unwrap();
-    let affine = Op::ChannelAffine {
+    let affine = Op::ChannelAffine(crate::graph::ChannelAffine {
         scale: Parameter::float("bn.scale", vec![1.0, 2.0, 3.0, 4.0]),
         shift: Parameter::float("bn.shift", vec![0.0; 4]),
-    };
+    });
     let y = g.add("bn", affine, &[y]).unwrap();
     let y = g.add("tanh", Op::Tanh, &[y]).unwrap();
     let a = g
         .add(
             "max",
-            Op::MaxPool2d(PoolGeometry {
-                kernel: 2,
-                stride: 1,
-                padding: 1,
+            Op::MaxPool2d(crate::graph::MaxPool2d {
+                window: PoolGeometry {
+                    kernel: 2,
+                    stride: 1,
+                    padding: 1,
+                },
             }),
             &[y],
         )
@@ -340,21 +346,23 @@ fn every_op_has_its_onnx_form() {
     let b = g
         .add(
             "avg",
-            Op::AvgPool2d(PoolGeometry {
-                kernel: 2,
-                stride: 1,
-                padding: 1,
+            Op::AvgPool2d(crate::graph::AvgPool2d {
+                window: PoolGeometry {
+                    kernel: 2,
+                    stride: 1,
+                    padding: 1,
+                },
             }),
             &[y],
         )
         .unwrap();
     let y = g.add("sum", Op::Add, &[a, b]).unwrap();
-    let lin = Op::Linear {
+    let lin = Op::Linear(crate::graph::Linear {
         in_features: 4,
         out_features: 2,
         weight: Parameter::float("rows.weight", (0..8).map(|v| v as f32).collect()),
         bias: Parameter::float("rows.bias", vec![0.0, 1.0]),
-    };
+    });
     let y = g.add("rows", lin, &[y]).unwrap();
     let y = g.add("sig", Op::Sigmoid, &[y]).unwrap();
     let y = g.add("flat", Op::Flatten, &[y]).unwrap();
@@ -423,9 +431,9 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
     let c = g
         .add(
             "q",
-            Op::QuantizeDequantize {
+            Op::QuantizeDequantize(crate::graph::QuantizeDequantize {
                 quantizer: uniform(8, 0.1, 0),
-            },
+            }),
             &[b],
         )
         .unwrap();
@@ -444,12 +452,12 @@ fn names_stay_unique_and_a_graph_returning_its_input_gets_an_identity() {
     // Parameters with empty tensor names (ONNX reads an empty name as "no input").
     let mut g = GraphBuilder::new(&[2]).unwrap();
     let x = g.input();
-    let op = Op::Linear {
+    let op = Op::Linear(crate::graph::Linear {
         in_features: 2,
         out_features: 1,
         weight: Parameter::float("", vec![1.0, 2.0]),
         bias: Parameter::float("", vec![0.5]),
-    };
+    });
     let y = g.add("fc", op, &[x]).unwrap();
     let m = decode(
         &g.finish(y, Default::default()).unwrap(),
@@ -522,7 +530,7 @@ fn rounding_onnx_cannot_express_is_refused_naming_the_node_and_nothing_is_writte
     }
     // Weights are stored as codes: their rounding is already applied and is accepted.
     let mut graph = mlp(uniform(8, 0.05, 0));
-    let Op::Linear { weight, .. } = &mut graph.nodes[1].op else {
+    let Op::Linear(crate::graph::Linear { weight, .. }) = &mut graph.nodes[1].op else {
         unreachable!()
     };
     let ParamValues::Codes { quantizer: q, .. } = &mut weight.values else {

@@ -1,6 +1,6 @@
-//! Writes a graph as an ONNX model: one method per graph op, each adding its ONNX nodes and
-//! initializers. A new graph op gets one arm in [`Writer::node`] (and, when ONNX cannot
-//! express it, that arm returns [`GraphError::Unsupported`] naming the node).
+//! Writes a graph as an ONNX model: each op's `write_onnx` (in its file under `graph/ops/`)
+//! adds its ONNX nodes and initializers through the [`Writer`] here (or returns
+//! [`GraphError::Unsupported`] naming the node when ONNX cannot express it).
 
 use std::collections::{HashMap, HashSet};
 
@@ -14,10 +14,7 @@ use super::proto::{
     TensorTypeProto, TypeProto, ValueInfoProto,
 };
 use super::{OnnxConvention, Role, IR_VERSION, OPSET};
-use crate::graph::{
-    Conv2dGeometry, ExportedQuantizer, Graph, Node, Op, ParamValues, Parameter, PoolGeometry,
-    Shapes,
-};
+use crate::graph::{ExportedQuantizer, Graph, Node, Op, ParamValues, Parameter, Shapes};
 use crate::GraphError;
 
 /// Name of the ONNX model's input.
@@ -61,14 +58,14 @@ pub(super) fn write(graph: &Graph, convention: OnnxConvention) -> Result<Vec<u8>
 
 /// An integer tensor type ONNX stores codes in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum CodeType {
+pub(crate) enum CodeType {
     Int8,
     Uint8,
 }
 
 impl CodeType {
     /// The storage type of a grid of at most 8 bits (checked by the convention before).
-    fn of(q: &ExportedQuantizer) -> CodeType {
+    pub(crate) fn of(q: &ExportedQuantizer) -> CodeType {
         if q.inferable.grid().signed() {
             CodeType::Int8
         } else {
@@ -83,7 +80,7 @@ impl CodeType {
         }
     }
 
-    fn range(self) -> (i32, i32) {
+    pub(crate) fn range(self) -> (i32, i32) {
         match self {
             CodeType::Int8 => (-128, 127),
             CodeType::Uint8 => (0, 255),
@@ -107,7 +104,7 @@ fn transposed<T: Copy>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
 }
 
 /// The values of a parameter that must hold floats (a scale, shift or position embedding).
-fn float_values<'p>(node: &Node, p: &'p Parameter) -> Result<&'p [f32], GraphError> {
+pub(crate) fn float_values<'p>(node: &Node, p: &'p Parameter) -> Result<&'p [f32], GraphError> {
     match &p.values {
         ParamValues::Float(v) => Ok(v),
         _ => Err(GraphError::Invalid {
@@ -121,7 +118,7 @@ fn f32_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-fn int_attr(name: &str, i: i64) -> AttributeProto {
+pub(crate) fn int_attr(name: &str, i: i64) -> AttributeProto {
     AttributeProto {
         name: name.into(),
         r#type: attribute_type::INT,
@@ -130,7 +127,7 @@ fn int_attr(name: &str, i: i64) -> AttributeProto {
     }
 }
 
-fn ints_attr(name: &str, ints: &[usize]) -> AttributeProto {
+pub(crate) fn ints_attr(name: &str, ints: &[usize]) -> AttributeProto {
     AttributeProto {
         name: name.into(),
         r#type: attribute_type::INTS,
@@ -172,11 +169,24 @@ impl Names {
     }
 }
 
+/// A graph node as its op's [`crate::graph::ops::OpRules::write_onnx`] sees it: the ONNX
+/// values of its inputs, their per-sample shapes and the ONNX value it must write.
+pub(crate) struct OnnxNode<'g> {
+    /// The graph node.
+    pub node: &'g Node,
+    /// The ONNX value of each input.
+    pub inputs: Vec<String>,
+    /// Each input's per-sample shape.
+    pub shapes: Vec<&'g [usize]>,
+    /// The ONNX value the node writes.
+    pub out: String,
+}
+
 /// An ONNX model under construction.
-struct Writer<'g> {
+pub(crate) struct Writer<'g> {
     graph: &'g Graph,
     shapes: &'g Shapes,
-    convention: OnnxConvention,
+    pub(crate) convention: OnnxConvention,
     /// ONNX value names in use (values and initializers share one namespace).
     values: Names,
     /// ONNX node names in use.
@@ -224,91 +234,19 @@ impl<'g> Writer<'g> {
         }
     }
 
-    /// Writes one graph node: one arm per op.
+    /// Writes one graph node, as its op's rules say.
     fn node(&mut self, node: &'g Node) -> Result<(), GraphError> {
-        let out = self.value_of[node.name.as_str()].clone();
-        let x = self.input(node, 0);
-        let in_shape = self.input_shape(node, 0);
-        match &node.op {
-            Op::QuantizeDequantize { quantizer } => self.quantize(node, quantizer, x, out)?,
-            Op::Linear {
-                in_features,
-                out_features,
-                weight,
-                bias,
-            } => self.linear(
-                node,
-                [*in_features, *out_features],
-                weight,
-                bias,
-                x,
-                in_shape,
-                out,
-            )?,
-            Op::Conv2d {
-                geometry,
-                weight,
-                bias,
-            } => self.conv(node, geometry, weight, bias, x, out)?,
-            Op::ChannelAffine { scale, shift } => {
-                self.channel_affine(node, scale, shift, x, in_shape, out)?
-            }
-            Op::Relu => self.op("Relu", &node.name, &[x], out, Vec::new()),
-            Op::Tanh => self.op("Tanh", &node.name, &[x], out, Vec::new()),
-            Op::Sigmoid => self.op("Sigmoid", &node.name, &[x], out, Vec::new()),
-            Op::MaxPool2d(p) => self.pool("MaxPool", node, p, x, out, Vec::new()),
-            Op::AvgPool2d(p) => {
-                // Padding counts as zeros, as in the graph (and dfdx).
-                let attrs = vec![int_attr("count_include_pad", 1)];
-                self.pool("AveragePool", node, p, x, out, attrs)
-            }
-            Op::Flatten => self.op("Flatten", &node.name, &[x], out, vec![int_attr("axis", 1)]),
-            Op::Add => {
-                let y = self.input(node, 1);
-                self.op("Add", &node.name, &[x, y], out, Vec::new())
-            }
-            // `[N, C, H, W]` → `[N, C, 1, 1]`, flattened to the graph's `[N, C]`.
-            Op::GlobalAvgPool | Op::GlobalMaxPool => {
-                let op_type = match node.op {
-                    Op::GlobalAvgPool => "GlobalAveragePool",
-                    _ => "GlobalMaxPool",
-                };
-                let pooled = self.step(node, op_type, &[x], Vec::new(), "pooled");
-                self.op(
-                    "Flatten",
-                    &node.name,
-                    &[pooled],
-                    out,
-                    vec![int_attr("axis", 1)],
-                );
-            }
-            Op::LayerNorm {
-                scale,
-                shift,
-                epsilon,
-            } => self.layer_norm(node, [scale, shift], *epsilon, (x, in_shape), out)?,
-            Op::Gelu => self.gelu(node, x, out),
-            Op::Softmax => {
-                let axis = in_shape.len() as i64;
-                self.op(
-                    "Softmax",
-                    &node.name,
-                    &[x],
-                    out,
-                    vec![int_attr("axis", axis)],
-                )
-            }
-            Op::ImageTokens { position } => {
-                self.image_tokens(node, position, (x, in_shape), out)?
-            }
-            Op::MeanTokens => self.mean_tokens(node, x, out),
-            Op::AttentionScores { heads } | Op::AttentionContext { heads } => {
-                let inputs = [x, self.input(node, 1)];
-                let shapes = [in_shape, self.input_shape(node, 1)];
-                self.attention(node, *heads, inputs, shapes, out)
-            }
-        }
-        Ok(())
+        let onnx_node = OnnxNode {
+            node,
+            inputs: (0..node.inputs.len())
+                .map(|k| self.input(node, k))
+                .collect(),
+            shapes: (0..node.inputs.len())
+                .map(|k| self.input_shape(node, k))
+                .collect(),
+            out: self.value_of[node.name.as_str()].clone(),
+        };
+        node.op.rules().write_onnx(self, &onnx_node)
     }
 
     /// The ONNX value of the node's `k`-th input.
@@ -333,14 +271,14 @@ impl<'g> Writer<'g> {
     fn input_quantizer(&self, node: &Node) -> Option<&'g ExportedQuantizer> {
         let i = *self.producer.get(node.inputs.first()?.as_str())?;
         match &self.graph.nodes[i].op {
-            Op::QuantizeDequantize { quantizer } => Some(quantizer),
+            Op::QuantizeDequantize(q) => Some(&q.quantizer),
             _ => None,
         }
     }
 
     /// Adds an ONNX node `op_type` (named after the graph node `owner`) reading `inputs` and
     /// writing `output`.
-    fn op(
+    pub(crate) fn op(
         &mut self,
         op_type: &str,
         owner: &str,
@@ -360,7 +298,7 @@ impl<'g> Writer<'g> {
     }
 
     /// Adds `op_type(inputs)` writing a new value named `<node>.<what>`, and returns that value.
-    fn step(
+    pub(crate) fn step(
         &mut self,
         node: &Node,
         op_type: &str,
@@ -374,7 +312,13 @@ impl<'g> Writer<'g> {
     }
 
     /// Adds an initializer named after `base` and returns its name.
-    fn initializer(&mut self, base: &str, data_type: i32, dims: &[usize], raw: Vec<u8>) -> String {
+    pub(crate) fn initializer(
+        &mut self,
+        base: &str,
+        data_type: i32,
+        dims: &[usize],
+        raw: Vec<u8>,
+    ) -> String {
         let name = self.values.fresh(base);
         self.initializers.push(TensorProto {
             dims: dims.iter().map(|d| *d as i64).collect(),
@@ -386,18 +330,18 @@ impl<'g> Writer<'g> {
     }
 
     /// A float initializer.
-    fn floats(&mut self, base: &str, dims: &[usize], values: &[f32]) -> String {
+    pub(crate) fn floats(&mut self, base: &str, dims: &[usize], values: &[f32]) -> String {
         self.initializer(base, data_type::FLOAT, dims, f32_bytes(values))
     }
 
     /// A new intermediate value named after `base`.
-    fn value(&mut self, base: &str) -> String {
+    pub(crate) fn value(&mut self, base: &str) -> String {
         self.values.fresh(base)
     }
 
     /// Scale and zero point initializers of `q` (scalars per tensor, 1-D per channel) and the
     /// `axis` attribute a per-channel `DequantizeLinear` needs.
-    fn qparams(
+    pub(crate) fn qparams(
         &mut self,
         base: &str,
         q: &ExportedQuantizer,
@@ -436,47 +380,10 @@ impl<'g> Writer<'g> {
         (scale, zero, attrs)
     }
 
-    /// `QuantizeDequantize`: `[Clip →] QuantizeLinear → DequantizeLinear`, per tensor.
-    fn quantize(
-        &mut self,
-        node: &Node,
-        q: &ExportedQuantizer,
-        x: String,
-        out: String,
-    ) -> Result<(), GraphError> {
-        self.convention.check(&node.name, Role::Activation, q)?;
-        let code = CodeType::of(q);
-        let grid = q.inferable.grid();
-        let (scale, zero, _) = self.qparams(&node.name, q, code, 0);
-        let s = q.inferable.qparams().scales()[0];
-        let z = q.inferable.qparams().zero_points()[0];
-        let mut x = x;
-        if (grid.quant_min(), grid.quant_max()) != code.range() {
-            // A narrow grid in wider storage: clip to the grid's real range, so that
-            // QuantizeLinear yields codes on the grid ((q - z)·s divided by s rounds back to
-            // q: the relative error of the two f32 operations is far below 0.5 / 2^8).
-            let lo = (grid.quant_min() - z) as f32 * s;
-            let hi = (grid.quant_max() - z) as f32 * s;
-            let lo = self.floats(&format!("{}.min", node.name), &[], &[lo]);
-            let hi = self.floats(&format!("{}.max", node.name), &[], &[hi]);
-            x = self.step(node, "Clip", &[x, lo, hi], Vec::new(), "clipped");
-        }
-        let inputs = [x, scale.clone(), zero.clone()];
-        let codes = self.step(node, "QuantizeLinear", &inputs, Vec::new(), "codes");
-        self.op(
-            "DequantizeLinear",
-            &node.name,
-            &[codes, scale, zero],
-            out,
-            Vec::new(),
-        );
-        Ok(())
-    }
-
     /// A weight of `shape` (output channels first): a float initializer, or codes behind a
     /// `DequantizeLinear`. With `transpose`, a 2-D weight is stored `[in, out]` (for
     /// `MatMul`), its channels on axis 1.
-    fn weight(
+    pub(crate) fn weight(
         &mut self,
         node: &Node,
         p: &Parameter,
@@ -533,7 +440,7 @@ impl<'g> Writer<'g> {
 
     /// A bias of `out` values: float, or an accumulator bias at `s_input · s_weight[o]`
     /// (int32 behind a `DequantizeLinear`, or its float values, by convention).
-    fn bias(
+    pub(crate) fn bias(
         &mut self,
         node: &Node,
         bias: &Parameter,
@@ -599,97 +506,6 @@ impl<'g> Writer<'g> {
             attrs,
         );
         Ok(value)
-    }
-
-    /// `Linear`: `Gemm` on `[N, in]`, `MatMul` + `Add` over the last axis of larger values.
-    #[allow(clippy::too_many_arguments)]
-    fn linear(
-        &mut self,
-        node: &Node,
-        [in_features, out_features]: [usize; 2],
-        weight: &Parameter,
-        bias: &Parameter,
-        x: String,
-        in_shape: &[usize],
-        out: String,
-    ) -> Result<(), GraphError> {
-        let gemm = in_shape.len() == 1;
-        let w = self.weight(node, weight, &[out_features, in_features], !gemm)?;
-        let b = self.bias(node, bias, weight, out_features)?;
-        if gemm {
-            self.op(
-                "Gemm",
-                &node.name,
-                &[x, w, b],
-                out,
-                vec![int_attr("transB", 1)],
-            );
-        } else {
-            let product = self.step(node, "MatMul", &[x, w], Vec::new(), "matmul");
-            self.op("Add", &node.name, &[product, b], out, Vec::new());
-        }
-        Ok(())
-    }
-
-    /// `Conv2d`: `Conv` with its groups, strides and zero padding.
-    fn conv(
-        &mut self,
-        node: &Node,
-        g: &Conv2dGeometry,
-        weight: &Parameter,
-        bias: &Parameter,
-        x: String,
-        out: String,
-    ) -> Result<(), GraphError> {
-        let w = self.weight(node, weight, &g.weight_shape(), false)?;
-        let b = self.bias(node, bias, weight, g.out_channels)?;
-        let attrs = vec![
-            int_attr("group", g.groups as i64),
-            ints_attr("kernel_shape", &[g.kernel, g.kernel]),
-            ints_attr("strides", &[g.stride, g.stride]),
-            ints_attr("pads", &[g.padding; 4]),
-            ints_attr("dilations", &[1, 1]),
-        ];
-        self.op("Conv", &node.name, &[x, w, b], out, attrs);
-        Ok(())
-    }
-
-    /// `ChannelAffine`: `Mul` and `Add` by per-channel factors shaped to broadcast over the
-    /// first per-sample axis.
-    fn channel_affine(
-        &mut self,
-        node: &Node,
-        scale: &Parameter,
-        shift: &Parameter,
-        x: String,
-        in_shape: &[usize],
-        out: String,
-    ) -> Result<(), GraphError> {
-        let mut dims = vec![1usize; in_shape.len()];
-        dims[0] = in_shape[0];
-        let s = self.floats(&scale.tensor, &dims, float_values(node, scale)?);
-        let t = self.floats(&shift.tensor, &dims, float_values(node, shift)?);
-        let scaled = self.step(node, "Mul", &[x, s], Vec::new(), "scaled");
-        self.op("Add", &node.name, &[scaled, t], out, Vec::new());
-        Ok(())
-    }
-
-    /// `MaxPool` / `AveragePool` with the window's geometry (ceil_mode 0: the graph's floor).
-    fn pool(
-        &mut self,
-        op_type: &str,
-        node: &Node,
-        p: &PoolGeometry,
-        x: String,
-        out: String,
-        mut attrs: Vec<AttributeProto>,
-    ) {
-        attrs.extend([
-            ints_attr("kernel_shape", &[p.kernel, p.kernel]),
-            ints_attr("strides", &[p.stride, p.stride]),
-            ints_attr("pads", &[p.padding; 4]),
-        ]);
-        self.op(op_type, &node.name, &[x], out, attrs);
     }
 
     fn finish(self) -> ModelProto {

@@ -1,0 +1,277 @@
+//! `Conv2d`: 2-D convolution of `[channels, height, width]` maps with zero padding.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_bias, maps, out_len, taps, OpRules};
+use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
+use crate::graph::eval::{bias_values, dequantized, EvalNode};
+use crate::graph::params::check_parameter;
+use crate::graph::{checked_numel, Parameter, MAX_ELEMENTS};
+use crate::integer::prepare::{
+    accumulator_bias, accumulator_bound, reach, unsupported, weight_codes, PrepareNode, Prepared,
+};
+use crate::integer::{Conv, Layout, Rep, Weighted, MAX_SAMPLE_ELEMENTS};
+use crate::GraphError;
+use quant_core::int8::{DepthwiseFilter, PackedMatrix};
+
+/// Geometry of a 2-D convolution with zero padding.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conv2dGeometry {
+    /// Input channels.
+    pub in_channels: usize,
+    /// Output channels.
+    pub out_channels: usize,
+    /// Kernel size (square).
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+    /// Zero padding on each side.
+    pub padding: usize,
+    /// Channel groups: each output channel sees `in_channels / groups` input channels
+    /// (`groups = in_channels` is a depthwise convolution).
+    #[serde(default = "one")]
+    pub groups: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl Conv2dGeometry {
+    /// Input channels each output channel sees.
+    pub fn group_in_channels(&self) -> usize {
+        self.in_channels / self.groups.max(1)
+    }
+
+    /// The weight's shape, `[out_channels, in_channels / groups, kernel, kernel]`.
+    pub fn weight_shape(&self) -> [usize; 4] {
+        [
+            self.out_channels,
+            self.group_in_channels(),
+            self.kernel,
+            self.kernel,
+        ]
+    }
+
+    /// Inputs per output value: `in_channels / groups · kernel²`.
+    pub fn fan_in(&self) -> usize {
+        self.group_in_channels() * self.kernel * self.kernel
+    }
+}
+
+/// 2-D convolution of `[channels, height, width]` maps with zero padding.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Conv2d {
+    /// Geometry.
+    pub geometry: Conv2dGeometry,
+    /// Weight `[out, in / groups, kernel, kernel]`, float or codes.
+    pub weight: Parameter,
+    /// Bias `[out]`, float or accumulator values.
+    pub bias: Parameter,
+}
+
+impl Conv2d {
+    /// The shapes of the weight and the bias.
+    pub(crate) fn weight_and_bias_shapes(&self) -> [Vec<usize>; 2] {
+        [
+            self.geometry.weight_shape().to_vec(),
+            vec![self.geometry.out_channels],
+        ]
+    }
+}
+
+impl OpRules for Conv2d {
+    fn name(&self) -> &'static str {
+        "Conv2d"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
+        let g = &self.geometry;
+        let (c, h, w) = maps(inputs, "Conv2d")?;
+        if g.groups == 0 || g.in_channels % g.groups != 0 || g.out_channels % g.groups != 0 {
+            return Err(format!(
+                "{} groups must divide {} input and {} output channels",
+                g.groups, g.in_channels, g.out_channels
+            ));
+        }
+        if c != g.in_channels {
+            return Err(format!("receives {c} channels; expects {}", g.in_channels));
+        }
+        if g.kernel == 0 || g.stride == 0 || g.stride > MAX_ELEMENTS || g.padding >= g.kernel {
+            return Err(format!(
+                "kernel {}, stride {}, padding {}: kernel and stride must be at least 1 and the padding smaller than the kernel",
+                g.kernel, g.stride, g.padding
+            ));
+        }
+        let numel = checked_numel(&g.weight_shape()).ok_or_else(|| {
+            format!(
+                "weight {:?} is empty or holds more than {MAX_ELEMENTS} values",
+                g.weight_shape()
+            )
+        })?;
+        if values {
+            check_parameter(
+                &self.weight,
+                "weight",
+                numel,
+                g.out_channels,
+                &["float", "codes"],
+            )?;
+            check_bias(&self.bias, &self.weight, g.out_channels)?;
+        }
+        match (
+            out_len(h, g.kernel, g.stride, g.padding),
+            out_len(w, g.kernel, g.stride, g.padding),
+        ) {
+            (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok(vec![g.out_channels, oh, ow]),
+            _ => Err(format!(
+                "a {h}x{w} input is smaller than its {}x{} kernel",
+                g.kernel, g.kernel
+            )),
+        }
+    }
+
+    /// Direct grouped convolution with zero padding, NCHW.
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        let g = &self.geometry;
+        let w = dequantized(&self.weight, &g.weight_shape())?;
+        let b = bias_values(node, &self.bias, &self.weight)?;
+        let (x, n) = (node.inputs[0], node.samples);
+        let (c, h, wd) = (node.shapes[0][0], node.shapes[0][1], node.shapes[0][2]);
+        let out_shape = node.output_shape;
+        let (o, oh, ow) = (out_shape[0], out_shape[1], out_shape[2]);
+        let (k, s, p) = (g.kernel, g.stride, g.padding);
+        let cg = g.group_in_channels();
+        let og = o / g.groups.max(1);
+        let mut y = vec![0f32; n * o * oh * ow];
+        for bi in 0..n {
+            let xs = &x[bi * c * h * wd..(bi + 1) * c * h * wd];
+            for oc in 0..o {
+                let group = oc / og;
+                let wk = &w[oc * cg * k * k..(oc + 1) * cg * k * k];
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = 0f32;
+                        for ci in 0..cg {
+                            let ch = group * cg + ci;
+                            for (ky, iy) in taps(oy, k, s, p, h) {
+                                for (kx, ix) in taps(ox, k, s, p, wd) {
+                                    acc += xs[(ch * h + iy) * wd + ix] * wk[(ci * k + ky) * k + kx];
+                                }
+                            }
+                        }
+                        y[((bi * o + oc) * oh + oy) * ow + ox] = acc + b[oc];
+                    }
+                }
+            }
+        }
+        Ok(y)
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let (name, geometry) = (node.name, &self.geometry);
+        let Rep::Codes(g) = node.rep(0).clone() else {
+            return Err(unsupported(name, "its input is not quantized"));
+        };
+        let Layout::Maps { c, h, w } = node.layout(0) else {
+            return Err(unsupported(name, "its input is not feature maps"));
+        };
+        let (o, oh, ow) = match node.output_shape() {
+            [o, oh, ow] => (*o, *oh, *ow),
+            _ => return Err(unsupported(name, "its output is not feature maps")),
+        };
+        let (codes, zeros, scales) = weight_codes(name, &self.weight)?;
+        let bias = accumulator_bias(name, &self.bias)?;
+        let (k, groups) = (geometry.kernel, geometry.groups);
+        let (cg, og) = (c / groups, o / groups);
+        let fan_in = cg * k * k;
+        // OIHW → per group, rows (ky, kx, c) of each output channel.
+        let mut centered = vec![0i32; o * fan_in];
+        for oc in 0..o {
+            let z = zeros[if zeros.len() == 1 { 0 } else { oc }];
+            for ci in 0..cg {
+                for ky in 0..k {
+                    for kx in 0..k {
+                        centered[oc * fan_in + (ky * k + kx) * cg + ci] =
+                            codes[((oc * cg + ci) * k + ky) * k + kx] - z;
+                    }
+                }
+            }
+        }
+        let bound = accumulator_bound(name, &centered, fan_in, &bias, reach(&g))?;
+        let positions = oh * ow;
+        let patches = positions.saturating_mul(fan_in);
+        if patches > MAX_SAMPLE_ELEMENTS {
+            return Err(unsupported(
+                name,
+                format!("one sample's patches would hold more than {MAX_SAMPLE_ELEMENTS} values"),
+            ));
+        }
+        node.patches = patches;
+        node.cost = (positions as u64) * (fan_in as u64) * (o as u64);
+        let mut packed = Vec::with_capacity(groups);
+        let mut biases = Vec::with_capacity(groups);
+        let depthwise = if groups > 1 && cg == 1 && og == 1 {
+            // One channel in and out per group: the rows are the filters, `[c][ky][kx]`.
+            Some(DepthwiseFilter::new(&centered, &bias, o, [k, k])?)
+        } else {
+            None
+        };
+        for gi in (0..groups).filter(|_| depthwise.is_none()) {
+            packed.push(PackedMatrix::new(
+                &centered[gi * og * fan_in..(gi + 1) * og * fan_in],
+                og,
+                fan_in,
+            )?);
+            biases.push(bias[gi * og..(gi + 1) * og].to_vec());
+        }
+        node.step.weighted = Some(Weighted {
+            groups: packed,
+            depthwise,
+            biases,
+            input_zero: g.zero,
+            fan_in,
+            out: o,
+            conv: Some(Conv {
+                geometry: *geometry,
+                input: (h, w, c),
+                output: (oh, ow),
+            }),
+        });
+        Ok((
+            Rep::Acc {
+                scales: scales.iter().map(|s| g.scale * s).collect(),
+                bound,
+            },
+            Layout::Maps { c: o, h: oh, w: ow },
+        ))
+    }
+
+    /// `Conv` with its groups, strides and zero padding.
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        let (n, g) = (node.node, &self.geometry);
+        let weight = w.weight(n, &self.weight, &g.weight_shape(), false)?;
+        let b = w.bias(n, &self.bias, &self.weight, g.out_channels)?;
+        let attrs = vec![
+            int_attr("group", g.groups as i64),
+            ints_attr("kernel_shape", &[g.kernel, g.kernel]),
+            ints_attr("strides", &[g.stride, g.stride]),
+            ints_attr("pads", &[g.padding; 4]),
+            ints_attr("dilations", &[1, 1]),
+        ];
+        let x = node.inputs[0].clone();
+        w.op("Conv", &n.name, &[x, weight, b], node.out.clone(), attrs);
+        Ok(())
+    }
+
+    fn parameters(&self, _output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
+        let [w, b] = self.weight_and_bias_shapes();
+        vec![(&self.weight, w), (&self.bias, b)]
+    }
+
+    fn is_measured_layer(&self) -> bool {
+        true
+    }
+}

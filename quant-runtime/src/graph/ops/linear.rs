@@ -1,0 +1,176 @@
+//! `Linear`: `y = x·Wᵀ + b` over the last axis.
+
+use serde::{Deserialize, Serialize};
+
+use super::{check_bias, single, OpRules};
+use crate::export::onnx::writer::{int_attr, OnnxNode, Writer};
+use crate::graph::eval::{bias_values, dequantized, EvalNode};
+use crate::graph::params::check_parameter;
+use crate::graph::{Parameter, MAX_ELEMENTS};
+use crate::integer::prepare::{
+    accumulator_bias, accumulator_bound, reach, unsupported, weight_codes, PrepareNode, Prepared,
+};
+use crate::integer::{Layout, Rep, Weighted};
+use crate::GraphError;
+use quant_core::int8::PackedMatrix;
+
+/// `y = x·Wᵀ + b` over the last axis: weight `[out_features, in_features]`, bias
+/// `[out_features]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Linear {
+    /// Input features (the input's last axis).
+    pub in_features: usize,
+    /// Output features.
+    pub out_features: usize,
+    /// Weight, float or codes.
+    pub weight: Parameter,
+    /// Bias, float or accumulator values.
+    pub bias: Parameter,
+}
+
+impl Linear {
+    /// The shapes of the weight and the bias.
+    pub(crate) fn weight_and_bias_shapes(&self) -> [Vec<usize>; 2] {
+        [
+            vec![self.out_features, self.in_features],
+            vec![self.out_features],
+        ]
+    }
+}
+
+impl OpRules for Linear {
+    fn name(&self) -> &'static str {
+        "Linear"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
+        let (in_features, out_features) = (self.in_features, self.out_features);
+        let x = single(inputs, "Linear")?;
+        if x.last() != Some(&in_features) {
+            return Err(format!(
+                "receives {x:?}; expects {in_features} features on the last axis"
+            ));
+        }
+        let numel = in_features
+            .checked_mul(out_features)
+            .filter(|n| *n > 0 && *n <= MAX_ELEMENTS)
+            .ok_or_else(|| {
+                format!(
+                    "weight [{out_features}, {in_features}] is empty or holds more than {MAX_ELEMENTS} values"
+                )
+            })?;
+        if values {
+            check_parameter(
+                &self.weight,
+                "weight",
+                numel,
+                out_features,
+                &["float", "codes"],
+            )?;
+            check_bias(&self.bias, &self.weight, out_features)?;
+        }
+        let mut y = x.to_vec();
+        if let Some(last) = y.last_mut() {
+            *last = out_features;
+        }
+        Ok(y)
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        let (k, outs) = (self.in_features, self.out_features);
+        let w = dequantized(&self.weight, &[outs, k])?;
+        let b = bias_values(node, &self.bias, &self.weight)?;
+        // `y[r][o] = Σ_i x[r][i]·w[o][i] + b[o]` over rows of `k` values.
+        let x = node.inputs[0];
+        let mut y = Vec::with_capacity(x.len() / k * outs);
+        for row in x.chunks_exact(k) {
+            for (o, wr) in w.chunks_exact(k).enumerate() {
+                let s: f32 = row.iter().zip(wr).map(|(a, c)| a * c).sum();
+                y.push(s + b[o]);
+            }
+        }
+        Ok(y)
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let name = node.name;
+        let Rep::Codes(g) = node.rep(0).clone() else {
+            return Err(unsupported(name, "its input is not quantized"));
+        };
+        let layout = node.layout(0);
+        if matches!(layout, Layout::Maps { .. }) {
+            return Err(unsupported(
+                name,
+                "it reads feature maps; flatten them first",
+            ));
+        }
+        let (codes, zeros, scales) = weight_codes(name, &self.weight)?;
+        let bias = accumulator_bias(name, &self.bias)?;
+        let (k, o) = (self.in_features, self.out_features);
+        // Columns follow the stored order of the input's features.
+        let column = |j: usize| -> usize {
+            match layout {
+                // Stored (y, x, c) → the graph's (c, y, x) index.
+                Layout::FlatMaps { c, h, w } => {
+                    let (y, x, ch) = (j / (w * c), (j / c) % w, j % c);
+                    (ch * h + y) * w + x
+                }
+                _ => j,
+            }
+        };
+        let mut centered = vec![0i32; o * k];
+        for oc in 0..o {
+            let z = zeros[if zeros.len() == 1 { 0 } else { oc }];
+            for j in 0..k {
+                centered[oc * k + j] = codes[oc * k + column(j)] - z;
+            }
+        }
+        let bound = accumulator_bound(name, &centered, k, &bias, reach(&g))?;
+        let rows = (node.numel(0) / k) as u64;
+        node.cost = rows * (k as u64) * (o as u64);
+        node.step.weighted = Some(Weighted {
+            groups: vec![PackedMatrix::new(&centered, o, k)?],
+            depthwise: None,
+            biases: vec![bias],
+            input_zero: g.zero,
+            fan_in: k,
+            out: o,
+            conv: None,
+        });
+        Ok((
+            Rep::Acc {
+                scales: scales.iter().map(|s| g.scale * s).collect(),
+                bound,
+            },
+            Layout::Flat { features: o },
+        ))
+    }
+
+    /// `Gemm` on `[N, in]`, `MatMul` + `Add` over the last axis of larger values.
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        let n = node.node;
+        let gemm = node.shapes[0].len() == 1;
+        let shape = [self.out_features, self.in_features];
+        let weight = w.weight(n, &self.weight, &shape, !gemm)?;
+        let b = w.bias(n, &self.bias, &self.weight, self.out_features)?;
+        let (x, out) = (node.inputs[0].clone(), node.out.clone());
+        if gemm {
+            let attrs = vec![int_attr("transB", 1)];
+            w.op("Gemm", &n.name, &[x, weight, b], out, attrs);
+        } else {
+            let product = w.step(n, "MatMul", &[x, weight], Vec::new(), "matmul");
+            w.op("Add", &n.name, &[product, b], out, Vec::new());
+        }
+        Ok(())
+    }
+
+    fn parameters(&self, _output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
+        let [w, b] = self.weight_and_bias_shapes();
+        vec![(&self.weight, w), (&self.bias, b)]
+    }
+
+    fn is_measured_layer(&self) -> bool {
+        true
+    }
+}

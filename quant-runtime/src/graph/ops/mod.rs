@@ -1,0 +1,298 @@
+//! The ops of the graph IR, one file each: what an op holds (the `Op` variant's data), its
+//! shape rule and parameter checks, its float reference, its integer preparation and its ONNX
+//! form live together, as the methods of one [`OpRules`] impl. [`Op::rules`] is the one place
+//! that maps a variant to its rules; every interpreter and writer goes through it.
+
+mod activation;
+mod add;
+mod attention;
+mod channel_affine;
+mod conv;
+mod flatten;
+mod layer_norm;
+mod linear;
+mod pool;
+mod quantize;
+mod softmax_gelu;
+mod tokens;
+
+pub use attention::{AttentionContext, AttentionScores};
+pub use channel_affine::ChannelAffine;
+pub use conv::{Conv2d, Conv2dGeometry};
+pub use layer_norm::LayerNorm;
+pub use linear::Linear;
+pub use pool::{AvgPool2d, MaxPool2d, PoolGeometry};
+pub use quantize::QuantizeDequantize;
+pub use tokens::ImageTokens;
+
+use serde::{Deserialize, Serialize};
+
+use super::eval::EvalNode;
+use super::params::check_parameter;
+use super::Parameter;
+use crate::export::onnx::writer::{OnnxNode, Writer};
+use crate::integer::prepare::{PrepareNode, Prepared};
+use crate::GraphError;
+
+/// What a node computes. Shapes are per sample; see the module docs of [`crate::graph`]. The
+/// files hold each variant as `"type": "<variant>"` beside its data's fields.
+// Ops hold their parameters inline: a graph holds a handful of them.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", deny_unknown_fields)]
+pub enum Op {
+    /// Quantizes its input onto a grid and back (a QDQ pair): in the integer runtime its output
+    /// is integer codes. (Files written before it had this name call it `Quantize`; they still
+    /// load.)
+    #[serde(alias = "Quantize")]
+    QuantizeDequantize(QuantizeDequantize),
+    /// `y = x·Wᵀ + b` over the last axis.
+    Linear(Linear),
+    /// 2-D convolution of `[channels, height, width]` maps with zero padding.
+    Conv2d(Conv2d),
+    /// Per-channel affine map (a BatchNorm in inference mode).
+    ChannelAffine(ChannelAffine),
+    /// `max(x, 0)`.
+    Relu,
+    /// `tanh(x)`.
+    Tanh,
+    /// `1 / (1 + e^-x)`.
+    Sigmoid,
+    /// Max pooling of `[channels, height, width]` maps.
+    MaxPool2d(MaxPool2d),
+    /// Average pooling of `[channels, height, width]` maps (padding counts as zeros).
+    AvgPool2d(AvgPool2d),
+    /// Row-major flattening to `[features]`.
+    Flatten,
+    /// The elementwise sum of two values of one shape (a residual connection).
+    Add,
+    /// The mean of each channel of `[channels, height, width]` maps, giving `[channels]`.
+    GlobalAvgPool,
+    /// The maximum of each channel of `[channels, height, width]` maps, giving `[channels]`.
+    GlobalMaxPool,
+    /// Layer normalisation over the last axis.
+    LayerNorm(LayerNorm),
+    /// GELU, `x · Φ(x)` with the normal CDF `Φ` (dfdx's `AccurateGeLU`).
+    Gelu,
+    /// Softmax over the last axis.
+    Softmax,
+    /// Feature maps as a vision transformer's patch tokens, plus a position embedding.
+    ImageTokens(ImageTokens),
+    /// The mean of `[tokens, features]` over the tokens, giving `[features]`.
+    MeanTokens,
+    /// Attention scores of queries and keys, per head.
+    AttentionScores(AttentionScores),
+    /// Attention's weighted sum of values, per head.
+    AttentionContext(AttentionContext),
+}
+
+/// Everything one op means, in one impl: adding an op is a file with its data and this impl,
+/// its `Op` variant and one arm in [`Op::rules`].
+pub(crate) trait OpRules {
+    /// The op's name, as files and messages write it.
+    fn name(&self) -> &'static str;
+
+    /// The output shape for inputs of `inputs` shapes (per sample), after checking the op's
+    /// geometry against them and, when `values`, its parameters' values.
+    fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String>;
+
+    /// The float reference: the op on `f32` values, as the fake-quantized model computes it.
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>>;
+
+    /// The integer runtime's preparation: how the output is held and what the kernel needs,
+    /// or why the op cannot run on integers ([`GraphError::Unsupported`]).
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError>;
+
+    /// The op's ONNX nodes and initializers (or [`GraphError::Unsupported`] naming the node).
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError>;
+
+    /// Its parameters with their shapes, for a node whose output has the shape `output`.
+    fn parameters(&self, _output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
+        Vec::new()
+    }
+
+    /// Whether a report measures its output as a layer's (named like its layer).
+    fn is_measured_layer(&self) -> bool {
+        false
+    }
+}
+
+impl Op {
+    /// The rules of this op (see [`OpRules`]): the one `match` over the ops.
+    pub(crate) fn rules(&self) -> &dyn OpRules {
+        match self {
+            Op::QuantizeDequantize(op) => op,
+            Op::Linear(op) => op,
+            Op::Conv2d(op) => op,
+            Op::ChannelAffine(op) => op,
+            Op::Relu => &activation::Activation::Relu,
+            Op::Tanh => &activation::Activation::Tanh,
+            Op::Sigmoid => &activation::Activation::Sigmoid,
+            Op::MaxPool2d(op) => op,
+            Op::AvgPool2d(op) => op,
+            Op::Flatten => &flatten::Flatten,
+            Op::Add => &add::Add,
+            Op::GlobalAvgPool => &pool::GlobalPool::Average,
+            Op::GlobalMaxPool => &pool::GlobalPool::Max,
+            Op::LayerNorm(op) => op,
+            Op::Gelu => &softmax_gelu::Gelu,
+            Op::Softmax => &softmax_gelu::Softmax,
+            Op::ImageTokens(op) => op,
+            Op::MeanTokens => &tokens::MeanTokens,
+            Op::AttentionScores(op) => op,
+            Op::AttentionContext(op) => op,
+        }
+    }
+
+    /// The op's name, as the metadata writes it.
+    pub fn name(&self) -> &'static str {
+        self.rules().name()
+    }
+
+    /// The op's parameters with their shapes (weight, then bias; scale, then shift), for a node
+    /// whose output has the per-sample shape `output` (a position embedding has its shape).
+    pub fn parameters(&self, output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
+        self.rules().parameters(output)
+    }
+
+    /// The op's parameters, mutably, with the shapes its geometry or its output shape `output`
+    /// gives them (`None` for a per-channel parameter whose length only the input fixes).
+    pub fn parameters_mut(
+        &mut self,
+        output: &[usize],
+    ) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        match self {
+            Op::Linear(op) => {
+                let [w, b] = op.weight_and_bias_shapes();
+                vec![(&mut op.weight, Some(w)), (&mut op.bias, Some(b))]
+            }
+            Op::Conv2d(op) => {
+                let [w, b] = op.weight_and_bias_shapes();
+                vec![(&mut op.weight, Some(w)), (&mut op.bias, Some(b))]
+            }
+            Op::ChannelAffine(ChannelAffine { scale, shift })
+            | Op::LayerNorm(LayerNorm { scale, shift, .. }) => {
+                vec![(scale, None), (shift, None)]
+            }
+            Op::ImageTokens(ImageTokens { position }) => vec![(position, Some(output.to_vec()))],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the op multiplies by weights.
+    pub fn has_weights(&self) -> bool {
+        matches!(self, Op::Linear(_) | Op::Conv2d(_))
+    }
+
+    /// Whether it is a layer whose output a report measures: one with weights, an add, an
+    /// attention matrix product, a LayerNorm or a GELU (the nodes named like their layers).
+    pub fn is_measured_layer(&self) -> bool {
+        self.rules().is_measured_layer()
+    }
+
+    /// The bias of an op with weights, if it is held at the accumulator's scale (which needs a
+    /// quantized input and quantized weights).
+    pub(crate) fn accumulator_bias(&self) -> bool {
+        match self {
+            Op::Linear(Linear { bias, .. }) | Op::Conv2d(Conv2d { bias, .. }) => {
+                matches!(bias.values, super::ParamValues::Accumulator(_))
+            }
+            _ => false,
+        }
+    }
+
+    /// The output shape for inputs of `inputs` shapes, after checking the op's geometry and
+    /// parameters against them.
+    ///
+    /// # Errors
+    /// What does not fit, as text.
+    pub fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
+        self.rules().shape(inputs, true)
+    }
+
+    /// [`Op::output_shape`], checking the geometry only when `values` is false (parameters
+    /// not loaded yet).
+    pub(crate) fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
+        self.rules().shape(inputs, values)
+    }
+}
+
+/// Output positions along one axis, `None` when the window does not fit (or sizes overflow).
+pub fn out_len(len: usize, kernel: usize, stride: usize, padding: usize) -> Option<usize> {
+    len.checked_add(padding.checked_mul(2)?)?
+        .checked_sub(kernel)
+        .and_then(|d| d.checked_div(stride))
+        .map(|d| d + 1)
+}
+
+/// The taps of a window that land inside the input along one axis: for output position `o` of
+/// a `kernel`-tap window with `stride` and zero `padding` over `len` inputs, each tap `t` whose
+/// input `o * stride + t - padding` lies in `0..len`, as `(t, input)` in tap order (the
+/// reference loops of the interpreters, which skip padding).
+pub(crate) fn taps(
+    o: usize,
+    kernel: usize,
+    stride: usize,
+    padding: usize,
+    len: usize,
+) -> impl Iterator<Item = (usize, usize)> {
+    (0..kernel).filter_map(move |t| {
+        let i = (o * stride + t) as isize - padding as isize;
+        (i >= 0 && (i as usize) < len).then_some((t, i as usize))
+    })
+}
+
+pub(crate) fn maps(inputs: &[&[usize]], what: &str) -> Result<(usize, usize, usize), String> {
+    match inputs {
+        [[c, h, w]] => Ok((*c, *h, *w)),
+        [other] => Err(format!(
+            "{what} needs [channels, height, width] maps; it receives {other:?}"
+        )),
+        _ => Err(format!("{what} takes one input; it has {}", inputs.len())),
+    }
+}
+
+/// Two `[tokens, features]` inputs.
+pub(crate) fn token_pair(
+    inputs: &[&[usize]],
+    what: &str,
+) -> Result<([usize; 2], [usize; 2]), String> {
+    match inputs {
+        [[a, b], [c, d]] => Ok(([*a, *b], [*c, *d])),
+        _ => Err(format!(
+            "{what} takes two [tokens, features] inputs; it receives {inputs:?}"
+        )),
+    }
+}
+
+/// At least one head, dividing each of `features`.
+pub(crate) fn check_heads(heads: usize, features: &[(&str, usize)]) -> Result<(), String> {
+    for (what, f) in features {
+        if heads == 0 || f % heads != 0 {
+            return Err(format!(
+                "{heads} heads must be at least 1 and divide the {f} features of the {what}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn single<'a>(inputs: &[&'a [usize]], what: &str) -> Result<&'a [usize], String> {
+    match inputs {
+        [x] => Ok(x),
+        _ => Err(format!("{what} takes one input; it has {}", inputs.len())),
+    }
+}
+
+/// A bias of `out` values: float, or accumulator values beside codes.
+pub(crate) fn check_bias(bias: &Parameter, weight: &Parameter, out: usize) -> Result<(), String> {
+    check_parameter(bias, "bias", out, out, &["float", "accumulator"])?;
+    if matches!(bias.values, super::ParamValues::Accumulator(_))
+        && !matches!(weight.values, super::ParamValues::Codes { .. })
+    {
+        return Err(
+            "the bias is held at the accumulator's scale, which needs quantized weights".into(),
+        );
+    }
+    Ok(())
+}

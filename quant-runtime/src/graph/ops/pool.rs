@@ -1,0 +1,266 @@
+//! Pooling: `MaxPool2d` and `AvgPool2d` over windows, `GlobalAvgPool` and `GlobalMaxPool` over
+//! whole channels.
+
+use serde::{Deserialize, Serialize};
+
+use super::{maps, out_len, taps, OpRules};
+use crate::export::onnx::proto::AttributeProto;
+use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
+use crate::graph::eval::EvalNode;
+use crate::graph::MAX_ELEMENTS;
+use crate::integer::prepare::{reach, unsupported, within_i32, PrepareNode, Prepared};
+use crate::integer::{Layout, Rep};
+use crate::GraphError;
+
+/// Geometry of a pooling window.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PoolGeometry {
+    /// Window size (square).
+    pub kernel: usize,
+    /// Stride.
+    pub stride: usize,
+    /// Padding on each side (never selected by max pooling; counted as zeros by average
+    /// pooling, as dfdx's and ONNX's `count_include_pad = 1`).
+    pub padding: usize,
+}
+
+/// Max pooling of `[channels, height, width]` maps (padding never wins).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct MaxPool2d {
+    /// The window.
+    pub window: PoolGeometry,
+}
+
+/// Average pooling of `[channels, height, width]` maps (padding counts as zeros).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct AvgPool2d {
+    /// The window.
+    pub window: PoolGeometry,
+}
+
+impl PoolGeometry {
+    /// The output shape of maps of `inputs` shape, the window checked against them.
+    fn shape(&self, inputs: &[&[usize]], what: &str) -> Result<Vec<usize>, String> {
+        let p = self;
+        let (c, h, w) = maps(inputs, what)?;
+        if p.kernel == 0
+            || p.stride == 0
+            || p.kernel > MAX_ELEMENTS
+            || p.stride > MAX_ELEMENTS
+            || p.padding > p.kernel / 2
+        {
+            return Err(format!(
+                "kernel {}, stride {}, padding {}: kernel and stride must be in 1..={MAX_ELEMENTS} and the padding at most half the kernel",
+                p.kernel, p.stride, p.padding
+            ));
+        }
+        match (
+            out_len(h, p.kernel, p.stride, p.padding),
+            out_len(w, p.kernel, p.stride, p.padding),
+        ) {
+            (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok(vec![c, oh, ow]),
+            _ => Err(format!(
+                "a {h}x{w} input is smaller than its {}x{} window",
+                p.kernel, p.kernel
+            )),
+        }
+    }
+
+    /// Max or average pooling, NCHW; padding never wins a max and counts as zero in an average.
+    fn evaluate(&self, node: &EvalNode<'_>, max: bool) -> Vec<f32> {
+        let (in_shape, out_shape) = (node.shapes[0], node.output_shape);
+        let (c, h, w) = (in_shape[0], in_shape[1], in_shape[2]);
+        let (oh, ow) = (out_shape[1], out_shape[2]);
+        let (k, s, p) = (self.kernel, self.stride, self.padding);
+        let mut y = Vec::with_capacity(node.samples * c * oh * ow);
+        for plane in node.inputs[0].chunks_exact(h * w).take(node.samples * c) {
+            for oy in 0..oh {
+                for ox in 0..ow {
+                    let mut best = f32::NEG_INFINITY;
+                    let mut sum = 0f32;
+                    for (_, iy) in taps(oy, k, s, p, h) {
+                        for (_, ix) in taps(ox, k, s, p, w) {
+                            let v = plane[iy * w + ix];
+                            best = best.max(v);
+                            sum += v;
+                        }
+                    }
+                    y.push(if max { best } else { sum / (k * k) as f32 });
+                }
+            }
+        }
+        y
+    }
+
+    /// `MaxPool` / `AveragePool` with the window's geometry (ceil_mode 0: the graph's floor).
+    fn write_onnx(
+        &self,
+        op_type: &str,
+        w: &mut Writer<'_>,
+        node: &OnnxNode<'_>,
+        mut attrs: Vec<AttributeProto>,
+    ) {
+        attrs.extend([
+            ints_attr("kernel_shape", &[self.kernel, self.kernel]),
+            ints_attr("strides", &[self.stride, self.stride]),
+            ints_attr("pads", &[self.padding; 4]),
+        ]);
+        let x = node.inputs[0].clone();
+        w.op(op_type, &node.node.name, &[x], node.out.clone(), attrs);
+    }
+}
+
+/// The output maps `[c, oh, ow]` of a pooling node, or why it cannot run.
+fn pooled_maps(node: &PrepareNode<'_>) -> Result<Layout, GraphError> {
+    let Layout::Maps { c, .. } = node.layout(0) else {
+        return Err(unsupported(node.name, "its input is not feature maps"));
+    };
+    let out = node.output_shape();
+    Ok(Layout::Maps {
+        c,
+        h: out[1],
+        w: out[2],
+    })
+}
+
+impl OpRules for MaxPool2d {
+    fn name(&self) -> &'static str {
+        "MaxPool2d"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
+        self.window.shape(inputs, self.name())
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        Ok(self.window.evaluate(node, true))
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let layout = pooled_maps(node)?;
+        let k = self.window.kernel as u64;
+        node.cost = (node.output_numel() as u64) * k * k;
+        Ok((node.rep(0).clone(), layout))
+    }
+
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        self.window.write_onnx("MaxPool", w, node, Vec::new());
+        Ok(())
+    }
+}
+
+impl OpRules for AvgPool2d {
+    fn name(&self) -> &'static str {
+        "AvgPool2d"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
+        self.window.shape(inputs, self.name())
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        Ok(self.window.evaluate(node, false))
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let layout = pooled_maps(node)?;
+        let window = (self.window.kernel * self.window.kernel) as u64;
+        node.cost = (node.output_numel() as u64) * window;
+        let (scales, bound) = match node.rep(0) {
+            Rep::Codes(g) => (vec![g.scale], reach(g)),
+            Rep::Acc { scales, bound } => (scales.clone(), *bound),
+            Rep::Float => unreachable!("float inputs are refused before any op prepares"),
+        };
+        let bound = bound.saturating_mul(window as i64);
+        within_i32(node.name, bound, "a window sum of")?;
+        let scales = scales.iter().map(|s| s / window as f64).collect();
+        Ok((Rep::Acc { scales, bound }, layout))
+    }
+
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        // Padding counts as zeros, as in the graph (and dfdx).
+        let attrs = vec![int_attr("count_include_pad", 1)];
+        self.window.write_onnx("AveragePool", w, node, attrs);
+        Ok(())
+    }
+}
+
+/// The mean or the maximum of each channel of `[channels, height, width]` maps.
+pub(crate) enum GlobalPool {
+    Average,
+    Max,
+}
+
+impl OpRules for GlobalPool {
+    fn name(&self) -> &'static str {
+        match self {
+            GlobalPool::Average => "GlobalAvgPool",
+            GlobalPool::Max => "GlobalMaxPool",
+        }
+    }
+
+    fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
+        let (c, _, _) = maps(inputs, self.name())?;
+        Ok(vec![c])
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        let plane: usize = node.shapes[0][1..].iter().product();
+        Ok(node.inputs[0]
+            .chunks_exact(plane.max(1))
+            .map(|p| match self {
+                GlobalPool::Average => p.iter().sum::<f32>() / plane as f32,
+                GlobalPool::Max => p.iter().copied().fold(f32::NEG_INFINITY, f32::max),
+            })
+            .collect())
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let Layout::Maps { c, h, w } = node.layout(0) else {
+            return Err(unsupported(node.name, "its input is not feature maps"));
+        };
+        let plane = (h * w) as u64;
+        node.cost = node.numel(0) as u64;
+        let rep = match (self, node.rep(0)) {
+            (GlobalPool::Max, r) => r.clone(),
+            // The sum of centered values; the scale carries the division.
+            (GlobalPool::Average, Rep::Codes(g)) => Rep::Acc {
+                scales: vec![g.scale / plane as f64],
+                bound: reach(g).saturating_mul(plane as i64),
+            },
+            (GlobalPool::Average, Rep::Acc { scales, bound }) => Rep::Acc {
+                scales: scales.iter().map(|s| s / plane as f64).collect(),
+                bound: bound.saturating_mul(plane as i64),
+            },
+            (GlobalPool::Average, Rep::Float) => {
+                unreachable!("float inputs are refused before any op prepares")
+            }
+        };
+        if let Rep::Acc { bound, .. } = &rep {
+            within_i32(node.name, *bound, "a sum")?;
+        }
+        Ok((rep, Layout::Flat { features: c }))
+    }
+
+    /// `[N, C, H, W]` → `[N, C, 1, 1]`, flattened to the graph's `[N, C]`.
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        let op_type = match self {
+            GlobalPool::Average => "GlobalAveragePool",
+            GlobalPool::Max => "GlobalMaxPool",
+        };
+        let x = node.inputs[0].clone();
+        let pooled = w.step(node.node, op_type, &[x], Vec::new(), "pooled");
+        let attrs = vec![int_attr("axis", 1)];
+        w.op(
+            "Flatten",
+            &node.node.name,
+            &[pooled],
+            node.out.clone(),
+            attrs,
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,92 @@
+//! `QuantizeDequantize`: a value onto a quantizer's grid and back (a QDQ pair).
+
+use serde::{Deserialize, Serialize};
+
+use super::{single, OpRules};
+use crate::export::onnx::writer::{CodeType, OnnxNode, Writer};
+use crate::export::onnx::Role;
+use crate::graph::eval::EvalNode;
+use crate::graph::params::check_quantizer;
+use crate::graph::ExportedQuantizer;
+use crate::integer::prepare::{check_bits, requantizer, stored_grid, PrepareNode, Prepared};
+use crate::integer::{Layout, Quantize, Rep};
+use crate::GraphError;
+
+/// Quantizes its input onto the quantizer's grid and back: in the float reference a
+/// fake-quantization, in the integer runtime the codes. Per tensor.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct QuantizeDequantize {
+    /// The quantizer.
+    pub quantizer: ExportedQuantizer,
+}
+
+impl OpRules for QuantizeDequantize {
+    fn name(&self) -> &'static str {
+        "QuantizeDequantize"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
+        check_quantizer(&self.quantizer, "the quantizer", None)?;
+        Ok(single(inputs, "QuantizeDequantize")?.to_vec())
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        let xs = node.inputs[0];
+        self.quantizer.inferable.fake_quantize(xs, &[xs.len()])
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let q = &self.quantizer.inferable;
+        check_bits(node.name, "it uses", q)?;
+        let (grid, offset) = stored_grid(q);
+        node.step.quantize = Some(match node.rep(0) {
+            Rep::Float => Quantize::Float {
+                quantizer: q.clone(),
+                offset,
+            },
+            Rep::Acc { scales, .. } => Quantize::Requantize {
+                requantizer: requantizer(node.name, scales, &grid)?,
+                input_zero: None,
+            },
+            Rep::Codes(g) => Quantize::Requantize {
+                requantizer: requantizer(node.name, &[g.scale], &grid)?,
+                input_zero: Some(g.zero),
+            },
+        });
+        let layout: Layout = node.layout(0);
+        Ok((Rep::Codes(grid), layout))
+    }
+
+    /// `[Clip →] QuantizeLinear → DequantizeLinear`, per tensor.
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        let (q, name) = (&self.quantizer, &node.node.name);
+        w.convention.check(name, Role::Activation, q)?;
+        let code = CodeType::of(q);
+        let grid = q.inferable.grid();
+        let (scale, zero, _) = w.qparams(name, q, code, 0);
+        let s = q.inferable.qparams().scales()[0];
+        let z = q.inferable.qparams().zero_points()[0];
+        let mut x = node.inputs[0].clone();
+        if (grid.quant_min(), grid.quant_max()) != code.range() {
+            // A narrow grid in wider storage: clip to the grid's real range, so that
+            // QuantizeLinear yields codes on the grid ((q - z)·s divided by s rounds back to
+            // q: the relative error of the two f32 operations is far below 0.5 / 2^8).
+            let lo = (grid.quant_min() - z) as f32 * s;
+            let hi = (grid.quant_max() - z) as f32 * s;
+            let lo = w.floats(&format!("{name}.min"), &[], &[lo]);
+            let hi = w.floats(&format!("{name}.max"), &[], &[hi]);
+            x = w.step(node.node, "Clip", &[x, lo, hi], Vec::new(), "clipped");
+        }
+        let inputs = [x, scale.clone(), zero.clone()];
+        let codes = w.step(node.node, "QuantizeLinear", &inputs, Vec::new(), "codes");
+        w.op(
+            "DequantizeLinear",
+            name,
+            &[codes, scale, zero],
+            node.out.clone(),
+            Vec::new(),
+        );
+        Ok(())
+    }
+}

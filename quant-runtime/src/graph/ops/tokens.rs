@@ -1,0 +1,196 @@
+//! A vision transformer's token ops: `ImageTokens` (feature maps as patch tokens plus a
+//! position embedding) and `MeanTokens` (the mean over the tokens).
+
+use serde::{Deserialize, Serialize};
+
+use super::{maps, OpRules};
+use crate::export::onnx::writer::{float_values, int_attr, ints_attr, OnnxNode, Writer};
+use crate::graph::eval::{float_values as float_parameter, EvalNode};
+use crate::graph::params::check_parameter;
+use crate::graph::{ParamValues, Parameter};
+use crate::integer::prepare::{reach, unsupported, within_i32, PrepareNode, Prepared};
+use crate::integer::{Layout, Rep};
+use crate::GraphError;
+
+/// Most bits by which an ImageTokens node refines its accumulators' scale.
+const MAX_POSITION_SHIFT: u32 = 24;
+
+/// `[channels, height, width]` maps as `[height · width, channels]` tokens (token
+/// `y · width + x` holds the channels at `(y, x)`), plus a learned position embedding
+/// `[tokens, channels]`: a vision transformer's patch tokens.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ImageTokens {
+    /// One vector per token.
+    pub position: Parameter,
+}
+
+/// The mean of `[tokens, features]` over the tokens, giving `[features]`.
+pub(crate) struct MeanTokens;
+
+impl OpRules for ImageTokens {
+    fn name(&self) -> &'static str {
+        "ImageTokens"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
+        let (c, h, w) = maps(inputs, "ImageTokens")?;
+        let tokens = h * w;
+        if values {
+            check_parameter(
+                &self.position,
+                "position",
+                tokens * c,
+                tokens * c,
+                &["float"],
+            )?;
+        }
+        Ok(vec![tokens, c])
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        let p = float_parameter("ImageTokens", node.name, &self.position)?;
+        let in_shape = node.shapes[0];
+        let (c, hw) = (in_shape[0], in_shape[1] * in_shape[2]);
+        let xs = node.inputs[0];
+        let mut y = Vec::with_capacity(xs.len());
+        for sample in xs.chunks_exact(c * hw) {
+            for t in 0..hw {
+                y.extend((0..c).map(|ch| sample[ch * hw + t] + p[t * c + ch]));
+            }
+        }
+        Ok(y)
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let name = node.name;
+        let Layout::Maps { c, h, w } = node.layout(0) else {
+            return Err(unsupported(name, "its input is not feature maps"));
+        };
+        let ParamValues::Float(p) = &self.position.values else {
+            return Err(unsupported(name, "its position embedding is not float"));
+        };
+        let (scales, bound) = match node.rep(0) {
+            Rep::Codes(g) => (vec![g.scale], reach(g)),
+            Rep::Acc { scales, bound } => (scales.clone(), *bound),
+            Rep::Float => unreachable!("float inputs are refused before any op prepares"),
+        };
+        // The embedding joins the accumulators at their scale (per channel), refined by
+        // 2^shift first: at 4 bits that scale (s_in · s_w) is coarse next to a position
+        // embedding, which would otherwise be rounded by up to half of it.
+        let (shift, at_scale, bound) = (0..=MAX_POSITION_SHIFT)
+            .rev()
+            .find_map(|shift| {
+                let finer = 2f64.powi(shift as i32);
+                let at_scale: Option<Vec<i64>> = p
+                    .iter()
+                    .enumerate()
+                    .map(|(k, v)| {
+                        let s = scales[if scales.len() == 1 { 0 } else { k % c }];
+                        let q = (*v as f64 * finer / s).round();
+                        (q.abs() <= f64::from(i32::MAX)).then_some(q as i64)
+                    })
+                    .collect();
+                let at_scale = at_scale?;
+                let largest = at_scale.iter().map(|q| q.abs()).max().unwrap_or(0);
+                let total = bound.checked_mul(1 << shift)?.checked_add(largest)?;
+                (total <= i64::from(i32::MAX)).then_some((shift, at_scale, total))
+            })
+            .ok_or_else(|| {
+                unsupported(
+                    name,
+                    "tokens plus positions could overflow an i32 accumulator at the accumulators' scale",
+                )
+            })?;
+        let finer = 2f64.powi(shift as i32);
+        let scales = scales.iter().map(|s| s / finer).collect();
+        let at_scale: Vec<i32> = at_scale.into_iter().map(|q| q as i32).collect();
+        debug_assert_eq!(at_scale.len(), h * w * c);
+        node.step.position = at_scale;
+        node.step.position_shift = shift;
+        node.cost = node.numel(0) as u64;
+        Ok((Rep::Acc { scales, bound }, Layout::Flat { features: c }))
+    }
+
+    /// The feature maps `[N, C, H, W]` as `H·W` tokens of `C` channels (row-major positions),
+    /// plus the position embedding.
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        let n = node.node;
+        let in_shape = node.shapes[0];
+        let (c, tokens) = (in_shape[0], in_shape[1] * in_shape[2]);
+        let p = float_values(n, &self.position)?;
+        let planes = w.reshape(n, node.inputs[0].clone(), &[c, tokens], "planes");
+        let t = w.transpose(n, planes, &[0, 2, 1], "tokens");
+        let p = w.floats(&format!("{}.position", n.name), &[tokens, c], p);
+        w.op("Add", &n.name, &[t, p], node.out.clone(), Vec::new());
+        Ok(())
+    }
+
+    fn parameters(&self, output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
+        vec![(&self.position, output.to_vec())]
+    }
+}
+
+impl OpRules for MeanTokens {
+    fn name(&self) -> &'static str {
+        "MeanTokens"
+    }
+
+    fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
+        match inputs {
+            [[_, c]] => Ok(vec![*c]),
+            [other] => Err(format!(
+                "MeanTokens needs [tokens, features]; it receives {other:?}"
+            )),
+            _ => Err(format!(
+                "MeanTokens takes one input; it has {}",
+                inputs.len()
+            )),
+        }
+    }
+
+    fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
+        let (tokens, c) = (node.shapes[0][0], node.shapes[0][1]);
+        let mut y = Vec::with_capacity(node.samples * c);
+        for sample in node.inputs[0].chunks_exact(tokens * c) {
+            y.extend(
+                (0..c)
+                    .map(|ch| (0..tokens).map(|t| sample[t * c + ch]).sum::<f32>() / tokens as f32),
+            );
+        }
+        Ok(y)
+    }
+
+    fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
+        let Layout::Flat { features: c } = node.layout(0) else {
+            return Err(unsupported(node.name, "its input is not tokens"));
+        };
+        let tokens = node.numel(0) / c.max(1);
+        node.cost = node.numel(0) as u64;
+        let rep = match node.rep(0) {
+            // The sum of centered codes; the scale carries the division.
+            Rep::Codes(g) => Rep::Acc {
+                scales: vec![g.scale / tokens as f64],
+                bound: reach(g).saturating_mul(tokens as i64),
+            },
+            // The mean, rounded to the accumulators' own step (their sum may not fit i32).
+            Rep::Acc { scales, bound } => Rep::Acc {
+                scales: scales.clone(),
+                bound: *bound,
+            },
+            Rep::Float => unreachable!("float inputs are refused before any op prepares"),
+        };
+        if let Rep::Acc { bound, .. } = &rep {
+            within_i32(node.name, *bound, "a sum")?;
+        }
+        Ok((rep, Layout::Flat { features: c }))
+    }
+
+    /// `[N, T, C]` → `[N, C]`.
+    fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
+        let attrs = vec![ints_attr("axes", &[1]), int_attr("keepdims", 0)];
+        let x = node.inputs[0].clone();
+        w.op("ReduceMean", &node.node.name, &[x], node.out.clone(), attrs);
+        Ok(())
+    }
+}
