@@ -33,7 +33,7 @@
 
 pub(crate) mod prepare;
 pub(crate) use prepare::{Conv, Nonlinear, Quantize, Weighted};
-mod run;
+pub(crate) mod run;
 
 use quant_core::{QuantError, RoundingPolicy};
 

@@ -6,13 +6,9 @@ use quant_core::int8::PARALLEL_MACS;
 use quant_core::{QuantError, Result};
 use rayon::prelude::*;
 
-use super::prepare::{Nonlinear, Quantize, Weighted};
+use super::prepare::{Step, Weighted};
 use super::{IntegerModel, Layout, Rep};
-use crate::graph::{AttentionContext, AttentionScores, AvgPool2d, MaxPool2d, Op};
-use quant_core::int8::{
-    attention_context_u8, attention_scores_u8, gemm_u8, im2col_u8, max_pool_i32, max_pool_u8,
-    AttentionShape, Isa, Window,
-};
+use quant_core::int8::{gemm_u8, im2col_u8, Window};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
 /// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
@@ -63,19 +59,19 @@ fn overwritten<T: Copy + Default>(len: usize, pick: fn(&mut Spare) -> &mut Vec<V
     v
 }
 
-fn zeroed_u8(len: usize) -> Vec<u8> {
+pub(crate) fn zeroed_u8(len: usize) -> Vec<u8> {
     zeroed(len, |s| &mut s.bytes)
 }
 
-fn zeroed_i32(len: usize) -> Vec<i32> {
+pub(crate) fn zeroed_i32(len: usize) -> Vec<i32> {
     zeroed(len, |s| &mut s.words)
 }
 
-fn overwritten_u8(len: usize) -> Vec<u8> {
+pub(crate) fn overwritten_u8(len: usize) -> Vec<u8> {
     overwritten(len, |s| &mut s.bytes)
 }
 
-fn overwritten_i32(len: usize) -> Vec<i32> {
+pub(crate) fn overwritten_i32(len: usize) -> Vec<i32> {
     overwritten(len, |s| &mut s.words)
 }
 
@@ -99,7 +95,7 @@ fn recycle(buf: Buf) {
 
 /// A value of a batch.
 #[derive(Debug, Clone)]
-enum Buf {
+pub(crate) enum Buf {
     F32(Vec<f32>),
     U8(Vec<u8>),
     I32(Vec<i32>),
@@ -175,201 +171,21 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
     Ok(out)
 }
 
-/// Takes value `v` when node `i` is its last reader, clones it otherwise.
-fn take(values: &mut [Option<Buf>], frees: &[usize], v: usize) -> Buf {
-    if frees.contains(&v) {
-        values[v].take().unwrap_or(Buf::U8(Vec::new()))
-    } else {
-        values[v].clone().unwrap_or(Buf::U8(Vec::new()))
-    }
-}
-
 fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
     let mut values: Vec<Option<Buf>> = vec![None; m.numels.len()];
     values[0] = Some(Buf::F32(x.to_vec()));
     for (i, node) in m.graph.nodes.iter().enumerate() {
-        let a = m.inputs[i][0];
-        let step = &m.steps[i];
-        let frees = &m.frees[i];
-        let y = match &node.op {
-            Op::QuantizeDequantize(_) => match step.quantize.as_ref() {
-                Some(q) => quantize(q, values[a].as_ref(), m.layouts[a])?,
-                None => return Err(internal(&node.name)),
-            },
-            Op::Linear(_) | Op::Conv2d(_) => match (&step.weighted, values[a].as_ref()) {
-                (Some(w), Some(Buf::U8(codes))) => Buf::I32(weighted(w, codes, n)?),
-                _ => return Err(internal(&node.name)),
-            },
-            Op::Relu => match (take(&mut values, frees, a), &m.reps[a]) {
-                (Buf::I32(mut v), _) => {
-                    v.iter_mut().for_each(|x| *x = (*x).max(0));
-                    Buf::I32(v)
-                }
-                (Buf::U8(mut v), Rep::Codes(g)) => {
-                    let z = g.zero as u8;
-                    v.iter_mut().for_each(|x| *x = (*x).max(z));
-                    Buf::U8(v)
-                }
-                _ => return Err(internal(&node.name)),
-            },
-            Op::Flatten => take(&mut values, frees, a),
-            Op::Add => {
-                let b = m.inputs[i][1];
-                match (values[a].as_ref(), values[b].as_ref(), &m.reps[a]) {
-                    (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(g)) => Buf::I32(
-                        x.iter()
-                            .zip(y)
-                            .map(|(p, q)| *p as i32 + *q as i32 - 2 * g.zero)
-                            .collect(),
-                    ),
-                    _ => return Err(internal(&node.name)),
-                }
-            }
-            Op::MaxPool2d(MaxPool2d { window: p }) => {
-                let ((c, h, w), (oh, ow)) = pool_dims(m, a, i + 1, &node.name)?;
-                let (per_in, per_out) = (h * w * c, oh * ow * c);
-                match values[a].as_ref() {
-                    Some(Buf::U8(v)) => {
-                        let mut y = zeroed_u8(n * per_out);
-                        let window = Window::square(p.kernel, p.stride, p.padding);
-                        for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
-                            max_pool_u8(xs, [h, w, c], window, ys)?;
-                        }
-                        Buf::U8(y)
-                    }
-                    Some(Buf::I32(v)) => {
-                        let mut y = zeroed_i32(n * per_out);
-                        let window = Window::square(p.kernel, p.stride, p.padding);
-                        for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
-                            max_pool_i32(xs, [h, w, c], window, ys)?;
-                        }
-                        Buf::I32(y)
-                    }
-                    _ => return Err(internal(&node.name)),
-                }
-            }
-            Op::AvgPool2d(AvgPool2d { window: p }) => {
-                let ((c, h, w), (oh, ow)) = pool_dims(m, a, i + 1, &node.name)?;
-                // Window sums of centered values; the scale carries the division.
-                let centered: Vec<i32> = match (values[a].as_ref(), &m.reps[a]) {
-                    (Some(Buf::U8(v)), Rep::Codes(g)) => {
-                        v.iter().map(|q| *q as i32 - g.zero).collect()
-                    }
-                    (Some(Buf::I32(v)), _) => v.clone(),
-                    _ => return Err(internal(&node.name)),
-                };
-                Buf::I32(sum_pool(&centered, n, (h, w, c), p, (oh, ow)))
-            }
-            Op::GlobalAvgPool | Op::GlobalMaxPool => {
-                let Layout::Maps { c, h, w } = m.layouts[a] else {
-                    return Err(internal(&node.name));
-                };
-                let avg = matches!(node.op, Op::GlobalAvgPool);
-                match (values[a].as_ref(), &m.reps[a]) {
-                    (Some(Buf::U8(v)), Rep::Codes(g)) if avg => {
-                        Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| {
-                            s + (*q as i32 - g.zero)
-                        }))
-                    }
-                    (Some(Buf::U8(v)), _) => {
-                        Buf::U8(channel_reduce(v, c, h * w, u8::MIN, |s, q| s.max(*q)))
-                    }
-                    (Some(Buf::I32(v)), _) if avg => {
-                        Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| s + q))
-                    }
-                    (Some(Buf::I32(v)), _) => {
-                        Buf::I32(channel_reduce(v, c, h * w, i32::MIN, |s, q| s.max(*q)))
-                    }
-                    _ => return Err(internal(&node.name)),
-                }
-            }
-            Op::LayerNorm(_) | Op::Gelu | Op::Softmax => {
-                let mut y = overwritten_i32(n * m.numels[i + 1]);
-                match (&step.nonlinear, values[a].as_ref()) {
-                    (Some(Nonlinear::LayerNorm(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
-                    (Some(Nonlinear::Gelu(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
-                    (Some(Nonlinear::Softmax(k)), Some(Buf::I32(x))) => k.run(x, &mut y)?,
-                    _ => return Err(internal(&node.name)),
-                }
-                Buf::I32(y)
-            }
-            Op::ImageTokens(_) => {
-                let pos = &step.position;
-                let mut y = match (take(&mut values, frees, a), &m.reps[a]) {
-                    (Buf::I32(v), _) => v,
-                    (Buf::U8(v), Rep::Codes(g)) => v.iter().map(|q| *q as i32 - g.zero).collect(),
-                    _ => return Err(internal(&node.name)),
-                };
-                // NHWC maps are already [tokens, channels]; prepare bounds the result in i32.
-                let shift = step.position_shift;
-                for sample in y.chunks_mut(pos.len().max(1)) {
-                    sample
-                        .iter_mut()
-                        .zip(pos)
-                        .for_each(|(v, p)| *v = (*v << shift) + p);
-                }
-                Buf::I32(y)
-            }
-            Op::MeanTokens => {
-                let Layout::Flat { features: c } = m.layouts[a] else {
-                    return Err(internal(&node.name));
-                };
-                let tokens = m.numels[a] / c.max(1);
-                match (values[a].as_ref(), &m.reps[a]) {
-                    // Prepare bounds the sum of centered codes within i32.
-                    (Some(Buf::U8(v)), Rep::Codes(g)) => Buf::I32(
-                        token_sums(v, c, tokens, |q| i64::from(*q) - i64::from(g.zero))
-                            .map(|s| s as i32)
-                            .collect(),
-                    ),
-                    // The mean, rounded to nearest (ties to even) at the accumulators' scale.
-                    (Some(Buf::I32(v)), _) => Buf::I32(
-                        token_sums(v, c, tokens, |q| i64::from(*q))
-                            .map(|s| rounded_div(s, tokens as i64))
-                            .collect(),
-                    ),
-                    _ => return Err(internal(&node.name)),
-                }
-            }
-            Op::AttentionScores(AttentionScores { heads })
-            | Op::AttentionContext(AttentionContext { heads }) => {
-                let b = m.inputs[i][1];
-                let (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(gx), Rep::Codes(gy)) = (
-                    values[a].as_ref(),
-                    values[b].as_ref(),
-                    &m.reps[a],
-                    &m.reps[b],
-                ) else {
-                    return Err(internal(&node.name));
-                };
-                let (fx, fy, zeros) = (features(m, a), features(m, b), [gx.zero, gy.zero]);
-                let isa = Isa::detected();
-                Buf::I32(if matches!(node.op, Op::AttentionScores(_)) {
-                    let shape = AttentionShape {
-                        queries: m.numels[a] / fx,
-                        keys: m.numels[b] / fy,
-                        features: fx,
-                        heads: *heads,
-                    };
-                    let mut scores = overwritten_i32(n * heads * shape.queries * shape.keys);
-                    attention_scores_u8(isa, x, y, shape, zeros, &mut scores)?;
-                    scores
-                } else {
-                    let shape = AttentionShape {
-                        queries: m.numels[a] / (fx * heads),
-                        keys: fx,
-                        features: fy,
-                        heads: *heads,
-                    };
-                    let mut out = overwritten_i32(n * shape.queries * shape.features);
-                    attention_context_u8(isa, x, y, shape, zeros, &mut out)?;
-                    out
-                })
-            }
-            Op::Tanh | Op::Sigmoid | Op::ChannelAffine(_) => return Err(internal(&node.name)),
+        let mut run = RunNode {
+            name: &node.name,
+            model: m,
+            index: i,
+            values: &mut values,
+            step: &m.steps[i],
+            samples: n,
         };
+        let y = node.op.rules().run(&mut run)?;
         values[i + 1] = Some(y);
-        for &v in frees {
+        for &v in &m.frees[i] {
             if let Some(buf) = values[v].take() {
                 recycle(buf);
             }
@@ -378,54 +194,74 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
     output(m, values[m.output].take(), n)
 }
 
-/// The features per row of value `v` (a `Flat` value).
-fn features(m: &IntegerModel, v: usize) -> usize {
-    match m.layouts[v] {
-        Layout::Flat { features } => features.max(1),
-        _ => 1,
+/// One node as the integer runtime runs it: its inputs' values (taken when it is their last
+/// reader), how they are held, and what [`crate::graph::ops::OpRules::prepare`] left for it.
+pub(crate) struct RunNode<'a> {
+    /// The node's name, for errors.
+    pub name: &'a str,
+    model: &'a IntegerModel,
+    index: usize,
+    values: &'a mut [Option<Buf>],
+    /// What the preparation left for the kernel.
+    pub step: &'a Step,
+    /// Samples in the batch.
+    pub samples: usize,
+}
+
+impl RunNode<'_> {
+    fn value_number(&self, k: usize) -> usize {
+        self.model.inputs[self.index][k]
+    }
+
+    /// The node's `k`-th input.
+    pub fn input(&self, k: usize) -> Option<&Buf> {
+        self.values[self.value_number(k)].as_ref()
+    }
+
+    /// The node's `k`-th input, taken when this node is its last reader, else cloned.
+    pub fn take(&mut self, k: usize) -> Buf {
+        let v = self.value_number(k);
+        let value = if self.model.frees[self.index].contains(&v) {
+            self.values[v].take()
+        } else {
+            self.values[v].clone()
+        };
+        value.unwrap_or(Buf::U8(Vec::new()))
+    }
+
+    /// How the node's `k`-th input is held.
+    pub fn rep(&self, k: usize) -> &Rep {
+        &self.model.reps[self.value_number(k)]
+    }
+
+    /// The layout of the node's `k`-th input.
+    pub fn layout(&self, k: usize) -> Layout {
+        self.model.layouts[self.value_number(k)]
+    }
+
+    /// The per-sample element count of the node's `k`-th input.
+    pub fn numel(&self, k: usize) -> usize {
+        self.model.numels[self.value_number(k)]
+    }
+
+    /// The layout of the node's output.
+    pub fn output_layout(&self) -> Layout {
+        self.model.layouts[self.index + 1]
+    }
+
+    /// The per-sample element count of the node's output.
+    pub fn output_numel(&self) -> usize {
+        self.model.numels[self.index + 1]
+    }
+
+    /// The error of a node whose inputs are not what its preparation promised (a bug, or a
+    /// model changed after preparation).
+    pub fn internal(&self) -> QuantError {
+        internal(self.name)
     }
 }
 
-/// Per sample, the sum over `tokens` rows of each of `c` features, in `i64` (`2^31` tokens of
-/// `i32` values fit).
-fn token_sums<'a, T>(
-    x: &'a [T],
-    c: usize,
-    tokens: usize,
-    value: impl Fn(&T) -> i64 + 'a,
-) -> impl Iterator<Item = i64> + 'a {
-    x.chunks(c * tokens).flat_map(move |sample| {
-        let mut sums = vec![0i64; c];
-        for row in sample.chunks(c) {
-            sums.iter_mut().zip(row).for_each(|(s, q)| *s += value(q));
-        }
-        sums
-    })
-}
-
-/// `a / b` rounded to nearest, ties to even, for `b > 0` (a mean of `i32` values fits).
-fn rounded_div(a: i64, b: i64) -> i32 {
-    let (q, r) = (a.div_euclid(b), a.rem_euclid(b));
-    let up = match (2 * r).cmp(&b) {
-        std::cmp::Ordering::Greater => true,
-        std::cmp::Ordering::Equal => q % 2 != 0,
-        std::cmp::Ordering::Less => false,
-    };
-    (q + i64::from(up)) as i32
-}
-
-/// A pooling node's input maps `(channels, height, width)` and output maps `(height, width)`.
-type PoolDims = ((usize, usize, usize), (usize, usize));
-
-/// The [`PoolDims`] of a pooling node reading value `a` and writing value `y`.
-fn pool_dims(m: &IntegerModel, a: usize, y: usize, node: &str) -> Result<PoolDims> {
-    match (m.layouts[a], m.layouts[y]) {
-        (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) => Ok(((c, h, w), (oh, ow))),
-        _ => Err(internal(node)),
-    }
-}
-
-fn internal(node: &str) -> QuantError {
+pub(crate) fn internal(node: &str) -> QuantError {
     QuantError::InvalidValue {
         what: "integer runtime state".into(),
         value: node.to_string(),
@@ -433,43 +269,8 @@ fn internal(node: &str) -> QuantError {
     }
 }
 
-fn quantize(q: &Quantize, x: Option<&Buf>, layout: Layout) -> Result<Buf> {
-    match (q, x) {
-        (Quantize::Float { quantizer, offset }, Some(Buf::F32(x))) => {
-            let codes: Vec<i32> = quantizer.quantize(x, &[x.len()])?;
-            let stored: Vec<u8> = codes.iter().map(|c| (c + offset) as u8).collect();
-            Ok(Buf::U8(match layout {
-                // The float input is NCHW; codes are stored NHWC.
-                Layout::Maps { c, h, w } => nchw_to_nhwc(&stored, c, h * w),
-                _ => stored,
-            }))
-        }
-        (
-            Quantize::Requantize {
-                requantizer,
-                input_zero,
-            },
-            Some(buf),
-        ) => {
-            let centered;
-            let acc: &[i32] = match (buf, input_zero) {
-                (Buf::I32(v), None) => v,
-                (Buf::U8(v), Some(z)) => {
-                    centered = v.iter().map(|q| *q as i32 - z).collect::<Vec<i32>>();
-                    &centered
-                }
-                _ => return Err(internal("quantize")),
-            };
-            let mut out = overwritten_u8(acc.len());
-            requantizer.run(acc, &mut out)?;
-            Ok(Buf::U8(out))
-        }
-        _ => Err(internal("quantize")),
-    }
-}
-
 /// Planes `[c][hw]` → `[hw][c]` for each sample.
-fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> Vec<T> {
+pub(crate) fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> Vec<T> {
     let mut y = vec![T::default(); x.len()];
     for (xs, ys) in x.chunks(c * hw).zip(y.chunks_mut(c * hw)) {
         for ch in 0..c {
@@ -482,7 +283,7 @@ fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> Vec<T> {
 }
 
 /// A Linear or Conv2d layer on a batch of `n` samples of codes.
-fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
+pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
     let Some(conv) = w.conv else {
         let rows = codes.len() / w.fan_in.max(1);
         let mut acc = overwritten_i32(rows * w.out);
@@ -561,62 +362,6 @@ fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
         }
     }
     Ok(out)
-}
-
-/// Per sample and channel, `f` folded over the `plane` positions of NHWC values from `init`.
-fn channel_reduce<T: Copy, A: Copy>(
-    x: &[T],
-    c: usize,
-    plane: usize,
-    init: A,
-    f: impl Fn(A, &T) -> A,
-) -> Vec<A> {
-    let mut out = Vec::with_capacity(x.len() / plane.max(1));
-    for sample in x.chunks_exact((c * plane).max(1)) {
-        let mut acc = vec![init; c];
-        for pos in sample.chunks_exact(c.max(1)) {
-            for (a, v) in acc.iter_mut().zip(pos) {
-                *a = f(*a, v);
-            }
-        }
-        out.extend(acc);
-    }
-    out
-}
-
-/// Window sums of NHWC values (padding counts as zero).
-fn sum_pool(
-    x: &[i32],
-    n: usize,
-    (h, w, c): (usize, usize, usize),
-    p: &crate::graph::PoolGeometry,
-    (oh, ow): (usize, usize),
-) -> Vec<i32> {
-    let mut y = zeroed_i32(n * oh * ow * c);
-    for (xs, ys) in x.chunks(h * w * c).zip(y.chunks_mut(oh * ow * c)) {
-        for oy in 0..oh {
-            for ox in 0..ow {
-                let dst = &mut ys[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
-                for ky in 0..p.kernel {
-                    let iy = (oy * p.stride + ky) as isize - p.padding as isize;
-                    if iy < 0 || iy as usize >= h {
-                        continue;
-                    }
-                    for kx in 0..p.kernel {
-                        let ix = (ox * p.stride + kx) as isize - p.padding as isize;
-                        if ix < 0 || ix as usize >= w {
-                            continue;
-                        }
-                        let src = &xs[(iy as usize * w + ix as usize) * c..][..c];
-                        for (d, s) in dst.iter_mut().zip(src) {
-                            *d += *s;
-                        }
-                    }
-                }
-            }
-        }
-    }
-    y
 }
 
 /// The output value as float, in the graph's (NCHW) order.

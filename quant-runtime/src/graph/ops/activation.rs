@@ -4,6 +4,8 @@ use super::{single, OpRules};
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
 use crate::integer::prepare::{unsupported, PrepareNode, Prepared};
+use crate::integer::run::{Buf, RunNode};
+use crate::integer::Rep;
 use crate::GraphError;
 
 /// `max(x, 0)`, `tanh(x)` or `1 / (1 + e^-x)`.
@@ -46,6 +48,27 @@ impl OpRules for Activation {
                     self.name()
                 ),
             )),
+        }
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let Activation::Relu = self else {
+            return Err(node.internal());
+        };
+        let zero = match node.rep(0) {
+            Rep::Codes(g) => Some(g.zero as u8),
+            _ => None,
+        };
+        match (node.take(0), zero) {
+            (Buf::I32(mut v), _) => {
+                v.iter_mut().for_each(|x| *x = (*x).max(0));
+                Ok(Buf::I32(v))
+            }
+            (Buf::U8(mut v), Some(z)) => {
+                v.iter_mut().for_each(|x| *x = (*x).max(z));
+                Ok(Buf::U8(v))
+            }
+            _ => Err(node.internal()),
         }
     }
 

@@ -4,6 +4,7 @@ use super::OpRules;
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
 use crate::integer::prepare::{reach, unsupported, PrepareNode, Prepared};
+use crate::integer::run::{Buf, RunNode};
 use crate::integer::Rep;
 use crate::GraphError;
 
@@ -49,6 +50,18 @@ impl OpRules for Add {
                 node.name,
                 "integer addition needs both inputs quantized on one grid (the same scale and zero point): quantize them with one quantizer",
             )),
+        }
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        match (node.input(0), node.input(1), node.rep(0)) {
+            (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(g)) => Ok(Buf::I32(
+                x.iter()
+                    .zip(y)
+                    .map(|(p, q)| *p as i32 + *q as i32 - 2 * g.zero)
+                    .collect(),
+            )),
+            _ => Err(node.internal()),
         }
     }
 

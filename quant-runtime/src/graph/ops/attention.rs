@@ -7,9 +7,11 @@ use super::{check_heads, token_pair, OpRules};
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
 use crate::integer::prepare::{codes_in, reach, within_i32, PrepareNode, Prepared};
+use crate::integer::run::{overwritten_i32, Buf, RunNode};
 use crate::integer::{Layout, Rep, StoredGrid};
 use crate::GraphError;
 use quant_core::int8::nonlinear::attention_scale;
+use quant_core::int8::{attention_context_u8, attention_scores_u8, AttentionShape, Isa};
 
 /// Attention scores of `heads` heads: inputs `Q [s1, heads · d]` and `K [s2, heads · d]`,
 /// output `[heads, s1, s2]` with `scores[h][i][j] = Σₑ Q[i][h·d + e] · K[j][h·d + e] / √d`.
@@ -55,6 +57,24 @@ fn product(
     node.cost = (node.output_numel() as u64) * (terms as u64);
     let scales = vec![scale];
     Ok((Rep::Acc { scales, bound }, Layout::Flat { features }))
+}
+
+/// Both inputs' codes and stored zero points, as the preparation promised them.
+fn code_inputs<'n>(node: &'n RunNode<'_>) -> quant_core::Result<([&'n [u8]; 2], [i32; 2])> {
+    match (node.input(0), node.input(1), node.rep(0), node.rep(1)) {
+        (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(gx), Rep::Codes(gy)) => {
+            Ok(([x, y], [gx.zero, gy.zero]))
+        }
+        _ => Err(node.internal()),
+    }
+}
+
+/// The features per row of a `Flat` value.
+fn features(layout: Layout) -> usize {
+    match layout {
+        Layout::Flat { features } => features.max(1),
+        _ => 1,
+    }
 }
 
 impl OpRules for AttentionScores {
@@ -111,6 +131,20 @@ impl OpRules for AttentionScores {
             scale,
             &format!("dot products of {d} features"),
         )
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let ([q, k], zeros) = code_inputs(node)?;
+        let (fq, fk) = (features(node.layout(0)), features(node.layout(1)));
+        let shape = AttentionShape {
+            queries: node.numel(0) / fq,
+            keys: node.numel(1) / fk,
+            features: fq,
+            heads: self.heads,
+        };
+        let mut scores = overwritten_i32(node.samples * self.heads * shape.queries * shape.keys);
+        attention_scores_u8(Isa::detected(), q, k, shape, zeros, &mut scores)?;
+        Ok(Buf::I32(scores))
     }
 
     /// Queries `[N, s1, f]` by keys `[N, s2, f]` per head, scaled by `1/√d`:
@@ -200,6 +234,20 @@ impl OpRules for AttentionContext {
             scale,
             &format!("weighted sums of {s2} values"),
         )
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let ([p, v], zeros) = code_inputs(node)?;
+        let (keys, fv) = (features(node.layout(0)), features(node.layout(1)));
+        let shape = AttentionShape {
+            queries: node.numel(0) / (keys * self.heads),
+            keys,
+            features: fv,
+            heads: self.heads,
+        };
+        let mut out = overwritten_i32(node.samples * shape.queries * shape.features);
+        attention_context_u8(Isa::detected(), p, v, shape, zeros, &mut out)?;
+        Ok(Buf::I32(out))
     }
 
     /// Probabilities `[N, heads, s1, s2]` by values `[N, s2, f]` per head, the heads

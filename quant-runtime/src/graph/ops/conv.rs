@@ -10,6 +10,7 @@ use crate::graph::{checked_numel, Parameter, MAX_ELEMENTS};
 use crate::integer::prepare::{
     accumulator_bias, accumulator_bound, reach, unsupported, weight_codes, PrepareNode, Prepared,
 };
+use crate::integer::run::{weighted, Buf, RunNode};
 use crate::integer::{Conv, Layout, Rep, Weighted, MAX_SAMPLE_ELEMENTS};
 use crate::GraphError;
 use quant_core::int8::{DepthwiseFilter, PackedMatrix};
@@ -90,7 +91,10 @@ impl OpRules for Conv2d {
     fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String> {
         let g = &self.geometry;
         let (c, h, w) = maps(inputs, "Conv2d")?;
-        if g.groups == 0 || g.in_channels % g.groups != 0 || g.out_channels % g.groups != 0 {
+        if g.groups == 0
+            || !g.in_channels.is_multiple_of(g.groups)
+            || !g.out_channels.is_multiple_of(g.groups)
+        {
             return Err(format!(
                 "{} groups must divide {} input and {} output channels",
                 g.groups, g.in_channels, g.out_channels
@@ -247,6 +251,13 @@ impl OpRules for Conv2d {
             },
             Layout::Maps { c: o, h: oh, w: ow },
         ))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        match (&node.step.weighted, node.input(0)) {
+            (Some(w), Some(Buf::U8(codes))) => Ok(Buf::I32(weighted(w, codes, node.samples)?)),
+            _ => Err(node.internal()),
+        }
     }
 
     /// `Conv` with its groups, strides and zero padding.

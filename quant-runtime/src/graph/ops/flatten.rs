@@ -5,6 +5,7 @@ use crate::export::onnx::writer::{int_attr, OnnxNode, Writer};
 use crate::graph::checked_numel;
 use crate::graph::eval::EvalNode;
 use crate::integer::prepare::{PrepareNode, Prepared};
+use crate::integer::run::{Buf, RunNode};
 use crate::integer::Layout;
 use crate::GraphError;
 
@@ -34,6 +35,10 @@ impl OpRules for Flatten {
             },
         };
         Ok((node.rep(0).clone(), layout))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        Ok(node.take(0))
     }
 
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {

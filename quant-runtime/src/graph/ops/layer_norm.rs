@@ -8,6 +8,7 @@ use crate::graph::eval::{float_pair, EvalNode};
 use crate::graph::params::check_parameter;
 use crate::graph::{ParamValues, Parameter};
 use crate::integer::prepare::{codes_in, unsupported, PrepareNode, Prepared};
+use crate::integer::run::{overwritten_i32, Buf, RunNode};
 use crate::integer::{Nonlinear, Rep};
 use crate::GraphError;
 use quant_core::int8::IntLayerNorm;
@@ -86,6 +87,15 @@ impl OpRules for LayerNorm {
         };
         node.step.nonlinear = Some(Nonlinear::LayerNorm(kernel));
         Ok((rep, node.layout(0)))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let mut y = overwritten_i32(node.samples * node.output_numel());
+        match (&node.step.nonlinear, node.input(0)) {
+            (Some(Nonlinear::LayerNorm(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
+            _ => return Err(node.internal()),
+        }
+        Ok(Buf::I32(y))
     }
 
     /// `(x − mean) / √(var + ε) · γ + β` as reductions, the variance the biased one

@@ -10,6 +10,7 @@ use crate::graph::{Parameter, MAX_ELEMENTS};
 use crate::integer::prepare::{
     accumulator_bias, accumulator_bound, reach, unsupported, weight_codes, PrepareNode, Prepared,
 };
+use crate::integer::run::{weighted, Buf, RunNode};
 use crate::integer::{Layout, Rep, Weighted};
 use crate::GraphError;
 use quant_core::int8::PackedMatrix;
@@ -145,6 +146,13 @@ impl OpRules for Linear {
             },
             Layout::Flat { features: o },
         ))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        match (&node.step.weighted, node.input(0)) {
+            (Some(w), Some(Buf::U8(codes))) => Ok(Buf::I32(weighted(w, codes, node.samples)?)),
+            _ => Err(node.internal()),
+        }
     }
 
     /// `Gemm` on `[N, in]`, `MatMul` + `Add` over the last axis of larger values.

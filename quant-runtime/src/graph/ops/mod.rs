@@ -32,6 +32,7 @@ use super::params::check_parameter;
 use super::Parameter;
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::integer::prepare::{PrepareNode, Prepared};
+use crate::integer::run::{Buf, RunNode};
 use crate::GraphError;
 
 /// What a node computes. Shapes are per sample; see the module docs of [`crate::graph`]. The
@@ -102,6 +103,12 @@ pub(crate) trait OpRules {
     /// The integer runtime's preparation: how the output is held and what the kernel needs,
     /// or why the op cannot run on integers ([`GraphError::Unsupported`]).
     fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError>;
+
+    /// The integer kernel: the output of a batch, from the inputs as the preparation holds
+    /// them. An op whose preparation refuses every graph never runs.
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        Err(node.internal())
+    }
 
     /// The op's ONNX nodes and initializers (or [`GraphError::Unsupported`] naming the node).
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError>;

@@ -9,8 +9,10 @@ use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
 use crate::graph::MAX_ELEMENTS;
 use crate::integer::prepare::{reach, unsupported, within_i32, PrepareNode, Prepared};
+use crate::integer::run::{zeroed_i32, zeroed_u8, Buf, RunNode};
 use crate::integer::{Layout, Rep};
 use crate::GraphError;
+use quant_core::int8::{max_pool_i32, max_pool_u8, Window};
 
 /// Geometry of a pooling window.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -146,6 +148,30 @@ impl OpRules for MaxPool2d {
         Ok((node.rep(0).clone(), layout))
     }
 
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let ((c, h, w), (oh, ow)) = pool_dims(node)?;
+        let (per_in, per_out, n) = (h * w * c, oh * ow * c, node.samples);
+        let p = &self.window;
+        let window = Window::square(p.kernel, p.stride, p.padding);
+        match node.input(0) {
+            Some(Buf::U8(v)) => {
+                let mut y = zeroed_u8(n * per_out);
+                for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
+                    max_pool_u8(xs, [h, w, c], window, ys)?;
+                }
+                Ok(Buf::U8(y))
+            }
+            Some(Buf::I32(v)) => {
+                let mut y = zeroed_i32(n * per_out);
+                for (xs, ys) in v.chunks(per_in).zip(y.chunks_mut(per_out)) {
+                    max_pool_i32(xs, [h, w, c], window, ys)?;
+                }
+                Ok(Buf::I32(y))
+            }
+            _ => Err(node.internal()),
+        }
+    }
+
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
         self.window.write_onnx("MaxPool", w, node, Vec::new());
         Ok(())
@@ -178,6 +204,18 @@ impl OpRules for AvgPool2d {
         within_i32(node.name, bound, "a window sum of")?;
         let scales = scales.iter().map(|s| s / window as f64).collect();
         Ok((Rep::Acc { scales, bound }, layout))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let ((c, h, w), (oh, ow)) = pool_dims(node)?;
+        // Window sums of centered values; the scale carries the division.
+        let centered: Vec<i32> = match (node.input(0), node.rep(0)) {
+            (Some(Buf::U8(v)), Rep::Codes(g)) => v.iter().map(|q| *q as i32 - g.zero).collect(),
+            (Some(Buf::I32(v)), _) => v.clone(),
+            _ => return Err(node.internal()),
+        };
+        let sums = sum_pool(&centered, node.samples, (h, w, c), &self.window, (oh, ow));
+        Ok(Buf::I32(sums))
     }
 
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
@@ -245,6 +283,28 @@ impl OpRules for GlobalPool {
         Ok((rep, Layout::Flat { features: c }))
     }
 
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let Layout::Maps { c, h, w } = node.layout(0) else {
+            return Err(node.internal());
+        };
+        let avg = matches!(self, GlobalPool::Average);
+        Ok(match (node.input(0), node.rep(0)) {
+            (Some(Buf::U8(v)), Rep::Codes(g)) if avg => {
+                Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| {
+                    s + (*q as i32 - g.zero)
+                }))
+            }
+            (Some(Buf::U8(v)), _) => {
+                Buf::U8(channel_reduce(v, c, h * w, u8::MIN, |s, q| s.max(*q)))
+            }
+            (Some(Buf::I32(v)), _) if avg => Buf::I32(channel_reduce(v, c, h * w, 0, |s, q| s + q)),
+            (Some(Buf::I32(v)), _) => {
+                Buf::I32(channel_reduce(v, c, h * w, i32::MIN, |s, q| s.max(*q)))
+            }
+            _ => return Err(node.internal()),
+        })
+    }
+
     /// `[N, C, H, W]` → `[N, C, 1, 1]`, flattened to the graph's `[N, C]`.
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
         let op_type = match self {
@@ -263,4 +323,63 @@ impl OpRules for GlobalPool {
         );
         Ok(())
     }
+}
+
+/// A pooling node's input maps `(channels, height, width)` and output maps `(height, width)`.
+type PoolDims = ((usize, usize, usize), (usize, usize));
+
+/// The [`PoolDims`] of a pooling node.
+fn pool_dims(node: &RunNode<'_>) -> quant_core::Result<PoolDims> {
+    match (node.layout(0), node.output_layout()) {
+        (Layout::Maps { c, h, w }, Layout::Maps { h: oh, w: ow, .. }) => Ok(((c, h, w), (oh, ow))),
+        _ => Err(node.internal()),
+    }
+}
+
+/// Per sample and channel, `f` folded over the `plane` positions of NHWC values from `init`.
+fn channel_reduce<T: Copy, A: Copy>(
+    x: &[T],
+    c: usize,
+    plane: usize,
+    init: A,
+    f: impl Fn(A, &T) -> A,
+) -> Vec<A> {
+    let mut out = Vec::with_capacity(x.len() / plane.max(1));
+    for sample in x.chunks_exact((c * plane).max(1)) {
+        let mut acc = vec![init; c];
+        for pos in sample.chunks_exact(c.max(1)) {
+            for (a, v) in acc.iter_mut().zip(pos) {
+                *a = f(*a, v);
+            }
+        }
+        out.extend(acc);
+    }
+    out
+}
+
+/// Window sums of NHWC values (padding counts as zero).
+fn sum_pool(
+    x: &[i32],
+    n: usize,
+    (h, w, c): (usize, usize, usize),
+    p: &PoolGeometry,
+    (oh, ow): (usize, usize),
+) -> Vec<i32> {
+    let mut y = zeroed_i32(n * oh * ow * c);
+    for (xs, ys) in x.chunks(h * w * c).zip(y.chunks_mut(oh * ow * c)) {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                let dst = &mut ys[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
+                for (_, iy) in taps(oy, p.kernel, p.stride, p.padding, h) {
+                    for (_, ix) in taps(ox, p.kernel, p.stride, p.padding, w) {
+                        let src = &xs[(iy * w + ix) * c..][..c];
+                        for (d, s) in dst.iter_mut().zip(src) {
+                            *d += *s;
+                        }
+                    }
+                }
+            }
+        }
+    }
+    y
 }

@@ -9,6 +9,7 @@ use crate::graph::eval::EvalNode;
 use crate::graph::params::check_quantizer;
 use crate::graph::ExportedQuantizer;
 use crate::integer::prepare::{check_bits, requantizer, stored_grid, PrepareNode, Prepared};
+use crate::integer::run::{nchw_to_nhwc, overwritten_u8, Buf, RunNode};
 use crate::integer::{Layout, Quantize, Rep};
 use crate::GraphError;
 
@@ -56,6 +57,44 @@ impl OpRules for QuantizeDequantize {
         });
         let layout: Layout = node.layout(0);
         Ok((Rep::Codes(grid), layout))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let (Some(q), layout) = (node.step.quantize.as_ref(), node.layout(0)) else {
+            return Err(node.internal());
+        };
+        match (q, node.input(0)) {
+            (Quantize::Float { quantizer, offset }, Some(Buf::F32(x))) => {
+                let codes: Vec<i32> = quantizer.quantize(x, &[x.len()])?;
+                let stored: Vec<u8> = codes.iter().map(|c| (c + offset) as u8).collect();
+                Ok(Buf::U8(match layout {
+                    // The float input is NCHW; codes are stored NHWC.
+                    Layout::Maps { c, h, w } => nchw_to_nhwc(&stored, c, h * w),
+                    _ => stored,
+                }))
+            }
+            (
+                Quantize::Requantize {
+                    requantizer,
+                    input_zero,
+                },
+                Some(buf),
+            ) => {
+                let centered;
+                let acc: &[i32] = match (buf, input_zero) {
+                    (Buf::I32(v), None) => v,
+                    (Buf::U8(v), Some(z)) => {
+                        centered = v.iter().map(|q| *q as i32 - z).collect::<Vec<i32>>();
+                        &centered
+                    }
+                    _ => return Err(node.internal()),
+                };
+                let mut out = overwritten_u8(acc.len());
+                requantizer.run(acc, &mut out)?;
+                Ok(Buf::U8(out))
+            }
+            _ => Err(node.internal()),
+        }
     }
 
     /// `[Clip →] QuantizeLinear → DequantizeLinear`, per tensor.

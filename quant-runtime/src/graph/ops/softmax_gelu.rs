@@ -5,6 +5,7 @@ use super::{single, OpRules};
 use crate::export::onnx::writer::{int_attr, OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
 use crate::integer::prepare::{codes_in, unsupported, PrepareNode, Prepared};
+use crate::integer::run::{overwritten_i32, Buf, RunNode};
 use crate::integer::{Layout, Nonlinear, Rep};
 use crate::GraphError;
 use quant_core::int8::{IntGelu, IntSoftmax};
@@ -63,6 +64,15 @@ impl OpRules for Softmax {
         Ok((rep, Layout::Flat { features: row }))
     }
 
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let mut y = overwritten_i32(node.samples * node.output_numel());
+        match (&node.step.nonlinear, node.input(0)) {
+            (Some(Nonlinear::Softmax(k)), Some(Buf::I32(x))) => k.run(x, &mut y)?,
+            _ => return Err(node.internal()),
+        }
+        Ok(Buf::I32(y))
+    }
+
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
         let axis = node.shapes[0].len() as i64;
         let x = node.inputs[0].clone();
@@ -103,6 +113,15 @@ impl OpRules for Gelu {
         };
         node.step.nonlinear = Some(Nonlinear::Gelu(kernel));
         Ok((rep, node.layout(0)))
+    }
+
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let mut y = overwritten_i32(node.samples * node.output_numel());
+        match (&node.step.nonlinear, node.input(0)) {
+            (Some(Nonlinear::Gelu(k)), Some(Buf::U8(x))) => k.run(x, &mut y)?,
+            _ => return Err(node.internal()),
+        }
+        Ok(Buf::I32(y))
     }
 
     /// Exactly: `x · ½(1 + erf(x / √2))` (`Gelu` came with opset 20).

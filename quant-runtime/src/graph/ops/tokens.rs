@@ -9,6 +9,7 @@ use crate::graph::eval::{float_values as float_parameter, EvalNode};
 use crate::graph::params::check_parameter;
 use crate::graph::{ParamValues, Parameter};
 use crate::integer::prepare::{reach, unsupported, within_i32, PrepareNode, Prepared};
+use crate::integer::run::{Buf, RunNode};
 use crate::integer::{Layout, Rep};
 use crate::GraphError;
 
@@ -112,6 +113,27 @@ impl OpRules for ImageTokens {
         Ok((Rep::Acc { scales, bound }, Layout::Flat { features: c }))
     }
 
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let zero = match node.rep(0) {
+            Rep::Codes(g) => Some(g.zero),
+            _ => None,
+        };
+        let mut y = match (node.take(0), zero) {
+            (Buf::I32(v), _) => v,
+            (Buf::U8(v), Some(z)) => v.iter().map(|q| *q as i32 - z).collect(),
+            _ => return Err(node.internal()),
+        };
+        // NHWC maps are already [tokens, channels]; prepare bounds the result in i32.
+        let (pos, shift) = (&node.step.position, node.step.position_shift);
+        for sample in y.chunks_mut(pos.len().max(1)) {
+            sample
+                .iter_mut()
+                .zip(pos)
+                .for_each(|(v, p)| *v = (*v << shift) + p);
+        }
+        Ok(Buf::I32(y))
+    }
+
     /// The feature maps `[N, C, H, W]` as `H·W` tokens of `C` channels (row-major positions),
     /// plus the position embedding.
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
@@ -186,6 +208,28 @@ impl OpRules for MeanTokens {
         Ok((rep, Layout::Flat { features: c }))
     }
 
+    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
+        let Layout::Flat { features: c } = node.layout(0) else {
+            return Err(node.internal());
+        };
+        let tokens = node.numel(0) / c.max(1);
+        match (node.input(0), node.rep(0)) {
+            // Prepare bounds the sum of centered codes within i32.
+            (Some(Buf::U8(v)), Rep::Codes(g)) => Ok(Buf::I32(
+                token_sums(v, c, tokens, |q| i64::from(*q) - i64::from(g.zero))
+                    .map(|s| s as i32)
+                    .collect(),
+            )),
+            // The mean, rounded to nearest (ties to even) at the accumulators' scale.
+            (Some(Buf::I32(v)), _) => Ok(Buf::I32(
+                token_sums(v, c, tokens, |q| i64::from(*q))
+                    .map(|s| rounded_div(s, tokens as i64))
+                    .collect(),
+            )),
+            _ => Err(node.internal()),
+        }
+    }
+
     /// `[N, T, C]` → `[N, C]`.
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
         let attrs = vec![ints_attr("axes", &[1]), int_attr("keepdims", 0)];
@@ -193,4 +237,32 @@ impl OpRules for MeanTokens {
         w.op("ReduceMean", &node.node.name, &[x], node.out.clone(), attrs);
         Ok(())
     }
+}
+
+/// Per sample, the sum over `tokens` rows of each of `c` features, in `i64` (`2^31` tokens of
+/// `i32` values fit).
+fn token_sums<'a, T>(
+    x: &'a [T],
+    c: usize,
+    tokens: usize,
+    value: impl Fn(&T) -> i64 + 'a,
+) -> impl Iterator<Item = i64> + 'a {
+    x.chunks(c * tokens).flat_map(move |sample| {
+        let mut sums = vec![0i64; c];
+        for row in sample.chunks(c) {
+            sums.iter_mut().zip(row).for_each(|(s, q)| *s += value(q));
+        }
+        sums
+    })
+}
+
+/// `a / b` rounded to nearest, ties to even, for `b > 0` (a mean of `i32` values fits).
+fn rounded_div(a: i64, b: i64) -> i32 {
+    let (q, r) = (a.div_euclid(b), a.rem_euclid(b));
+    let up = match (2 * r).cmp(&b) {
+        std::cmp::Ordering::Greater => true,
+        std::cmp::Ordering::Equal => q % 2 != 0,
+        std::cmp::Ordering::Less => false,
+    };
+    (q + i64::from(up)) as i32
 }
