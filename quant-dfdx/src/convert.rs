@@ -289,9 +289,9 @@ macro_rules! input_only {
 }
 input_only!(
     MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::MaxPool2d,
-        |_m| Op::MaxPool2d(quant_runtime::graph::MaxPool2d { window: PoolGeometry { kernel: K, stride: S, padding: P } });
+        |_m| Op::MaxPool2d(quant_runtime::graph::MaxPool2d { window: PoolGeometry { kernel: [K, K], stride: [S, S], padding: [P, P] } });
     AvgPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::AvgPool2d,
-        |_m| Op::AvgPool2d(quant_runtime::graph::AvgPool2d { window: PoolGeometry { kernel: K, stride: S, padding: P } });
+        |_m| Op::AvgPool2d(quant_runtime::graph::AvgPool2d { window: PoolGeometry { kernel: [K, K], stride: [S, S], padding: [P, P] } });
     Flatten<N> where [const N: usize] => LayerKind::Flatten, |_m| Op::Flatten;
     AvgPoolGlobal where [] => LayerKind::GlobalAvgPool, |_m| Op::GlobalAvgPool;
     MaxPoolGlobal where [] => LayerKind::GlobalMaxPool, |_m| Op::GlobalMaxPool;

@@ -459,9 +459,9 @@ fn every_op_graph(signed_activations: bool) -> Graph {
     let geometry = Conv2dGeometry {
         in_channels: 2,
         out_channels: 4,
-        kernel: 3,
-        stride: 1,
-        padding: 1,
+        kernel: [3, 3],
+        stride: [1, 1],
+        padding: [1, 1],
         groups: 2,
     };
     let wq = quantizer(
@@ -506,9 +506,9 @@ fn every_op_graph(signed_activations: bool) -> Graph {
             "max",
             Op::MaxPool2d(quant::graph::MaxPool2d {
                 window: PoolGeometry {
-                    kernel: 3,
-                    stride: 2,
-                    padding: 1,
+                    kernel: [3, 3],
+                    stride: [2, 2],
+                    padding: [1, 1],
                 },
             }),
             &[y],
@@ -519,9 +519,9 @@ fn every_op_graph(signed_activations: bool) -> Graph {
             "avg",
             Op::AvgPool2d(quant::graph::AvgPool2d {
                 window: PoolGeometry {
-                    kernel: 3,
-                    stride: 2,
-                    padding: 1,
+                    kernel: [3, 3],
+                    stride: [2, 2],
+                    padding: [1, 1],
                 },
             }),
             &[y],
@@ -614,6 +614,156 @@ fn every_op_runs_in_tract_as_the_float_reference_computes_it() {
             "{convention:?}: {within} within tolerance, largest {max_relative}"
         );
     }
+}
+
+/// Rectangular windows, as a Conv1d-like `1x3` kernel or a `3x1` depthwise one would use: the
+/// float reference, the integer runtime and tract (ONNX's `Conv`, `MaxPool`, `AveragePool`)
+/// compute the same model, and files write a square size as one number (as every file before
+/// rectangular windows did) and a rectangular one as `[height, width]`.
+#[test]
+fn rectangular_windows_run_alike_in_the_reference_the_integer_runtime_and_tract() {
+    let act = |bits: u32, s: f32, z: i32| {
+        quantizer(
+            QuantizationMethod::Uniform,
+            IntegerGrid::new(bits, false, false).unwrap(),
+            QParams::per_tensor(s, z).unwrap(),
+        )
+    };
+    let qdq = |quantizer| Op::QuantizeDequantize(quant::graph::QuantizeDequantize { quantizer });
+    let wq = |scales: Vec<f32>| {
+        let n = scales.len();
+        quantizer(
+            QuantizationMethod::Symmetric,
+            IntegerGrid::new(8, true, true).unwrap(),
+            QParams::per_channel(0, scales, vec![0; n]).unwrap(),
+        )
+    };
+    let conv = |name: &str, geometry: Conv2dGeometry, q: ExportedQuantizer, seed: u64| {
+        let shape = geometry.weight_shape();
+        let mut weight = codes_for(&q, &noise(shape.iter().product(), seed), &shape);
+        weight.tensor = format!("{name}.weight");
+        Op::Conv2d(quant::graph::Conv2d {
+            geometry,
+            weight,
+            bias: Parameter {
+                tensor: format!("{name}.bias"),
+                values: ParamValues::Accumulator(
+                    (0..geometry.out_channels as i32)
+                        .map(|o| 40 * o - 35)
+                        .collect(),
+                ),
+            },
+        })
+    };
+    // Scales in no simple ratio (see `every_op_graph`): with 0.0201 and 0.0133, a window sum
+    // of 133 steps lands on an exact tie (33.5 steps of the next grid), where the integer
+    // runtime and the f32 reference may round apart.
+    let mut g = GraphBuilder::new(&[2, 7, 9]).unwrap();
+    let x = g.input();
+    let y = g.add("row.input", qdq(act(8, 0.0093, 120)), &[x]).unwrap();
+    let row = Conv2dGeometry {
+        in_channels: 2,
+        out_channels: 3,
+        kernel: [1, 3],
+        stride: [1, 2],
+        padding: [0, 1],
+        groups: 1,
+    };
+    let y = g
+        .add("row", conv("row", row, wq(vec![0.02; 3]), 1), &[y])
+        .unwrap();
+    let y = g
+        .add("column.input", qdq(act(8, 0.0311, 131)), &[y])
+        .unwrap();
+    let column = Conv2dGeometry {
+        in_channels: 3,
+        out_channels: 3,
+        kernel: [3, 1],
+        stride: [2, 1],
+        padding: [1, 0],
+        groups: 3,
+    };
+    let y = g
+        .add(
+            "column",
+            conv("column", column, wq(vec![0.03, 0.05, 0.04]), 3),
+            &[y],
+        )
+        .unwrap();
+    let y = g.add("pool.input", qdq(act(8, 0.0257, 127)), &[y]).unwrap();
+    let window = |kernel, stride, padding| PoolGeometry {
+        kernel,
+        stride,
+        padding,
+    };
+    let max = Op::MaxPool2d(quant::graph::MaxPool2d {
+        window: window([2, 3], [1, 2], [1, 1]),
+    });
+    let a = g.add("max", max, &[y]).unwrap();
+    let avg = Op::AvgPool2d(quant::graph::AvgPool2d {
+        window: window([3, 2], [1, 2], [1, 0]),
+    });
+    let a = g
+        .add("avg.input", qdq(act(8, 0.020_93, 125)), &[a])
+        .unwrap();
+    let a = g.add("avg", avg, &[a]).unwrap();
+    let a = g.add("flat", Op::Flatten, &[a]).unwrap();
+    let a = g.add("fc.input", qdq(act(8, 0.013_77, 128)), &[a]).unwrap();
+    let features = g.shape(a)[0];
+    let fq = wq(vec![0.01; 4]);
+    let mut weight = codes_for(&fq, &noise(4 * features, 7), &[4, features]);
+    weight.tensor = "fc.weight".into();
+    let fc = Op::Linear(quant::graph::Linear {
+        in_features: features,
+        out_features: 4,
+        weight,
+        bias: Parameter {
+            tensor: "fc.bias".into(),
+            values: ParamValues::Accumulator(vec![5, -3, 0, 9]),
+        },
+    });
+    let y = g.add("fc", fc, &[a]).unwrap();
+    let graph = g.finish(y, Default::default()).unwrap();
+
+    let x = noise(128 * 2 * 7 * 9, 11);
+    let reference = evaluate(&graph, &x, &|_, _| false).unwrap().output;
+    let integer = IntegerModel::new(&graph).unwrap().forward(&x).unwrap();
+    let (within, largest) = compare_logits(&integer, &reference, 4);
+    assert!(
+        within >= MIN_WITHIN_TOLERANCE,
+        "integer: {within}, largest {largest}"
+    );
+    let dir = scratch().join("rectangular");
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("model.onnx");
+    let bytes = OnnxFormat::new(OnnxConvention::Standard)
+        .to_bytes(&graph)
+        .unwrap();
+    std::fs::write(&path, bytes).unwrap();
+    let onnx = OnnxModel::load(&path).unwrap();
+    let (within, largest) = compare_logits(&onnx.forward(&x).unwrap(), &reference, 4);
+    assert!(
+        within >= MIN_WITHIN_TOLERANCE,
+        "tract: {within}, largest {largest}"
+    );
+
+    let json = serde_json::to_string(&graph).unwrap();
+    assert!(
+        json.contains(r#""kernel":[1,3],"stride":[1,2],"padding":[0,1]"#),
+        "{json}"
+    );
+    assert!(
+        json.contains(r#""kernel":[2,3],"stride":[1,2],"padding":1"#),
+        "{json}"
+    );
+    let read: Graph = serde_json::from_str(&json).unwrap();
+    assert_eq!(serde_json::to_string(&read).unwrap(), json);
+    let old: PoolGeometry =
+        serde_json::from_str(r#"{"kernel": 2, "stride": 2, "padding": 0}"#).unwrap();
+    assert_eq!(old, window([2, 2], [2, 2], [0, 0]));
+    let bad = serde_json::from_str::<PoolGeometry>(r#"{"kernel": [2], "stride": 1, "padding": 0}"#);
+    let message = bad.unwrap_err().to_string();
+    assert!(message.contains("[height, width]"), "{message}");
 }
 
 /// A graph whose samples are sequences `[tokens, features]` writes `MatMul` + `Add` for its

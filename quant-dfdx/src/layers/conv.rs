@@ -147,9 +147,9 @@ impl_for_conv! {
             let geometry = Conv2dGeometry {
                 in_channels: C_IN,
                 out_channels: C_OUT,
-                kernel: K,
-                stride: S,
-                padding: P,
+                kernel: [K, K],
+                stride: [S, S],
+                padding: [P, P],
                 groups: G,
             };
             lower_weighted(

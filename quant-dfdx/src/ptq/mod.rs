@@ -353,8 +353,7 @@ impl Rows {
                 conv: None,
             }),
             (Op::Conv2d(quant_runtime::graph::Conv2d { geometry: g, .. }), [c, h, w]) => {
-                let out = |len| quant_runtime::graph::out_len(len, g.kernel, g.stride, g.padding);
-                let (Some(oh), Some(ow)) = (out(*h), out(*w)) else {
+                let Some([oh, ow]) = g.output([*h, *w]) else {
                     return Err(shape_error(op, in_shape));
                 };
                 Ok(Rows {
@@ -381,10 +380,10 @@ impl Rows {
         let maps = &x[sample * c * h * w..(sample + 1) * c * h * w];
         for ci in 0..cg {
             let ch = group * cg + ci;
-            for ky in 0..g.kernel {
-                for kx in 0..g.kernel {
-                    let iy = (oy * g.stride + ky) as isize - g.padding as isize;
-                    let ix = (ox * g.stride + kx) as isize - g.padding as isize;
+            for ky in 0..g.kernel[0] {
+                for kx in 0..g.kernel[1] {
+                    let iy = (oy * g.stride[0] + ky) as isize - g.padding[0] as isize;
+                    let ix = (ox * g.stride[1] + kx) as isize - g.padding[1] as isize;
                     let inside = iy >= 0 && ix >= 0 && (iy as usize) < h && (ix as usize) < w;
                     out.push(if inside {
                         maps[(ch * h + iy as usize) * w + ix as usize]

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::prepare::{Step, Weighted};
 use super::{IntegerModel, Layout, Rep};
-use quant_core::int8::{gemm_u8, im2col_u8, Window};
+use quant_core::int8::{gemm_u8, im2col_u8};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
 /// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
@@ -304,7 +304,7 @@ pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>>
     let (cg, og) = (c / groups, w.out / groups);
     let positions = oh * ow;
     let pad = w.input_zero as u8;
-    let window = Window::square(g.kernel, g.stride, g.padding);
+    let window = g.window();
     if let Some(filter) = &w.depthwise {
         let mut out = zeroed_i32(n * positions * w.out);
         for (xs, ys) in codes

@@ -307,9 +307,9 @@ fn every_op_has_its_onnx_form() {
     let geometry = Conv2dGeometry {
         in_channels: 2,
         out_channels: 4,
-        kernel: 3,
-        stride: 2,
-        padding: 1,
+        kernel: [3, 3],
+        stride: [2, 2],
+        padding: [1, 1],
         groups: 2,
     };
     let conv = Op::Conv2d(crate::graph::Conv2d {
@@ -335,9 +335,9 @@ fn every_op_has_its_onnx_form() {
             "max",
             Op::MaxPool2d(crate::graph::MaxPool2d {
                 window: PoolGeometry {
-                    kernel: 2,
-                    stride: 1,
-                    padding: 1,
+                    kernel: [2, 2],
+                    stride: [1, 1],
+                    padding: [1, 1],
                 },
             }),
             &[y],
@@ -348,9 +348,9 @@ fn every_op_has_its_onnx_form() {
             "avg",
             Op::AvgPool2d(crate::graph::AvgPool2d {
                 window: PoolGeometry {
-                    kernel: 2,
-                    stride: 1,
-                    padding: 1,
+                    kernel: [2, 2],
+                    stride: [1, 1],
+                    padding: [1, 1],
                 },
             }),
             &[y],

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{check_bias, maps, out_len, taps, OpRules};
+use super::{check_bias, maps, pair_text, taps, OpRules};
 use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::{bias_values, dequantized, EvalNode};
 use crate::graph::params::check_parameter;
@@ -13,7 +13,7 @@ use crate::integer::prepare::{
 use crate::integer::run::{weighted, Buf, RunNode};
 use crate::integer::{Conv, Layout, Rep, Weighted, MAX_SAMPLE_ELEMENTS};
 use crate::GraphError;
-use quant_core::int8::{DepthwiseFilter, PackedMatrix};
+use quant_core::int8::{DepthwiseFilter, PackedMatrix, Window};
 
 /// Geometry of a 2-D convolution with zero padding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -23,12 +23,15 @@ pub struct Conv2dGeometry {
     pub in_channels: usize,
     /// Output channels.
     pub out_channels: usize,
-    /// Kernel size (square).
-    pub kernel: usize,
-    /// Stride.
-    pub stride: usize,
-    /// Zero padding on each side.
-    pub padding: usize,
+    /// Kernel size, `[height, width]` (files write a square kernel as one number).
+    #[serde(with = "super::square_or_pair")]
+    pub kernel: [usize; 2],
+    /// Steps between windows, `[down, across]`.
+    #[serde(with = "super::square_or_pair")]
+    pub stride: [usize; 2],
+    /// Zero padding on each side, `[top and bottom, left and right]`.
+    #[serde(with = "super::square_or_pair")]
+    pub padding: [usize; 2],
     /// Channel groups: each output channel sees `in_channels / groups` input channels
     /// (`groups = in_channels` is a depthwise convolution).
     #[serde(default = "one")]
@@ -45,19 +48,29 @@ impl Conv2dGeometry {
         self.in_channels / self.groups.max(1)
     }
 
-    /// The weight's shape, `[out_channels, in_channels / groups, kernel, kernel]`.
+    /// The weight's shape, `[out_channels, in_channels / groups, kernel height, kernel width]`.
     pub fn weight_shape(&self) -> [usize; 4] {
-        [
-            self.out_channels,
-            self.group_in_channels(),
-            self.kernel,
-            self.kernel,
-        ]
+        let [kh, kw] = self.kernel;
+        [self.out_channels, self.group_in_channels(), kh, kw]
     }
 
-    /// Inputs per output value: `in_channels / groups · kernel²`.
+    /// Inputs per output value: `in_channels / groups · kernel height · kernel width`.
     pub fn fan_in(&self) -> usize {
-        self.group_in_channels() * self.kernel * self.kernel
+        self.group_in_channels() * self.kernel[0] * self.kernel[1]
+    }
+
+    /// The window the integer kernels slide.
+    pub fn window(&self) -> Window {
+        Window {
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+        }
+    }
+
+    /// The output `[height, width]` over `[h, w]` maps, when the kernel fits them.
+    pub fn output(&self, input: [usize; 2]) -> Option<[usize; 2]> {
+        super::window_output(input, self.kernel, self.stride, self.padding)
     }
 }
 
@@ -103,10 +116,18 @@ impl OpRules for Conv2d {
         if c != g.in_channels {
             return Err(format!("receives {c} channels; expects {}", g.in_channels));
         }
-        if g.kernel == 0 || g.stride == 0 || g.stride > MAX_ELEMENTS || g.padding >= g.kernel {
+        let bad_axis = |a: usize| {
+            g.kernel[a] == 0
+                || g.stride[a] == 0
+                || g.stride[a] > MAX_ELEMENTS
+                || g.padding[a] >= g.kernel[a]
+        };
+        if bad_axis(0) || bad_axis(1) {
             return Err(format!(
                 "kernel {}, stride {}, padding {}: kernel and stride must be at least 1 and the padding smaller than the kernel",
-                g.kernel, g.stride, g.padding
+                pair_text(g.kernel),
+                pair_text(g.stride),
+                pair_text(g.padding)
             ));
         }
         let numel = checked_numel(&g.weight_shape()).ok_or_else(|| {
@@ -125,14 +146,11 @@ impl OpRules for Conv2d {
             )?;
             check_bias(&self.bias, &self.weight, g.out_channels)?;
         }
-        match (
-            out_len(h, g.kernel, g.stride, g.padding),
-            out_len(w, g.kernel, g.stride, g.padding),
-        ) {
-            (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok(vec![g.out_channels, oh, ow]),
-            _ => Err(format!(
+        match g.output([h, w]) {
+            Some([oh, ow]) => Ok(vec![g.out_channels, oh, ow]),
+            None => Err(format!(
                 "a {h}x{w} input is smaller than its {}x{} kernel",
-                g.kernel, g.kernel
+                g.kernel[0], g.kernel[1]
             )),
         }
     }
@@ -146,7 +164,7 @@ impl OpRules for Conv2d {
         let (c, h, wd) = (node.shapes[0][0], node.shapes[0][1], node.shapes[0][2]);
         let out_shape = node.output_shape;
         let (o, oh, ow) = (out_shape[0], out_shape[1], out_shape[2]);
-        let (k, s, p) = (g.kernel, g.stride, g.padding);
+        let ([kh, kw], [sh, sw], [ph, pw]) = (g.kernel, g.stride, g.padding);
         let cg = g.group_in_channels();
         let og = o / g.groups.max(1);
         let mut y = vec![0f32; n * o * oh * ow];
@@ -154,15 +172,16 @@ impl OpRules for Conv2d {
             let xs = &x[bi * c * h * wd..(bi + 1) * c * h * wd];
             for oc in 0..o {
                 let group = oc / og;
-                let wk = &w[oc * cg * k * k..(oc + 1) * cg * k * k];
+                let wk = &w[oc * cg * kh * kw..(oc + 1) * cg * kh * kw];
                 for oy in 0..oh {
                     for ox in 0..ow {
                         let mut acc = 0f32;
                         for ci in 0..cg {
                             let ch = group * cg + ci;
-                            for (ky, iy) in taps(oy, k, s, p, h) {
-                                for (kx, ix) in taps(ox, k, s, p, wd) {
-                                    acc += xs[(ch * h + iy) * wd + ix] * wk[(ci * k + ky) * k + kx];
+                            for (ky, iy) in taps(oy, kh, sh, ph, h) {
+                                for (kx, ix) in taps(ox, kw, sw, pw, wd) {
+                                    acc +=
+                                        xs[(ch * h + iy) * wd + ix] * wk[(ci * kh + ky) * kw + kx];
                                 }
                             }
                         }
@@ -188,18 +207,18 @@ impl OpRules for Conv2d {
         };
         let (codes, zeros, scales) = weight_codes(name, &self.weight)?;
         let bias = accumulator_bias(name, &self.bias)?;
-        let (k, groups) = (geometry.kernel, geometry.groups);
+        let ([kh, kw], groups) = (geometry.kernel, geometry.groups);
         let (cg, og) = (c / groups, o / groups);
-        let fan_in = cg * k * k;
+        let fan_in = cg * kh * kw;
         // OIHW → per group, rows (ky, kx, c) of each output channel.
         let mut centered = vec![0i32; o * fan_in];
         for oc in 0..o {
             let z = zeros[if zeros.len() == 1 { 0 } else { oc }];
             for ci in 0..cg {
-                for ky in 0..k {
-                    for kx in 0..k {
-                        centered[oc * fan_in + (ky * k + kx) * cg + ci] =
-                            codes[((oc * cg + ci) * k + ky) * k + kx] - z;
+                for ky in 0..kh {
+                    for kx in 0..kw {
+                        centered[oc * fan_in + (ky * kw + kx) * cg + ci] =
+                            codes[((oc * cg + ci) * kh + ky) * kw + kx] - z;
                     }
                 }
             }
@@ -219,7 +238,7 @@ impl OpRules for Conv2d {
         let mut biases = Vec::with_capacity(groups);
         let depthwise = if groups > 1 && cg == 1 && og == 1 {
             // One channel in and out per group: the rows are the filters, `[c][ky][kx]`.
-            Some(DepthwiseFilter::new(&centered, &bias, o, [k, k])?)
+            Some(DepthwiseFilter::new(&centered, &bias, o, [kh, kw])?)
         } else {
             None
         };
@@ -267,9 +286,13 @@ impl OpRules for Conv2d {
         let b = w.bias(n, &self.bias, &self.weight, g.out_channels)?;
         let attrs = vec![
             int_attr("group", g.groups as i64),
-            ints_attr("kernel_shape", &[g.kernel, g.kernel]),
-            ints_attr("strides", &[g.stride, g.stride]),
-            ints_attr("pads", &[g.padding; 4]),
+            ints_attr("kernel_shape", &g.kernel),
+            ints_attr("strides", &g.stride),
+            // ONNX: [top, left, bottom, right].
+            ints_attr(
+                "pads",
+                &[g.padding[0], g.padding[1], g.padding[0], g.padding[1]],
+            ),
             ints_attr("dilations", &[1, 1]),
         ];
         let x = node.inputs[0].clone();

@@ -303,3 +303,60 @@ pub(crate) fn check_bias(bias: &Parameter, weight: &Parameter, out: usize) -> Re
     }
     Ok(())
 }
+
+/// Sizes along the two spatial axes, `[height, width]`, as files write them: one number for
+/// equal sizes (every file written before kernels could be rectangular), a pair otherwise.
+pub(crate) mod square_or_pair {
+    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+    /// Writes `[h, w]`, one number when `h == w`.
+    pub fn serialize<S: Serializer>(pair: &[usize; 2], s: S) -> Result<S::Ok, S::Error> {
+        if pair[0] == pair[1] {
+            pair[0].serialize(s)
+        } else {
+            pair.serialize(s)
+        }
+    }
+
+    /// Reads one number (both axes) or a pair `[h, w]`.
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[usize; 2], D::Error> {
+        #[derive(Deserialize)]
+        #[serde(
+            untagged,
+            expecting = "a size (one number for both axes) or [height, width]"
+        )]
+        enum Size {
+            Both(usize),
+            Pair([usize; 2]),
+        }
+        Ok(match Size::deserialize(d)? {
+            Size::Both(k) => [k, k],
+            Size::Pair(p) => p,
+        })
+    }
+}
+
+/// A pair of sizes in messages: one number when both are equal, `HxW` otherwise.
+pub(crate) fn pair_text([h, w]: [usize; 2]) -> String {
+    if h == w {
+        h.to_string()
+    } else {
+        format!("{h}x{w}")
+    }
+}
+
+/// The output `[height, width]` of a window over `[h, w]` maps, when it fits.
+pub(crate) fn window_output(
+    [h, w]: [usize; 2],
+    kernel: [usize; 2],
+    stride: [usize; 2],
+    padding: [usize; 2],
+) -> Option<[usize; 2]> {
+    match (
+        out_len(h, kernel[0], stride[0], padding[0]),
+        out_len(w, kernel[1], stride[1], padding[1]),
+    ) {
+        (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Some([oh, ow]),
+        _ => None,
+    }
+}

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{maps, out_len, taps, OpRules};
+use super::{maps, pair_text, taps, window_output, OpRules};
 use crate::export::onnx::proto::AttributeProto;
 use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
@@ -18,13 +18,17 @@ use quant_core::int8::{max_pool_i32, max_pool_u8, Window};
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PoolGeometry {
-    /// Window size (square).
-    pub kernel: usize,
-    /// Stride.
-    pub stride: usize,
-    /// Padding on each side (never selected by max pooling; counted as zeros by average
-    /// pooling, as dfdx's and ONNX's `count_include_pad = 1`).
-    pub padding: usize,
+    /// Window size, `[height, width]` (files write a square window as one number).
+    #[serde(with = "super::square_or_pair")]
+    pub kernel: [usize; 2],
+    /// Steps between windows, `[down, across]`.
+    #[serde(with = "super::square_or_pair")]
+    pub stride: [usize; 2],
+    /// Padding on each side, `[top and bottom, left and right]` (never selected by max
+    /// pooling; counted as zeros by average pooling, as dfdx's and ONNX's
+    /// `count_include_pad = 1`).
+    #[serde(with = "super::square_or_pair")]
+    pub padding: [usize; 2],
 }
 
 /// Max pooling of `[channels, height, width]` maps (padding never wins).
@@ -48,25 +52,26 @@ impl PoolGeometry {
     fn shape(&self, inputs: &[&[usize]], what: &str) -> Result<Vec<usize>, String> {
         let p = self;
         let (c, h, w) = maps(inputs, what)?;
-        if p.kernel == 0
-            || p.stride == 0
-            || p.kernel > MAX_ELEMENTS
-            || p.stride > MAX_ELEMENTS
-            || p.padding > p.kernel / 2
-        {
+        let bad_axis = |a: usize| {
+            p.kernel[a] == 0
+                || p.stride[a] == 0
+                || p.kernel[a] > MAX_ELEMENTS
+                || p.stride[a] > MAX_ELEMENTS
+                || p.padding[a] > p.kernel[a] / 2
+        };
+        if bad_axis(0) || bad_axis(1) {
             return Err(format!(
                 "kernel {}, stride {}, padding {}: kernel and stride must be in 1..={MAX_ELEMENTS} and the padding at most half the kernel",
-                p.kernel, p.stride, p.padding
+                pair_text(p.kernel),
+                pair_text(p.stride),
+                pair_text(p.padding)
             ));
         }
-        match (
-            out_len(h, p.kernel, p.stride, p.padding),
-            out_len(w, p.kernel, p.stride, p.padding),
-        ) {
-            (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Ok(vec![c, oh, ow]),
-            _ => Err(format!(
+        match window_output([h, w], p.kernel, p.stride, p.padding) {
+            Some([oh, ow]) => Ok(vec![c, oh, ow]),
+            None => Err(format!(
                 "a {h}x{w} input is smaller than its {}x{} window",
-                p.kernel, p.kernel
+                p.kernel[0], p.kernel[1]
             )),
         }
     }
@@ -76,21 +81,21 @@ impl PoolGeometry {
         let (in_shape, out_shape) = (node.shapes[0], node.output_shape);
         let (c, h, w) = (in_shape[0], in_shape[1], in_shape[2]);
         let (oh, ow) = (out_shape[1], out_shape[2]);
-        let (k, s, p) = (self.kernel, self.stride, self.padding);
+        let ([kh, kw], [sh, sw], [ph, pw]) = (self.kernel, self.stride, self.padding);
         let mut y = Vec::with_capacity(node.samples * c * oh * ow);
         for plane in node.inputs[0].chunks_exact(h * w).take(node.samples * c) {
             for oy in 0..oh {
                 for ox in 0..ow {
                     let mut best = f32::NEG_INFINITY;
                     let mut sum = 0f32;
-                    for (_, iy) in taps(oy, k, s, p, h) {
-                        for (_, ix) in taps(ox, k, s, p, w) {
+                    for (_, iy) in taps(oy, kh, sh, ph, h) {
+                        for (_, ix) in taps(ox, kw, sw, pw, w) {
                             let v = plane[iy * w + ix];
                             best = best.max(v);
                             sum += v;
                         }
                     }
-                    y.push(if max { best } else { sum / (k * k) as f32 });
+                    y.push(if max { best } else { sum / (kh * kw) as f32 });
                 }
             }
         }
@@ -106,9 +111,18 @@ impl PoolGeometry {
         mut attrs: Vec<AttributeProto>,
     ) {
         attrs.extend([
-            ints_attr("kernel_shape", &[self.kernel, self.kernel]),
-            ints_attr("strides", &[self.stride, self.stride]),
-            ints_attr("pads", &[self.padding; 4]),
+            ints_attr("kernel_shape", &self.kernel),
+            ints_attr("strides", &self.stride),
+            // ONNX: [top, left, bottom, right].
+            ints_attr(
+                "pads",
+                &[
+                    self.padding[0],
+                    self.padding[1],
+                    self.padding[0],
+                    self.padding[1],
+                ],
+            ),
         ]);
         let x = node.inputs[0].clone();
         w.op(op_type, &node.node.name, &[x], node.out.clone(), attrs);
@@ -143,8 +157,8 @@ impl OpRules for MaxPool2d {
 
     fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
         let layout = pooled_maps(node)?;
-        let k = self.window.kernel as u64;
-        node.cost = (node.output_numel() as u64) * k * k;
+        let [kh, kw] = self.window.kernel;
+        node.cost = (node.output_numel() as u64) * (kh as u64) * (kw as u64);
         Ok((node.rep(0).clone(), layout))
     }
 
@@ -152,7 +166,11 @@ impl OpRules for MaxPool2d {
         let ((c, h, w), (oh, ow)) = pool_dims(node)?;
         let (per_in, per_out, n) = (h * w * c, oh * ow * c, node.samples);
         let p = &self.window;
-        let window = Window::square(p.kernel, p.stride, p.padding);
+        let window = Window {
+            kernel: p.kernel,
+            stride: p.stride,
+            padding: p.padding,
+        };
         match node.input(0) {
             Some(Buf::U8(v)) => {
                 let mut y = zeroed_u8(n * per_out);
@@ -193,7 +211,7 @@ impl OpRules for AvgPool2d {
 
     fn prepare(&self, node: &mut PrepareNode<'_>) -> Result<Prepared, GraphError> {
         let layout = pooled_maps(node)?;
-        let window = (self.window.kernel * self.window.kernel) as u64;
+        let window = (self.window.kernel[0] * self.window.kernel[1]) as u64;
         node.cost = (node.output_numel() as u64) * window;
         let (scales, bound) = match node.rep(0) {
             Rep::Codes(g) => (vec![g.scale], reach(g)),
@@ -370,8 +388,8 @@ fn sum_pool(
         for oy in 0..oh {
             for ox in 0..ow {
                 let dst = &mut ys[(oy * ow + ox) * c..(oy * ow + ox + 1) * c];
-                for (_, iy) in taps(oy, p.kernel, p.stride, p.padding, h) {
-                    for (_, ix) in taps(ox, p.kernel, p.stride, p.padding, w) {
+                for (_, iy) in taps(oy, p.kernel[0], p.stride[0], p.padding[0], h) {
+                    for (_, ix) in taps(ox, p.kernel[1], p.stride[1], p.padding[1], w) {
                         let src = &xs[(iy * w + ix) * c..][..c];
                         for (d, s) in dst.iter_mut().zip(src) {
                             *d += *s;
