@@ -6,7 +6,8 @@ use std::collections::{BTreeMap, HashMap};
 use crate::GraphError;
 
 use super::{
-    checked_numel, ExportedQuantizer, Graph, GraphInput, Node, Op, ParamValues, Parameter, INPUT,
+    checked_numel, Axes, ExportedQuantizer, Graph, GraphInput, Node, Op, ParamValues, Parameter,
+    INPUT,
 };
 
 /// A value of a graph under construction: the graph input or a node's output.
@@ -33,22 +34,38 @@ pub struct GraphBuilder {
     nodes: Vec<Node>,
     /// Shape of each value: the input, then each node's output.
     shapes: Vec<Vec<usize>>,
+    /// What the axes of each value mean.
+    axes: Vec<Axes>,
     names: HashMap<String, usize>,
 }
 
 impl GraphBuilder {
-    /// A graph whose float input has per-sample shape `input_shape`.
+    /// A graph whose float input has per-sample shape `input_shape`, its axes meaning
+    /// features, tokens or maps by rank ([`Axes::of_input_rank`]).
     ///
     /// # Errors
-    /// An empty or oversized shape, or one that is neither `[features]` nor
-    /// `[channels, height, width]`.
+    /// An empty or oversized shape, or one that is neither `[features]`,
+    /// `[tokens, features]` nor `[channels, height, width]`.
     pub fn new(input_shape: &[usize]) -> Result<GraphBuilder, GraphError> {
+        GraphBuilder::build(input_shape, None)
+    }
+
+    /// A graph whose float input has per-sample shape `input_shape` with axes meaning `axes`.
+    ///
+    /// # Errors
+    /// As [`GraphBuilder::new`], or a shape whose rank is not that of `axes`.
+    pub fn with_axes(input_shape: &[usize], axes: Axes) -> Result<GraphBuilder, GraphError> {
+        GraphBuilder::build(input_shape, Some(axes))
+    }
+
+    fn build(input_shape: &[usize], axes: Option<Axes>) -> Result<GraphBuilder, GraphError> {
         let input = GraphInput {
             name: INPUT.to_string(),
             shape: input_shape.to_vec(),
+            axes,
         };
         // The empty graph's check covers the input shape.
-        Graph {
+        let shapes = Graph {
             input: input.clone(),
             nodes: Vec::new(),
             output: INPUT.to_string(),
@@ -61,6 +78,7 @@ impl GraphBuilder {
             input,
             nodes: Vec::new(),
             shapes: vec![input_shape.to_vec()],
+            axes: shapes.axes,
             names,
         })
     }
@@ -73,6 +91,11 @@ impl GraphBuilder {
     /// The per-sample shape of `v`.
     pub fn shape(&self, v: ValueId) -> &[usize] {
         &self.shapes[v.0]
+    }
+
+    /// What the axes of `v` mean.
+    pub fn axes(&self, v: ValueId) -> Axes {
+        self.axes[v.0]
     }
 
     /// The name of `v`.
@@ -109,6 +132,8 @@ impl GraphBuilder {
         }
         let shapes: Vec<&[usize]> = inputs.iter().map(|v| self.shape(*v)).collect();
         let shape = op.output_shape(&shapes).map_err(&invalid)?;
+        let input_axes: Vec<Axes> = inputs.iter().map(|v| self.axes(*v)).collect();
+        let axes = op.output_axes(&input_axes).map_err(&invalid)?;
         if checked_numel(&shape).is_none() {
             return Err(invalid(format!(
                 "output shape {shape:?} is empty or too large"
@@ -122,6 +147,7 @@ impl GraphBuilder {
             op,
         });
         self.shapes.push(shape);
+        self.axes.push(axes);
         Ok(id)
     }
 

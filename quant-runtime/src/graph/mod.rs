@@ -53,15 +53,73 @@ pub const MAX_NODES: usize = 1 << 16;
 /// Longest node name, in bytes.
 pub const MAX_NAME_LEN: usize = 1024;
 
+/// What the axes of a per-sample value mean. Every value has one meaning, which its producer's
+/// rule gives ([`Op::output_axes`]) and each op checks of its inputs: a rank alone does not say
+/// whether `[a, b, c]` are feature maps or attention heads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Axes {
+    /// `[features]`.
+    Features,
+    /// `[tokens, features]`: a sequence, whose row-wise ops (Linear, LayerNorm) act on each
+    /// token.
+    Tokens,
+    /// `[channels, height, width]` feature maps.
+    Maps,
+    /// `[heads, queries, keys]`: attention scores or probabilities.
+    Heads,
+}
+
+impl Axes {
+    /// The rank of a value with these axes.
+    pub fn rank(self) -> usize {
+        match self {
+            Axes::Features => 1,
+            Axes::Tokens => 2,
+            Axes::Maps | Axes::Heads => 3,
+        }
+    }
+
+    /// The meaning of a graph input of rank `rank` whose file does not say: features, tokens or
+    /// maps.
+    pub fn of_input_rank(rank: usize) -> Option<Axes> {
+        match rank {
+            1 => Some(Axes::Features),
+            2 => Some(Axes::Tokens),
+            3 => Some(Axes::Maps),
+            _ => None,
+        }
+    }
+
+    /// How messages name them.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Axes::Features => "[features]",
+            Axes::Tokens => "[tokens, features]",
+            Axes::Maps => "[channels, height, width] maps",
+            Axes::Heads => "[heads, queries, keys] attention scores",
+        }
+    }
+}
+
 /// The float input of a graph.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct GraphInput {
     /// The input value's name ([`INPUT`]).
     pub name: String,
-    /// Shape of one sample: `[features]`, `[tokens, features]` (a sequence: row-wise ops such
-    /// as Linear and LayerNorm act on each token) or `[channels, height, width]`.
+    /// Shape of one sample: `[features]`, `[tokens, features]` or `[channels, height, width]`.
     pub shape: Vec<usize>,
+    /// What the shape's axes mean; files that do not say (every file written before axes were
+    /// named) mean features, tokens or maps by rank ([`Axes::of_input_rank`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub axes: Option<Axes>,
+}
+
+impl GraphInput {
+    /// What the input's axes mean: as given, or by rank.
+    pub fn axes(&self) -> Option<Axes> {
+        self.axes.or_else(|| Axes::of_input_rank(self.shape.len()))
+    }
 }
 
 /// One node: an op on named values, producing the value named `name`.
@@ -92,16 +150,23 @@ pub struct Graph {
     pub info: BTreeMap<String, String>,
 }
 
-/// The shape of every value of a checked graph.
+/// The shape of every value of a checked graph, and what its axes mean.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Shapes {
     /// Per-sample shape of the input.
     pub input: Vec<usize>,
     /// Per-sample shape of each node's output, in node order.
     pub nodes: Vec<Vec<usize>>,
+    /// What the axes of each value mean: the input's, then each node's output's.
+    pub axes: Vec<Axes>,
 }
 
 impl Shapes {
+    /// What the axes of value `v` mean, numbered as [`Graph::value_numbers`] does.
+    pub(crate) fn axes_of_value(&self, v: usize) -> Axes {
+        self.axes[v]
+    }
+
     /// The per-sample shape of value `v`, numbered as [`Graph::value_numbers`] does.
     pub(crate) fn of_value(&self, v: usize) -> &[usize] {
         if v == 0 {
@@ -153,12 +218,22 @@ impl Graph {
                 self.input.shape
             )));
         }
-        if !matches!(self.input.shape.len(), 1..=3) {
-            return Err(graph(format!(
-                "input shape {:?}: expected [features], [tokens, features] or [channels, height, width]",
-                self.input.shape
-            )));
-        }
+        let input_axes = match self.input.axes() {
+            Some(axes) if axes.rank() == self.input.shape.len() => axes,
+            Some(axes) => {
+                return Err(graph(format!(
+                    "input shape {:?} does not have the rank of {}",
+                    self.input.shape,
+                    axes.describe()
+                )))
+            }
+            None => {
+                return Err(graph(format!(
+                    "input shape {:?}: expected [features], [tokens, features] or [channels, height, width]",
+                    self.input.shape
+                )))
+            }
+        };
         if self.nodes.len() > MAX_NODES {
             return Err(graph(format!(
                 "{} nodes; at most {MAX_NODES} are supported",
@@ -169,6 +244,7 @@ impl Graph {
         index.insert(self.input.name.as_str(), 0);
         let mut shapes: Vec<Vec<usize>> = Vec::with_capacity(self.nodes.len() + 1);
         shapes.push(self.input.shape.clone());
+        let mut axes = vec![input_axes];
         // The op producing each value (`None` for the input).
         let mut producers: Vec<Option<&Op>> = vec![None];
         for node in &self.nodes {
@@ -179,11 +255,13 @@ impl Graph {
                 )));
             }
             let mut inputs = Vec::with_capacity(node.inputs.len());
+            let mut input_axes = Vec::with_capacity(node.inputs.len());
             let mut quantized_input = false;
             for (k, name) in node.inputs.iter().enumerate() {
                 match index.get(name.as_str()) {
                     Some(&i) => {
                         inputs.push(shapes[i].as_slice());
+                        input_axes.push(axes[i]);
                         if k == 0 {
                             quantized_input =
                                 matches!(producers[i], Some(Op::QuantizeDequantize(_)));
@@ -198,6 +276,8 @@ impl Graph {
                 }
             }
             let shape = node.op.shape(&inputs, values).map_err(&at)?;
+            let output_axes = node.op.output_axes(&input_axes).map_err(&at)?;
+            debug_assert_eq!(output_axes.rank(), shape.len(), "{}", node.op.name());
             if values && node.op.accumulator_bias() && !quantized_input {
                 return Err(at(
                     "its bias is held at the accumulator's scale s_input · s_weight, but its input is not quantized"
@@ -213,6 +293,7 @@ impl Graph {
                 return Err(at("the name is used twice".into()));
             }
             shapes.push(shape);
+            axes.push(output_axes);
             producers.push(Some(&node.op));
         }
         if !index.contains_key(self.output.as_str()) {
@@ -225,6 +306,7 @@ impl Graph {
         Ok(Shapes {
             input,
             nodes: shapes,
+            axes,
         })
     }
 
@@ -270,4 +352,76 @@ pub(crate) fn short(s: &str) -> String {
         end -= 1;
     }
     format!("{}… ({} bytes)", &s[..end], s.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pool() -> Op {
+        Op::MaxPool2d(MaxPool2d {
+            window: PoolGeometry {
+                kernel: [2, 2],
+                stride: [2, 2],
+                padding: [0, 0],
+            },
+        })
+    }
+
+    /// Attention scores `[heads, queries, keys]` have the rank of feature maps; their axes say
+    /// they are not, so a pooling or convolution over them is refused where it is added and
+    /// where a file is checked.
+    #[test]
+    fn axes_say_what_a_rank_cannot() {
+        let mut g = GraphBuilder::new(&[4, 6]).unwrap();
+        let x = g.input();
+        assert_eq!(g.axes(x), Axes::Tokens);
+        let scores = Op::AttentionScores(AttentionScores { heads: 2 });
+        let s = g.add("scores", scores, &[x, x]).unwrap();
+        assert_eq!((g.shape(s), g.axes(s)), (&[2, 4, 4][..], Axes::Heads));
+        let e = g.add("pool", pool(), &[s]).unwrap_err().to_string();
+        let wanted = "needs [channels, height, width] maps; it receives [heads, queries, keys]";
+        assert!(e.contains("pool") && e.contains(wanted), "{e}");
+
+        let mut graph = g.finish(s, BTreeMap::new()).unwrap();
+        graph.nodes.push(Node {
+            name: "pool".into(),
+            inputs: vec!["scores".into()],
+            op: pool(),
+        });
+        graph.output = "pool".into();
+        let e = graph.check().unwrap_err().to_string();
+        assert!(e.contains(wanted), "{e}");
+    }
+
+    /// A graph input says what its axes mean, or means features, tokens or maps by rank (every
+    /// file written before axes were named); a meaning of another rank is refused.
+    #[test]
+    fn an_input_says_its_axes_or_its_rank_does() {
+        let g = GraphBuilder::new(&[3, 4, 4]).unwrap();
+        assert_eq!(g.axes(g.input()), Axes::Maps);
+        let heads = GraphBuilder::with_axes(&[2, 4, 4], Axes::Heads).unwrap();
+        assert_eq!(heads.axes(heads.input()), Axes::Heads);
+        let e = GraphBuilder::with_axes(&[4, 6], Axes::Maps)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[4, 6]") && e.contains("rank of [channels, height, width]"),
+            "{e}"
+        );
+
+        let by_rank = GraphBuilder::new(&[5]).unwrap();
+        let x = by_rank.input();
+        let json = serde_json::to_string(&by_rank.finish(x, BTreeMap::new()).unwrap());
+        assert!(!json.unwrap().contains("axes"));
+        let declared = GraphBuilder::with_axes(&[2, 4, 4], Axes::Heads).unwrap();
+        let x = declared.input();
+        let graph = declared.finish(x, BTreeMap::new()).unwrap();
+        let json = serde_json::to_string(&graph).unwrap();
+        assert!(json.contains(r#""axes":"Heads""#), "{json}");
+        assert_eq!(
+            serde_json::from_str::<Graph>(&json).unwrap().input,
+            graph.input
+        );
+    }
 }

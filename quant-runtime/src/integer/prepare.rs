@@ -8,7 +8,7 @@ use quant_core::int8::{IntGelu, IntLayerNorm, IntSoftmax};
 use super::{
     Budget, IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,
 };
-use crate::graph::{Conv2dGeometry, Graph, Op, ParamValues, Parameter};
+use crate::graph::{Axes, Conv2dGeometry, Graph, Op, ParamValues, Parameter};
 use crate::GraphError;
 use quant_core::int8::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
 
@@ -185,13 +185,13 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
         .map(|v| shapes.of_value(v).iter().product())
         .collect();
     let mut reps = vec![Rep::Float];
-    let mut layouts = vec![match shapes.of_value(0) {
-        [c, h, w] => Layout::Maps {
+    let mut layouts = vec![match (shapes.axes_of_value(0), shapes.of_value(0)) {
+        (Axes::Maps, [c, h, w]) => Layout::Maps {
             c: *c,
             h: *h,
             w: *w,
         },
-        s => Layout::Flat {
+        (_, s) => Layout::Flat {
             features: s.last().copied().unwrap_or(1),
         },
     }];

@@ -3,6 +3,7 @@
 use super::OpRules;
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
+use crate::graph::Axes;
 use crate::integer::prepare::{reach, unsupported, PrepareNode, Prepared};
 use crate::integer::run::{Buf, RunNode};
 use crate::integer::Rep;
@@ -21,6 +22,18 @@ impl OpRules for Add {
             [a, b] if a == b => Ok(a.to_vec()),
             [a, b] => Err(format!(
                 "adds values of shapes {a:?} and {b:?}; they must match"
+            )),
+            _ => Err(format!("Add takes two inputs; it has {}", inputs.len())),
+        }
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        match inputs {
+            [a, b] if a == b => Ok(*a),
+            [a, b] => Err(format!(
+                "adds {} to {}; their axes must mean the same",
+                a.describe(),
+                b.describe()
             )),
             _ => Err(format!("Add takes two inputs; it has {}", inputs.len())),
         }

@@ -3,9 +3,11 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::expect_axes;
 use super::{check_heads, token_pair, OpRules};
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
+use crate::graph::Axes;
 use crate::integer::prepare::{codes_in, reach, within_i32, PrepareNode, Prepared};
 use crate::integer::run::{overwritten_i32, Buf, RunNode};
 use crate::integer::{Layout, Rep, StoredGrid};
@@ -91,6 +93,12 @@ impl OpRules for AttentionScores {
             ));
         }
         Ok(vec![self.heads, s1, s2])
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes("AttentionScores (queries)", inputs, 0, Axes::Tokens)?;
+        expect_axes("AttentionScores (keys)", inputs, 1, Axes::Tokens)?;
+        Ok(Axes::Heads)
     }
 
     /// `[heads, s1, s2]` scores of queries `[s1, f]` and keys `[s2, f]` per sample.
@@ -191,6 +199,12 @@ impl OpRules for AttentionContext {
                 "AttentionContext takes probabilities [heads, s1, s2] and values [s2, features]; it receives {inputs:?}"
             )),
         }
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes("AttentionContext (probabilities)", inputs, 0, Axes::Heads)?;
+        expect_axes("AttentionContext (values)", inputs, 1, Axes::Tokens)?;
+        Ok(Axes::Tokens)
     }
 
     /// `[s1, f]` weighted sums of values `[s2, f]` by probabilities `[heads, s1, s2]` per

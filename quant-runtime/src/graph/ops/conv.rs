@@ -2,10 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::expect_axes;
 use super::{check_bias, maps, pair_text, taps, OpRules};
 use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::{bias_values, dequantized, EvalNode};
 use crate::graph::params::check_parameter;
+use crate::graph::Axes;
 use crate::graph::{checked_numel, Parameter, MAX_ELEMENTS};
 use crate::integer::prepare::{
     accumulator_bias, accumulator_bound, reach, unsupported, weight_codes, PrepareNode, Prepared,
@@ -153,6 +155,11 @@ impl OpRules for Conv2d {
                 g.kernel[0], g.kernel[1]
             )),
         }
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes(self.name(), inputs, 0, Axes::Maps)?;
+        Ok(Axes::Maps)
     }
 
     /// Direct grouped convolution with zero padding, NCHW.

@@ -4,6 +4,7 @@ use super::{single, OpRules};
 use crate::export::onnx::writer::{int_attr, OnnxNode, Writer};
 use crate::graph::checked_numel;
 use crate::graph::eval::EvalNode;
+use crate::graph::Axes;
 use crate::integer::prepare::{PrepareNode, Prepared};
 use crate::integer::run::{Buf, RunNode};
 use crate::integer::Layout;
@@ -20,6 +21,10 @@ impl OpRules for Flatten {
     fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
         let x = single(inputs, "Flatten")?;
         Ok(vec![checked_numel(x).ok_or("the input is too large")?])
+    }
+
+    fn axes(&self, _inputs: &[Axes]) -> Result<Axes, String> {
+        Ok(Axes::Features)
     }
 
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {

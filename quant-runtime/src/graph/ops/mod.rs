@@ -29,7 +29,7 @@ use serde::{Deserialize, Serialize};
 
 use super::eval::EvalNode;
 use super::params::check_parameter;
-use super::Parameter;
+use super::{Axes, Parameter};
 use crate::export::onnx::writer::{OnnxNode, Writer};
 use crate::integer::prepare::{PrepareNode, Prepared};
 use crate::integer::run::{Buf, RunNode};
@@ -96,6 +96,12 @@ pub(crate) trait OpRules {
     /// The output shape for inputs of `inputs` shapes (per sample), after checking the op's
     /// geometry against them and, when `values`, its parameters' values.
     fn shape(&self, inputs: &[&[usize]], values: bool) -> Result<Vec<usize>, String>;
+
+    /// What the output's axes mean, after checking what its inputs' mean (as many as
+    /// [`OpRules::shape`] accepted). By default an op keeps its first input's meaning.
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        Ok(inputs[0])
+    }
 
     /// The float reference: the op on `f32` values, as the fake-quantized model computes it.
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>>;
@@ -215,6 +221,18 @@ impl Op {
     /// What does not fit, as text.
     pub fn output_shape(&self, inputs: &[&[usize]]) -> Result<Vec<usize>, String> {
         self.rules().shape(inputs, true)
+    }
+
+    /// What the output's axes mean for inputs whose axes mean `inputs` (their shapes checked by
+    /// [`Op::output_shape`] first).
+    ///
+    /// # Errors
+    /// An input whose axes mean something the op does not take, as text.
+    pub fn output_axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        if inputs.is_empty() {
+            return Err(format!("{} takes an input; it has none", self.name()));
+        }
+        self.rules().axes(inputs)
     }
 
     /// [`Op::output_shape`], checking the geometry only when `values` is false (parameters
@@ -358,5 +376,27 @@ pub(crate) fn window_output(
     ) {
         (Some(oh), Some(ow)) if oh > 0 && ow > 0 => Some([oh, ow]),
         _ => None,
+    }
+}
+
+/// An error unless input `k` of `what` has axes meaning `wanted`.
+pub(crate) fn expect_axes(
+    what: &str,
+    inputs: &[Axes],
+    k: usize,
+    wanted: Axes,
+) -> Result<(), String> {
+    match inputs.get(k) {
+        Some(a) if *a == wanted => Ok(()),
+        Some(a) => Err(format!(
+            "{what} needs {}; it receives {}",
+            wanted.describe(),
+            a.describe()
+        )),
+        None => Err(format!(
+            "{what} takes {} inputs; it has {}",
+            k + 1,
+            inputs.len()
+        )),
     }
 }

@@ -3,10 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::expect_axes;
 use super::{maps, pair_text, taps, window_output, OpRules};
 use crate::export::onnx::proto::AttributeProto;
 use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::EvalNode;
+use crate::graph::Axes;
 use crate::graph::MAX_ELEMENTS;
 use crate::integer::prepare::{reach, unsupported, within_i32, PrepareNode, Prepared};
 use crate::integer::run::{zeroed_i32, zeroed_u8, Buf, RunNode};
@@ -151,6 +153,11 @@ impl OpRules for MaxPool2d {
         self.window.shape(inputs, self.name())
     }
 
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes(self.name(), inputs, 0, Axes::Maps)?;
+        Ok(Axes::Maps)
+    }
+
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
         Ok(self.window.evaluate(node, true))
     }
@@ -203,6 +210,11 @@ impl OpRules for AvgPool2d {
 
     fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
         self.window.shape(inputs, self.name())
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes(self.name(), inputs, 0, Axes::Maps)?;
+        Ok(Axes::Maps)
     }
 
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
@@ -261,6 +273,11 @@ impl OpRules for GlobalPool {
     fn shape(&self, inputs: &[&[usize]], _values: bool) -> Result<Vec<usize>, String> {
         let (c, _, _) = maps(inputs, self.name())?;
         Ok(vec![c])
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes(self.name(), inputs, 0, Axes::Maps)?;
+        Ok(Axes::Features)
     }
 
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {

@@ -3,10 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::expect_axes;
 use super::{maps, OpRules};
 use crate::export::onnx::writer::{float_values, int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::{float_values as float_parameter, EvalNode};
 use crate::graph::params::check_parameter;
+use crate::graph::Axes;
 use crate::graph::{ParamValues, Parameter};
 use crate::integer::prepare::{reach, unsupported, within_i32, PrepareNode, Prepared};
 use crate::integer::run::{Buf, RunNode};
@@ -47,6 +49,11 @@ impl OpRules for ImageTokens {
             )?;
         }
         Ok(vec![tokens, c])
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes(self.name(), inputs, 0, Axes::Maps)?;
+        Ok(Axes::Tokens)
     }
 
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
@@ -169,6 +176,11 @@ impl OpRules for MeanTokens {
                 inputs.len()
             )),
         }
+    }
+
+    fn axes(&self, inputs: &[Axes]) -> Result<Axes, String> {
+        expect_axes(self.name(), inputs, 0, Axes::Tokens)?;
+        Ok(Axes::Features)
     }
 
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
