@@ -22,9 +22,10 @@ use std::time::Instant;
 
 use criterion::{BenchmarkId, Criterion};
 use dfdx::prelude::*;
+use quant_core::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
 use quant_core::int8::{
     attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, AttentionShape,
-    IntGelu, IntLayerNorm, IntSoftmax, Isa, PackedMatrix, Requantizer,
+    Isa, PackedMatrix, Requantizer,
 };
 use quant_core::RoundingPolicy;
 

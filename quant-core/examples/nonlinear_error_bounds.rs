@@ -10,11 +10,11 @@
 mod nonlinear_reference;
 
 use nonlinear_reference::{gelu, layer_norm, max_scale, next, softmax};
+use quant_core::int8::nonlinear::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 use quant_core::int8::nonlinear::{
     GELU_IBERT_MAX_INPUT_SCALE, GELU_MAX_INPUT_SCALE, SOFTMAX_IBERT_MAX_INPUT_SCALE,
     SOFTMAX_MAX_INPUT_SCALE,
 };
-use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 
 /// The worst error of softmax at `scale` beyond the rounding of its output (16-bit codes, half
 /// a step taken out): two-value rows `[0, -x]` over `x ∈ [0, 40]` in `steps` (the worst shape

@@ -39,9 +39,24 @@ use crate::layers::{
 use crate::nn::{AvgPool2d, Conv2d, Flatten, ImageTokens, MaxPool2d, MeanTokens};
 use quant_runtime::graph::{Op, Parameter, PoolGeometry};
 
-/// The kinds of layer a policy configures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-pub enum LayerKind {
+/// Declares [`LayerKind`] and [`LayerKind::ALL`] from one list, so that a new kind cannot be
+/// left out of `ALL` (which the policy's error messages and `quant kinds` list).
+macro_rules! layer_kinds {
+    ($($(#[$doc:meta])* $kind:ident,)*) => {
+        /// The kinds of layer a policy configures.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        pub enum LayerKind {
+            $($(#[$doc])* $kind,)*
+        }
+
+        impl LayerKind {
+            /// Every kind, in declaration order.
+            pub const ALL: &'static [LayerKind] = &[$(LayerKind::$kind),*];
+        }
+    };
+}
+
+layer_kinds! {
     /// A fully connected layer (dfdx `Linear`): slots `weights` and `input`.
     Linear,
     /// A 2-D convolution: slots `weights` and `input`.
@@ -61,10 +76,10 @@ pub enum LayerKind {
     /// Global max pooling (dfdx's `MaxPoolGlobal`): slot `input`.
     GlobalMaxPool,
     /// Layer normalisation (dfdx's `LayerNorm1D`): slot `input`. On a quantized input it runs
-    /// the integer kernel the integer runtime runs ([`quant_core::int8::IntLayerNorm`]).
+    /// the integer kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntLayerNorm`]).
     LayerNorm,
     /// GELU (dfdx's `AccurateGeLU`): slot `input`. On a quantized input it runs the integer
-    /// kernel the integer runtime runs ([`quant_core::int8::IntGelu`]).
+    /// kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntGelu`]).
     Gelu,
     /// An embedding table (dfdx's `Embedding`): slot `weights`, per row.
     Embedding,
@@ -81,24 +96,6 @@ pub enum LayerKind {
 }
 
 impl LayerKind {
-    /// Every kind.
-    pub const ALL: [LayerKind; 14] = [
-        LayerKind::Linear,
-        LayerKind::Conv2d,
-        LayerKind::MaxPool2d,
-        LayerKind::AvgPool2d,
-        LayerKind::Flatten,
-        LayerKind::Add,
-        LayerKind::GlobalAvgPool,
-        LayerKind::GlobalMaxPool,
-        LayerKind::LayerNorm,
-        LayerKind::Gelu,
-        LayerKind::Embedding,
-        LayerKind::AttentionScores,
-        LayerKind::AttentionContext,
-        LayerKind::Custom,
-    ];
-
     /// The slots layers of this kind have (a custom layer declares its own: empty here).
     pub fn slots(self) -> &'static [Slot] {
         match self {

@@ -12,7 +12,7 @@
 //!
 //! ```
 //! use dfdx::prelude::*;
-//! use quant_core::int8::{Approximation, IntSoftmax};
+//! use quant_core::int8::nonlinear::{Approximation, IntSoftmax};
 //! use quant_core::dfdx_ops::int_softmax;
 //!
 //! let dev = Cpu::default();
@@ -33,7 +33,7 @@ use dfdx::prelude::*;
 use super::{custom_op, ParamInput};
 use crate::error::{QuantError, Result};
 use crate::int8::nonlinear::normal_cdf;
-use crate::int8::{IntGelu, IntLayerNorm, IntSoftmax};
+use crate::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
 use crate::kernels::round_ties_even_f64;
 
 /// An error unless the last axis of `shape` is `row_len` long.

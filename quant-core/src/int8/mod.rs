@@ -68,7 +68,6 @@ pub use attention::{attention_context_u8, attention_scores_u8, AttentionShape};
 pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};
-pub use nonlinear::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 pub use requant::{fixed_point_multiplier, requantize_u8, rounding_shift, Requantizer, MAX_SHIFT};
 
 /// The instruction-set paths of the integer kernels.

@@ -8,13 +8,14 @@
 //! The constants the bounds are built from were measured by `quant-core/examples/nonlinear_error_bounds.rs`.
 
 use proptest::prelude::*;
+use quant_core::int8::nonlinear::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 use quant_core::int8::nonlinear::{
     GELU_FIXED_POINT_MAX_ERROR, GELU_IBERT_MAX_ERROR, GELU_IBERT_MAX_INPUT_SCALE,
     GELU_IBERT_SCALE_ERROR, GELU_MAX_INPUT_SCALE, GELU_MIN_INPUT_SCALE, LAYER_NORM_MAX_ERROR,
     SOFTMAX_FIXED_POINT_MAX_ERROR, SOFTMAX_IBERT_MAX_ERROR, SOFTMAX_IBERT_MAX_INPUT_SCALE,
     SOFTMAX_IBERT_SCALE_ERROR, SOFTMAX_MAX_INPUT_SCALE, SOFTMAX_MAX_ROW_LEN,
 };
-use quant_core::int8::{isqrt, Approximation, IntGelu, IntLayerNorm, IntSoftmax, Isa};
+use quant_core::int8::Isa;
 use quant_core::QuantError;
 
 use crate::nonlinear_reference::{erfc, gelu, layer_norm, max_scale, softmax};

@@ -6,7 +6,7 @@
 use dfdx::prelude::*;
 use proptest::prelude::*;
 use quant_core::dfdx_ops::{int_gelu, int_layer_norm, int_softmax, CodeGrid};
-use quant_core::int8::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
+use quant_core::int8::nonlinear::{Approximation, IntGelu, IntLayerNorm, IntSoftmax};
 use quant_core::QuantError;
 
 fn approximation() -> impl Strategy<Value = Approximation> {

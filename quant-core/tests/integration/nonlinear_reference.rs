@@ -3,7 +3,7 @@
 //! bounds measured).
 #![allow(dead_code)] // the tests and the example each use part of it
 
-use quant_core::int8::Approximation;
+use quant_core::int8::nonlinear::Approximation;
 
 /// `erfc(y)`: the Maclaurin series of `erf` below 2 (alternating; cancellation leaves about
 /// 1e-15 absolute), Laplace's continued fraction from 2 on (60 levels, evaluated from the tail;

@@ -15,7 +15,7 @@ use super::{
 use crate::convert::{Convert, LayerKind};
 use crate::lower::QuantizeNodes;
 use quant_core::int8::nonlinear::attention_scale;
-use quant_core::int8::IntSoftmax;
+use quant_core::int8::nonlinear::IntSoftmax;
 use quant_runtime::graph::{GraphBuilder, Op, ValueId};
 use quant_runtime::GraphError;
 
@@ -113,7 +113,7 @@ tensor_collection! {
 /// operands on a grid.
 ///
 /// Once `query` and `key` quantize, the scores are integers at `s_q · s_k / √d`, and the
-/// softmax is the integer runtime's ([`quant_core::int8::IntSoftmax`], fixed point, to
+/// softmax is the integer runtime's ([`quant_core::int8::nonlinear::IntSoftmax`], fixed point, to
 /// [`SOFTMAX_BITS`](quant_core::int8::nonlinear::SOFTMAX_BITS) bits), simulated ([`quant_core::dfdx_ops::int_softmax`]) so that the
 /// fake-quantized and the integer model agree; the `probs` quantizer then requantizes it.
 /// Self-attention lowers to the graph ops [`Op::AttentionScores`], [`Op::Softmax`] and

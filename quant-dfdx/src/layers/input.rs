@@ -6,7 +6,7 @@ use dfdx::prelude::*;
 use dfdx::nn::modules::{AccurateGeLU, AvgPoolGlobal, LayerNorm1D, MaxPoolGlobal};
 use dfdx::tensor::CpuError;
 use quant_core::dfdx_ops::{int_gelu, int_layer_norm, CodeGrid};
-use quant_core::int8::IntGelu;
+use quant_core::int8::nonlinear::IntGelu;
 use quant_core::{QuantError, Result};
 
 use super::float::lower_op;
@@ -72,7 +72,7 @@ impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>>
 ///
 /// Pooling and flattening compute on grid values as on any floats. Layer normalisation and
 /// GELU have no exact integer form: on a quantized input they run the integer kernel the
-/// integer runtime runs ([`quant_core::int8::IntLayerNorm`], [`quant_core::int8::IntGelu`]),
+/// integer runtime runs ([`quant_core::int8::nonlinear::IntLayerNorm`], [`quant_core::int8::nonlinear::IntGelu`]),
 /// simulated on the grid's values ([`quant_core::dfdx_ops`]), so that the fake-quantized model and
 /// the integer model agree; on a float input (quantizer disabled or calibrating) they run the
 /// float layer.

@@ -25,7 +25,6 @@ pub use quant_format::{
 use std::path::Path;
 
 use crate::graph::Graph;
-pub use crate::graph::{ExportedQuantizer, QuantizerOrigin};
 use crate::GraphError;
 
 /// A file format an exported graph can be written in.

@@ -3,7 +3,7 @@
 
 use quant_core::InferableQuantizer;
 
-use quant_core::int8::{IntGelu, IntLayerNorm, IntSoftmax};
+use quant_core::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
 
 use super::{
     Budget, IntegerModel, Layout, Rep, StoredGrid, MAX_BITS, MAX_SAMPLE_ELEMENTS, MAX_SAMPLE_MACS,

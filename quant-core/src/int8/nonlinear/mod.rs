@@ -71,7 +71,7 @@
 //! it as their forward pass, with the exact functions' gradients.
 //!
 //! ```
-//! use quant_core::int8::{Approximation, IntSoftmax};
+//! use quant_core::int8::nonlinear::{Approximation, IntSoftmax};
 //!
 //! // Attention scores: i32 accumulators at scale 1e-4, rows of 4 tokens, 8-bit probabilities.
 //! let softmax = IntSoftmax::new(1e-4, 4, 8, Approximation::FixedPoint)?;
@@ -151,7 +151,7 @@ impl std::fmt::Display for Approximation {
 /// fraction of the time (layer normalisation takes one root per row).
 ///
 /// ```
-/// use quant_core::int8::isqrt;
+/// use quant_core::int8::nonlinear::isqrt;
 /// assert_eq!(isqrt(0), 0);
 /// assert_eq!(isqrt(99), 9);
 /// assert_eq!(isqrt(100), 10);

@@ -11,7 +11,7 @@ use crate::integer::prepare::{codes_in, unsupported, PrepareNode, Prepared};
 use crate::integer::run::{overwritten_i32, Buf, RunNode};
 use crate::integer::{Nonlinear, Rep};
 use crate::GraphError;
-use quant_core::int8::IntLayerNorm;
+use quant_core::int8::nonlinear::IntLayerNorm;
 
 /// Layer normalisation over the last axis: `(x − mean) / √(var + epsilon) · scale + shift` (the
 /// biased variance, as dfdx and PyTorch compute it).

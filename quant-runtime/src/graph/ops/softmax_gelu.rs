@@ -8,7 +8,7 @@ use crate::integer::prepare::{codes_in, unsupported, PrepareNode, Prepared};
 use crate::integer::run::{overwritten_i32, Buf, RunNode};
 use crate::integer::{Layout, Nonlinear, Rep};
 use crate::GraphError;
-use quant_core::int8::{IntGelu, IntSoftmax};
+use quant_core::int8::nonlinear::{IntGelu, IntSoftmax};
 
 /// Softmax over the last axis.
 pub(crate) struct Softmax;
