@@ -17,7 +17,7 @@ use quant_dfdx::observers::ObserverConfig;
 use quant_dfdx::platform::{find_platform, platform_names, Platform};
 use quant_dfdx::policy::{Policy, QuantizerSettings};
 use quant_dfdx::report::{layer_report, layer_table};
-use quant_runtime::export::OnnxConvention;
+use quant_runtime::export::onnx::OnnxConvention;
 
 /// A DSP that multiplies int8 by int8 with symmetric, per-tensor scales everywhere and rounds
 /// ties away from zero (like NCNN), and whose activations are unsigned after ReLU.

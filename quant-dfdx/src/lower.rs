@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 
-use quant_runtime::export::{OnnxConvention, OnnxFormat};
+use quant_runtime::export::onnx::{OnnxConvention, OnnxFormat};
 use quant_runtime::graph::{
     ExportedQuantizer, Graph, GraphBuilder, Op, ParamValues, Parameter, QuantizerOrigin, ValueId,
 };

@@ -38,7 +38,7 @@ use quant_core::{QuantError, QuantizationMethod, Result, RoundingPolicy, Trainin
 use crate::convert::LayerKind;
 use crate::observers::{HistogramBins, Momentum, ObserverConfig};
 use crate::policy::QuantizerSettings;
-use quant_runtime::export::OnnxConvention;
+use quant_runtime::export::onnx::OnnxConvention;
 
 /// A backend preset: complete default settings for weights and for activations.
 #[derive(Debug, Clone, PartialEq)]

@@ -604,7 +604,7 @@ impl Policy {
     ///
     /// # Errors
     /// A platform that is not registered.
-    pub fn onnx_convention(&self) -> Result<quant_runtime::export::OnnxConvention> {
+    pub fn onnx_convention(&self) -> Result<quant_runtime::export::onnx::OnnxConvention> {
         match &self.platform {
             Some(name) if name.len() <= MAX_NAME_BYTES => Ok(find_platform(name)?.onnx),
             Some(_) => self.base().map(|_| Default::default()),

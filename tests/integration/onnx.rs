@@ -15,7 +15,8 @@ use prost::Message;
 use tract_onnx::pb;
 
 use quant::digits;
-use quant::export::{self, onnx::LOGIT_TOLERANCE, OnnxConvention, OnnxFormat};
+use quant::export::onnx::{OnnxConvention, OnnxFormat};
+use quant::export::{self, onnx::LOGIT_TOLERANCE};
 use quant::graph::{
     evaluate, Conv2dGeometry, ExportedQuantizer, Graph, GraphBuilder, Op, ParamValues, Parameter,
     PoolGeometry, QuantizerOrigin,

@@ -3,7 +3,7 @@
 //!
 //! Formats sit behind one trait, [`ExportFormat`]: [`QuantFormat`] (`model.json` with the graph
 //! and `model.safetensors` with integer weight codes, int32 biases and float parameters) is the
-//! one quant reads back ([`load`]) and runs on integers; [`OnnxFormat`] (`model.onnx`, standard
+//! one quant reads back ([`load`]) and runs on integers; [`OnnxFormat`](onnx::OnnxFormat) (`model.onnx`, standard
 //! QDQ ONNX for onnxruntime, TensorRT and OpenVINO, see [`onnx`]) is written from the same
 //! graph. A directory is written whole or not at all: every file goes into a
 //! temporary sibling directory that then replaces the export directory.
@@ -16,7 +16,6 @@
 pub mod onnx;
 mod quant_format;
 
-pub use onnx::{OnnxConvention, OnnxFormat, ONNX_FILE};
 pub use quant_format::{
     QuantFormat, FORMAT_VERSION, MAX_METADATA_BYTES, MAX_TENSOR_FILE_BYTES, METADATA_FILE,
     TENSORS_FILE,

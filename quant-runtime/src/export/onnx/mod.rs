@@ -54,7 +54,8 @@
 //! quantizers' rounding (applied once, at export) needs no ONNX counterpart and is accepted.
 //!
 //! ```
-//! use quant_runtime::export::{ExportFormat, OnnxConvention, OnnxFormat};
+//! use quant_runtime::export::ExportFormat;
+//! use quant_runtime::export::onnx::{OnnxConvention, OnnxFormat};
 //! use quant_runtime::graph::{GraphBuilder, Op};
 //!
 //! let mut g = GraphBuilder::new(&[4])?;
