@@ -77,4 +77,8 @@ impl OpRules for ChannelAffine {
         let c = self.scale.values.len();
         vec![(&self.scale, vec![c]), (&self.shift, vec![c])]
     }
+
+    fn parameters_mut(&mut self, _output: &[usize]) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        vec![(&mut self.scale, None), (&mut self.shift, None)]
+    }
 }

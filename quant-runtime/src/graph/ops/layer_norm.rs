@@ -129,6 +129,10 @@ impl OpRules for LayerNorm {
         vec![(&self.scale, vec![c]), (&self.shift, vec![c])]
     }
 
+    fn parameters_mut(&mut self, _output: &[usize]) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        vec![(&mut self.scale, None), (&mut self.shift, None)]
+    }
+
     fn is_measured_layer(&self) -> bool {
         true
     }

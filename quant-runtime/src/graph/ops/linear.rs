@@ -178,6 +178,15 @@ impl OpRules for Linear {
         vec![(&self.weight, w), (&self.bias, b)]
     }
 
+    fn parameters_mut(&mut self, _output: &[usize]) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        let [w, b] = self.weight_and_bias_shapes();
+        vec![(&mut self.weight, Some(w)), (&mut self.bias, Some(b))]
+    }
+
+    fn weight_and_bias(&self) -> Option<[&Parameter; 2]> {
+        Some([&self.weight, &self.bias])
+    }
+
     fn is_measured_layer(&self) -> bool {
         true
     }

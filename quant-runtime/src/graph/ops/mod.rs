@@ -124,6 +124,17 @@ pub(crate) trait OpRules {
         Vec::new()
     }
 
+    /// Its parameters, mutably, with the shapes its geometry or `output` gives them (`None`
+    /// for a per-channel parameter whose length only the input fixes).
+    fn parameters_mut(&mut self, _output: &[usize]) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        Vec::new()
+    }
+
+    /// A layer that multiplies by weights: its weight and bias.
+    fn weight_and_bias(&self) -> Option<[&Parameter; 2]> {
+        None
+    }
+
     /// Whether a report measures its output as a layer's (named like its layer).
     fn is_measured_layer(&self) -> bool {
         false
@@ -157,6 +168,33 @@ impl Op {
         }
     }
 
+    /// The rules of an op with data, mutably (`None` for the ops without: their rules change
+    /// nothing). Lists every variant, so a new one cannot be missed.
+    fn rules_mut(&mut self) -> Option<&mut dyn OpRules> {
+        match self {
+            Op::QuantizeDequantize(op) => Some(op),
+            Op::Linear(op) => Some(op),
+            Op::Conv2d(op) => Some(op),
+            Op::ChannelAffine(op) => Some(op),
+            Op::MaxPool2d(op) => Some(op),
+            Op::AvgPool2d(op) => Some(op),
+            Op::LayerNorm(op) => Some(op),
+            Op::ImageTokens(op) => Some(op),
+            Op::AttentionScores(op) => Some(op),
+            Op::AttentionContext(op) => Some(op),
+            Op::Relu
+            | Op::Tanh
+            | Op::Sigmoid
+            | Op::Flatten
+            | Op::Add
+            | Op::GlobalAvgPool
+            | Op::GlobalMaxPool
+            | Op::Gelu
+            | Op::Softmax
+            | Op::MeanTokens => None,
+        }
+    }
+
     /// The op's name, as the metadata writes it.
     pub fn name(&self) -> &'static str {
         self.rules().name()
@@ -174,27 +212,15 @@ impl Op {
         &mut self,
         output: &[usize],
     ) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
-        match self {
-            Op::Linear(op) => {
-                let [w, b] = op.weight_and_bias_shapes();
-                vec![(&mut op.weight, Some(w)), (&mut op.bias, Some(b))]
-            }
-            Op::Conv2d(op) => {
-                let [w, b] = op.weight_and_bias_shapes();
-                vec![(&mut op.weight, Some(w)), (&mut op.bias, Some(b))]
-            }
-            Op::ChannelAffine(ChannelAffine { scale, shift })
-            | Op::LayerNorm(LayerNorm { scale, shift, .. }) => {
-                vec![(scale, None), (shift, None)]
-            }
-            Op::ImageTokens(ImageTokens { position }) => vec![(position, Some(output.to_vec()))],
-            _ => Vec::new(),
+        match self.rules_mut() {
+            Some(rules) => rules.parameters_mut(output),
+            None => Vec::new(),
         }
     }
 
     /// Whether the op multiplies by weights.
     pub fn has_weights(&self) -> bool {
-        matches!(self, Op::Linear(_) | Op::Conv2d(_))
+        self.rules().weight_and_bias().is_some()
     }
 
     /// Whether it is a layer whose output a report measures: one with weights, an add, an
@@ -206,11 +232,9 @@ impl Op {
     /// The bias of an op with weights, if it is held at the accumulator's scale (which needs a
     /// quantized input and quantized weights).
     pub(crate) fn accumulator_bias(&self) -> bool {
-        match self {
-            Op::Linear(Linear { bias, .. }) | Op::Conv2d(Conv2d { bias, .. }) => {
-                matches!(bias.values, super::ParamValues::Accumulator(_))
-            }
-            _ => false,
+        match self.rules().weight_and_bias() {
+            Some([_, bias]) => matches!(bias.values, super::ParamValues::Accumulator(_)),
+            None => false,
         }
     }
 

@@ -158,6 +158,10 @@ impl OpRules for ImageTokens {
     fn parameters(&self, output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
         vec![(&self.position, output.to_vec())]
     }
+
+    fn parameters_mut(&mut self, output: &[usize]) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+        vec![(&mut self.position, Some(output.to_vec()))]
+    }
 }
 
 impl OpRules for MeanTokens {
