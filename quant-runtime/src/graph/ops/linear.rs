@@ -10,7 +10,6 @@ use crate::graph::{Parameter, MAX_ELEMENTS};
 use crate::integer::prepare::{
     accumulator_bias, accumulator_bound, reach, unsupported, weight_codes, PrepareNode, Prepared,
 };
-use crate::integer::run::{weighted, Buf, RunNode};
 use crate::integer::{Layout, Rep, Weighted};
 use crate::GraphError;
 use quant_core::int8::PackedMatrix;
@@ -148,13 +147,6 @@ impl OpRules for Linear {
         ))
     }
 
-    fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
-        match (&node.step.weighted, node.input(0)) {
-            (Some(w), Some(Buf::U8(codes))) => Ok(Buf::I32(weighted(w, codes, node.samples)?)),
-            _ => Err(node.internal()),
-        }
-    }
-
     /// `Gemm` on `[N, in]`, `MatMul` + `Add` over the last axis of larger values.
     fn write_onnx<'g>(&self, w: &mut Writer<'g>, node: &OnnxNode<'g>) -> Result<(), GraphError> {
         let n = node.node;
@@ -173,21 +165,5 @@ impl OpRules for Linear {
         Ok(())
     }
 
-    fn parameters(&self, _output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
-        let [w, b] = self.weight_and_bias_shapes();
-        vec![(&self.weight, w), (&self.bias, b)]
-    }
-
-    fn parameters_mut(&mut self, _output: &[usize]) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
-        let [w, b] = self.weight_and_bias_shapes();
-        vec![(&mut self.weight, Some(w)), (&mut self.bias, Some(b))]
-    }
-
-    fn weight_and_bias(&self) -> Option<[&Parameter; 2]> {
-        Some([&self.weight, &self.bias])
-    }
-
-    fn is_measured_layer(&self) -> bool {
-        true
-    }
+    weighted_layer_rules!();
 }

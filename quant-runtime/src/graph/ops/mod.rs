@@ -3,6 +3,44 @@
 //! form live together, as the methods of one [`OpRules`] impl. [`Op::rules`] is the one place
 //! that maps a variant to its rules; every interpreter and writer goes through it.
 
+/// The rules a layer with `weight` and `bias` fields (and `weight_and_bias_shapes`) shares:
+/// its parameters, its weights, its measured output and the weighted-layer kernel.
+macro_rules! weighted_layer_rules {
+    () => {
+        fn run(
+            &self,
+            node: &mut crate::integer::run::RunNode<'_>,
+        ) -> quant_core::Result<crate::integer::run::Buf> {
+            use crate::integer::run::{weighted, Buf};
+            match (&node.step.weighted, node.input(0)) {
+                (Some(w), Some(Buf::U8(codes))) => Ok(Buf::I32(weighted(w, codes, node.samples)?)),
+                _ => Err(node.internal()),
+            }
+        }
+
+        fn parameters(&self, _output: &[usize]) -> Vec<(&Parameter, Vec<usize>)> {
+            let [w, b] = self.weight_and_bias_shapes();
+            vec![(&self.weight, w), (&self.bias, b)]
+        }
+
+        fn parameters_mut(
+            &mut self,
+            _output: &[usize],
+        ) -> Vec<(&mut Parameter, Option<Vec<usize>>)> {
+            let [w, b] = self.weight_and_bias_shapes();
+            vec![(&mut self.weight, Some(w)), (&mut self.bias, Some(b))]
+        }
+
+        fn weight_and_bias(&self) -> Option<[&Parameter; 2]> {
+            Some([&self.weight, &self.bias])
+        }
+
+        fn is_measured_layer(&self) -> bool {
+            true
+        }
+    };
+}
+
 mod activation;
 mod add;
 mod attention;
