@@ -16,7 +16,10 @@
 //! same model lowered with every quantizer disabled.
 //!
 //! Shapes are per sample (no batch axis) and follow dfdx and ONNX: `[features]`,
-//! `[tokens, features]` or `[channels, height, width]`. [`Graph::check`] infers every value's shape and checks every
+//! `[tokens, features]`, `[channels, height, width]` or attention's `[heads, queries, keys]`;
+//! what a value's axes mean is its [`Axes`], not its rank. Each op lives in one file under
+//! `graph/ops/` with everything it means (shape, axes, float reference, integer preparation and
+//! kernel, ONNX form). [`Graph::check`] infers every value's shape and checks every
 //! op against it, every parameter against its op, and every size against the limits below, so
 //! that a graph read from a hostile file is rejected with a typed error before anything is
 //! allocated for it.
