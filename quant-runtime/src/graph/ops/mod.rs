@@ -1,6 +1,7 @@
 //! The ops of the graph IR, one file each: what an op holds (the `Op` variant's data), its
-//! shape rule and parameter checks, its float reference, its integer preparation and its ONNX
-//! form live together, as the methods of one [`OpRules`] impl. [`Op::rules`] is the one place
+//! shape rule and parameter checks, what its output's axes mean, its float reference, its
+//! integer preparation and kernel, and its ONNX form live together, as the methods of one
+//! [`OpRules`] impl. [`Op::rules`] (and [`Op::rules_mut`] for the parameters) is the one place
 //! that maps a variant to its rules; every interpreter and writer goes through it.
 
 /// The rules a layer with `weight` and `bias` fields (and `weight_and_bias_shapes`) shares:
