@@ -23,16 +23,16 @@ use std::time::{Duration, Instant};
 use dfdx::prelude::*;
 use quant::data::Dataset;
 use quant::digits;
+use quant::integer::IntegerModel;
+use quant::layers::{QuantizedModuleExt, QuantizerMode};
+use quant::lower::export_model;
 use quant::pipeline::config::{Optimizer as PipelineOptimizer, Schedule};
 use quant::pipeline::nets;
 use quant::pipeline::train::{input, Logits, Phase, Trainer};
 use quant::pipeline::{
     quantize, BatchShape, DeployModel, FloatModel, Model, QuantizedModel, RunConfig,
 };
-use quant_dfdx::layers::{QuantizedModuleExt, QuantizerMode};
-use quant_dfdx::lower::export_model;
-use quant_dfdx::policy::Policy;
-use quant_runtime::integer::IntegerModel;
+use quant::policy::Policy;
 
 type BoxError = Box<dyn std::error::Error>;
 

@@ -8,14 +8,14 @@
 //! much: TensorRT's rule is made for 8-bit grids and continuous data (see `EntropyObserver`).
 
 use dfdx::prelude::*;
+use quant::calibration::calibrate;
+use quant::convert::convert_model;
 use quant::digits;
 use quant::pipeline::config::{Optimizer, Schedule};
 use quant::pipeline::nets::{Mlp, MlpBuilder, QMlp};
 use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions, train, Phase};
-use quant_dfdx::calibration::calibrate;
-use quant_dfdx::convert::convert_model;
-use quant_dfdx::policy::Policy;
-use quant_dfdx::report::layer_report;
+use quant::policy::Policy;
+use quant::report::layer_report;
 
 type X = (usize, Const<64>);
 

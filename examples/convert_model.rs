@@ -2,7 +2,7 @@
 //! per-type policy with per-name special layers.
 //!
 //! The float CNN is built from quant-dfdx' stable convolution, pooling and flattening
-//! (`quant_dfdx::nn::builders`) and dfdx's Linear/ReLU, and trained briefly on the bundled
+//! (`quant::nn::builders`) and dfdx's Linear/ReLU, and trained briefly on the bundled
 //! digits. `convert_model` then walks it: every layer is asked of the policy by its dotted name
 //! and kind (QuanTransformer's `quan_policy` by type, `special_layers` by name); `Conv2d` becomes
 //! `QConv2d`, `Linear` becomes `QLinear`, pooling and flattening become `QuantInput<_>` (input

@@ -7,17 +7,17 @@
 use std::collections::BTreeMap;
 
 use dfdx::prelude::*;
+use quant::calibration::calibrate;
+use quant::convert::convert_model;
 use quant::digits;
+use quant::export::onnx::OnnxConvention;
+use quant::observers::ObserverConfig;
 use quant::pipeline::nets::{Mlp, MlpBuilder};
 use quant::pipeline::train::{accuracy, calibration_inputs, logits, predictions};
+use quant::platform::{find_platform, platform_names, Platform};
+use quant::policy::{Policy, QuantizerSettings};
+use quant::report::{layer_report, layer_table};
 use quant::{QuantizationMethod, RoundingPolicy, TrainingMethod};
-use quant_dfdx::calibration::calibrate;
-use quant_dfdx::convert::convert_model;
-use quant_dfdx::observers::ObserverConfig;
-use quant_dfdx::platform::{find_platform, platform_names, Platform};
-use quant_dfdx::policy::{Policy, QuantizerSettings};
-use quant_dfdx::report::{layer_report, layer_table};
-use quant_runtime::export::onnx::OnnxConvention;
 
 /// A DSP that multiplies int8 by int8 with symmetric, per-tensor scales everywhere and rounds
 /// ties away from zero (like NCNN), and whose activations are unsigned after ReLU.
@@ -44,7 +44,7 @@ fn my_dsp_int8() -> Platform {
             ObserverConfig::from_kind("Percentile").unwrap_or_default(),
         ),
         // The DSP has no integer LayerNorm: those inputs stay float unless a policy says.
-        float_kinds: vec![quant_dfdx::convert::LayerKind::LayerNorm],
+        float_kinds: vec![quant::convert::LayerKind::LayerNorm],
         attention: "matmul inputs quantized; softmax and LayerNorm in float".into(),
         // Its ONNX files in TensorRT's layout (int8, zero point 0, float biases).
         onnx: OnnxConvention::TensorRt,
@@ -52,7 +52,7 @@ fn my_dsp_int8() -> Platform {
 }
 
 // The registration: from now on a policy file can say `platform = "MyDspInt8"`.
-quant_dfdx::register_platform!(MY_DSP_INT8 = "MyDspInt8", my_dsp_int8);
+quant::register_platform!(MY_DSP_INT8 = "MyDspInt8", my_dsp_int8);
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("Registered platforms: {}", platform_names().join(", "));
