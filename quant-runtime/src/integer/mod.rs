@@ -10,7 +10,7 @@
 //! policy (ties to even by default), carried out exactly in integer arithmetic. ReLU clamps
 //! codes or accumulators at the real value 0; max pooling is monotone, so it runs on codes or
 //! accumulators alike; average pooling sums centered codes into an accumulator at scale
-//! `s / kernel²`. A graph that ends in accumulators returns `acc as f32 · (s_input · s_weight[o])`
+//! `s / (kernel height · kernel width)`. A graph that ends in accumulators returns `acc as f32 · (s_input · s_weight[o])`
 //! as logits, one `f32` multiplication each.
 //!
 //! Transformers run on integers too. A sequence `[tokens, features]` is rows of features (a
@@ -30,6 +30,11 @@
 //! columns are permuted once to match, so results are those of the graph's NCHW semantics.
 //! Large batches run in chunks of samples, so the working memory of a batch stays within the
 //! [`Budget`] whatever the model.
+//!
+//! Each op's preparation (how its output is held, what it refuses) and kernel live in its own
+//! file under `graph/ops/`, beside its shape rule, float reference and ONNX form; this module
+//! holds what all ops share: the value representations, the budget, the batch loop and the
+//! buffers.
 
 pub(crate) mod prepare;
 pub(crate) use prepare::{Conv, Nonlinear, Quantize, Weighted};

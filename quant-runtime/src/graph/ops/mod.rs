@@ -127,7 +127,7 @@ pub enum Op {
 }
 
 /// Everything one op means, in one impl: adding an op is a file with its data and this impl,
-/// its `Op` variant and one arm in [`Op::rules`].
+/// its `Op` variant and its arms in [`Op::rules`] and `Op::rules_mut`.
 pub(crate) trait OpRules {
     /// The op's name, as files and messages write it.
     fn name(&self) -> &'static str;
