@@ -156,8 +156,8 @@ jcase("not_json.json", ["expected"], b"\x00\x01\x02garbage")
 jcase("deep_nesting.json", ["line 1"], "[" * 20000 + "]" * 20000)
 jcase("empty.json", ["EOF"], "")
 
-# ----- exports (quant_dfdx::export::load, then IntegerModel::new) -----------------------------
-# Format version 2: model.json holds a graph of named nodes (see quant_dfdx::graph).
+# ----- exports (quant_runtime::export::load, then IntegerModel::new) -----------------------------
+# Format version 2: model.json holds a graph of named nodes (see quant_runtime::graph).
 
 
 def quantizer(method, bits, signed, scales, zps, axis=None, training="Lsq"):

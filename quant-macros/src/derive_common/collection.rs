@@ -24,7 +24,7 @@ pub struct Paths {
 }
 
 impl Paths {
-    /// The paths under quant-dfdx at `ops`.
+    /// The paths under quant-dfdx, reached at `krate`.
     pub fn new(krate: &Path) -> Paths {
         let sup = quote!(#krate::layers::derive);
         Paths {

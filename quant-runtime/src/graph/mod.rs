@@ -110,7 +110,8 @@ impl Axes {
 pub struct GraphInput {
     /// The input value's name ([`INPUT`]).
     pub name: String,
-    /// Shape of one sample: `[features]`, `[tokens, features]` or `[channels, height, width]`.
+    /// Shape of one sample: `[features]`, `[tokens, features]` or `[channels, height, width]`
+    /// (or `[heads, queries, keys]` when `axes` says so).
     pub shape: Vec<usize>,
     /// What the shape's axes mean; files that do not say (every file written before axes were
     /// named) mean features, tokens or maps by rank ([`Axes::of_input_rank`]).

@@ -33,8 +33,8 @@
 //!
 //! Each op's preparation (how its output is held, what it refuses) and kernel live in its own
 //! file under `graph/ops/`, beside its shape rule, float reference and ONNX form; this module
-//! holds what all ops share: the value representations, the budget, the batch loop and the
-//! buffers.
+//! holds what all ops share: the value representations, the budget, the batch loop, the
+//! buffers and the GEMM kernel of the layers with weights (Linear, Conv2d).
 
 pub(crate) mod prepare;
 pub(crate) use prepare::{Conv, Nonlinear, Quantize, Weighted};

@@ -81,7 +81,7 @@ impl Conv2dGeometry {
 pub struct Conv2d {
     /// Geometry.
     pub geometry: Conv2dGeometry,
-    /// Weight `[out, in / groups, kernel, kernel]`, float or codes.
+    /// Weight `[out, in / groups, kernel height, kernel width]`, float or codes.
     pub weight: Parameter,
     /// Bias `[out]`, float or accumulator values.
     pub bias: Parameter,

@@ -1,4 +1,5 @@
-//! The ops of the graph IR, one file each: what an op holds (the `Op` variant's data), its
+//! The ops of the graph IR, one file per op or per family of ops (the pools, the activations,
+//! the attention products, the token ops): what an op holds (the `Op` variant's data), its
 //! shape rule and parameter checks, what its output's axes mean, its float reference, its
 //! integer preparation and kernel, and its ONNX form live together, as the methods of one
 //! [`OpRules`] impl. [`Op::rules`] (and [`Op::rules_mut`] for the parameters) is the one place
