@@ -75,8 +75,8 @@ def fallback(binary, model, label, weights_settings):
     fp32, plain = ptq_of(binary, w4a4, f"{model}_w4a4{label}_plain")
     _, fell = ptq_of(binary, w4a4, f"{model}_w4a4{label}_fallback", policy)
     settings = ", ".join(f"{k} = {v}" for k, v in weights_settings) or "nearest rounding"
-    print(f"{model:11} fallback max_drop 0.5 on W4A4 ({settings}): {len(f['float_slots'])} of "
-          f"{f['slots']} slots float ({', '.join(f['float_slots'])}); test: float "
+    print(f"{model:11} fallback max_drop 0.5 on W4A4 ({settings}): {len(f['raised'])} of "
+          f"{f['slots']} slots raised ({', '.join(f['raised'])}); test: float "
           f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), "
           f"analyze {secs:.0f} s", flush=True)
     w4a4.unlink()
