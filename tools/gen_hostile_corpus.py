@@ -478,6 +478,29 @@ export("conv_kernel_80_padding_79", [],
        tensors=[("0.weight", "I8", [1, 1, 80, 80], i8([(i * 7) % 5 - 2 for i in range(6400)])),
                 ("0.bias", "I32", [1], i32([3]))])
 
+# Issue 24: windows per axis and values whose axes say what they are. A rectangular pool is a
+# valid control; a size that is neither one number nor [height, width] is refused by name; a
+# convolution over attention scores [heads, queries, keys] (rank 3, but not maps) is refused.
+# Files written before the QDQ op was renamed call it `Quantize`: they still load.
+export("valid_cnn_old_op_name", [],
+       raw_meta=json.dumps(meta(CNN_NODES, input_shape=(1, 4, 4)), indent=1).replace(
+           '"QuantizeDequantize"', '"Quantize"'),
+       tensors=CONV_T + HEAD_T)
+export("pool_rectangular_valid", [],
+       metadata=meta(with_cnn_node(3, simple("2", "1", "MaxPool2d", kernel=[1, 4], stride=[1, 4], padding=0)),
+                     input_shape=(1, 4, 4)),
+       tensors=CONV_T + HEAD_T)
+export("pool_window_not_a_pair", ["model.json", "[height, width]"],
+       metadata=meta(with_cnn_node(3, simple("2", "1", "MaxPool2d", kernel=[2], stride=2, padding=0)),
+                     input_shape=(1, 4, 4)),
+       tensors=CONV_T + HEAD_T)
+export("conv_on_attention_scores", ["model.json", "node `c`", "[heads, queries, keys]"],
+       metadata=meta([quantize("q", "input"),
+                      {"name": "s", "inputs": ["q", "q"], "op": {"type": "AttentionScores", "heads": 2}},
+                      quantize("c.input", "s"), conv("c", "c.input", 2, 2, 1)],
+                     input_shape=(4, 6)),
+       tensors=[("c.weight", "I8", [2, 2, 1, 1], i8([1, 2, 3, 4])), ("c.bias", "I32", [2], i32([0, 0]))])
+
 # Issue 25: values nothing reads are freed as soon as they are written, and one sample's
 # working memory (the values alive at once) is bounded. A 1x1 conv to 32 channels padded to a
 # 48x48 map (295 KB of accumulators), read by 30 ReLUs nothing reads: valid, and a sample

@@ -389,7 +389,8 @@ pub(crate) fn check_bias(bias: &Parameter, weight: &Parameter, out: usize) -> Re
 /// Sizes along the two spatial axes, `[height, width]`, as files write them: one number for
 /// equal sizes (every file written before kernels could be rectangular), a pair otherwise.
 pub(crate) mod square_or_pair {
-    use serde::{Deserialize, Deserializer, Serialize, Serializer};
+    use serde::de::{Error, SeqAccess, Unexpected, Visitor};
+    use serde::{Deserializer, Serialize, Serializer};
 
     /// Writes `[h, w]`, one number when `h == w`.
     pub fn serialize<S: Serializer>(pair: &[usize; 2], s: S) -> Result<S::Ok, S::Error> {
@@ -402,19 +403,37 @@ pub(crate) mod square_or_pair {
 
     /// Reads one number (both axes) or a pair `[h, w]`.
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<[usize; 2], D::Error> {
-        #[derive(Deserialize)]
-        #[serde(
-            untagged,
-            expecting = "a size (one number for both axes) or [height, width]"
-        )]
-        enum Size {
-            Both(usize),
-            Pair([usize; 2]),
+        d.deserialize_any(SizeVisitor)
+    }
+
+    /// Names what it found, and what is valid, when the value is neither.
+    struct SizeVisitor;
+
+    impl<'de> Visitor<'de> for SizeVisitor {
+        type Value = [usize; 2];
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("a size (one number for both axes) or [height, width]")
         }
-        Ok(match Size::deserialize(d)? {
-            Size::Both(k) => [k, k],
-            Size::Pair(p) => p,
-        })
+
+        fn visit_u64<E: Error>(self, v: u64) -> Result<[usize; 2], E> {
+            let k =
+                usize::try_from(v).map_err(|_| E::invalid_value(Unexpected::Unsigned(v), &self))?;
+            Ok([k, k])
+        }
+
+        fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<[usize; 2], A::Error> {
+            let h = seq
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(0, &self))?;
+            let w = seq
+                .next_element()?
+                .ok_or_else(|| A::Error::invalid_length(1, &self))?;
+            if seq.next_element::<serde::de::IgnoredAny>()?.is_some() {
+                return Err(A::Error::invalid_length(3, &self));
+            }
+            Ok([h, w])
+        }
     }
 }
 
