@@ -45,6 +45,22 @@ pub(super) fn parse_leftover(name: &str) -> Option<Leftover> {
     })
 }
 
+/// The name a leftover's base is a leftover of, through any nesting:
+/// `.exp.quant-tmp-1-2` gives `exp`, `exp` itself.
+fn innermost_base(base: &str) -> &str {
+    let mut base = base;
+    while let Some(inner) = parse_leftover(base) {
+        match base
+            .strip_prefix('.')
+            .and_then(|b| b.get(..inner.base.len()))
+        {
+            Some(b) if b == inner.base => base = b,
+            _ => break,
+        }
+    }
+    base
+}
+
 /// Whether process `pid` may still be running (then its temporary files are left alone).
 pub(super) fn process_alive(pid: u32) -> bool {
     if pid == std::process::id() {
@@ -115,8 +131,9 @@ pub(super) fn clean_leftovers(target: &Path) {
         }
         // Only what a run writing this very target left is deleted: a leftover of another
         // name is another output's (or not ours at all); a previous export that a kill set
-        // aside is still put back, which destroys nothing.
-        let own = leftover.base == base;
+        // aside is still put back, which destroys nothing. A temporary of a temporary (an
+        // export written into the staged directory stages its own) is the target's too.
+        let own = innermost_base(&leftover.base) == base;
         let path = entry.path();
         let Ok(file_type) = entry.file_type() else {
             continue;
@@ -582,6 +599,10 @@ mod tests {
         let lookalike = dir.join(format!(".exp.quant-tmp-{pid}-3"));
         std::fs::create_dir(&lookalike).unwrap();
         std::fs::write(lookalike.join("notes.txt"), b"mine").unwrap();
+        // A temporary of the staged directory (an export staged inside it stages its own).
+        let nested = dir.join(format!("..exp.quant-tmp-{pid}-6.quant-tmp-{pid}-7"));
+        std::fs::create_dir(&nested).unwrap();
+        std::fs::write(nested.join("model.json"), b"partial").unwrap();
         // A file of another name that looks like a leftover: not this output's, left alone.
         let foreign = dir.join(format!(".notes.txt.quant-tmp-{pid}-5"));
         std::fs::write(&foreign, b"not quant's").unwrap();
@@ -600,7 +621,7 @@ mod tests {
             b"new"
         );
         write_atomic(&dir.join("r.json"), b"{}").unwrap();
-        assert!(!old.exists() && !tmp.exists() && !report_tmp.exists());
+        assert!(!old.exists() && !tmp.exists() && !report_tmp.exists() && !nested.exists());
         assert!(live.exists(), "a running process's files are left alone");
         assert_eq!(std::fs::read(dir.join("other/model.json")).unwrap(), META);
         assert!(!other_old.exists());
