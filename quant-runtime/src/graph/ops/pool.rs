@@ -50,6 +50,15 @@ pub struct AvgPool2d {
 }
 
 impl PoolGeometry {
+    /// The window the integer kernels slide.
+    pub fn window(&self) -> Window {
+        Window {
+            kernel: self.kernel,
+            stride: self.stride,
+            padding: self.padding,
+        }
+    }
+
     /// The output shape of maps of `inputs` shape, the window checked against them.
     fn shape(&self, inputs: &[&[usize]], what: &str) -> Result<Vec<usize>, String> {
         let p = self;
@@ -172,12 +181,7 @@ impl OpRules for MaxPool2d {
     fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
         let ((c, h, w), (oh, ow)) = pool_dims(node)?;
         let (per_in, per_out, n) = (h * w * c, oh * ow * c, node.samples);
-        let p = &self.window;
-        let window = Window {
-            kernel: p.kernel,
-            stride: p.stride,
-            padding: p.padding,
-        };
+        let window = self.window.window();
         match node.input(0) {
             Some(Buf::U8(v)) => {
                 let mut y = zeroed_u8(n * per_out);
