@@ -357,16 +357,25 @@ where
 }
 
 fn main() -> Result<(), BoxError> {
+    // `--max-isa NAME` keeps the kernels on that path or older ones (`quant eval --max-isa`);
+    // the other arguments name sections.
+    let mut args: Vec<String> = std::env::args().skip(1).collect();
+    if let Some(at) = args.iter().position(|a| a == "--max-isa") {
+        let name = args.get(at + 1).ok_or("--max-isa needs a path name")?;
+        quant::int8::Isa::limit_to(quant::int8::Isa::from_name(name)?);
+        args.drain(at..at + 2);
+    }
     let data = digits::bundled()?;
     let single = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     println!(
-        "{}, {} threads in rayon's default pool; medians of alternating blocks of {BLOCK} runs\n",
+        "{}, integer kernels on {}, {} threads in rayon's default pool; medians of alternating blocks of {BLOCK} runs\n",
         cpu_name(),
+        quant::int8::Isa::detected(),
         rayon::current_num_threads()
     );
     // Optional filter: the section names to run (`qat`, `qatvit`, `mlp`, `cnn`, `resnet`,
     // `vit`, `train28`; the MNIST section `train28` runs only when named).
-    let only: Vec<String> = std::env::args().skip(1).map(|a| a.to_lowercase()).collect();
+    let only: Vec<String> = args.iter().map(|a| a.to_lowercase()).collect();
     let named = |name: &str| only.iter().any(|o| o == name);
     let wanted = |name: &str| (only.is_empty() && name != "train28") || named(name);
     println!("1. One training step, batch 64, one thread: the W4A4 LSQ QAT model against the float model");

@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 use quant::fs::{
     check_export_dir, check_output_file, commit_together, recover_outputs, resolve, StagedFile,
 };
+use quant::int8::Isa;
 use quant::integer::{Budget, IntegerModel};
 use quant::pipeline::sensitivity::{AnalyzeRequest, PrecisionBudget, Raise, Resource};
 use quant::pipeline::{self, OutputError, RunConfig, RunError, RunOptions, SeedDone};
@@ -186,6 +187,11 @@ enum Command {
         /// would take more is refused before it runs.
         #[arg(long, default_value_t = quant_runtime::integer::MAX_CALL_MACS, value_parser = clap::value_parser!(u64).range(1..))]
         max_multiply_adds: u64,
+        /// Run the integer kernels on no path newer than this one (portable, avx2, avx512bw,
+        /// avxvnni, avx512vnni), as on an older CPU: what its paths cost, measured here. The
+        /// predictions are the same on every path.
+        #[arg(long, value_parser = parse_isa)]
+        max_isa: Option<Isa>,
     },
 }
 
@@ -544,7 +550,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             predictions,
             memory_mib,
             max_multiply_adds,
+            max_isa,
         } => {
+            if let Some(widest) = max_isa {
+                Isa::limit_to(widest);
+            }
             let budget = Budget {
                 working_bytes: (memory_mib as usize) << 20,
                 multiply_adds: max_multiply_adds,
@@ -564,6 +574,11 @@ fn run(cli: Cli) -> Result<(), Box<dyn std::error::Error>> {
             )
         }
     }
+}
+
+/// `--max-isa NAME`: the error lists the valid names.
+fn parse_isa(name: &str) -> Result<Isa, String> {
+    Isa::from_name(name).map_err(|e| e.to_string())
 }
 
 /// `quant eval --repeat N [--batch B]`.

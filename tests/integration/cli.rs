@@ -297,6 +297,25 @@ fn the_vit_runs_end_to_end_with_a_warmup() {
     let o = quant(&["eval", export.to_str().unwrap()]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert!(stdout(&o).contains("accuracy"), "{}", stdout(&o));
+    // Every path gives the same predictions: the kernels held to older CPUs' paths (the
+    // attention products, softmax, GELU and LayerNorm among them) agree with the widest.
+    let predictions = |extra: &[&str]| {
+        let o = quant(&[&["eval", export.to_str().unwrap(), "--predictions"], extra].concat());
+        assert!(o.status.success(), "{}", stderr(&o));
+        stdout(&o)
+    };
+    let widest = predictions(&[]);
+    assert!(widest.contains("predictions"), "{widest}");
+    for isa in ["portable", "avx2"] {
+        assert_eq!(predictions(&["--max-isa", isa]), widest, "--max-isa {isa}");
+    }
+    let o = quant(&["eval", export.to_str().unwrap(), "--max-isa", "sse9"]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("sse9") && stderr(&o).contains("portable, avx2, avx512bw"),
+        "{}",
+        stderr(&o)
+    );
     // The tiny schedule leaves the model barely trained (about 25% accurate), its logits near
     // ties: measured agreement 98.3%.
     eval_onnx_agrees(&export, 95.0);

@@ -70,6 +70,10 @@ pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};
 pub use requant::{fixed_point_multiplier, requantize_u8, rounding_shift, Requantizer, MAX_SHIFT};
 
+/// The widest path [`Isa::detected`] may pick, as an [`Isa`]'s discriminant; `u8::MAX`: no
+/// limit.
+static WIDEST_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);
+
 /// The instruction-set paths of the integer kernels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Isa {
@@ -121,14 +125,66 @@ impl Isa {
         Isa::ALL.into_iter().filter(|i| i.is_available()).collect()
     }
 
-    /// The fastest path this CPU can run: VNNI on 512 bits, then on 256 bits, then AVX-512,
-    /// AVX2, and the portable code.
+    /// The fastest path this CPU can run, within [`Isa::limit_to`]'s limit if one was set:
+    /// VNNI on 512 bits, then on 256 bits, then AVX-512, AVX2, and the portable code. Every
+    /// kernel prepared after this takes its path from here.
     pub fn detected() -> Isa {
+        let widest = Isa::limit();
         Isa::ALL
             .into_iter()
             .rev()
-            .find(|i| i.is_available())
+            .find(|i| i.is_available() && widest.is_none_or(|w| *i <= w))
             .unwrap_or(Isa::Portable)
+    }
+
+    /// From now on, this process's [`Isa::detected`] picks no path after `widest` in
+    /// [`Isa::ALL`]: `Isa::limit_to(Isa::Avx2)` runs every kernel prepared afterwards (the
+    /// integer runtime's, and the fake-quantization kernels of training) as on a CPU with
+    /// AVX2 and nothing newer, `Isa::Portable` as on any x86-64. For measuring what an older
+    /// CPU's paths cost on a newer one (`quant eval --max-isa`, `bench_models --max-isa`);
+    /// every path gives the same bits, so results do not change. Kernels prepared before the
+    /// call keep their path.
+    ///
+    /// ```
+    /// use quant_core::int8::{Isa, PackedMatrix};
+    /// Isa::limit_to(Isa::Avx2);
+    /// assert_eq!(Isa::limit(), Some(Isa::Avx2));
+    /// assert!(Isa::detected() <= Isa::Avx2);
+    /// assert!(PackedMatrix::new(&[1, -2, 3, 4], 2, 2)?.isa() <= Isa::Avx2);
+    /// Isa::limit_to(Isa::Portable);
+    /// assert_eq!(Isa::detected(), Isa::Portable);
+    /// # Ok::<(), quant_core::QuantError>(())
+    /// ```
+    pub fn limit_to(widest: Isa) {
+        WIDEST_PATH.store(widest as u8, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The limit [`Isa::limit_to`] set, if any.
+    pub fn limit() -> Option<Isa> {
+        let widest = WIDEST_PATH.load(std::sync::atomic::Ordering::Relaxed);
+        Isa::ALL.into_iter().find(|i| *i as u8 == widest)
+    }
+
+    /// The path of this [name](Isa::name).
+    ///
+    /// # Errors
+    /// A name that is none of [`Isa::ALL`]'s; the message lists them.
+    ///
+    /// ```
+    /// use quant_core::int8::Isa;
+    /// assert_eq!(Isa::from_name("avx2")?, Isa::Avx2);
+    /// assert!(Isa::from_name("avx3").unwrap_err().to_string().contains("avx512vnni"));
+    /// # Ok::<(), quant_core::QuantError>(())
+    /// ```
+    pub fn from_name(name: &str) -> crate::Result<Isa> {
+        Isa::ALL
+            .into_iter()
+            .find(|i| i.name() == name)
+            .ok_or_else(|| crate::QuantError::InvalidValue {
+                what: "int8 instruction set".into(),
+                value: name.into(),
+                expected: format!("one of {}", Isa::ALL.map(|i| i.name()).join(", ")),
+            })
     }
 
     /// The name used in messages and benchmarks (`portable`, `avx2`, `avx512bw`, `avxvnni`,

@@ -459,11 +459,14 @@ pub(super) fn baseline_forced() -> bool {
     }
 }
 
-/// Whether the AVX2 code may run (checked at run time, once per job).
+/// Whether the AVX2 code may run (checked at run time, once per job): the CPU has it, and
+/// [`Isa::limit_to`](crate::int8::Isa::limit_to) did not keep the process below it.
 #[inline(always)]
 #[cfg(target_arch = "x86_64")]
 pub(super) fn use_avx2() -> bool {
-    !baseline_forced() && std::arch::is_x86_feature_detected!("avx2")
+    !baseline_forced()
+        && std::arch::is_x86_feature_detected!("avx2")
+        && crate::int8::Isa::detected() >= crate::int8::Isa::Avx2
 }
 
 /// One job (whole units of the walk) starting at element `start`: its partial sums, one for
