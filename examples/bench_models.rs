@@ -356,6 +356,11 @@ where
     Ok(())
 }
 
+/// As the `quant` binary allocates (see its `main.rs`).
+#[cfg(feature = "mimalloc")]
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> Result<(), BoxError> {
     // `--max-isa NAME` keeps the kernels on that path or older ones (`quant eval --max-isa`);
     // the other arguments name sections.
