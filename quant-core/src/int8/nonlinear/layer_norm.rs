@@ -7,7 +7,7 @@ use std::ops::RangeInclusive;
 use super::InputCode;
 use super::{check_code_range, check_rows, check_scale, codes_of, isqrt, round_shift, values_of};
 use crate::error::{QuantError, Result};
-use crate::int8::widths::compiled_for_each_width;
+use crate::int8::widths::{compiled_for_each_width, Width};
 use crate::int8::Isa;
 
 /// The error of [`IntLayerNorm`] in output steps ([`IntLayerNorm::output_scale`]), for every
@@ -212,7 +212,14 @@ impl IntLayerNorm {
     /// `input` not whole rows, or `out` not as long as `input`; nothing is written then.
     pub fn run<I: InputCode>(&self, input: &[I], out: &mut [i32]) -> Result<()> {
         check_rows("layer norm", self.row_len(), input.len(), out.len())?;
-        norm_rows(self.isa, self, input, out);
+        // AVX2 has no 64-bit multiply: its code takes the products as 32x32→64-bit ones.
+        // The portable code (SSE2 has no signed 32x32→64 multiply either) and AVX-512
+        // (`vpmullq`) are faster with the 64-bit products; every form gives the same integers.
+        if self.isa.width() == Width::Avx2 {
+            norm_rows(self.isa, self, input, out, NarrowProducts);
+        } else {
+            norm_rows(self.isa, self, input, out, WideProducts);
+        }
         Ok(())
     }
 
@@ -252,11 +259,56 @@ impl IntLayerNorm {
 
 compiled_for_each_width! {
     /// Every row of `input` into `out`.
-    fn norm_rows<I: InputCode>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32]) => rows;
+    fn norm_rows<I: InputCode, P: Products>(
+        kernel: &IntLayerNorm,
+        input: &[I],
+        out: &mut [i32],
+        products: P,
+    ) => rows;
+}
+
+/// The products of a row's loops, in `i64`: of two factors that fit `i32` (`u²`, `n · u`),
+/// and `c · r` (`|c| < 2^31`, `r ∈ (2^30, 2^31]`).
+trait Products: Copy {
+    fn small(a: i64, b: i64) -> i64;
+    fn scale(c: i64, r: i64) -> i64;
+}
+
+/// 64-bit products.
+#[derive(Clone, Copy)]
+struct WideProducts;
+
+impl Products for WideProducts {
+    #[inline(always)]
+    fn small(a: i64, b: i64) -> i64 {
+        a * b
+    }
+    #[inline(always)]
+    fn scale(c: i64, r: i64) -> i64 {
+        c * r
+    }
+}
+
+/// The same products from 32x32→64-bit ones (`vpmuldq`): `c · r = c · (r - 2^30) + c · 2^30`
+/// with `r - 2^30` in `i32`.
+#[derive(Clone, Copy)]
+struct NarrowProducts;
+
+impl Products for NarrowProducts {
+    #[inline(always)]
+    fn small(a: i64, b: i64) -> i64 {
+        debug_assert!(a == a as i32 as i64 && b == b as i32 as i64);
+        (a as i32 as i64) * (b as i32 as i64)
+    }
+    #[inline(always)]
+    fn scale(c: i64, r: i64) -> i64 {
+        debug_assert!(c == c as i32 as i64 && r > 1 << 30 && r <= 1 << 31);
+        (c as i32 as i64) * ((r - (1 << 30)) as i32 as i64) + (c << 30)
+    }
 }
 
 #[inline(always)]
-fn rows<I: InputCode>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32]) {
+fn rows<I: InputCode, P: Products>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32], _: P) {
     let n = kernel.row_len();
     let (lo, hi) = (*kernel.codes.start(), *kernel.codes.end());
     let unit = |q: &I| q.code().clamp(lo, hi) as i64 - lo as i64;
@@ -264,7 +316,7 @@ fn rows<I: InputCode>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32]) {
         // n · (hi - lo) < 2^31: S < 2^31, n · Σu² < 2^62, |c| < 2^31.
         let (sum, squares) = row.iter().fold((0i64, 0i64), |(s, q2), q| {
             let u = unit(q);
-            (s + u, q2 + u * u)
+            (s + u, q2 + P::small(u, u))
         });
         let w = n as i64 * squares - sum * sum;
         if w == 0 {
@@ -279,8 +331,8 @@ fn rows<I: InputCode>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32]) {
             .zip(row)
             .zip(kernel.gamma.iter().zip(&kernel.beta))
         {
-            let c = n as i64 * unit(q) - sum;
-            let norm = round_shift(c * reciprocal, shift);
+            let c = P::small(n as i64, unit(q)) - sum;
+            let norm = round_shift(P::scale(c, reciprocal), shift);
             *o = (round_shift(norm * g, 31) + b) as i32;
         }
     }
