@@ -51,7 +51,7 @@ use quant_core::QuantError;
 use quant_dfdx::convert::convert_model;
 use quant_dfdx::lower::export_model;
 use quant_dfdx::policy::{ConfigError, Policy};
-use quant_dfdx::ptq::RefinedLayer;
+use quant_dfdx::ptq::{RefinedLayer, RefinedTensors};
 use quant_runtime::export::{self};
 pub use quant_runtime::fs::OutputError;
 use quant_runtime::fs::{check_output_file, StagedDir};
@@ -312,7 +312,8 @@ where
 }
 
 /// [`quantize`], also returning what learned rounding and bias correction did to each layer
-/// they ran on ([`quant_dfdx::ptq::refine`]); `plan` is `(batches, batch_size, seed)`.
+/// they ran on ([`quant_dfdx::ptq::refine`]) and the tensors they replaced, with their float
+/// values (empty when nothing was refined); `plan` is `(batches, batch_size, seed)`.
 ///
 /// # Errors
 /// As [`quantize`].
@@ -322,7 +323,7 @@ pub fn quantize_and_refine<S, const C: usize, D>(
     policy: &Policy,
     calibration: &Samples,
     (batches, batch_size, seed): (usize, usize, u64),
-) -> Result<(D::Quantized, Vec<RefinedLayer>), RunError>
+) -> Result<(D::Quantized, Vec<RefinedLayer>, RefinedTensors), RunError>
 where
     S: BatchShape,
     D: DeployModel<S, C>,
@@ -345,8 +346,14 @@ where
         samples.extend(x.as_vec());
     }
     quant_dfdx::calibration::calibrate(&mut model, inputs)?;
+    let calibrated = model.clone();
     let refined = quant_dfdx::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
-    Ok((model, refined))
+    let layers: Vec<String> = refined.iter().map(|r| r.layer.clone()).collect();
+    let replaced = match layers.is_empty() {
+        true => RefinedTensors::default(),
+        false => RefinedTensors::between(&calibrated, &model, &layers)?,
+    };
+    Ok((model, refined, replaced))
 }
 
 /// What [`export_and_check`] found: the exported graph, and how the integer model did.

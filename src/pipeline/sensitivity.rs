@@ -19,6 +19,7 @@ use std::collections::BTreeMap;
 use quant_core::QuantizationTarget;
 use quant_dfdx::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, Slot};
 use quant_dfdx::policy::{Override, Policy, QuantizerSettings, SlotSetting};
+use quant_dfdx::ptq::RefinedTensors;
 use quant_runtime::graph::Op;
 
 use super::mixed_precision::{pareto_front, solve, Choice};
@@ -127,7 +128,7 @@ fn rank(slots: &mut [SlotSensitivity]) {
 /// logits are not `rows.len() × C` values.
 pub fn sensitivity<S, const C: usize, Q>(
     dev: &Cpu,
-    ptq: &Q,
+    (ptq, replaced): (&Q, &RefinedTensors),
     float_logits: &[f32],
     rows: &Samples,
 ) -> Result<Sensitivity, RunError>
@@ -157,10 +158,9 @@ where
     let quantized = effect(&q)?;
     let mut slots = Vec::with_capacity(names.len());
     for (name, layer, slot_name) in names {
-        quantize_only(&mut q, &name)?;
+        quantize_only(&mut q, &name, replaced)?;
         let alone = effect(&q)?;
-        q.set_mode("*", QuantizerMode::Frozen)?;
-        q.set_mode(&exactly(&name), QuantizerMode::Disabled)?;
+        leave_float(&mut q, &[name.as_str()], replaced)?;
         let all_but = effect(&q)?;
         slots.push(SlotSensitivity {
             slot: name,
@@ -457,11 +457,38 @@ fn configured_slots<Q: QuantizedModuleExt>(
     Ok(out)
 }
 
-/// Leaves every slot of `q` float but the one named `name`, which quantizes.
-fn quantize_only<Q: QuantizedModuleExt>(q: &mut Q, name: &str) -> Result<(), RunError> {
+/// Leaves every slot of `q` float but the one named `name`, which quantizes; every layer's
+/// weights and bias float but that slot's layer's, when it is a refined weights slot
+/// (`replaced`).
+fn quantize_only<Q: QuantizedModuleExt + TensorCollection<f32, Cpu>>(
+    q: &mut Q,
+    name: &str,
+    replaced: &RefinedTensors,
+) -> Result<(), RunError> {
     q.set_mode("*", QuantizerMode::Disabled)?;
     q.set_mode(&exactly(name), QuantizerMode::Frozen)?;
+    replaced.apply(q, |layer| name != weights_slot(layer))?;
     Ok(())
+}
+
+/// Quantizes every slot of `q` but the slots `float`, which are left float, with the float
+/// weights and bias of each refined layer whose weights slot is among them (`replaced`).
+fn leave_float<Q: QuantizedModuleExt + TensorCollection<f32, Cpu>>(
+    q: &mut Q,
+    float: &[&str],
+    replaced: &RefinedTensors,
+) -> Result<(), RunError> {
+    q.set_mode("*", QuantizerMode::Frozen)?;
+    for name in float {
+        q.set_mode(&exactly(name), QuantizerMode::Disabled)?;
+    }
+    replaced.apply(q, |layer| float.contains(&weights_slot(layer).as_str()))?;
+    Ok(())
+}
+
+/// The name of the weights slot of `layer`.
+fn weights_slot(layer: &str) -> String {
+    format!("{layer}.weights")
 }
 
 /// Per seed, what the mixed-precision search measures: noise per slot and candidate.
@@ -473,7 +500,7 @@ struct SeedNoise {
 /// The SQNR of the logits with only the slot `name` of `q` quantized.
 fn alone<S, const C: usize, Q>(
     dev: &Cpu,
-    q: &mut Q,
+    (q, replaced): (&mut Q, &RefinedTensors),
     name: &str,
     float_logits: &[f32],
     rows: &Samples,
@@ -482,7 +509,7 @@ where
     S: BatchShape,
     Q: QuantizedModel<S, C>,
 {
-    quantize_only(q, name)?;
+    quantize_only(q, name, replaced)?;
     let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
     Ok(sqnr_db(float_logits, &l))
 }
@@ -508,7 +535,7 @@ pub fn check_max_drop(max_drop: f64) -> Result<(), RunError> {
 /// quantized) and returns the mean accuracy on `rows`.
 fn accuracy_with_float<S, const C: usize, Q>(
     dev: &Cpu,
-    models: &mut [Q],
+    models: &mut [(Q, RefinedTensors)],
     ranked: &[SlotSensitivity],
     k: usize,
     rows: &Samples,
@@ -517,12 +544,10 @@ where
     S: BatchShape,
     Q: QuantizedModel<S, C>,
 {
+    let float: Vec<&str> = ranked[..k].iter().map(|s| s.slot.as_str()).collect();
     let mut sum = 0.0;
-    for q in models.iter_mut() {
-        q.set_mode("*", QuantizerMode::Frozen)?;
-        for s in &ranked[..k] {
-            q.set_mode(&exactly(&s.slot), QuantizerMode::Disabled)?;
-        }
+    for (q, replaced) in models.iter_mut() {
+        leave_float(q, &float, replaced)?;
         let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
         sum += accuracy(&predictions(&l, C), rows.labels());
     }
@@ -565,7 +590,7 @@ fn fallback<S, const C: usize, D>(
     cfg: &RunConfig,
     data: &Dataset,
     deploys: &[(Cpu, D, u64)],
-    models: &mut [D::Quantized],
+    models: &mut [(D::Quantized, RefinedTensors)],
     mean: &Sensitivity,
     max_drop: f64,
     raise: Raise,
@@ -577,7 +602,7 @@ where
     let ranked = &mean.slots;
     let within = |acc: f64| 100.0 * (mean.float_accuracy - acc) <= max_drop + 1e-9;
     let mut widths = BTreeMap::new();
-    if let Some(q) = models.first_mut() {
+    if let Some((q, _)) = models.first_mut() {
         for (name, d) in q.quantizers()? {
             widths.insert(name, d.bits);
         }
@@ -1197,7 +1222,7 @@ where
         let float_logits = logits::<F, S, C>(&float.dev, &float.model, &data.test, EVAL_BATCH)?;
         runs.push(sensitivity::<S, C, D::Quantized>(
             &float.dev,
-            &ptq.model,
+            (&ptq.model, &ptq.replaced),
             &float_logits,
             &data.test,
         )?);
@@ -1211,23 +1236,27 @@ where
             let calibration = data.calibration.as_ref().unwrap_or(&data.train);
             let mut noise = vec![vec![0.0; budget.candidates.len()]; searched.len()];
             for (j, &bits) in budget.candidates.iter().enumerate() {
-                let mut q = super::quantize::<S, C, D>(
+                let (mut q, _, replaced) = super::quantize_and_refine::<S, C, D>(
                     &float.dev,
                     &ptq.deploy,
                     &with_bits(&cfg.quantization, target, bits),
                     calibration,
-                    cfg.calibration.batches,
-                    cfg.calibration.batch_size,
-                    seed,
+                    (cfg.calibration.batches, cfg.calibration.batch_size, seed),
                 )?;
                 for (i, (name, _, _)) in searched.iter().enumerate() {
-                    let db = alone::<S, C, _>(&float.dev, &mut q, name, &float_logits, &data.test)?;
+                    let db = alone::<S, C, _>(
+                        &float.dev,
+                        (&mut q, &replaced),
+                        name,
+                        &float_logits,
+                        &data.test,
+                    )?;
                     noise[i][j] = 10f64.powf(-db / 10.0);
                 }
             }
             noises.push(SeedNoise { noise });
         }
-        models.push(ptq.model);
+        models.push((ptq.model, ptq.replaced));
         deploys.push((float.dev, ptq.deploy, seed));
     }
     let mean = mean(&runs);

@@ -12,7 +12,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use quant_dfdx::convert::Convert;
 use quant_dfdx::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
 use quant_dfdx::lower::export_model;
-use quant_dfdx::ptq::RefinedLayer;
+use quant_dfdx::ptq::{RefinedLayer, RefinedTensors};
 use quant_dfdx::report::{layer_report, LayerReport};
 use quant_runtime::export::onnx::OnnxFormat;
 use quant_runtime::export::{self, QuantFormat};
@@ -144,6 +144,8 @@ pub(crate) struct PtqStage<D: Convert> {
     pub accuracy: f64,
     /// What learned rounding and bias correction did, per layer they ran on.
     pub refined: Vec<RefinedLayer>,
+    /// The tensors they replaced, with their float values.
+    pub replaced: RefinedTensors,
 }
 
 /// Stage 2: converts the deployable float model under the policy and calibrates it (PTQ), on
@@ -161,7 +163,7 @@ where
     let b = s.bar(1, "calibration");
     let c = &s.cfg.calibration;
     let calibration = s.data.calibration.as_ref().unwrap_or(&s.data.train);
-    let (quantized, refined) = super::quantize_and_refine::<S, C, D>(
+    let (quantized, refined, replaced) = super::quantize_and_refine::<S, C, D>(
         &float.dev,
         &deploy,
         &s.cfg.quantization,
@@ -182,6 +184,7 @@ where
         model: quantized,
         accuracy,
         refined,
+        replaced,
     })
 }
 

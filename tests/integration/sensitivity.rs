@@ -86,6 +86,40 @@ fn a_planted_bad_slot_ranks_first_whatever_the_thread_count() {
     assert!(at("2.weights") < at(&m.slots[1].slot));
 }
 
+/// Learned rounding and bias correction write the refined layers' weights and biases: a slot
+/// measured with a layer left float must see that layer's float weights, not its learned codes.
+#[test]
+fn slots_left_float_see_the_float_layers_after_learned_rounding() {
+    let refined_text = PLANTED.replace(
+        "observer = \"Mse\"\n[quantization.input]",
+        "observer = \"Mse\"\nlearned_rounding = \"AdaRound\"\nbias_correction = true\n\
+         [quantization.input]",
+    ) + "[quantization.adaround]\niterations = 200\n";
+    let refined = RunConfig::from_toml_str(&refined_text, "refined.toml").unwrap();
+    let options = RunOptions::default();
+    let with = analyze(&refined, &options, &AnalyzeRequest::default()).unwrap();
+    let without = analyze(&planted(), &options, &AnalyzeRequest::default()).unwrap();
+    let nearest = |slot: &str| without.mean.slots.iter().find(|s| s.slot == slot).unwrap();
+    // The refined model is another model: learned rounding changed what it computes.
+    assert_ne!(
+        with.mean.quantized,
+        without.mean.quantized,
+        "{}",
+        with.table()
+    );
+    for s in &with.mean.slots {
+        if s.slot_name == "input" {
+            // Alone, an input slot quantizes on float layers whatever their weights would
+            // round to (its grid is calibrated before refinement): as without refinement.
+            assert_eq!(s.alone, nearest(&s.slot).alone, "{}", s.slot);
+        } else {
+            // Alone, a refined weights slot is its layer's learned codes: another error than
+            // nearest rounding's.
+            assert_ne!(s.alone, nearest(&s.slot).alone, "{}", s.slot);
+        }
+    }
+}
+
 /// Every weight at 2 bits per tensor (MinMax): PTQ falls well below float.
 fn harsh() -> RunConfig {
     let text = PLANTED

@@ -24,7 +24,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use dfdx::nn::tensor_collection::{
     RecursiveWalker, ScalarOptions, TensorCollection, TensorOptions, TensorVisitor, ViewTensorMut,
-    ViewTensorName,
+    ViewTensorName, ViewTensorRef,
 };
 use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -263,6 +263,113 @@ where
     }
     *model = updated;
     Ok(refined)
+}
+
+/// The tensors learned rounding and bias correction replaced in a model, each with the float
+/// values it replaced: a refined model's weights hold the dequantized learned codes and its
+/// biases the corrected ones, so disabling a weights quantizer alone would leave them rounded.
+/// [`RefinedTensors::apply`] puts each refined layer's float or refined values back, so that a
+/// measurement with a layer's weights float (a sensitivity analysis, a fallback) sees the float
+/// layer.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RefinedTensors {
+    /// Per tensor name: its layer, its float values, its refined values.
+    tensors: BTreeMap<String, (String, Vec<f32>, Vec<f32>)>,
+}
+
+impl RefinedTensors {
+    /// The tensors of `refined` whose values differ from those of `float`, the same model
+    /// before refinement (converted from the same float model), each with the layer of
+    /// `layers` (dotted names of Linear and Conv2d layers) whose name prefixes it.
+    ///
+    /// # Errors
+    /// A tensor that differs but belongs to none of `layers` (not what refinement changes).
+    pub fn between<M: TensorCollection<f32, Cpu>>(
+        float: &M,
+        refined: &M,
+        layers: &[String],
+    ) -> Result<RefinedTensors, GraphError> {
+        let (float, refined) = (tensor_values(float)?, tensor_values(refined)?);
+        let mut tensors = BTreeMap::new();
+        for (name, values) in refined {
+            let Some(before) = float.get(&name).filter(|f| **f != values) else {
+                continue;
+            };
+            let layer = layers
+                .iter()
+                .filter(|l| name.starts_with(&format!("{l}.")))
+                .max_by_key(|l| l.len())
+                .ok_or_else(|| GraphError::Unsupported {
+                    layer: name.clone(),
+                    reason: "the refined model differs from the float one in a tensor of no Linear or Conv2d layer".into(),
+                })?;
+            tensors.insert(name, (layer.clone(), before.clone(), values));
+        }
+        Ok(RefinedTensors { tensors })
+    }
+
+    /// Whether refinement changed nothing.
+    pub fn is_empty(&self) -> bool {
+        self.tensors.is_empty()
+    }
+
+    /// Writes into `model` the float values of every refined layer for which `float_layer`
+    /// holds, and the refined values of the others.
+    ///
+    /// # Errors
+    /// `model` lacks one of the tensors (not the model these were taken from).
+    pub fn apply<M: TensorCollection<f32, Cpu>>(
+        &self,
+        model: &mut M,
+        float_layer: impl Fn(&str) -> bool,
+    ) -> Result<(), GraphError> {
+        if self.tensors.is_empty() {
+            return Ok(());
+        }
+        let values = self
+            .tensors
+            .iter()
+            .map(|(name, (layer, float, refined))| {
+                let v = if float_layer(layer) { float } else { refined };
+                (name.clone(), v.clone())
+            })
+            .collect();
+        assign(model, &values)
+    }
+}
+
+/// The values of every tensor of `model`, by name.
+fn tensor_values<M: TensorCollection<f32, Cpu>>(
+    model: &M,
+) -> Result<BTreeMap<String, Vec<f32>>, GraphError> {
+    struct Read(BTreeMap<String, Vec<f32>>);
+    impl TensorVisitor<f32, Cpu> for Read {
+        type Viewer = (ViewTensorRef, ViewTensorName);
+        type Err = QuantError;
+        type E2 = f32;
+        type D2 = Cpu;
+        fn visit<S: Shape>(
+            &mut self,
+            _: TensorOptions<S, f32, Cpu>,
+            (t, name): (&Tensor<S, f32, Cpu>, String),
+        ) -> Result<Option<Tensor<S, f32, Cpu>>, QuantError> {
+            self.0.insert(name, t.as_vec());
+            Ok(None)
+        }
+        fn visit_scalar<N: num_traits::NumCast>(
+            &mut self,
+            _: ScalarOptions<N>,
+            _: (&N, String),
+        ) -> Result<Option<N>, QuantError> {
+            Ok(None)
+        }
+    }
+    let mut read = Read(BTreeMap::new());
+    M::iter_tensors(&mut RecursiveWalker {
+        m: (model, String::new()),
+        f: &mut read,
+    })?;
+    Ok(read.0)
 }
 
 /// A requested layer in the float graph: its input on the samples, its weight and its bias.
