@@ -32,6 +32,8 @@ def main():
     p.add_argument("--config", help="the run file of a model on other data (MNIST): quant eval reads its test "
                    "split; onnxruntime gets uniform random pixels of the same shape (neither's speed depends "
                    "on the values)")
+    p.add_argument("--max-isa", help="quant's kernels on no path newer than this one (avx2: what an AVX2-only "
+                   "CPU runs); onnxruntime picks its own")
     args = p.parse_args()
 
     onnx_file, export_dir = onnx_path_and_dir(args.export)
@@ -68,7 +70,8 @@ def main():
         out = quant(
             args.quant,
             ["eval", export_dir, *onnx, "--repeat", str(per_round), "--batch", str(args.batch)]
-            + (["--config", args.config] if args.config else []),
+            + (["--config", args.config] if args.config else [])
+            + (["--max-isa", args.max_isa] if args.max_isa else []),
             threads=1,
         )
         integer_rounds.append(ms(out, "integer runtime"))
@@ -76,7 +79,8 @@ def main():
             tract_ms = ms(out, "tract")
     ort_ms, integer_ms = statistics.median(ort_rounds), statistics.median(integer_rounds)
 
-    print(f"{export_dir}: batch {args.batch}, one thread, {args.rounds} alternating rounds of {per_round} runs")
+    paths = f", quant's kernels on {args.max_isa} or older" if args.max_isa else ""
+    print(f"{export_dir}: batch {args.batch}, one thread, {args.rounds} alternating rounds of {per_round} runs{paths}")
     print(f"  onnxruntime      {ort_ms:9.4f} ms")
     print(f"  quant integer    {integer_ms:9.4f} ms")
     print(f"  tract            {tract_ms:9.4f} ms")
