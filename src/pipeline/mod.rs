@@ -346,13 +346,8 @@ where
         samples.extend(x.as_vec());
     }
     quant_dfdx::calibration::calibrate(&mut model, inputs)?;
-    let calibrated = model.clone();
-    let refined = quant_dfdx::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
-    let layers: Vec<String> = refined.iter().map(|r| r.layer.clone()).collect();
-    let replaced = match layers.is_empty() {
-        true => RefinedTensors::default(),
-        false => RefinedTensors::between(&calibrated, &model, &layers)?,
-    };
+    let (refined, replaced) =
+        quant_dfdx::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
     Ok((model, refined, replaced))
 }
 

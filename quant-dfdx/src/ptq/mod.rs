@@ -164,7 +164,8 @@ pub struct RefinedLayer {
 /// asks for them under `policy` ([`Policy::refinement`]), on `samples` (whole samples of
 /// `input_shape`, the first [`AdaRoundSettings::samples`] used); see the module docs. The
 /// model must be calibrated (its quantizers frozen). Returns what each refined layer got, in
-/// graph order; nothing when no slot asks.
+/// graph order, and the tensors it replaced with their float values; nothing when no slot
+/// asks.
 ///
 /// # Errors
 /// A layer without a graph form, a quantizer still calibrating, a corrected bias that int32
@@ -174,7 +175,7 @@ pub fn refine<M>(
     policy: &Policy,
     input_shape: &[usize],
     samples: &[f32],
-) -> Result<Vec<RefinedLayer>, GraphError>
+) -> Result<(Vec<RefinedLayer>, RefinedTensors), GraphError>
 where
     M: QuantizedModule + Clone + TensorCollection<f32, Cpu>,
 {
@@ -201,7 +202,7 @@ where
         return Err(e.into());
     }
     if requests.is_empty() {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), RefinedTensors::default()));
     }
     let per_sample: usize = input_shape.iter().product();
     let n = (samples.len() / per_sample.max(1)).min(settings.samples);
@@ -225,6 +226,8 @@ where
     let dev = Cpu::default();
     let mut refined = Vec::new();
     let mut assigned: BTreeMap<String, Vec<f32>> = BTreeMap::new();
+    // Each assigned tensor's layer.
+    let mut owners: BTreeMap<String, String> = BTreeMap::new();
     let (_, rewritten) =
         quant_runtime::graph::evaluate_rewriting(&graph, x, &|_, _| false, &mut |i, input| {
             let node = &graph.nodes[i];
@@ -243,8 +246,10 @@ where
                 (input.samples, input.shape),
             )?;
             assigned.insert(layer.weight.tensor.clone(), fitted.weight);
+            owners.insert(layer.weight.tensor.clone(), node.name.clone());
             if let Some(bias) = fitted.bias {
                 assigned.insert(layer.bias.tensor.clone(), bias);
+                owners.insert(layer.bias.tensor.clone(), node.name.clone());
             }
             refined.push(fitted.report);
             Ok(Some(fitted.op))
@@ -261,8 +266,20 @@ where
             });
         }
     }
+    // What the model held before: the float values of every tensor refinement changed.
+    let mut float = tensor_values(model)?;
+    let replaced = RefinedTensors {
+        tensors: assigned
+            .into_iter()
+            .filter_map(|(name, values)| {
+                let before = float.remove(&name).filter(|f| *f != values)?;
+                let layer = owners.remove(&name)?;
+                Some((name, (layer, before, values)))
+            })
+            .collect(),
+    };
     *model = updated;
-    Ok(refined)
+    Ok((refined, replaced))
 }
 
 /// The tensors learned rounding and bias correction replaced in a model, each with the float
@@ -278,41 +295,6 @@ pub struct RefinedTensors {
 }
 
 impl RefinedTensors {
-    /// The tensors of `refined` whose values differ from those of `float`, the same model
-    /// before refinement (converted from the same float model), each with the layer of
-    /// `layers` (dotted names of Linear and Conv2d layers) whose name prefixes it.
-    ///
-    /// # Errors
-    /// A tensor that differs but belongs to none of `layers` (not what refinement changes).
-    pub fn between<M: TensorCollection<f32, Cpu>>(
-        float: &M,
-        refined: &M,
-        layers: &[String],
-    ) -> Result<RefinedTensors, GraphError> {
-        let (float, refined) = (tensor_values(float)?, tensor_values(refined)?);
-        let mut tensors = BTreeMap::new();
-        for (name, values) in refined {
-            let Some(before) = float.get(&name).filter(|f| **f != values) else {
-                continue;
-            };
-            let layer = layers
-                .iter()
-                .filter(|l| name.starts_with(&format!("{l}.")))
-                .max_by_key(|l| l.len())
-                .ok_or_else(|| GraphError::Unsupported {
-                    layer: name.clone(),
-                    reason: "the refined model differs from the float one in a tensor of no Linear or Conv2d layer".into(),
-                })?;
-            tensors.insert(name, (layer.clone(), before.clone(), values));
-        }
-        Ok(RefinedTensors { tensors })
-    }
-
-    /// Whether refinement changed nothing.
-    pub fn is_empty(&self) -> bool {
-        self.tensors.is_empty()
-    }
-
     /// Writes into `model` the float values of every refined layer for which `float_layer`
     /// holds, and the refined values of the others.
     ///

@@ -93,7 +93,7 @@ fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() 
     let batch = dev.tensor_from_vec(x.clone(), (SAMPLES, Const::<1>, Const::<8>, Const::<8>));
     calibrate(&mut model, [batch.clone()]).expect("calibrates");
     let nearest = model.clone();
-    let refined = refine(&mut model, &policy, &[1, 8, 8], &x).expect("refines");
+    let (refined, _) = refine(&mut model, &policy, &[1, 8, 8], &x).expect("refines");
 
     // Per kind and per name: the convolution learned its rounding, the classifier kept nearest
     // rounding, both got bias correction.
@@ -176,6 +176,7 @@ fn nothing_runs_unless_asked_and_misplaced_settings_are_refused() {
     let before = export_model(&model, &[1, 8, 8], Default::default()).expect("exports");
     assert!(refine(&mut model, &policy, &[1, 8, 8], &x)
         .expect("nothing to do")
+        .0
         .is_empty());
     assert_eq!(
         export_model(&model, &[1, 8, 8], Default::default()).expect("exports"),
