@@ -134,9 +134,57 @@ pub struct Requantizer {
     base: Vec<i64>,
     unit: Vec<i64>,
     adjust: Adjust,
+    /// The AVX2 path's constants when every shift is at least 31 (see [`Narrow`]).
+    narrow: Option<Narrow>,
     zero_point: i32,
     lo: i32,
     hi: i32,
+}
+
+/// Constants of the AVX2 path for requantizers whose every shift is at least 31 (multipliers
+/// below 1, as almost every layer has): the rounded quotient then fits `i32`, so only the
+/// product and the shift need 64-bit lanes, and AVX2's missing arithmetic 64-bit shift is
+/// avoided by biasing the product by `2^62` (non-negative, as `|acc · m| < 2^62`) and shifting
+/// logically: `(p + 2^62 + base + adjust) >> s = r + 2^(62 - s)`, whose low 32 bits less those
+/// of `2^(62 - s)` are `r` exactly. Per 8 channels the 64-bit constants are stored even
+/// channels first, then odd ones, the order in which `vpmuldq` takes them.
+#[derive(Debug, Clone)]
+struct Narrow {
+    /// `m` per channel, in channel order.
+    m: Vec<i32>,
+    /// `s` per channel, even-odd order per 8 channels.
+    shift: Vec<i64>,
+    /// `2^62 + base` per channel, even-odd order per 8 channels.
+    base: Vec<i64>,
+    /// The low 32 bits of `2^(62 - s)` per channel, in channel order.
+    bias: Vec<i32>,
+}
+
+impl Narrow {
+    /// The constants for `shift.len()` lanes (whole groups of 8), or `None` when a shift is
+    /// below 31.
+    fn new(m: &[i64], shift: &[i64], base: &[i64]) -> Option<Narrow> {
+        if shift.iter().any(|s| *s < 31) {
+            return None;
+        }
+        let whole = shift.len() - shift.len() % 8;
+        let even_odd = |v: &[i64]| -> Vec<i64> {
+            v[..whole]
+                .chunks(8)
+                .flat_map(|g| [g[0], g[2], g[4], g[6], g[1], g[3], g[5], g[7]])
+                .collect()
+        };
+        let biased: Vec<i64> = base.iter().map(|b| b + (1 << 62)).collect();
+        Some(Narrow {
+            m: m[..whole].iter().map(|m| *m as i32).collect(),
+            shift: even_odd(shift),
+            base: even_odd(&biased),
+            bias: shift[..whole]
+                .iter()
+                .map(|s| (1i64 << (62 - s)) as i32)
+                .collect(),
+        })
+    }
 }
 
 /// The data-dependent part of a rounding policy (see [`Requantizer`]).
@@ -203,12 +251,15 @@ impl Requantizer {
                 .map(|(m, s)| f(*m, *s))
                 .collect()
         };
+        let (m, shift) = (per(&|m, _| m), per(&|_, s| s as i64));
+        let base = per(&|_, s| base(half(s), (s > 0) as i64));
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
-            m: per(&|m, _| m),
-            shift: per(&|_, s| s as i64),
-            base: per(&|_, s| base(half(s), (s > 0) as i64)),
+            narrow: Narrow::new(&m, &shift, &base),
+            m,
+            shift,
+            base,
             unit: per(&|_, s| (s > 0) as i64),
             adjust,
             zero_point,
@@ -276,10 +327,15 @@ impl Requantizer {
                     unsafe { x86::row_avx512::<ADJUST>(self, acc, out) }
                 }
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::AvxVnni => {
+                Isa::Avx2 | Isa::AvxVnni => match &self.narrow {
+                    // SAFETY: as above, for AVX2; `narrow`'s constants cover the whole groups
+                    // of 8 of the repeated channels.
+                    Some(narrow) => unsafe {
+                        x86::row_avx2_narrow::<ADJUST>(self, narrow, acc, out)
+                    },
                     // SAFETY: as above, for AVX2.
-                    unsafe { x86::row_avx2::<ADJUST>(self, acc, out) }
-                }
+                    None => unsafe { x86::row_avx2::<ADJUST>(self, acc, out) },
+                },
                 _ => 0,
             };
             self.scalar::<ADJUST>(&acc[done..], &mut out[done..], done);
@@ -313,7 +369,7 @@ impl Requantizer {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::Requantizer;
+    use super::{Narrow, Requantizer};
 
     /// One row on AVX-512, 16 channels at a time (`vpmuldq` for the exact 64-bit products,
     /// `vpsravq` for the shifts): returns how many channels it did.
@@ -478,6 +534,104 @@ mod x86 {
             // The low halves of the four lanes, in order, in the low 128 bits.
             let evens = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
             _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(c, evens))
+        }
+    }
+
+    /// One row on AVX2 with [`Narrow`] constants, 16 channels at a time: returns how many
+    /// channels it did.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `acc` and `out` hold one row of `q.channels()` or fewer; `narrow` is
+    /// `q`'s.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_avx2_narrow<const ADJUST: u8>(
+        q: &Requantizer,
+        narrow: &Narrow,
+        acc: &[i32],
+        out: &mut [u8],
+    ) -> usize {
+        let n = acc.len().min(out.len()).min(narrow.m.len());
+        let whole = n - n % 16;
+        // Clamping before adding the zero point keeps every step inside `i32`.
+        let bounds = [
+            _mm256_set1_epi32(q.lo - q.zero_point),
+            _mm256_set1_epi32(q.hi - q.zero_point),
+            _mm256_set1_epi32(q.zero_point),
+        ];
+        // Bytes of dword i of the two 128-bit halves, back in channel order.
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut o = 0;
+        while o < whole {
+            // SAFETY: the caller guarantees AVX2, and `o + 16 <= whole <= n`, within `acc`
+            // and every constant vector of `narrow` (`eight_narrow` reads 8 lanes from `o`
+            // and from `o + 8`).
+            let (first, second) = unsafe {
+                (
+                    eight_narrow::<ADJUST>(narrow, o, acc, bounds),
+                    eight_narrow::<ADJUST>(narrow, o + 8, acc, bounds),
+                )
+            };
+            // Every value is in [0, 255]: the saturating packs only narrow. The packs work
+            // within 128-bit halves, so the dwords come out interleaved; `order` undoes it.
+            let words = _mm256_packus_epi32(first, second);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
+            // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
+            unsafe {
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(o) as *mut __m128i,
+                    _mm256_castsi256_si128(bytes),
+                )
+            };
+            o += 16;
+        }
+        whole
+    }
+
+    /// Channels `o..o + 8` of [`row_avx2_narrow`] (`bounds`: lo and hi less the zero point,
+    /// the zero point): 8 codes as `i32`, in channel order.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 (checked with `is_x86_feature_detected!`), and `o + 8` is at most
+    /// `acc.len()` and the length of `narrow`'s constant vectors.
+    #[inline(always)]
+    unsafe fn eight_narrow<const ADJUST: u8>(
+        narrow: &Narrow,
+        o: usize,
+        acc: &[i32],
+        [lo, hi, zp]: [__m256i; 3],
+    ) -> __m256i {
+        // SAFETY: the caller guarantees `o + 8 <= acc.len()` and `o + 8` within `narrow`'s
+        // vectors, so each load reads 8 `i32`s or two runs of 4 `i64`s inside its slice; and
+        // AVX2, all that the register-only intrinsics require.
+        unsafe {
+            let load = |p: *const i32| _mm256_loadu_si256(p as *const __m256i);
+            let load64 =
+                |v: &[i64], at: usize| _mm256_loadu_si256(v.as_ptr().add(at) as *const __m256i);
+            let a = load(acc.as_ptr().add(o));
+            let m = load(narrow.m.as_ptr().add(o));
+            // `vpmuldq` multiplies the low `i32` of each 64-bit lane: the even channels, then
+            // the odd ones moved down.
+            let even = _mm256_mul_epi32(a, m);
+            let odd = _mm256_mul_epi32(_mm256_srli_epi64::<32>(a), _mm256_srli_epi64::<32>(m));
+            let quotient = |p: __m256i, at: usize| {
+                let s = load64(&narrow.shift, at);
+                let one = _mm256_set1_epi64x(1);
+                // Bit s of p is the parity of floor(p / 2^s); bit 63 its sign.
+                let adjust = match ADJUST {
+                    1 => _mm256_and_si256(_mm256_srlv_epi64(p, s), one),
+                    2 => _mm256_andnot_si256(_mm256_srli_epi64::<63>(p), one),
+                    3 => _mm256_srli_epi64::<63>(p),
+                    _ => _mm256_setzero_si256(),
+                };
+                let biased =
+                    _mm256_add_epi64(_mm256_add_epi64(p, load64(&narrow.base, at)), adjust);
+                _mm256_srlv_epi64(biased, s)
+            };
+            let (even, odd) = (quotient(even, o), quotient(odd, o + 4));
+            // The low 32 bits of each quotient, back in channel order.
+            let biased = _mm256_blend_epi32::<0b1010_1010>(even, _mm256_slli_epi64::<32>(odd));
+            let r = _mm256_sub_epi32(biased, load(narrow.bias.as_ptr().add(o)));
+            _mm256_add_epi32(_mm256_min_epi32(_mm256_max_epi32(r, lo), hi), zp)
         }
     }
 }

@@ -555,6 +555,42 @@ fn requantization_ties_on_every_path() {
         .flat_map(|a| [a; 40])
         .map(|a: i32| a * 7 % 701)
         .collect();
+    ties_on_every_path(&multipliers, &acc);
+}
+
+#[test]
+fn requantization_below_one_ties_and_extremes_on_every_path() {
+    // Every shift at least 31 (multipliers below 1, the AVX2 path's 32-bit form): ties from
+    // 2^-j scales, the largest m at the smallest and the largest shift, and the extreme
+    // accumulators, whose quotients reach the ends of `i32`.
+    let n = 40;
+    let multipliers: Vec<(i64, u32)> = (0..n)
+        .map(|o| match o % 5 {
+            0 | 1 => (1i64 << 30, 31 + (o as u32 / 5) % 8),
+            2 => ((1i64 << 31) - 1, 31),
+            3 => ((1i64 << 31) - 1 - o as i64, 62),
+            _ => (1 + o as i64, 40),
+        })
+        .collect();
+    let acc: Vec<i32> = (-700..700)
+        .map(|a: i32| a * 7 % 701)
+        .chain([
+            i32::MIN,
+            i32::MIN + 1,
+            i32::MAX,
+            i32::MAX - 1,
+            -(1 << 30),
+            1 << 30,
+        ])
+        .flat_map(|a| [a; 40])
+        .collect();
+    ties_on_every_path(&multipliers, &acc);
+}
+
+/// Every rounding policy and a few zero points and bounds on every path against the
+/// definition.
+fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
+    let n = multipliers.len();
     for rounding in POLICIES {
         for (zero_point, lo, hi) in [(128, 0, 255), (0, 0, 255), (200, 150, 220)] {
             let expected: Vec<u8> = acc
@@ -567,12 +603,12 @@ fn requantization_ties_on_every_path() {
                 })
                 .collect();
             for isa in paths() {
-                let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding)
+                let q = Requantizer::new(multipliers, zero_point, lo, hi, rounding)
                     .unwrap()
                     .with_isa(isa)
                     .unwrap();
                 let mut out = vec![0u8; acc.len()];
-                q.run(&acc, &mut out).unwrap();
+                q.run(acc, &mut out).unwrap();
                 assert!(
                     out == expected,
                     "{isa} {rounding:?} zero point {zero_point}"
