@@ -9,8 +9,9 @@
 //!   `x · wᵀ` of the same shape: the digits MLP's layers at batch 64 and 360 and a CNN layer's
 //!   im2col rows, with 8-bit and 4-bit weights;
 //! - `Requantizer::run` (i32 accumulators → u8 codes) against a memcpy of the accumulators;
-//! - the transformer kernels (softmax, LayerNorm, GELU, both attention products) of the MNIST
-//!   ViT at batch 64 against a memcpy of their output (`-- softmax`, `-- attention`, ...);
+//! - the transformer kernels (softmax, at an 8-bit and at a 4-bit attention's scale, LayerNorm,
+//!   GELU, both attention products) of the MNIST ViT at batch 64 against a memcpy of their
+//!   output (`-- softmax`, `-- attention`, ...);
 //! - the detected path's `gemm_u8` on rayon's default pool against one thread.
 //!
 //! Each baseline sits in its kernel's criterion group; at the end a summary prints each
@@ -173,6 +174,9 @@ fn transformer_cases() -> Vec<Case> {
     let scores_len = n * heads * tokens * tokens;
     let scores = codes(scores_len, 5, -40_000, 40_000);
     let softmax = IntSoftmax::deployed(2e-4, tokens).expect("valid softmax");
+    // A 4-bit attention's scores: a coarse scale, where `exp` comes from a table.
+    let coarse_scores = codes(scores_len, 12, -2_000, 2_000);
+    let coarse_softmax = IntSoftmax::deployed(0.04, tokens).expect("valid softmax");
     let rows = codes(n * tokens * width, 6, 0, 255);
     let gamma: Vec<f32> = (0..width).map(|i| 0.5 + i as f32 / width as f32).collect();
     let layer_norm = IntLayerNorm::new(0.05, 0..=255, &gamma, &gamma, 1e-5).expect("valid");
@@ -196,6 +200,18 @@ fn transformer_cases() -> Vec<Case> {
                 let (k, x, mut out) = (
                     softmax.clone().with_isa(isa).expect("available"),
                     scores.clone(),
+                    vec![0i32; scores_len],
+                );
+                Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
+            })),
+        },
+        Case {
+            group: format!("softmax, 4-bit scale [{}, {tokens}]", scores_len / tokens),
+            baseline: memcpy(scores_len),
+            kernels: per_path(Box::new(move |isa| {
+                let (k, x, mut out) = (
+                    coarse_softmax.clone().with_isa(isa).expect("available"),
+                    coarse_scores.clone(),
                     vec![0i32; scores_len],
                 );
                 Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))

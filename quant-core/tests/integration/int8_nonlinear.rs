@@ -13,7 +13,7 @@ use quant_core::int8::nonlinear::{
     GELU_FIXED_POINT_MAX_ERROR, GELU_IBERT_MAX_ERROR, GELU_IBERT_MAX_INPUT_SCALE,
     GELU_IBERT_SCALE_ERROR, GELU_MAX_INPUT_SCALE, GELU_MIN_INPUT_SCALE, LAYER_NORM_MAX_ERROR,
     SOFTMAX_FIXED_POINT_MAX_ERROR, SOFTMAX_IBERT_MAX_ERROR, SOFTMAX_IBERT_MAX_INPUT_SCALE,
-    SOFTMAX_IBERT_SCALE_ERROR, SOFTMAX_MAX_INPUT_SCALE, SOFTMAX_MAX_ROW_LEN,
+    SOFTMAX_IBERT_SCALE_ERROR, SOFTMAX_MAX_INPUT_SCALE, SOFTMAX_MAX_ROW_LEN, SOFTMAX_TABLE_MAX_LEN,
 };
 use quant_core::int8::Isa;
 use quant_core::QuantError;
@@ -778,12 +778,51 @@ proptest! {
             .map(|(i, c)| c.wrapping_add((i / rows) as i32 % 3))
             .collect::<Vec<_>>();
         let n = codes.len() / rows;
-        let reference = IntSoftmax::new(scale, n, bits, approximation).unwrap()
-            .with_isa(Isa::Portable).unwrap();
+        // The reference evaluates `exp` for every value; the paths take it from the table
+        // where the scale allows one, and evaluate it too.
+        let kernel = IntSoftmax::new(scale, n, bits, approximation).unwrap();
+        let reference = kernel.clone().with_isa(Isa::Portable).unwrap().with_exp_table(false);
         let mut expected = vec![0i32; codes.len()];
         reference.run(&codes, &mut expected).unwrap();
         for isa in Isa::available() {
-            let k = reference.clone().with_isa(isa).unwrap();
+            for table in [true, false] {
+                let k = kernel.clone().with_isa(isa).unwrap().with_exp_table(table);
+                let mut got = vec![0i32; codes.len()];
+                k.run(&codes, &mut got).unwrap();
+                prop_assert_eq!(&got, &expected, "path {} table {}", isa, k.uses_exp_table());
+            }
+        }
+    }
+
+    /// At coarse input scales softmax takes `exp` from a table of its own values: every
+    /// difference from the row's maximum up to past the table's end, and extreme codes, give
+    /// the evaluated codes on every path.
+    #[test]
+    fn softmax_table_gives_the_evaluated_codes(
+        approximation in approximation(),
+        scale in scale_in(0.012, SOFTMAX_IBERT_MAX_INPUT_SCALE),
+        top in any::<i32>(),
+        n in 2usize..=24,
+        bits in 2u32..=16,
+    ) {
+        let kernel = IntSoftmax::new(scale, n, bits, approximation).unwrap();
+        prop_assert!(kernel.uses_exp_table(), "scale {}", scale);
+        let reference = kernel.clone().with_isa(Isa::Portable).unwrap().with_exp_table(false);
+        // Rows of `n` codes: the maximum `top`, then differences counting up from 0 to past
+        // the table's last entry, and the lowest code.
+        let mut codes = Vec::new();
+        for (i, difference) in (0..SOFTMAX_TABLE_MAX_LEN as i64 + 2 * n as i64).enumerate() {
+            if i % n == 0 {
+                codes.push(top);
+                codes.push(i32::MIN);
+            }
+            codes.push((top as i64 - difference).max(i32::MIN as i64) as i32);
+        }
+        codes.truncate(codes.len() / n * n);
+        let mut expected = vec![0i32; codes.len()];
+        reference.run(&codes, &mut expected).unwrap();
+        for isa in Isa::available() {
+            let k = kernel.clone().with_isa(isa).unwrap();
             let mut got = vec![0i32; codes.len()];
             k.run(&codes, &mut got).unwrap();
             prop_assert_eq!(&got, &expected, "path {}", isa);

@@ -43,6 +43,11 @@ pub const SOFTMAX_FIXED_POINT_MAX_ERROR: f64 = 1.0e-7;
 /// normalisation; longer rows compute them twice (same integers).
 const STACK_ROW: usize = 256;
 
+/// The most entries of the table of `exp` values [`IntSoftmax`] keeps (32 KiB of `u64`): at an
+/// input scale above about `0.012` every difference from the row's maximum that does not
+/// round `exp` to 0 has its own entry (a 4-bit attention's scores: scales near `0.04`).
+pub const SOFTMAX_TABLE_MAX_LEN: usize = 4096;
+
 /// Softmax over each row of `row_len` codes of one scale, into unsigned codes on `[0, 1]`.
 ///
 /// For a row `q`, with `Δᵢ = qᵢ - max q ≤ 0` (so the zero point does not matter):
@@ -71,6 +76,16 @@ pub struct IntSoftmax {
     /// `E`: fraction bits of the `exp` values.
     exp_bits: u32,
     exp: Exp,
+    /// `exp` of every difference `-x`, `x = 0..=N`, where `N` is the first from which every
+    /// difference gives the same value (the approximation saturates), and that value repeated
+    /// to [`SOFTMAX_TABLE_MAX_LEN`] entries; `None` when `N` is not below it. The kernel's own
+    /// results, so a lookup gives the same bits.
+    table: Option<Box<[u64; SOFTMAX_TABLE_MAX_LEN]>>,
+    use_table: bool,
+    /// The normalisation's numerator, `(2^bits - 1) · 2^(E - 30 + 62 - bits)`, and the same
+    /// as `f64` (exact: a 16-bit integer times a power of two).
+    numerator: u128,
+    numerator_f64: f64,
     isa: Isa,
 }
 
@@ -141,16 +156,39 @@ impl IntSoftmax {
             Approximation::IBert => Exp::IBert(IBertExp::new(input_scale, exp_bits)),
             Approximation::FixedPoint => Exp::FixedPoint(FixedPointExp::new(input_scale, exp_bits)),
         };
+        let table = match &exp {
+            Exp::IBert(e) => table_of(e),
+            Exp::FixedPoint(e) => table_of(e),
+        };
+        let max_code = (1u64 << output_bits) - 1;
+        let up = exp_bits - FRACTION_BITS + normaliser_shift(output_bits);
         Ok(IntSoftmax {
             approximation,
             input_scale,
             row_len,
             output_bits,
-            max_code: (1 << output_bits) - 1,
+            max_code,
             exp_bits,
             exp,
+            use_table: table.is_some(),
+            table,
+            numerator: (max_code as u128) << up,
+            numerator_f64: max_code as f64 * 2f64.powi(up as i32),
             isa: Isa::detected(),
         })
+    }
+
+    /// The same kernel taking `exp` from its table (`true`, the default where the input scale
+    /// allows a table of at most [`SOFTMAX_TABLE_MAX_LEN`] entries) or evaluating it for every
+    /// value (`false`): the same codes either way (tests and benchmarks use it to compare).
+    pub fn with_exp_table(mut self, on: bool) -> IntSoftmax {
+        self.use_table = on && self.table.is_some();
+        self
+    }
+
+    /// Whether `exp` comes from a table (see [`IntSoftmax::with_exp_table`]).
+    pub fn uses_exp_table(&self) -> bool {
+        self.use_table
     }
 
     /// The same kernel on the path `isa` (tests and benchmarks use it to force a path; every
@@ -233,9 +271,12 @@ impl IntSoftmax {
                 ),
             });
         }
-        match &self.exp {
-            Exp::IBert(exp) => softmax_rows(self.isa, self, exp, input, out),
-            Exp::FixedPoint(exp) => softmax_rows(self.isa, self, exp, input, out),
+        match (&self.table, &self.exp) {
+            (Some(table), _) if self.use_table => {
+                softmax_rows(self.isa, self, &TableExp(table), input, out)
+            }
+            (_, Exp::IBert(exp)) => softmax_rows(self.isa, self, exp, input, out),
+            (_, Exp::FixedPoint(exp)) => softmax_rows(self.isa, self, exp, input, out),
         }
         Ok(())
     }
@@ -265,14 +306,49 @@ impl IntSoftmax {
         // (2^bits - 1) · 2^(K - 29), the product e' · factor stays below 2^(bits + K + 1) =
         // 2^63 for K = 62 - bits. Dropping e's low bits moves a code by at most 2^(bits - 29),
         // the floor of the factor by at most e' / 2^K ≤ 2^-16.
-        let shift = 62 - self.output_bits;
-        let numerator = (self.max_code as u128) << (self.exp_bits - FRACTION_BITS + shift);
+        let factor = floor_div(self.numerator, self.numerator_f64, sum);
         Normaliser {
             drop: self.exp_bits - FRACTION_BITS,
-            factor: floor_div(numerator, sum),
-            shift,
+            // factor ≤ 2^33: its low 32 bits and the rest, so that e' · factor is two
+            // 32x32→64-bit products, which vector units have, rather than a 64-bit one.
+            factor_low: factor & 0xffff_ffff,
+            factor_high: factor >> 32,
+            shift: normaliser_shift(self.output_bits),
             max_code: self.max_code,
         }
+    }
+}
+
+/// `K = 62 - bits`, the normalisation's fraction bits (see `IntSoftmax::normaliser`).
+fn normaliser_shift(output_bits: u32) -> u32 {
+    62 - output_bits
+}
+
+/// The table of `exp`'s values on every difference before it saturates (see
+/// `IntSoftmax::table`), or `None` if that takes more than [`SOFTMAX_TABLE_MAX_LEN`] entries.
+fn table_of<E: Exponential>(exp: &E) -> Option<Box<[u64; SOFTMAX_TABLE_MAX_LEN]>> {
+    let saturation = exp
+        .saturation()
+        .filter(|n| *n < SOFTMAX_TABLE_MAX_LEN as u64)?;
+    let mut table = Box::new([0u64; SOFTMAX_TABLE_MAX_LEN]);
+    for (x, e) in table.iter_mut().enumerate() {
+        *e = exp.exp(-((x as u64).min(saturation) as i64));
+    }
+    Some(table)
+}
+
+/// `exp` from a table of its values: `table[min(-Δ, SOFTMAX_TABLE_MAX_LEN - 1)]` (a fixed
+/// length, so that the lookup needs no bounds check).
+struct TableExp<'a>(&'a [u64; SOFTMAX_TABLE_MAX_LEN]);
+
+impl Exponential for TableExp<'_> {
+    #[inline(always)]
+    fn exp(&self, delta: i64) -> u64 {
+        self.0[(delta.unsigned_abs() as usize).min(SOFTMAX_TABLE_MAX_LEN - 1)]
+    }
+
+    fn saturation(&self) -> Option<u64> {
+        Some(SOFTMAX_TABLE_MAX_LEN as u64 - 1)
     }
 }
 
@@ -319,15 +395,19 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
 /// `exp(Δ · scale) · 2^E` of a difference `Δ ≤ 0` of input codes, by one [`Approximation`].
 trait Exponential {
     fn exp(&self, delta: i64) -> u64;
+
+    /// `N` such that `exp(-x) = exp(-N)` for every `x ≥ N` (`None` if that does not fit
+    /// `u64`).
+    fn saturation(&self) -> Option<u64>;
 }
 
-/// `⌊n / d⌋` for `d ≥ 1` and a quotient below `2^52`, without a `u128` division (a library
-/// call of a hundred cycles, once per row): the `f64` quotient is within `2^-52` relative of
-/// the true one, so within one of its floor, and whole steps of the exact remainder (in `i128`,
-/// products only) correct it.
+/// `⌊n / d⌋` for `d ≥ 1` and a quotient below `2^52` (`n_f64` is `n` as `f64`, exactly),
+/// without a `u128` division or conversion (library calls, once per row): the `f64` quotient
+/// is within `2^-52` relative of the true one, so within one of its floor, and whole steps of
+/// the exact remainder (in `i128`, products only) correct it.
 #[inline(always)]
-fn floor_div(n: u128, d: u64) -> u64 {
-    let mut q = (n as f64 / d as f64) as u64;
+fn floor_div(n: u128, n_f64: f64, d: u64) -> u64 {
+    let mut q = (n_f64 / d as f64) as u64;
     let mut r = n as i128 - q as i128 * d as i128;
     while r < 0 {
         q -= 1;
@@ -343,7 +423,8 @@ fn floor_div(n: u128, d: u64) -> u64 {
 /// `round(e · (2^bits - 1) / sum)` for one row.
 struct Normaliser {
     drop: u32,
-    factor: u64,
+    factor_low: u64,
+    factor_high: u64,
     shift: u32,
     max_code: u64,
 }
@@ -351,7 +432,10 @@ struct Normaliser {
 impl Normaliser {
     #[inline(always)]
     fn code(&self, e: u64) -> u64 {
-        let rounded = ((e >> self.drop) * self.factor + (1 << (self.shift - 1))) >> self.shift;
+        // e' < 2^31 and factor_low < 2^32: (e' · factor) in two 32x32→64-bit products.
+        let e = (e >> self.drop) as u32 as u64;
+        let product = e * self.factor_low + ((e * self.factor_high) << 32);
+        let rounded = (product + (1 << (self.shift - 1))) >> self.shift;
         rounded.min(self.max_code)
     }
 }
@@ -421,6 +505,12 @@ impl Exponential for IBertExp {
         let poly = (p * p + self.c) as u64;
         (poly << self.up) >> (z as u32 + self.down).min(63)
     }
+
+    fn saturation(&self) -> Option<u64> {
+        // From x = 64 · ln2 · 2^pre_shift on, -t = ⌈x / 2^pre_shift⌉ ≥ 64 · ln2, where `a` is
+        // clamped.
+        (64 * self.ln2).checked_mul(1u64.checked_shl(self.pre_shift)?)
+    }
 }
 
 /// `ln 2 · 2^30`, `ln 2 / 2 · 2^30` (the middle of `(-ln 2, 0]`), rounded.
@@ -489,5 +579,10 @@ impl Exponential for FixedPointExp {
             poly = c + (((poly as i32 as i64) * (u as i32 as i64)) >> FRACTION_BITS);
         }
         ((poly as u64) << self.up) >> z.min(63)
+    }
+
+    fn saturation(&self) -> Option<u64> {
+        // Every Δ below `delta_floor` is evaluated as `delta_floor`.
+        Some(self.delta_floor.unsigned_abs())
     }
 }
