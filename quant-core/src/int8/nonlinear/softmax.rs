@@ -299,14 +299,21 @@ impl IntSoftmax {
         Ok(())
     }
 
-    /// The per-row constants of `round(e · (2^bits - 1) / sum)` (`sum ≥ 2^(E-1)`).
+    /// A row's factor `⌊(2^bits - 1) · 2^(E - 30 + K) / sum⌋` (`sum ≥ 2^(E-1)`), for
+    /// [`IntSoftmax::normaliser`].
     #[inline(always)]
-    fn normaliser(&self, sum: u64) -> Normaliser {
+    fn factor(&self, sum: u64) -> u64 {
+        floor_div(self.numerator, self.numerator_f64, sum)
+    }
+
+    /// The per-row constants of `round(e · (2^bits - 1) / sum)` from the row's
+    /// [`IntSoftmax::factor`].
+    #[inline(always)]
+    fn normaliser(&self, factor: u64) -> Normaliser {
         // With e' = e >> (E - 30) ≤ 2^30 and factor = ⌊(2^bits - 1) · 2^(E - 30 + K) / sum⌋ ≤
         // (2^bits - 1) · 2^(K - 29), the product e' · factor stays below 2^(bits + K + 1) =
         // 2^63 for K = 62 - bits. Dropping e's low bits moves a code by at most 2^(bits - 29),
         // the floor of the factor by at most e' / 2^K ≤ 2^-16.
-        let factor = floor_div(self.numerator, self.numerator_f64, sum);
         Normaliser {
             drop: self.exp_bits - FRACTION_BITS,
             // factor ≤ 2^33: its low 32 bits and the rest, so that e' · factor is two
@@ -370,23 +377,52 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
     out: &mut [O],
 ) {
     let n = kernel.row_len;
-    let mut stack = [0u64; STACK_ROW];
-    for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
-        let delta = |q: &I| q.code() as i64 - max;
-        if n <= STACK_ROW {
-            let e = &mut stack[..n];
-            for (e, q) in e.iter_mut().zip(row) {
-                *e = exp.exp(delta(q));
-            }
-            let normalise = kernel.normaliser(e.iter().sum());
-            for (o, e) in out.iter_mut().zip(e.iter()) {
-                *o = O::from_code(normalise.code(*e));
-            }
-        } else {
-            let normalise = kernel.normaliser(row.iter().map(|q| exp.exp(delta(q))).sum());
+    if n > STACK_ROW {
+        for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
+            let delta = |q: &I| q.code() as i64 - max;
+            let sum = row.iter().map(|q| exp.exp(delta(q))).sum();
+            let normalise = kernel.normaliser(kernel.factor(sum));
             for (o, q) in out.iter_mut().zip(row) {
                 *o = O::from_code(normalise.code(exp.exp(delta(q))));
+            }
+        }
+        return;
+    }
+    // Short rows go in blocks of up to STACK_ROW values, each step for every row of the block
+    // before the next step: the rows' maxima, sums and divisions are independent, and a
+    // block hands the CPU several to overlap instead of one row's chain of them at a time.
+    let per_block = STACK_ROW / n;
+    let mut stack = [0u64; STACK_ROW];
+    let mut sums = [0u64; STACK_ROW];
+    for (block, out) in input
+        .chunks(per_block * n)
+        .zip(out.chunks_mut(per_block * n))
+    {
+        let rows = block.len() / n;
+        for ((row, e), sum) in block
+            .chunks_exact(n)
+            .zip(stack.chunks_exact_mut(n))
+            .zip(&mut sums)
+        {
+            let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
+            for (e, q) in e.iter_mut().zip(row) {
+                *e = exp.exp(q.code() as i64 - max);
+            }
+            *sum = e.iter().sum();
+        }
+        // The divisions, one per row, back to back (they pipeline), then the normalisation.
+        for sum in &mut sums[..rows] {
+            *sum = kernel.factor(*sum);
+        }
+        for ((out, e), factor) in out
+            .chunks_exact_mut(n)
+            .zip(stack.chunks_exact(n))
+            .zip(&sums[..rows])
+        {
+            let normalise = kernel.normaliser(*factor);
+            for (o, e) in out.iter_mut().zip(e) {
+                *o = O::from_code(normalise.code(*e));
             }
         }
     }
@@ -435,8 +471,11 @@ impl Normaliser {
         // e' < 2^31 and factor_low < 2^32: (e' · factor) in two 32x32→64-bit products.
         let e = (e >> self.drop) as u32 as u64;
         let product = e * self.factor_low + ((e * self.factor_high) << 32);
+        // At most max_code without a clamp: e' · 2^drop ≤ e ≤ sum, so e' · factor ≤
+        // (2^bits - 1) · 2^K, and adding half of 2^K does not reach the next multiple.
         let rounded = (product + (1 << (self.shift - 1))) >> self.shift;
-        rounded.min(self.max_code)
+        debug_assert!(rounded <= self.max_code);
+        rounded
     }
 }
 
