@@ -192,31 +192,21 @@ fn transformer_cases() -> Vec<Case> {
         bytes(n * tokens * width, 10),
         bytes(scores_len, 11),
     );
+    let softmax_case = |label: &str, softmax: IntSoftmax, scores: Vec<i32>| Case {
+        group: format!("{label} [{}, {tokens}]", scores_len / tokens),
+        baseline: memcpy(scores_len),
+        kernels: per_path(Box::new(move |isa| {
+            let (k, x, mut out) = (
+                softmax.clone().with_isa(isa).expect("available"),
+                scores.clone(),
+                vec![0i32; scores_len],
+            );
+            Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
+        })),
+    };
     vec![
-        Case {
-            group: format!("softmax [{}, {tokens}]", scores_len / tokens),
-            baseline: memcpy(scores_len),
-            kernels: per_path(Box::new(move |isa| {
-                let (k, x, mut out) = (
-                    softmax.clone().with_isa(isa).expect("available"),
-                    scores.clone(),
-                    vec![0i32; scores_len],
-                );
-                Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
-            })),
-        },
-        Case {
-            group: format!("softmax, 4-bit scale [{}, {tokens}]", scores_len / tokens),
-            baseline: memcpy(scores_len),
-            kernels: per_path(Box::new(move |isa| {
-                let (k, x, mut out) = (
-                    coarse_softmax.clone().with_isa(isa).expect("available"),
-                    coarse_scores.clone(),
-                    vec![0i32; scores_len],
-                );
-                Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
-            })),
-        },
+        softmax_case("softmax", softmax, scores),
+        softmax_case("softmax, 4-bit scale", coarse_softmax, coarse_scores),
         Case {
             group: format!("layer norm [{}, {width}]", n * tokens),
             baseline: memcpy(rows.len()),

@@ -157,8 +157,8 @@ impl IntSoftmax {
             Approximation::FixedPoint => Exp::FixedPoint(FixedPointExp::new(input_scale, exp_bits)),
         };
         let table = match &exp {
-            Exp::IBert(e) => table_of(e),
-            Exp::FixedPoint(e) => table_of(e),
+            Exp::IBert(e) => table_of(e, e.saturation()),
+            Exp::FixedPoint(e) => table_of(e, e.saturation()),
         };
         let max_code = (1u64 << output_bits) - 1;
         let up = exp_bits - FRACTION_BITS + normaliser_shift(output_bits);
@@ -331,12 +331,14 @@ fn normaliser_shift(output_bits: u32) -> u32 {
     62 - output_bits
 }
 
-/// The table of `exp`'s values on every difference before it saturates (see
+/// The table of `exp`'s values on every difference before it saturates at `saturation` (`N`
+/// such that `exp(-x) = exp(-N)` for every `x ≥ N`; `None` if that does not fit `u64`; see
 /// `IntSoftmax::table`), or `None` if that takes more than [`SOFTMAX_TABLE_MAX_LEN`] entries.
-fn table_of<E: Exponential>(exp: &E) -> Option<Box<[u64; SOFTMAX_TABLE_MAX_LEN]>> {
-    let saturation = exp
-        .saturation()
-        .filter(|n| *n < SOFTMAX_TABLE_MAX_LEN as u64)?;
+fn table_of<E: Exponential>(
+    exp: &E,
+    saturation: Option<u64>,
+) -> Option<Box<[u64; SOFTMAX_TABLE_MAX_LEN]>> {
+    let saturation = saturation.filter(|n| *n < SOFTMAX_TABLE_MAX_LEN as u64)?;
     let mut table = Box::new([0u64; SOFTMAX_TABLE_MAX_LEN]);
     for (x, e) in table.iter_mut().enumerate() {
         *e = exp.exp(-((x as u64).min(saturation) as i64));
@@ -352,10 +354,6 @@ impl Exponential for TableExp<'_> {
     #[inline(always)]
     fn exp(&self, delta: i64) -> u64 {
         self.0[(delta.unsigned_abs() as usize).min(SOFTMAX_TABLE_MAX_LEN - 1)]
-    }
-
-    fn saturation(&self) -> Option<u64> {
-        Some(SOFTMAX_TABLE_MAX_LEN as u64 - 1)
     }
 }
 
@@ -431,10 +429,6 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
 /// `exp(Δ · scale) · 2^E` of a difference `Δ ≤ 0` of input codes, by one [`Approximation`].
 trait Exponential {
     fn exp(&self, delta: i64) -> u64;
-
-    /// `N` such that `exp(-x) = exp(-N)` for every `x ≥ N` (`None` if that does not fit
-    /// `u64`).
-    fn saturation(&self) -> Option<u64>;
 }
 
 /// `⌊n / d⌋` for `d ≥ 1` and a quotient below `2^52` (`n_f64` is `n` as `f64`, exactly),
@@ -544,10 +538,12 @@ impl Exponential for IBertExp {
         let poly = (p * p + self.c) as u64;
         (poly << self.up) >> (z as u32 + self.down).min(63)
     }
+}
 
+impl IBertExp {
+    /// From `x = 64 · ln2 · 2^pre_shift` on, `-t = ⌈x / 2^pre_shift⌉ ≥ 64 · ln2`, where `a` is
+    /// clamped: every larger difference gives the same `exp` (see `table_of`).
     fn saturation(&self) -> Option<u64> {
-        // From x = 64 · ln2 · 2^pre_shift on, -t = ⌈x / 2^pre_shift⌉ ≥ 64 · ln2, where `a` is
-        // clamped.
         (64 * self.ln2).checked_mul(1u64.checked_shl(self.pre_shift)?)
     }
 }
@@ -619,9 +615,11 @@ impl Exponential for FixedPointExp {
         }
         ((poly as u64) << self.up) >> z.min(63)
     }
+}
 
+impl FixedPointExp {
+    /// Every `Δ` below `delta_floor` is evaluated as `delta_floor` (see `table_of`).
     fn saturation(&self) -> Option<u64> {
-        // Every Δ below `delta_floor` is evaluated as `delta_floor`.
         Some(self.delta_floor.unsigned_abs())
     }
 }
