@@ -1,7 +1,7 @@
 //! The two matrix products of attention on `u8` codes: scores `Q Kᵀ` per head, and the
 //! context `P V` per head, into exact `i32` sums of centered codes.
 
-use super::widths::compiled_for_each_width;
+use super::widths::Width;
 use super::{checked_size, Isa};
 use crate::error::{QuantError, Result};
 
@@ -115,16 +115,20 @@ pub fn attention_scores_u8(
         [q_zero, k_zero],
         [q.len(), k.len(), out.len()],
     )?;
-    scores_wide(isa, q, k, &shape, [q_zero, k_zero], out);
+    let zeros = [q_zero, k_zero];
+    match isa.width() {
+        Width::Portable => scores(q, k, &shape, zeros, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::width` gives a width other than `Portable` only after checking that
+        // this CPU runs AVX2.
+        _ => unsafe { x86::scores(q, k, &shape, zeros, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the portable path is available off x86-64"),
+    }
     Ok(())
 }
 
-compiled_for_each_width! {
-    fn scores_wide<>(q: &[u8], k: &[u8], shape: &AttentionShape, zeros: [i32; 2], out: &mut [i32])
-        => scores;
-}
-
-#[inline(always)]
+/// The reference (and the path off x86-64).
 fn scores(q: &[u8], k: &[u8], shape: &AttentionShape, [zq, zk]: [i32; 2], out: &mut [i32]) {
     let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
     let d = shape.head_features();
@@ -213,16 +217,20 @@ pub fn attention_context_u8(
         [p_zero, v_zero],
         [p.len(), v.len(), out.len()],
     )?;
-    context_wide(isa, p, v, &shape, [p_zero, v_zero], out);
+    let zeros = [p_zero, v_zero];
+    match isa.width() {
+        Width::Portable => context(p, v, &shape, zeros, out),
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: `Isa::width` gives a width other than `Portable` only after checking that
+        // this CPU runs AVX2.
+        _ => unsafe { x86::context(p, v, &shape, zeros, out) },
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => unreachable!("only the portable path is available off x86-64"),
+    }
     Ok(())
 }
 
-compiled_for_each_width! {
-    fn context_wide<>(p: &[u8], v: &[u8], shape: &AttentionShape, zeros: [i32; 2], out: &mut [i32])
-        => context;
-}
-
-#[inline(always)]
+/// The reference (and the path off x86-64).
 fn context(p: &[u8], v: &[u8], shape: &AttentionShape, [zp, zv]: [i32; 2], out: &mut [i32]) {
     let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
     let d = shape.head_features();
@@ -241,6 +249,176 @@ fn context(p: &[u8], v: &[u8], shape: &AttentionShape, [zp, zv]: [i32; 2], out: 
                 }
                 let row = &mut ys[i * f + h * d..i * f + (h + 1) * d];
                 weighted_rows(row, &pc, &vc[h * d..], f);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::AttentionShape;
+    use std::arch::x86_64::*;
+
+    /// `out[l] = Σ_t weights[t] · row_t[l]` over `weights.len()` (even) rows, stored in pairs:
+    /// pair `p` (rows `2p` and `2p + 1`) at `pairs[2p · stride..]`, its element `l` at `2l`
+    /// and `2l + 1`, so that `vpmaddwd` adds both products of a pair at once (exact: centered
+    /// codes lie within ±255); 16, 8 and 4 outputs at a time (each pair's two weights
+    /// broadcast as one `i32`, one `vpmaddwd` per 8 outputs and pair), the rest one by one.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `pairs` holds `weights.len() / 2` pair rows of `stride` pairs, each
+    /// at least `out.len()` long.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn weighted_rows(out: &mut [i32], weights: &[i16], pairs: &[i16], stride: usize) {
+        let (ws, _) = weights.as_chunks::<2>();
+        // Pair `p`'s weights as one lane: the first in the low half, as the rows' elements.
+        let lane = |w: &[i16; 2]| (w[0] as u16 as u32 | (w[1] as u16 as u32) << 16) as i32;
+        let n = out.len();
+        assert!(ws.is_empty() || pairs.len() >= 2 * ((ws.len() - 1) * stride + n));
+        let mut l = 0;
+        while l + 16 <= n {
+            let (mut a0, mut a1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
+            for (p, w) in ws.iter().enumerate() {
+                let w = _mm256_set1_epi32(lane(w));
+                // SAFETY: the assertion: 32 `i16`s from `2(p · stride + l)` lie in `pairs`.
+                let r = unsafe { pairs.as_ptr().add(2 * (p * stride + l)) } as *const __m256i;
+                // SAFETY: as the pointer's comment says.
+                let (r0, r1) = unsafe { (_mm256_loadu_si256(r), _mm256_loadu_si256(r.add(1))) };
+                a0 = _mm256_add_epi32(a0, _mm256_madd_epi16(r0, w));
+                a1 = _mm256_add_epi32(a1, _mm256_madd_epi16(r1, w));
+            }
+            let o = out[l..l + 16].as_mut_ptr() as *mut __m256i;
+            // SAFETY: 16 `i32`s from `l` lie in `out`.
+            unsafe {
+                _mm256_storeu_si256(o, a0);
+                _mm256_storeu_si256(o.add(1), a1);
+            }
+            l += 16;
+        }
+        while l + 8 <= n {
+            let mut a = _mm256_setzero_si256();
+            for (p, w) in ws.iter().enumerate() {
+                // SAFETY: as above, 16 `i16`s.
+                let r = unsafe {
+                    _mm256_loadu_si256(pairs.as_ptr().add(2 * (p * stride + l)) as *const __m256i)
+                };
+                a = _mm256_add_epi32(a, _mm256_madd_epi16(r, _mm256_set1_epi32(lane(w))));
+            }
+            // SAFETY: 8 `i32`s from `l` lie in `out`.
+            unsafe { _mm256_storeu_si256(out[l..l + 8].as_mut_ptr() as *mut __m256i, a) };
+            l += 8;
+        }
+        while l + 4 <= n {
+            let mut a = _mm_setzero_si128();
+            for (p, w) in ws.iter().enumerate() {
+                // SAFETY: as above, 8 `i16`s.
+                let r = unsafe {
+                    _mm_loadu_si128(pairs.as_ptr().add(2 * (p * stride + l)) as *const __m128i)
+                };
+                a = _mm_add_epi32(a, _mm_madd_epi16(r, _mm_set1_epi32(lane(w))));
+            }
+            // SAFETY: 4 `i32`s from `l` lie in `out`.
+            unsafe { _mm_storeu_si128(out[l..l + 4].as_mut_ptr() as *mut __m128i, a) };
+            l += 4;
+        }
+        for (i, o) in out[l..].iter_mut().enumerate() {
+            *o = ws
+                .iter()
+                .enumerate()
+                .map(|(p, w)| {
+                    let r = &pairs[2 * (p * stride + l + i)..];
+                    r[0] as i32 * w[0] as i32 + r[1] as i32 * w[1] as i32
+                })
+                .sum();
+        }
+    }
+
+    /// [`super::attention_scores_u8`] on AVX2 (the keys in feature pairs for `weighted_rows`).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn scores(
+        q: &[u8],
+        k: &[u8],
+        shape: &AttentionShape,
+        [zq, zk]: [i32; 2],
+        out: &mut [i32],
+    ) {
+        let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
+        let d = shape.head_features();
+        let pairs = d.div_ceil(2);
+        // Per sample, the queries centered, and the keys centered and transposed to feature
+        // pairs of `[keys]` (see `weighted_rows`), one head after another, so that the innermost
+        // loop runs along a row of scores. A head of odd width gets a zero feature.
+        let mut qc = vec![0i16; 2 * pairs];
+        let mut kt = vec![0i16; shape.heads * pairs * 2 * s2];
+        let samples = q.chunks_exact(s1 * f).zip(k.chunks_exact(s2 * f));
+        for ((qs, ks), ys) in samples.zip(out.chunks_exact_mut(shape.heads * s1 * s2)) {
+            for (j, row) in ks.chunks_exact(f).enumerate() {
+                for (h, head) in row.chunks_exact(d).enumerate() {
+                    for (t, v) in head.iter().enumerate() {
+                        kt[((h * pairs + t / 2) * s2 + j) * 2 + t % 2] = centered(*v, zk);
+                    }
+                }
+            }
+            for (h, head) in ys.chunks_exact_mut(s1 * s2).enumerate() {
+                for (i, row) in head.chunks_exact_mut(s2).enumerate() {
+                    let query = &qs[i * f + h * d..i * f + (h + 1) * d];
+                    for (c, v) in qc.iter_mut().zip(query) {
+                        *c = centered(*v, zq);
+                    }
+                    // SAFETY: AVX2 runs; `kt` holds the head's `pairs` pair rows of `s2`.
+                    unsafe { weighted_rows(row, &qc, &kt[h * pairs * 2 * s2..], s2) };
+                }
+            }
+        }
+    }
+
+    /// `code - zero` (both in `0..=255`) as `i16`.
+    #[inline(always)]
+    fn centered(code: u8, zero: i32) -> i16 {
+        (code as i32 - zero) as i16
+    }
+
+    /// [`super::attention_context_u8`] on AVX2 (the values in key pairs for `weighted_rows`).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn context(
+        p: &[u8],
+        v: &[u8],
+        shape: &AttentionShape,
+        [zp, zv]: [i32; 2],
+        out: &mut [i32],
+    ) {
+        let (s1, s2, f) = (shape.queries, shape.keys, shape.features);
+        let d = shape.head_features();
+        let pairs = s2.div_ceil(2);
+        // Per sample, the values centered in key pairs (see `weighted_rows`); an odd number of
+        // keys gets a zero key with a zero weight.
+        let (mut vc, mut pc) = (vec![0i16; pairs * 2 * f], vec![0i16; 2 * pairs]);
+        let samples = p
+            .chunks_exact(shape.heads * s1 * s2)
+            .zip(v.chunks_exact(s2 * f));
+        for ((ps, vs), ys) in samples.zip(out.chunks_exact_mut(s1 * f)) {
+            for (j, row) in vs.chunks_exact(f).enumerate() {
+                for (c, x) in row.iter().enumerate() {
+                    vc[((j / 2) * f + c) * 2 + j % 2] = centered(*x, zv);
+                }
+            }
+            for (h, probs) in ps.chunks_exact(s1 * s2).enumerate() {
+                for (i, weights) in probs.chunks_exact(s2).enumerate() {
+                    for (c, w) in pc.iter_mut().zip(weights) {
+                        *c = centered(*w, zp);
+                    }
+                    let row = &mut ys[i * f + h * d..i * f + (h + 1) * d];
+                    // SAFETY: AVX2 runs; `vc` holds `pairs` pair rows of `f` from the head's
+                    // first feature.
+                    unsafe { weighted_rows(row, &pc, &vc[2 * h * d..], f) };
+                }
             }
         }
     }

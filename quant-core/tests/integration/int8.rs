@@ -692,6 +692,41 @@ proptest! {
     }
 }
 
+/// The largest centered codes (±255, every product ±65025) in every pairing of signs, with
+/// odd and even head widths and key counts, on every path.
+#[test]
+fn attention_products_at_the_extreme_codes_on_every_path() {
+    for (keys, heads, d) in [(16, 4, 12), (17, 3, 9), (1, 1, 1), (40, 2, 33)] {
+        let shape = AttentionShape {
+            queries: 5,
+            keys,
+            features: heads * d,
+            heads,
+        };
+        let f = heads * d;
+        // Codes 0 and 255 alternating in a pattern that differs between the inputs.
+        let codes = |n: usize, period: usize| -> Vec<u8> {
+            (0..n)
+                .map(|i| if (i / period) % 2 == 0 { 0 } else { 255 })
+                .collect()
+        };
+        let q = codes(5 * f, 3);
+        let k = codes(keys * f, 2);
+        let p = codes(heads * 5 * keys, 5);
+        for zeros in [[255, 0, 255, 0], [0, 255, 0, 255], [255, 255, 0, 0]] {
+            let (scores, context) = attention_reference(&q, &k, &p, shape, zeros);
+            for isa in paths() {
+                let mut got = vec![7i32; scores.len()];
+                attention_scores_u8(isa, &q, &k, shape, [zeros[0], zeros[1]], &mut got).unwrap();
+                assert_eq!(got, scores, "scores on {isa}, {shape:?}, zeros {zeros:?}");
+                let mut got = vec![7i32; context.len()];
+                attention_context_u8(isa, &p, &k, shape, [zeros[2], zeros[3]], &mut got).unwrap();
+                assert_eq!(got, context, "context on {isa}, {shape:?}, zeros {zeros:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_products_refuse_bad_shapes_and_write_nothing() {
     let shape = AttentionShape {
