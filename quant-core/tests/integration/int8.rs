@@ -707,7 +707,13 @@ fn attention_products_at_the_extreme_codes_on_every_path() {
         // Codes 0 and 255 alternating in a pattern that differs between the inputs.
         let codes = |n: usize, period: usize| -> Vec<u8> {
             (0..n)
-                .map(|i| if (i / period).is_multiple_of(2) { 0 } else { 255 })
+                .map(|i| {
+                    if (i / period).is_multiple_of(2) {
+                        0
+                    } else {
+                        255
+                    }
+                })
                 .collect()
         };
         let q = codes(5 * f, 3);
