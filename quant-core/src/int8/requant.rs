@@ -136,6 +136,8 @@ pub struct Requantizer {
     adjust: Adjust,
     /// The AVX2 path's constants when every shift is at least 31 (see [`Narrow`]).
     narrow: Option<Narrow>,
+    /// The AVX2 path's constants when the product can be taken in `f64` (see [`Float`]).
+    float: Option<Float>,
     zero_point: i32,
     lo: i32,
     hi: i32,
@@ -183,6 +185,74 @@ impl Narrow {
                 .iter()
                 .map(|s| (1i64 << (62 - s)) as i32)
                 .collect(),
+        })
+    }
+}
+
+/// Constants of the AVX2 path that takes the product in `f64`: `x = acc · (m · 2^-s)`,
+/// clamped to `[lo - zero point, hi - zero point]`, then rounded by the policy. It gives the
+/// exact result wherever the policy is half to even, floor or ceiling and every shift is at
+/// most `53 - e`, where `2^e` bounds the clamped range widened by one (`|lo - zp|`,
+/// `|hi - zp|` plus 1): `acc` and `m · 2^-s` are exact in `f64` and the product is correctly
+/// rounded, so an exact result that is an integer or half-integer in that range comes out
+/// exactly, and any other exact result lies at least `2^-s` from them, more than the
+/// product's rounding error (at most `2^(e - 54)`) can cross. Beyond the range the product
+/// stays beyond it (rounding is monotone) and clamps alike.
+#[derive(Debug, Clone)]
+struct Float {
+    /// `m · 2^-s` per channel (repeated like the other constants).
+    scale: Vec<f64>,
+    /// The clamping bounds less the zero point.
+    lo: f64,
+    hi: f64,
+    rounding: FloatRounding,
+}
+
+/// The rounding of [`Float`]'s path, as a number for a const generic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FloatRounding {
+    /// `vcvtpd2dq` in the default rounding mode: half to even.
+    HalfEven = 0,
+    Floor = 1,
+    Ceil = 2,
+}
+
+impl Float {
+    /// The constants, or `None` where the path is not exact (see [`Float`]).
+    fn new(
+        m: &[i64],
+        shift: &[i64],
+        zero_point: i32,
+        lo: i32,
+        hi: i32,
+        rounding: RoundingPolicy,
+    ) -> Option<Float> {
+        let rounding = match rounding {
+            RoundingPolicy::HalfEven => FloatRounding::HalfEven,
+            RoundingPolicy::Floor => FloatRounding::Floor,
+            RoundingPolicy::Ceil => FloatRounding::Ceil,
+            _ => return None,
+        };
+        // The kernel adds the zero point in `i16` lanes (the clamped codes then lie within
+        // 2^15 of it).
+        if zero_point.unsigned_abs() >= 1 << 14 {
+            return None;
+        }
+        let (lo, hi) = (lo as i64 - zero_point as i64, hi as i64 - zero_point as i64);
+        let reach = lo.unsigned_abs().max(hi.unsigned_abs()) + 1;
+        let e = 64 - (reach - 1).leading_zeros() as i64; // 2^e >= reach
+        if shift.iter().any(|s| *s > 53 - e) {
+            return None;
+        }
+        Some(Float {
+            scale: m
+                .iter()
+                .zip(shift)
+                .map(|(m, s)| *m as f64 * 2f64.powi(-(*s as i32)))
+                .collect(),
+            lo: lo as f64,
+            hi: hi as f64,
+            rounding,
         })
     }
 }
@@ -257,6 +327,7 @@ impl Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
             narrow: Narrow::new(&m, &shift, &base),
+            float: Float::new(&m, &shift, zero_point, lo, hi, rounding),
             m,
             shift,
             base,
@@ -327,14 +398,24 @@ impl Requantizer {
                     unsafe { x86::row_avx512::<ADJUST>(self, acc, out) }
                 }
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::AvxVnni => match &self.narrow {
+                Isa::Avx2 | Isa::AvxVnni => match (&self.float, &self.narrow) {
+                    // SAFETY: as above, for AVX2; `float`'s scales are one per channel.
+                    (Some(float), _) => unsafe {
+                        match float.rounding {
+                            FloatRounding::HalfEven => {
+                                x86::row_avx2_float::<0>(self, float, acc, out)
+                            }
+                            FloatRounding::Floor => x86::row_avx2_float::<1>(self, float, acc, out),
+                            FloatRounding::Ceil => x86::row_avx2_float::<2>(self, float, acc, out),
+                        }
+                    },
                     // SAFETY: as above, for AVX2; `narrow`'s constants cover the whole groups
                     // of 8 of the repeated channels.
-                    Some(narrow) => unsafe {
+                    (None, Some(narrow)) => unsafe {
                         x86::row_avx2_narrow::<ADJUST>(self, narrow, acc, out)
                     },
                     // SAFETY: as above, for AVX2.
-                    None => unsafe { x86::row_avx2::<ADJUST>(self, acc, out) },
+                    (None, None) => unsafe { x86::row_avx2::<ADJUST>(self, acc, out) },
                 },
                 _ => 0,
             };
@@ -369,7 +450,7 @@ impl Requantizer {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Narrow, Requantizer};
+    use super::{Float, Narrow, Requantizer};
 
     /// One row on AVX-512, 16 channels at a time (`vpmuldq` for the exact 64-bit products,
     /// `vpsravq` for the shifts): returns how many channels it did.
@@ -446,6 +527,58 @@ mod x86 {
             let c = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(r, zp), lo), hi);
             _mm512_cvtepi64_epi8(c)
         }
+    }
+
+    /// One row on AVX2 with [`Float`] constants, 16 channels at a time: returns how many
+    /// channels it did. `ROUNDING` is a [`super::FloatRounding`] as a number.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `acc` and `out` hold one row of `q.channels()` or fewer; `float` is
+    /// `q`'s.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_avx2_float<const ROUNDING: u8>(
+        q: &Requantizer,
+        float: &Float,
+        acc: &[i32],
+        out: &mut [u8],
+    ) -> usize {
+        let n = acc.len().min(out.len()).min(float.scale.len());
+        let whole = n - n % 16;
+        let (lo, hi) = (_mm256_set1_pd(float.lo), _mm256_set1_pd(float.hi));
+        // |zero point| < 2^14 (`Float::new`), so it, the clamped codes (within 2^14 + 255 of
+        // 0) and their sums fit `i16`.
+        let zp = _mm_set1_epi16(q.zero_point as i16);
+        let four = |at: usize| {
+            // SAFETY: the caller guarantees AVX2, and `at + 4 <= whole <= n`, within `acc`
+            // and `float.scale`.
+            unsafe {
+                let a = _mm_loadu_si128(acc.as_ptr().add(at) as *const __m128i);
+                let x = _mm256_mul_pd(
+                    _mm256_cvtepi32_pd(a),
+                    _mm256_loadu_pd(float.scale.as_ptr().add(at)),
+                );
+                let x = _mm256_min_pd(_mm256_max_pd(x, lo), hi);
+                let x = match ROUNDING {
+                    1 => _mm256_floor_pd(x),
+                    2 => _mm256_ceil_pd(x),
+                    // `vcvtpd2dq` rounds half to even in the default rounding mode, the one
+                    // Rust code runs in.
+                    _ => x,
+                };
+                _mm256_cvtpd_epi32(x)
+            }
+        };
+        let mut o = 0;
+        while o < whole {
+            // The clamped codes fit `i16`: the signed pack only narrows; plus the zero point
+            // they lie in [lo, hi] within [0, 255].
+            let words = |at: usize| _mm_add_epi16(_mm_packs_epi32(four(at), four(at + 4)), zp);
+            let bytes = _mm_packus_epi16(words(o), words(o + 8));
+            // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(o) as *mut __m128i, bytes) };
+            o += 16;
+        }
+        whole
     }
 
     /// `a >> s` per 64-bit lane, arithmetic (AVX2 has only the logical `vpsrlvq`).

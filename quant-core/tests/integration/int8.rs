@@ -587,6 +587,66 @@ fn requantization_below_one_ties_and_extremes_on_every_path() {
     ties_on_every_path(&multipliers, &acc);
 }
 
+#[test]
+fn requantization_a_hair_from_ties_and_integers_on_every_path() {
+    // Products of 53 and 54 bits whose quotient lies within 2^-s of a tie or an integer: the
+    // AVX2 path that multiplies in `f64` is exact up to shift 45 for these bounds (a 53-bit
+    // product is exact; a 54-bit one may round onto the tie), so it must hand shifts 46 and 47
+    // to the integer path. For each shift, odd m near 2^(s - 24) and the one accumulator in
+    // [2^30, 2^31) with `acc · m ≡ target (mod 2^s)` where there is one (quotients 64..256).
+    let mut multipliers = Vec::new();
+    let mut acc = Vec::new();
+    for shift in 44u32..=47 {
+        let modulus = 1u64 << shift;
+        for target in [modulus / 2, 0] {
+            for offset in [-2i64, -1, 1, 2] {
+                let wanted = (target as i64 + offset).rem_euclid(modulus as i64) as u64;
+                let mut found = 0;
+                let mut m = (1u64 << (shift - 24)) + 1;
+                while found < 2 && m < 1 << (shift - 23) {
+                    // m⁻¹ mod 2^64 by Newton's iteration (m odd), then the accumulator.
+                    let mut inverse = m;
+                    for _ in 0..5 {
+                        inverse = inverse.wrapping_mul(2u64.wrapping_sub(m.wrapping_mul(inverse)));
+                    }
+                    let a = wanted.wrapping_mul(inverse) & (modulus - 1);
+                    if (1 << 30..1 << 31).contains(&a) {
+                        multipliers.push((m as i64, shift));
+                        acc.push(a as i32);
+                        found += 1;
+                    }
+                    m += 2;
+                }
+                assert_eq!(found, 2, "shift {shift}, offset {offset}");
+            }
+        }
+    }
+    // One requantizer per case (its channel), for positive and negative accumulators.
+    for sign in [1, -1] {
+        for ((m, shift), a) in multipliers.iter().zip(&acc) {
+            let (zero_point, lo, hi) = if sign > 0 { (0, 0, 255) } else { (255, 0, 255) };
+            let a = sign * a;
+            for rounding in POLICIES {
+                let r = rounding_reference(a as i64 * m, *shift, rounding);
+                let expected = (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8;
+                for isa in paths() {
+                    let q = Requantizer::new(&[(*m, *shift)], zero_point, lo, hi, rounding)
+                        .unwrap()
+                        .with_isa(isa)
+                        .unwrap();
+                    // A whole vector of the same value, so that every path runs its vectors.
+                    let mut out = vec![0u8; 64];
+                    q.run(&[a; 64], &mut out).unwrap();
+                    assert!(
+                        out.iter().all(|c| *c == expected),
+                        "{isa} {rounding:?}: {a} · {m} / 2^{shift} gave {out:?}, expected {expected}"
+                    );
+                }
+            }
+        }
+    }
+}
+
 /// Every rounding policy and a few zero points and bounds on every path against the
 /// definition.
 fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
