@@ -276,7 +276,10 @@ impl IntSoftmax {
                 softmax_rows(self.isa, self, &TableExp(table), input, out)
             }
             (_, Exp::IBert(exp)) => softmax_rows(self.isa, self, exp, input, out),
-            (_, Exp::FixedPoint(exp)) => softmax_rows(self.isa, self, exp, input, out),
+            (_, Exp::FixedPoint(exp)) => match exp.in_32_bits() {
+                Some(exp) => softmax_rows(self.isa, self, &exp, input, out),
+                None => softmax_rows(self.isa, self, exp, input, out),
+            },
         }
         Ok(())
     }
@@ -593,6 +596,38 @@ impl FixedPointExp {
     }
 }
 
+impl Exponential for FixedPointExp32<'_> {
+    #[inline(always)]
+    fn exp(&self, delta: i64) -> u64 {
+        let e = self.exp;
+        // Δ ∈ [delta_floor, 0] and mantissa < 2^24: |n| < 2^55, and n ≤ 0.
+        let d = delta.max(self.delta_floor as i64) as i32;
+        // Both factors sign-extended from 32 bits: one `vpmuldq`.
+        let n = d as i64 * self.mantissa as i32 as i64;
+        // round_shift(n, right) = ⌊(n + half) / 2^right⌋, biased by 2^62 to a logical shift.
+        let t = ((((n + self.biased_half) as u64) >> e.input.right) as i64 - self.bias_quotient)
+            << e.input.left;
+        let a = ((-t) as u64).min(64 * LN2_FIXED as u64);
+        // ⌊a / ln2⌋ from a / 64 (< 2^30) times ⌊2^56 / ln2⌋ (< 2^27): never above the true
+        // quotient, and below it by less than 2^-20 + 2^-23, so one step corrects it; z ≤ 64
+        // and ln2 < 2^30 multiply in 32 bits too.
+        let mut z = (((a >> 6) as u32 as u64) * LN2_RECIPROCAL) >> 50;
+        let mut r = a - (z as u32 as u64) * (LN2_FIXED as u32 as u64);
+        let carry = (r >= LN2_FIXED as u64) as u64;
+        z += carry;
+        r -= carry * LN2_FIXED as u64;
+        let u = HALF_LN2_FIXED - r as i64;
+        let mut poly = EXP_TAYLOR[6];
+        for c in EXP_TAYLOR[..6].iter().rev() {
+            // As in `FixedPointExp::exp`; |poly · u| < 2^60, so biased by 2^60 the product is
+            // non-negative and its floor shift a logical one.
+            let product = (poly as i32 as i64) * (u as i32 as i64);
+            poly = c + ((((product + (1 << 60)) as u64) >> FRACTION_BITS) as i64 - (1 << 30));
+        }
+        ((poly as u64) << e.up) >> z.min(63)
+    }
+}
+
 impl Exponential for FixedPointExp {
     #[inline(always)]
     fn exp(&self, delta: i64) -> u64 {
@@ -617,9 +652,74 @@ impl Exponential for FixedPointExp {
     }
 }
 
+/// [`FixedPointExp`] where every clamped `Δ` fits `i32` (input scales above about `2^-25`), in
+/// the same integers, each product written as a 32x32→64-bit multiply and each shift of a
+/// possibly negative value biased to a logical one: AVX2 has those in its vectors, not 64-bit
+/// products or arithmetic shifts (which it emulates in several instructions each).
+struct FixedPointExp32<'a> {
+    exp: &'a FixedPointExp,
+    /// `Δ` clamped at or above this fits `i32`.
+    delta_floor: i32,
+    /// Below 2^24.
+    mantissa: u32,
+    /// `2^(right - 1)` (0 for no shift) plus `2^62`, and `2^(62 - right)`.
+    biased_half: i64,
+    bias_quotient: i64,
+}
+
 impl FixedPointExp {
+    /// The same `exp` in 32-bit products where `Δ` fits `i32`.
+    fn in_32_bits(&self) -> Option<FixedPointExp32<'_>> {
+        let delta_floor = i32::try_from(self.delta_floor).ok()?;
+        let mantissa = u32::try_from(self.input.mantissa).ok()?;
+        let right = self.input.right;
+        Some(FixedPointExp32 {
+            exp: self,
+            delta_floor,
+            mantissa,
+            biased_half: ((1i64 << right) >> 1) + (1 << 62),
+            bias_quotient: 1i64 << (62 - right),
+        })
+    }
+
     /// Every `Δ` below `delta_floor` is evaluated as `delta_floor` (see `table_of`).
     fn saturation(&self) -> Option<u64> {
         Some(self.delta_floor.unsigned_abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 32-bit form gives the 64-bit form's `exp` for every difference it can be given, at
+    /// input scales from the finest it takes to the coarsest, where the range reduction's
+    /// quotient and the polynomial's products reach their extremes.
+    #[test]
+    fn exp_in_32_bits_is_the_same_exp() {
+        let mut checked = 0;
+        for scale in [
+            3e-8f32, 1e-7, 2.5e-6, 1e-4, 2e-4, 6.1e-4, 0.0123, 0.04, 0.5, 3.0, 700.0,
+        ] {
+            let exp = FixedPointExp::new(scale, 57);
+            let narrow = exp.in_32_bits().expect("the difference fits i32");
+            let floor = exp.delta_floor;
+            // Every difference near 0 and near the floor, and a stride through the rest.
+            let stride = (floor.unsigned_abs() / 200_000).max(1) as usize;
+            let deltas = (floor - 3..=(floor + 70_000).min(0))
+                .chain((floor..=0).step_by(stride))
+                .chain(-70_000.max(floor)..=0);
+            for delta in deltas {
+                assert_eq!(
+                    narrow.exp(delta),
+                    exp.exp(delta),
+                    "scale {scale}, difference {delta}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked > 1_000_000);
+        // Below about 2^-25 the clamped difference leaves i32: the 64-bit form only.
+        assert!(FixedPointExp::new(1e-9, 57).in_32_bits().is_none());
     }
 }
