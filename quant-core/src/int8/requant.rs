@@ -136,8 +136,9 @@ pub struct Requantizer {
     adjust: Adjust,
     /// The AVX2 path's constants when every shift is at least 31 (see [`Narrow`]).
     narrow: Option<Narrow>,
-    /// The AVX2 path's constants when the product can be taken in `f64` (see [`Float`]).
-    float: Option<Float>,
+    /// The AVX2 path's constants when the product can be taken in `f64` (see [`Float`]);
+    /// boxed, so that a requantizer stays small beside the values that hold one.
+    float: Option<Box<Float>>,
     zero_point: i32,
     lo: i32,
     hi: i32,
@@ -327,7 +328,7 @@ impl Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
             narrow: Narrow::new(&m, &shift, &base),
-            float: Float::new(&m, &shift, zero_point, lo, hi, rounding),
+            float: Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new),
             m,
             shift,
             base,
