@@ -78,7 +78,8 @@ layer_kinds! {
     /// Layer normalisation (dfdx's `LayerNorm1D`): slot `input`. On a quantized input it runs
     /// the integer kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntLayerNorm`]).
     LayerNorm,
-    /// GELU (dfdx's `AccurateGeLU`): slot `input`. On a quantized input it runs the integer
+    /// GELU (dfdx's `AccurateGeLU`, or [`Gelu`](crate::nn::Gelu), its vectorised twin): slot
+    /// `input`. On a quantized input it runs the integer
     /// kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntGelu`]).
     Gelu,
     /// An embedding table (dfdx's `Embedding`): slot `weights`, per row.
@@ -298,6 +299,7 @@ input_only!(
         epsilon: m.epsilon,
     });
     AccurateGeLU where [] => LayerKind::Gelu, |_m| Op::Gelu;
+    crate::nn::Gelu where [] => LayerKind::Gelu, |_m| Op::Gelu;
 );
 
 /// Float modules that stay float: `Convert` into `Float<Self>` (a copy), and their graph op.

@@ -200,7 +200,8 @@ pub const VIT_WIDTH: usize = 48;
 pub const VIT_HIDDEN: usize = 96;
 
 /// One pre-norm encoder block of the ViT: LayerNorm, 4-head self-attention and a residual
-/// add; LayerNorm, a GeLU MLP and a residual add.
+/// add; LayerNorm, a GeLU MLP and a residual add. The GeLU is [`quant_dfdx::nn::Gelu`]:
+/// dfdx's `AccurateGeLU` bit for bit, vectorised.
 pub type VitBlockBuilder = (
     dfdx::nn::builders::Residual<(
         dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
@@ -209,7 +210,7 @@ pub type VitBlockBuilder = (
     dfdx::nn::builders::Residual<(
         dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
         dfdx::nn::builders::Linear<VIT_WIDTH, VIT_HIDDEN>,
-        dfdx::nn::builders::AccurateGeLU,
+        quant_dfdx::nn::builders::Gelu,
         dfdx::nn::builders::Linear<VIT_HIDDEN, VIT_WIDTH>,
     )>,
 );
@@ -459,7 +460,7 @@ pub type Vit28BlockBuilder = (
     dfdx::nn::builders::Residual<(
         dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
         dfdx::nn::builders::Linear<VIT28_WIDTH, VIT28_HIDDEN>,
-        dfdx::nn::builders::AccurateGeLU,
+        quant_dfdx::nn::builders::Gelu,
         dfdx::nn::builders::Linear<VIT28_HIDDEN, VIT28_WIDTH>,
     )>,
 );

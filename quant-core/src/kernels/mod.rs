@@ -56,7 +56,8 @@
 //! thread-count-independent parallel split, the AVX2/baseline dispatch) runs every kernel
 //! family; each family is a small kernel type plus its public functions, in its own file:
 //! forward fake quantization (`fake_quant`), the straight-through backward (`ste`), LSQ's
-//! backward (`lsq`), PACT and DSQ (`pact`, `dsq`) and integer codes (`codes`). `params` holds
+//! backward (`lsq`), PACT and DSQ (`pact`, `dsq`) and integer codes (`codes`). `gelu` is
+//! the one float layer here: dfdx's `AccurateGeLU` bit for bit, vectorised. `params` holds
 //! the validated per-channel constants, `round` the rounding policies, `torch` PyTorch's exact
 //! arithmetic for grids too wide for the fast paths.
 
@@ -66,6 +67,7 @@ mod codes;
 mod driver;
 mod dsq;
 mod fake_quant;
+mod gelu;
 mod lsq;
 mod pact;
 mod params;
@@ -78,6 +80,7 @@ pub use fake_quant::{
     fake_quantize_affine_into, fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine,
     fake_quantize_per_tensor_affine_into,
 };
+pub use gelu::{gelu_backward_into, gelu_forward_into};
 pub use lsq::{
     fake_quantize_learnable_affine_backward_into,
     fake_quantize_learnable_per_tensor_affine_backward, round_zero_point, round_zero_points,

@@ -142,6 +142,7 @@ kernel_on_grid!(
     [const M: usize,] LayerNorm1D<M, f32, Cpu> => |m, x, grid|
         int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
     [] AccurateGeLU => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
+    [] crate::nn::Gelu => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
 );
 
 /// The GELU kernel of codes on `grid`, as the integer runtime prepares it.

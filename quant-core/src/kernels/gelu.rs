@@ -1,0 +1,410 @@
+//! GELU with the numbers of dfdx's `AccurateGeLU`, a chunk of lanes at a time (the kernels of
+//! `quant_dfdx::nn::Gelu`).
+//!
+//! dfdx evaluates `0.5·x·(1 + erf(x/√2))` element by element through `libm::erff` (FreeBSD's
+//! `s_erff.c`: a rational approximation per range of `|x|`, and two `expf` calls from 1.25 on),
+//! a branchy scalar call. Here every range is evaluated for every lane and each lane keeps the
+//! one `erff` would have taken: the same `f32` operations in the same order, so the same bits
+//! (each IEEE operation is exact to its rounding, and Rust never fuses a multiply and an add).
+//! Without branches the loop vectorises: SSE2 on baseline x86-64, AVX2 where the CPU has it
+//! (chosen at run time).
+//!
+//! The backward pass is dfdx's too: `dx += (0.5·(1 + erf(x/√2)) + 0.5·x·(2/√π)·exp(-x²/2))·dy`,
+//! with the standard library's `exp`. That is not quite the derivative: the chain rule's `1/√2`
+//! is missing from the second term (the exact slope is `Φ(x) + x·φ(x)`, which
+//! [`int_gelu`](crate::dfdx_ops::int_gelu) uses in QAT). It is kept so that a model trains to
+//! the same weights with either layer.
+
+use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
+
+/// `y = 0.5·x·(1 + erf(x/√2))` and `erf(x/√2)` of every element of `x`, as dfdx's
+/// `AccurateGeLU` computes them bit for bit, on the widest path the CPU has (each path gives
+/// the same bits); `erf` is what [`gelu_backward_into`] needs.
+///
+/// # Panics
+/// The three slices differ in length.
+pub fn gelu_forward_into(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    let avx2 = super::driver::use_avx2();
+    #[cfg(not(target_arch = "x86_64"))]
+    let avx2 = false;
+    gelu_forward_on(avx2, x, y, erf);
+}
+
+/// [`gelu_forward_into`] on the AVX2 path when `avx2` (and the CPU has it), else the baseline.
+fn gelu_forward_on(avx2: bool, x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+    assert!(
+        x.len() == y.len() && x.len() == erf.len(),
+        "gelu_forward_into: lengths differ"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { gelu_forward_avx2(x, y, erf) };
+    }
+    let _ = avx2;
+    gelu_forward_lanes(x, y, erf);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn gelu_forward_avx2(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+    gelu_forward_lanes(x, y, erf);
+}
+
+#[inline(always)]
+fn gelu_forward_lanes(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+    // Blocks of 16 values: two vectors of AVX2 lanes whose long dependency chains (divisions,
+    // polynomials) the CPU interleaves.
+    const BLOCK: usize = 16;
+    let whole = x.len() / BLOCK * BLOCK;
+    let blocks = x[..whole]
+        .chunks_exact(BLOCK)
+        .zip(y[..whole].chunks_exact_mut(BLOCK))
+        .zip(erf[..whole].chunks_exact_mut(BLOCK));
+    for ((x, y), e) in blocks {
+        for i in 0..BLOCK {
+            (y[i], e[i]) = gelu_value(x[i]);
+        }
+    }
+    for ((x, y), e) in x[whole..]
+        .iter()
+        .zip(&mut y[whole..])
+        .zip(&mut erf[whole..])
+    {
+        (*y, *e) = gelu_value(*x);
+    }
+}
+
+/// GELU of `x` and its `erf(x/√2)`: dfdx's `0.5 * x * (1 + (x * FRAC_1_SQRT_2).erf())`,
+/// evaluated left to right.
+#[inline(always)]
+fn gelu_value(x: f32) -> (f32, f32) {
+    let e = erf_branchless(x * FRAC_1_SQRT_2);
+    (0.5 * x * (1.0 + e), e)
+}
+
+/// dfdx's `AccurateGeLU` backward, `dx += df(x) · dy` with its `df` term for term, given the
+/// `erf` values [`gelu_forward_into`] wrote for `x`.
+pub fn gelu_backward_into(x: &[f32], erf: &[f32], dy: &[f32], dx: &mut [f32]) {
+    for (((x, e), dy), dx) in x.iter().zip(erf).zip(dy).zip(dx.iter_mut()) {
+        let normal_dist = FRAC_2_SQRT_PI * (0.5 * -(*x * *x)).exp();
+        let left = 0.5 * *x;
+        let right = 1.0 + *e;
+        *dx += (0.5 * right + left * normal_dist) * *dy;
+    }
+}
+
+/// `erf` of every element of `x`, `libm::erff` bit for bit, on the AVX2 path when `avx2`.
+#[cfg(test)]
+fn erf_on(avx2: bool, x: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2")]
+    unsafe fn avx2_loop(x: &[f32], out: &mut [f32]) {
+        for (o, x) in out.iter_mut().zip(x) {
+            *o = erf_branchless(*x);
+        }
+    }
+    #[cfg(target_arch = "x86_64")]
+    if avx2 && std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: the CPU has AVX2, checked just above.
+        return unsafe { avx2_loop(x, out) };
+    }
+    let _ = avx2;
+    for (o, x) in out.iter_mut().zip(x) {
+        *o = erf_branchless(*x);
+    }
+}
+
+// FreeBSD's `s_erff.c` coefficients, as its decimal strings (they round to the intended `f32`
+// bits, which is all that matters here) (as in the `libm` crate): erf on [0, 0.84375] ...
+#[allow(clippy::excessive_precision)]
+const EFX8: f32 = 1.0270333290e+00;
+#[allow(clippy::excessive_precision)]
+const PP: [f32; 5] = [
+    1.2837916613e-01,
+    -3.2504209876e-01,
+    -2.8481749818e-02,
+    -5.7702702470e-03,
+    -2.3763017452e-05,
+];
+#[allow(clippy::excessive_precision)]
+const QQ: [f32; 5] = [
+    3.9791721106e-01,
+    6.5022252500e-02,
+    5.0813062117e-03,
+    1.3249473704e-04,
+    -3.9602282413e-06,
+];
+// ... erf - ERX on [0.84375, 1.25] ...
+#[allow(clippy::excessive_precision)]
+const ERX: f32 = 8.4506291151e-01;
+#[allow(clippy::excessive_precision)]
+const PA: [f32; 7] = [
+    -2.3621185683e-03,
+    4.1485610604e-01,
+    -3.7220788002e-01,
+    3.1834661961e-01,
+    -1.1089469492e-01,
+    3.5478305072e-02,
+    -2.1663755178e-03,
+];
+#[allow(clippy::excessive_precision)]
+const QA: [f32; 6] = [
+    1.0642088205e-01,
+    5.4039794207e-01,
+    7.1828655899e-02,
+    1.2617121637e-01,
+    1.3637083583e-02,
+    1.1984500103e-02,
+];
+// ... erfc on [1.25, 1/0.35] (RA, SA) and [1/0.35, 6] (RB, SB; padded with a zero: `c + s·0`
+// is `c` exactly for the finite `s` of those lanes, so one polynomial serves both ranges).
+#[allow(clippy::excessive_precision)]
+const RA: [f32; 8] = [
+    -9.8649440333e-03,
+    -6.9385856390e-01,
+    -1.0558626175e+01,
+    -6.2375331879e+01,
+    -1.6239666748e+02,
+    -1.8460508728e+02,
+    -8.1287437439e+01,
+    -9.8143291473e+00,
+];
+#[allow(clippy::excessive_precision)]
+const SA: [f32; 8] = [
+    1.9651271820e+01,
+    1.3765776062e+02,
+    4.3456588745e+02,
+    6.4538726807e+02,
+    4.2900814819e+02,
+    1.0863500214e+02,
+    6.5702495575e+00,
+    -6.0424413532e-02,
+];
+#[allow(clippy::excessive_precision)]
+const RB: [f32; 8] = [
+    -9.8649431020e-03,
+    -7.9928326607e-01,
+    -1.7757955551e+01,
+    -1.6063638306e+02,
+    -6.3756646729e+02,
+    -1.0250950928e+03,
+    -4.8351919556e+02,
+    0.0,
+];
+#[allow(clippy::excessive_precision)]
+const SB: [f32; 8] = [
+    3.0338060379e+01,
+    3.2579251099e+02,
+    1.5367296143e+03,
+    3.1998581543e+03,
+    2.5530502930e+03,
+    4.7452853394e+02,
+    -2.2440952301e+01,
+    0.0,
+];
+
+/// `libm::erff(x)`, every range computed and the right one selected (no branches, so a loop
+/// of it vectorises).
+#[inline(always)]
+fn erf_branchless(x: f32) -> f32 {
+    let bits = x.to_bits();
+    let negative = bits >> 31 != 0;
+    let ix = bits & 0x7fff_ffff;
+    let ax = f32::from_bits(ix);
+
+    // |x| < 2^-28.
+    let tiny = 0.125 * (8.0 * x + EFX8 * x);
+    // |x| < 0.84375: x + x·r/s.
+    let z = x * x;
+    let r = PP[0] + z * (PP[1] + z * (PP[2] + z * (PP[3] + z * PP[4])));
+    let s = 1.0 + z * (QQ[0] + z * (QQ[1] + z * (QQ[2] + z * (QQ[3] + z * QQ[4]))));
+    // |x| < 1.25: 1 - erfc1(x) = 1 - (1 - ERX - p/q).
+    let s1 = ax - 1.0;
+    let p = PA[0]
+        + s1 * (PA[1] + s1 * (PA[2] + s1 * (PA[3] + s1 * (PA[4] + s1 * (PA[5] + s1 * PA[6])))));
+    let q =
+        1.0 + s1 * (QA[0] + s1 * (QA[1] + s1 * (QA[2] + s1 * (QA[3] + s1 * (QA[4] + s1 * QA[5])))));
+    // |x| < 6: 1 - erfc2(x), erfc2 = expf(-z² - 0.5625)·expf((z - |x|)(z + |x|) + R/S) / |x|.
+    let s2 = 1.0 / (ax * ax);
+    let beyond = ix >= 0x4036_db6d;
+    let r2 = horner8(s2, beyond, &RA, &RB);
+    let big_s = 1.0 + s2 * horner8(s2, beyond, &SA, &SB);
+    // Each lane needs one of the three quotients: one division, of the lane's pair.
+    let (num, den) = if ix < 0x3f58_0000 {
+        (r, s)
+    } else if ix < 0x3fa0_0000 {
+        (p, q)
+    } else {
+        (r2, big_s)
+    };
+    let quotient = num / den;
+    let small = x + x * quotient;
+    let erfc_near = 1.0 - ERX - quotient;
+    let zt = f32::from_bits(ix & 0xffff_e000);
+    let erfc_far =
+        expf_reduced(-zt * zt - 0.5625) * expf_reduced((zt - ax) * (zt + ax) + quotient) / ax;
+    let erfc = if ix < 0x3fa0_0000 {
+        erfc_near
+    } else {
+        erfc_far
+    };
+    let mid = 1.0 - erfc;
+    let far = 1.0 - f32::from_bits(0x0380_0000);
+    let y = if ix < 0x40c0_0000 { mid } else { far };
+    let signed = if negative { -y } else { y };
+    // ±Inf: libm's `1 - 2·sign + 1/x` is `1 - 2·sign` (plus a zero); NaN stays NaN.
+    let special = if x.is_nan() {
+        x
+    } else {
+        1.0 - 2.0 * (negative as u32 as f32)
+    };
+
+    if ix >= 0x7f80_0000 {
+        special
+    } else if ix < 0x3180_0000 {
+        tiny
+    } else if ix < 0x3f58_0000 {
+        small
+    } else {
+        signed
+    }
+}
+
+/// `c[0] + s·(c[1] + s·(… + s·c[7]))` with the coefficients `c` of `b` where `use_b`, of `a`
+/// elsewhere (selected one by one, which vectorises; a selected table would be a gather).
+#[inline(always)]
+fn horner8(s: f32, use_b: bool, a: &[f32; 8], b: &[f32; 8]) -> f32 {
+    let c = |i: usize| if use_b { b[i] } else { a[i] };
+    c(0) + s * (c(1) + s * (c(2) + s * (c(3) + s * (c(4) + s * (c(5) + s * (c(6) + s * c(7)))))))
+}
+
+/// `libm::expf(x)` (FreeBSD's `e_expf.c`) for `-104 < x < 88`, without branches: the
+/// arguments `erff` passes lie in `[-36.6, 1]`, where the result is normal and `scalbnf` is
+/// one exact product with `2^k`. Other lanes' results are discarded by the caller.
+#[inline(always)]
+#[allow(clippy::excessive_precision)]
+fn expf_reduced(x: f32) -> f32 {
+    const LN2_HI: f32 = 6.9314575195e-01;
+    const LN2_LO: f32 = 1.4286067653e-06;
+    const INV_LN2: f32 = 1.4426950216e+00;
+    const P1: f32 = 1.6666625440e-1;
+    const P2: f32 = -2.7667332906e-3;
+    let hx = x.to_bits() & 0x7fff_ffff;
+    let negative = x.to_bits() >> 31 != 0;
+    let half = if negative { -0.5 } else { 0.5 };
+    let k_far = (INV_LN2 * x + half) as i32;
+    let k_near = if negative { -1 } else { 1 };
+    let reduce = hx > 0x3eb1_7218;
+    let k = if hx > 0x3f85_1592 {
+        k_far
+    } else if reduce {
+        k_near
+    } else {
+        0
+    };
+    let kf = k as f32;
+    let hi = if reduce { x - kf * LN2_HI } else { x };
+    let lo = if reduce { kf * LN2_LO } else { 0.0 };
+    let xr = if reduce { hi - lo } else { x };
+    let xx = xr * xr;
+    let c = xr - xx * (P1 + xx * P2);
+    let y = 1.0 + (xr * c / (2.0 - c) - lo + hi);
+    let y = if hx > 0x3900_0000 { y } else { 1.0 + x };
+    // 2^k, with k kept where the power is a normal number (only discarded lanes leave it).
+    let k = k.clamp(-126, 127);
+    y * f32::from_bits(((k + 127) as u32) << 23)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Inputs that reach every range of `erff` and its `expf`, the boundaries between them
+    /// (a few ulps either side), and a sweep of every 2^12th bit pattern.
+    pub(crate) fn inputs() -> Vec<f32> {
+        let mut xs = Vec::new();
+        let bounds: [u32; 9] = [
+            0x3180_0000,
+            0x3f58_0000,
+            0x3fa0_0000,
+            0x4036_db6d,
+            0x40c0_0000,
+            0x7f80_0000,
+            0x3eb1_7218,
+            0x3f85_1592,
+            0x3900_0000,
+        ];
+        for b in bounds {
+            for d in 0..16u32 {
+                for bits in [b.wrapping_add(d), b.wrapping_sub(d)] {
+                    xs.push(f32::from_bits(bits));
+                    xs.push(-f32::from_bits(bits));
+                }
+            }
+        }
+        xs.extend([
+            0.0,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            f32::MIN_POSITIVE,
+        ]);
+        xs.extend((0..(1u64 << 20)).map(|i| f32::from_bits((i << 12) as u32 | (i as u32 & 0xfff))));
+        xs
+    }
+
+    pub(crate) fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn erf_is_libms_bit_for_bit_on_every_path() {
+        let xs = inputs();
+        for avx2 in [false, true] {
+            let mut out = vec![0.0; xs.len()];
+            erf_on(avx2, &xs, &mut out);
+            for (x, e) in xs.iter().zip(&out) {
+                let want = libm::erff(*x);
+                assert!(
+                    same(*e, want),
+                    "avx2 {avx2}: erf({x:e}) = {e:e}, libm {want:e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_reduced_expf_is_libms_on_the_arguments_erff_passes() {
+        // -z² - 0.5625 for |z| < 6 and the small second argument: [-36.6, 1], densely.
+        let negative = (0x8000_0000u32..=(-36.6f32).to_bits()).step_by(97);
+        let positive = (0u32..=1.0f32.to_bits()).step_by(97);
+        for x in negative.chain(positive).map(f32::from_bits) {
+            assert!(same(expf_reduced(x), libm::expf(x)), "expf({x:e})");
+        }
+    }
+}
+
+#[cfg(test)]
+mod paths {
+    use super::*;
+
+    #[test]
+    fn both_paths_give_the_same_gelu_and_erf() {
+        let x: Vec<f32> = tests::inputs();
+        let run = |avx2| {
+            let (mut y, mut e) = (vec![0.0; x.len()], vec![0.0; x.len()]);
+            gelu_forward_on(avx2, &x, &mut y, &mut e);
+            (y, e)
+        };
+        let (a, b) = (run(false), run(true));
+        for (i, x) in x.iter().enumerate() {
+            assert!(
+                tests::same(a.0[i], b.0[i]) && tests::same(a.1[i], b.1[i]),
+                "at {x:e}"
+            );
+        }
+    }
+}

@@ -1,0 +1,106 @@
+//! GELU with the numbers of dfdx's `AccurateGeLU`, vectorised: the layer and its op. The
+//! kernels, and why they give dfdx's bits (its backward included, which lacks the chain rule's
+//! `1/√2` in one term), are `quant_core::kernels::gelu_forward_into` and
+//! `gelu_backward_into`.
+
+use dfdx::prelude::*;
+use dfdx::tensor::CpuError;
+use quant_core::dfdx_ops::elementwise_op;
+use quant_core::kernels::{gelu_backward_into, gelu_forward_into};
+use quant_core::QuantError;
+
+/// GELU, `0.5·x·(1 + erf(x/√2))`: dfdx's `AccurateGeLU` bit for bit, forward and backward
+/// (see [`gelu_forward_into`]), vectorised; a float ViT's training step takes about a fifth
+/// less time with it. A drop-in for it in a model (same
+/// builder and module type, zero-sized, no parameters); it converts, quantizes and exports as
+/// the same layer kind (`Gelu`).
+///
+/// ```
+/// use dfdx::prelude::*;
+/// use quant_dfdx::nn::Gelu;
+///
+/// let dev = Cpu::default();
+/// let x = dev.tensor([-3.0f32, -0.5, 0.0, 0.5, 3.0]);
+/// let ours = Gelu.forward(x.clone());
+/// let dfdx = AccurateGeLU.forward(x);
+/// assert_eq!(ours.as_vec(), dfdx.as_vec());
+/// ```
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Gelu;
+
+impl ZeroSizedModule for Gelu {}
+impl NonMutableModule for Gelu {}
+
+impl<S: Shape, T: Tape<f32, Cpu>> Module<Tensor<S, f32, Cpu, T>> for Gelu {
+    type Output = Tensor<S, f32, Cpu, T>;
+    type Error = CpuError;
+
+    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output, CpuError> {
+        gelu(x).map_err(super::to_cpu_error)
+    }
+}
+
+/// The [`Gelu`] layer's op, on any shape: records its backward pass on an `OwnedTape`.
+///
+/// # Errors
+/// Only the device's (allocation).
+pub fn gelu<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+) -> quant_core::Result<Tensor<S, f32, Cpu, T>> {
+    elementwise_op(
+        x,
+        |x, y| {
+            // The erf values, kept for the backward pass (dfdx computes them twice).
+            let mut erf = vec![0.0f32; x.len()];
+            gelu_forward_into(x, y, &mut erf);
+            Ok::<_, QuantError>(erf)
+        },
+        |erf, x, dy, dx| gelu_backward_into(x, &erf, dy, dx),
+        |(), _| Ok(()),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn same(a: f32, b: f32) -> bool {
+        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+    }
+
+    #[test]
+    fn forward_and_backward_are_dfdx_accurate_gelus_bit_for_bit() {
+        let dev = Cpu::default();
+        // Every range of erf (boundaries at |x|/√2 = 0.84375, 1.25, 2.857, 6), tiny values,
+        // zeros, large values: a sweep of bit patterns.
+        let mut xs: Vec<f32> = (0..(1u32 << 17))
+            .map(|i| f32::from_bits(i.wrapping_mul(0x8001_7fc3) >> 1 | (i & 1) << 31))
+            .filter(|x| x.is_finite() && x.abs() < 1e4)
+            .collect();
+        xs.extend([
+            0.0, -0.0, 1.19, -1.19, 1.77, -1.77, 4.04, -4.04, 8.49, -8.49,
+        ]);
+        let n = xs.len();
+        let x = dev.tensor_from_vec(xs, (n,));
+        let w = dev.tensor_from_vec(
+            (0..n).map(|i| ((i % 17) as f32 - 8.0) * 0.37).collect(),
+            (n,),
+        );
+        let run = |ours: bool| {
+            let traced = x.clone().leaky_traced();
+            let y = if ours {
+                gelu(traced).unwrap()
+            } else {
+                traced.accurate_gelu()
+            };
+            let values = y.retaped::<NoneTape>().as_vec();
+            let grads = (y * w.clone()).sum().backward();
+            (values, grads.get(&x).as_vec())
+        };
+        let (ours, dfdx) = (run(true), run(false));
+        for i in 0..n {
+            assert!(same(ours.0[i], dfdx.0[i]), "y at {:e}", x.as_vec()[i]);
+            assert!(same(ours.1[i], dfdx.1[i]), "dx at {:e}", x.as_vec()[i]);
+        }
+    }
+}
