@@ -17,26 +17,27 @@
 
 use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
 
+use crate::error::{check_len, Result};
+
 /// `y = 0.5·x·(1 + erf(x/√2))` and `erf(x/√2)` of every element of `x`, as dfdx's
 /// `AccurateGeLU` computes them bit for bit, on the widest path the CPU has (each path gives
 /// the same bits); `erf` is what [`gelu_backward_into`] needs.
 ///
-/// # Panics
-/// The three slices differ in length.
-pub fn gelu_forward_into(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+/// # Errors
+/// `y` or `erf` not as long as `x`.
+pub fn gelu_forward_into(x: &[f32], y: &mut [f32], erf: &mut [f32]) -> Result<()> {
+    check_len("GELU output", x.len(), y.len())?;
+    check_len("GELU erf values", x.len(), erf.len())?;
     #[cfg(target_arch = "x86_64")]
     let avx2 = super::driver::use_avx2();
     #[cfg(not(target_arch = "x86_64"))]
     let avx2 = false;
     gelu_forward_on(avx2, x, y, erf);
+    Ok(())
 }
 
 /// [`gelu_forward_into`] on the AVX2 path when `avx2` (and the CPU has it), else the baseline.
 fn gelu_forward_on(avx2: bool, x: &[f32], y: &mut [f32], erf: &mut [f32]) {
-    assert!(
-        x.len() == y.len() && x.len() == erf.len(),
-        "gelu_forward_into: lengths differ"
-    );
     #[cfg(target_arch = "x86_64")]
     if avx2 && std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2, checked just above.
@@ -54,24 +55,7 @@ unsafe fn gelu_forward_avx2(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
 
 #[inline(always)]
 fn gelu_forward_lanes(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
-    // Blocks of 16 values: two vectors of AVX2 lanes whose long dependency chains (divisions,
-    // polynomials) the CPU interleaves.
-    const BLOCK: usize = 16;
-    let whole = x.len() / BLOCK * BLOCK;
-    let blocks = x[..whole]
-        .chunks_exact(BLOCK)
-        .zip(y[..whole].chunks_exact_mut(BLOCK))
-        .zip(erf[..whole].chunks_exact_mut(BLOCK));
-    for ((x, y), e) in blocks {
-        for i in 0..BLOCK {
-            (y[i], e[i]) = gelu_value(x[i]);
-        }
-    }
-    for ((x, y), e) in x[whole..]
-        .iter()
-        .zip(&mut y[whole..])
-        .zip(&mut erf[whole..])
-    {
+    for ((x, y), e) in x.iter().zip(y.iter_mut()).zip(erf.iter_mut()) {
         (*y, *e) = gelu_value(*x);
     }
 }
@@ -86,13 +70,20 @@ fn gelu_value(x: f32) -> (f32, f32) {
 
 /// dfdx's `AccurateGeLU` backward, `dx += df(x) · dy` with its `df` term for term, given the
 /// `erf` values [`gelu_forward_into`] wrote for `x`.
-pub fn gelu_backward_into(x: &[f32], erf: &[f32], dy: &[f32], dx: &mut [f32]) {
+///
+/// # Errors
+/// `erf`, `dy` or `dx` not as long as `x`.
+pub fn gelu_backward_into(x: &[f32], erf: &[f32], dy: &[f32], dx: &mut [f32]) -> Result<()> {
+    check_len("GELU erf values", x.len(), erf.len())?;
+    check_len("GELU output gradient", x.len(), dy.len())?;
+    check_len("GELU input gradient", x.len(), dx.len())?;
     for (((x, e), dy), dx) in x.iter().zip(erf).zip(dy).zip(dx.iter_mut()) {
         let normal_dist = FRAC_2_SQRT_PI * (0.5 * -(*x * *x)).exp();
         let left = 0.5 * *x;
         let right = 1.0 + *e;
         *dx += (0.5 * right + left * normal_dist) * *dy;
     }
+    Ok(())
 }
 
 /// `erf` of every element of `x`, `libm::erff` bit for bit, on the AVX2 path when `avx2`.
@@ -390,6 +381,22 @@ mod tests {
 #[cfg(test)]
 mod paths {
     use super::*;
+    use crate::error::QuantError;
+
+    #[test]
+    fn buffers_of_another_length_are_an_error_naming_the_buffer() {
+        let x = [0.5f32; 3];
+        let err = gelu_forward_into(&x, &mut [0.0; 2], &mut [0.0; 3]).unwrap_err();
+        assert!(
+            matches!(&err, QuantError::LengthMismatch { what, expected: 3, actual: 2 } if what == "GELU output"),
+            "{err}"
+        );
+        let err = gelu_backward_into(&x, &[0.0; 3], &[0.0; 3], &mut [0.0; 4]).unwrap_err();
+        assert!(
+            matches!(&err, QuantError::LengthMismatch { what, expected: 3, actual: 4 } if what == "GELU input gradient"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn both_paths_give_the_same_gelu_and_erf() {
