@@ -271,9 +271,10 @@ fn horner8(s: f32, use_b: bool, a: &[f32; 8], b: &[f32; 8]) -> f32 {
     c(0) + s * (c(1) + s * (c(2) + s * (c(3) + s * (c(4) + s * (c(5) + s * (c(6) + s * c(7)))))))
 }
 
-/// `libm::expf(x)` (FreeBSD's `e_expf.c`) for `-104 < x < 88`, without branches: the
-/// arguments `erff` passes lie in `[-36.6, 1]`, where the result is normal and `scalbnf` is
-/// one exact product with `2^k`. Other lanes' results are discarded by the caller.
+/// `libm::expf(x)` (FreeBSD's `e_expf.c`) wherever the result is a normal number (about
+/// `-87.3 < x < 88.7`), without branches: there `scalbnf` is one exact product with `2^k`. The
+/// arguments `erff` passes lie in `[-36.6, 1]`; other lanes' results are discarded by the
+/// caller.
 #[inline(always)]
 #[allow(clippy::excessive_precision)]
 fn expf_reduced(x: f32) -> f32 {
