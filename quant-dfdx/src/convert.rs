@@ -79,8 +79,8 @@ layer_kinds! {
     /// the integer kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntLayerNorm`]).
     LayerNorm,
     /// GELU (dfdx's `AccurateGeLU`, or [`Gelu`](crate::nn::Gelu), its vectorised twin): slot
-    /// `input`. On a quantized input it runs the integer
-    /// kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntGelu`]).
+    /// `input`. On a quantized input it runs the integer kernel the integer runtime runs
+    /// ([`quant_core::int8::nonlinear::IntGelu`]).
     Gelu,
     /// An embedding table (dfdx's `Embedding`): slot `weights`, per row.
     Embedding,

@@ -86,27 +86,6 @@ pub fn gelu_backward_into(x: &[f32], erf: &[f32], dy: &[f32], dx: &mut [f32]) ->
     Ok(())
 }
 
-/// `erf` of every element of `x`, `libm::erff` bit for bit, on the AVX2 path when `avx2`.
-#[cfg(test)]
-fn erf_on(avx2: bool, x: &[f32], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    #[target_feature(enable = "avx2")]
-    unsafe fn avx2_loop(x: &[f32], out: &mut [f32]) {
-        for (o, x) in out.iter_mut().zip(x) {
-            *o = erf_branchless(*x);
-        }
-    }
-    #[cfg(target_arch = "x86_64")]
-    if avx2 && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { avx2_loop(x, out) };
-    }
-    let _ = avx2;
-    for (o, x) in out.iter_mut().zip(x) {
-        *o = erf_branchless(*x);
-    }
-}
-
 // FreeBSD's `s_erff.c` coefficients, as its decimal strings (they round to the intended `f32`
 // bits, which is all that matters here) (as in the `libm` crate): erf on [0, 0.84375] ...
 #[allow(clippy::excessive_precision)]
@@ -312,10 +291,31 @@ fn expf_reduced(x: f32) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::QuantError;
+
+    /// `erf` of every element of `x`, `libm::erff` bit for bit, on the AVX2 path when `avx2`.
+    fn erf_on(avx2: bool, x: &[f32], out: &mut [f32]) {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2_loop(x: &[f32], out: &mut [f32]) {
+            for (o, x) in out.iter_mut().zip(x) {
+                *o = erf_branchless(*x);
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if avx2 && std::arch::is_x86_feature_detected!("avx2") {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { avx2_loop(x, out) };
+        }
+        let _ = avx2;
+        for (o, x) in out.iter_mut().zip(x) {
+            *o = erf_branchless(*x);
+        }
+    }
 
     /// Inputs that reach every range of `erff` and its `expf`, the boundaries between them
     /// (a few ulps either side), and a sweep of every 2^12th bit pattern.
-    pub(crate) fn inputs() -> Vec<f32> {
+    fn inputs() -> Vec<f32> {
         let mut xs = Vec::new();
         let bounds: [u32; 9] = [
             0x3180_0000,
@@ -348,7 +348,7 @@ mod tests {
         xs
     }
 
-    pub(crate) fn same(a: f32, b: f32) -> bool {
+    fn same(a: f32, b: f32) -> bool {
         a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
     }
 
@@ -377,12 +377,6 @@ mod tests {
             assert!(same(expf_reduced(x), libm::expf(x)), "expf({x:e})");
         }
     }
-}
-
-#[cfg(test)]
-mod paths {
-    use super::*;
-    use crate::error::QuantError;
 
     #[test]
     fn buffers_of_another_length_are_an_error_naming_the_buffer() {
@@ -401,7 +395,7 @@ mod paths {
 
     #[test]
     fn both_paths_give_the_same_gelu_and_erf() {
-        let x: Vec<f32> = tests::inputs();
+        let x: Vec<f32> = inputs();
         let run = |avx2| {
             let (mut y, mut e) = (vec![0.0; x.len()], vec![0.0; x.len()]);
             gelu_forward_on(avx2, &x, &mut y, &mut e);
@@ -409,10 +403,7 @@ mod paths {
         };
         let (a, b) = (run(false), run(true));
         for (i, x) in x.iter().enumerate() {
-            assert!(
-                tests::same(a.0[i], b.0[i]) && tests::same(a.1[i], b.1[i]),
-                "at {x:e}"
-            );
+            assert!(same(a.0[i], b.0[i]) && same(a.1[i], b.1[i]), "at {x:e}");
         }
     }
 }
