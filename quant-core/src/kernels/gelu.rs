@@ -6,8 +6,8 @@
 //! a branchy scalar call. Here every range is evaluated for every lane and each lane keeps the
 //! one `erff` would have taken: the same `f32` operations in the same order, so the same bits
 //! (each IEEE operation is exact to its rounding, and Rust never fuses a multiply and an add).
-//! Without branches the loop vectorises: SSE2 on baseline x86-64, AVX2 where the CPU has it
-//! (chosen at run time).
+//! Without branches the loop vectorises: SSE2 on baseline x86-64, AVX2 or AVX-512 where the
+//! CPU has it (chosen at run time; AVX-512's mask registers make the selections cheaper).
 //!
 //! The backward pass is dfdx's too: `dx += (0.5·(1 + erf(x/√2)) + 0.5·x·(2/√π)·exp(-x²/2))·dy`,
 //! with the standard library's `exp`. That is not quite the derivative: the chain rule's `1/√2`
@@ -28,28 +28,70 @@ use crate::error::{check_len, Result};
 pub fn gelu_forward_into(x: &[f32], y: &mut [f32], erf: &mut [f32]) -> Result<()> {
     check_len("GELU output", x.len(), y.len())?;
     check_len("GELU erf values", x.len(), erf.len())?;
-    #[cfg(target_arch = "x86_64")]
-    let avx2 = super::driver::use_avx2();
-    #[cfg(not(target_arch = "x86_64"))]
-    let avx2 = false;
-    gelu_forward_on(avx2, x, y, erf);
+    gelu_forward_on(GeluPath::widest(), x, y, erf);
     Ok(())
 }
 
-/// [`gelu_forward_into`] on the AVX2 path when `avx2` (and the CPU has it), else the baseline.
-fn gelu_forward_on(avx2: bool, x: &[f32], y: &mut [f32], erf: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if avx2 && std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2, checked just above.
-        return unsafe { gelu_forward_avx2(x, y, erf) };
+/// The code paths of the GELU forward: the same source compiled for wider registers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GeluPath {
+    /// x86-64's SSE2 (or any other target's baseline).
+    Baseline,
+    /// AVX2: 8 lanes.
+    Avx2,
+    /// AVX-512 F: 16 lanes, and mask registers for the selections.
+    Avx512,
+}
+
+impl GeluPath {
+    /// The widest path this CPU has within [`Isa::limit_to`](crate::int8::Isa::limit_to)'s
+    /// limit.
+    fn widest() -> GeluPath {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::int8::Isa;
+            let isa = Isa::detected();
+            if super::driver::use_avx2()
+                && matches!(isa, Isa::Avx512Bw | Isa::Avx512Vnni)
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
+                return GeluPath::Avx512;
+            }
+            if super::driver::use_avx2() {
+                return GeluPath::Avx2;
+            }
+        }
+        GeluPath::Baseline
     }
-    let _ = avx2;
+}
+
+/// [`gelu_forward_into`] on `path` (where the CPU has it; else on the baseline).
+fn gelu_forward_on(path: GeluPath, x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    match path {
+        GeluPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
+            // SAFETY: the CPU has AVX-512 F, checked just above.
+            return unsafe { gelu_forward_avx512(x, y, erf) };
+        }
+        GeluPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
+            // SAFETY: the CPU has AVX2, checked just above.
+            return unsafe { gelu_forward_avx2(x, y, erf) };
+        }
+        _ => {}
+    }
+    let _ = path;
     gelu_forward_lanes(x, y, erf);
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn gelu_forward_avx2(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+    gelu_forward_lanes(x, y, erf);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn gelu_forward_avx512(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
     gelu_forward_lanes(x, y, erf);
 }
 
@@ -293,25 +335,41 @@ mod tests {
     use super::*;
     use crate::error::QuantError;
 
-    /// `erf` of every element of `x`, `libm::erff` bit for bit, on the AVX2 path when `avx2`.
-    fn erf_on(avx2: bool, x: &[f32], out: &mut [f32]) {
-        #[cfg(target_arch = "x86_64")]
-        #[target_feature(enable = "avx2")]
-        unsafe fn avx2_loop(x: &[f32], out: &mut [f32]) {
+    /// `erf` of every element of `x`, `libm::erff` bit for bit, on `path` (compiled as the
+    /// forward's paths are).
+    fn erf_on(path: GeluPath, x: &[f32], out: &mut [f32]) {
+        #[inline(always)]
+        fn lanes(x: &[f32], out: &mut [f32]) {
             for (o, x) in out.iter_mut().zip(x) {
                 *o = erf_branchless(*x);
             }
         }
         #[cfg(target_arch = "x86_64")]
-        if avx2 && std::arch::is_x86_feature_detected!("avx2") {
-            // SAFETY: the CPU has AVX2, checked just above.
-            return unsafe { avx2_loop(x, out) };
+        #[target_feature(enable = "avx2")]
+        unsafe fn avx2_loop(x: &[f32], out: &mut [f32]) {
+            lanes(x, out);
         }
-        let _ = avx2;
-        for (o, x) in out.iter_mut().zip(x) {
-            *o = erf_branchless(*x);
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn avx512_loop(x: &[f32], out: &mut [f32]) {
+            lanes(x, out);
         }
+        #[cfg(target_arch = "x86_64")]
+        match path {
+            // SAFETY (both): the CPU has the extension, checked in the guard.
+            GeluPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
+                return unsafe { avx512_loop(x, out) };
+            }
+            GeluPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
+                return unsafe { avx2_loop(x, out) };
+            }
+            _ => {}
+        }
+        let _ = path;
+        lanes(x, out);
     }
+
+    const PATHS: [GeluPath; 3] = [GeluPath::Baseline, GeluPath::Avx2, GeluPath::Avx512];
 
     /// Inputs that reach every range of `erff` and its `expf`, the boundaries between them
     /// (a few ulps either side), and a sweep of every 2^12th bit pattern.
@@ -355,14 +413,14 @@ mod tests {
     #[test]
     fn erf_is_libms_bit_for_bit_on_every_path() {
         let xs = inputs();
-        for avx2 in [false, true] {
+        for path in PATHS {
             let mut out = vec![0.0; xs.len()];
-            erf_on(avx2, &xs, &mut out);
+            erf_on(path, &xs, &mut out);
             for (x, e) in xs.iter().zip(&out) {
                 let want = libm::erff(*x);
                 assert!(
                     same(*e, want),
-                    "avx2 {avx2}: erf({x:e}) = {e:e}, libm {want:e}"
+                    "{path:?}: erf({x:e}) = {e:e}, libm {want:e}"
                 );
             }
         }
@@ -394,16 +452,20 @@ mod tests {
     }
 
     #[test]
-    fn both_paths_give_the_same_gelu_and_erf() {
+    fn every_path_gives_the_baselines_gelu_and_erf() {
         let x: Vec<f32> = inputs();
-        let run = |avx2| {
+        let run = |path| {
             let (mut y, mut e) = (vec![0.0; x.len()], vec![0.0; x.len()]);
-            gelu_forward_on(avx2, &x, &mut y, &mut e);
+            gelu_forward_on(path, &x, &mut y, &mut e);
             (y, e)
         };
-        let (a, b) = (run(false), run(true));
-        for (i, x) in x.iter().enumerate() {
-            assert!(same(a.0[i], b.0[i]) && same(a.1[i], b.1[i]), "at {x:e}");
+        let want = run(GeluPath::Baseline);
+        for path in PATHS {
+            let got = run(path);
+            for (i, x) in x.iter().enumerate() {
+                let ok = same(got.0[i], want.0[i]) && same(got.1[i], want.1[i]);
+                assert!(ok, "{path:?} at {x:e}");
+            }
         }
     }
 }
