@@ -356,11 +356,12 @@ mod tests {
         }
         #[cfg(target_arch = "x86_64")]
         match path {
-            // SAFETY (both): the CPU has the extension, checked in the guard.
             GeluPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
+                // SAFETY: the CPU has AVX-512 F, checked in the guard.
                 return unsafe { avx512_loop(x, out) };
             }
             GeluPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
+                // SAFETY: the CPU has AVX2, checked in the guard.
                 return unsafe { avx2_loop(x, out) };
             }
             _ => {}
