@@ -75,7 +75,8 @@ layer_kinds! {
     GlobalAvgPool,
     /// Global max pooling (dfdx's `MaxPoolGlobal`): slot `input`.
     GlobalMaxPool,
-    /// Layer normalisation (dfdx's `LayerNorm1D`): slot `input`. On a quantized input it runs
+    /// Layer normalisation (dfdx's `LayerNorm1D`, or [`LayerNorm`](crate::nn::LayerNorm), its
+    /// fused twin): slot `input`. On a quantized input it runs
     /// the integer kernel the integer runtime runs ([`quant_core::int8::nonlinear::IntLayerNorm`]).
     LayerNorm,
     /// GELU (dfdx's `AccurateGeLU`, or [`Gelu`](crate::nn::Gelu), its vectorised twin): slot
@@ -285,6 +286,19 @@ macro_rules! input_only {
         )+
     };
 }
+/// The graph op of a LayerNorm (dfdx's or ours) with these parameters.
+fn layer_norm_op<const M: usize>(
+    gamma: &Tensor<Rank1<M>, f32, Cpu>,
+    beta: &Tensor<Rank1<M>, f32, Cpu>,
+    epsilon: f64,
+) -> Op {
+    Op::LayerNorm(quant_runtime::graph::LayerNorm {
+        scale: Parameter::float("gamma", gamma.as_vec()),
+        shift: Parameter::float("beta", beta.as_vec()),
+        epsilon,
+    })
+}
+
 input_only!(
     MaxPool2d<K, S, P> where [const K: usize, const S: usize, const P: usize] => LayerKind::MaxPool2d,
         |_m| Op::MaxPool2d(quant_runtime::graph::MaxPool2d { window: PoolGeometry { kernel: [K, K], stride: [S, S], padding: [P, P] } });
@@ -293,11 +307,10 @@ input_only!(
     Flatten<N> where [const N: usize] => LayerKind::Flatten, |_m| Op::Flatten;
     AvgPoolGlobal where [] => LayerKind::GlobalAvgPool, |_m| Op::GlobalAvgPool;
     MaxPoolGlobal where [] => LayerKind::GlobalMaxPool, |_m| Op::GlobalMaxPool;
-    LayerNorm1D<M, f32, Cpu> where [const M: usize] => LayerKind::LayerNorm, |m| Op::LayerNorm(quant_runtime::graph::LayerNorm {
-        scale: Parameter::float("gamma", m.gamma.as_vec()),
-        shift: Parameter::float("beta", m.beta.as_vec()),
-        epsilon: m.epsilon,
-    });
+    LayerNorm1D<M, f32, Cpu> where [const M: usize] => LayerKind::LayerNorm,
+        |m| layer_norm_op(&m.gamma, &m.beta, m.epsilon);
+    crate::nn::LayerNorm<M, f32, Cpu> where [const M: usize] => LayerKind::LayerNorm,
+        |m| layer_norm_op(&m.gamma, &m.beta, m.epsilon);
     AccurateGeLU where [] => LayerKind::Gelu, |_m| Op::Gelu;
     crate::nn::Gelu where [] => LayerKind::Gelu, |_m| Op::Gelu;
 );

@@ -201,14 +201,15 @@ pub const VIT_HIDDEN: usize = 96;
 
 /// One pre-norm encoder block of the ViT: LayerNorm, 4-head self-attention and a residual
 /// add; LayerNorm, a GeLU MLP and a residual add. The GeLU is [`quant_dfdx::nn::Gelu`]:
-/// dfdx's `AccurateGeLU` bit for bit, vectorised.
+/// dfdx's `AccurateGeLU` bit for bit, vectorised; the LayerNorm [`quant_dfdx::nn::LayerNorm`],
+/// dfdx's `LayerNorm1D` bit for bit, fused.
 pub type VitBlockBuilder = (
     dfdx::nn::builders::Residual<(
-        dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
+        quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
         dfdx::nn::builders::MultiHeadAttention<VIT_WIDTH, 4>,
     )>,
     dfdx::nn::builders::Residual<(
-        dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
+        quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
         dfdx::nn::builders::Linear<VIT_WIDTH, VIT_HIDDEN>,
         quant_dfdx::nn::builders::Gelu,
         dfdx::nn::builders::Linear<VIT_HIDDEN, VIT_WIDTH>,
@@ -226,7 +227,7 @@ pub type VitBuilder = (
     VitBlockBuilder,
     VitBlockBuilder,
     (
-        dfdx::nn::builders::LayerNorm1D<VIT_WIDTH>,
+        quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
         quant_dfdx::nn::MeanTokens,
         dfdx::nn::builders::Linear<VIT_WIDTH, 10>,
     ),
@@ -454,11 +455,11 @@ pub const VIT28_HIDDEN: usize = 128;
 /// One pre-norm encoder block of the 28x28 ViT (4 heads).
 pub type Vit28BlockBuilder = (
     dfdx::nn::builders::Residual<(
-        dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
+        quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
         dfdx::nn::builders::MultiHeadAttention<VIT28_WIDTH, 4>,
     )>,
     dfdx::nn::builders::Residual<(
-        dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
+        quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
         dfdx::nn::builders::Linear<VIT28_WIDTH, VIT28_HIDDEN>,
         quant_dfdx::nn::builders::Gelu,
         dfdx::nn::builders::Linear<VIT28_HIDDEN, VIT28_WIDTH>,
@@ -479,7 +480,7 @@ pub type Vit28Builder = (
         Vit28BlockBuilder,
     ),
     (
-        dfdx::nn::builders::LayerNorm1D<VIT28_WIDTH>,
+        quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
         quant_dfdx::nn::MeanTokens,
         dfdx::nn::builders::Linear<VIT28_WIDTH, 10>,
     ),

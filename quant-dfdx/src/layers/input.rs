@@ -141,6 +141,8 @@ macro_rules! kernel_on_grid {
 kernel_on_grid!(
     [const M: usize,] LayerNorm1D<M, f32, Cpu> => |m, x, grid|
         int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
+    [const M: usize,] crate::nn::LayerNorm<M, f32, Cpu> => |m, x, grid|
+        int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
     [] AccurateGeLU => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
     [] crate::nn::Gelu => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
 );
