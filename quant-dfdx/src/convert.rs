@@ -32,6 +32,7 @@ use serde::{Deserialize, Serialize};
 
 use quant_core::{QuantError, Result};
 
+use crate::fold::{BatchNormParams, BatchNormValues};
 use crate::layers::{
     AddQuantizer, Float, QAddInto, QConv2d, QEmbedding, QGeneralizedResidual, QLinear, QRepeated,
     QResidual, QSplitInto, QuantInput, QuantizedModule, QuantizerSpec, Slot,
@@ -168,7 +169,7 @@ impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no quantized twin: quant cannot convert it",
     label = "this layer cannot be converted",
-    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_dfdx::nn's Conv2d, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
+    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_dfdx::nn's Conv2d, BatchNorm2d, LayerNorm, Gelu, ImageTokens, MeanTokens, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
     note = "for a layer of your own, derive `QuantizedLayer` on it (its tensors become quantizer slots), or implement `Convert` for it"
 )]
 pub trait Convert {
@@ -365,25 +366,24 @@ stays_float!(
     MeanTokens => |_m| Ok(Some(Op::MeanTokens));
     Dropout => |_m| Ok(None);
     DropoutOneIn<N> where [const N: usize] => |_m| Ok(None);
-    BatchNorm1D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(
-        &m.scale.as_vec(), &m.bias.as_vec(), &m.running_mean.as_vec(), &m.running_var.as_vec(), m.epsilon,
-    )));
-    BatchNorm2D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(
-        &m.scale.as_vec(), &m.bias.as_vec(), &m.running_mean.as_vec(), &m.running_var.as_vec(), m.epsilon,
-    )));
+    BatchNorm1D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(&m.values())));
+    BatchNorm2D<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(&m.values())));
+    crate::nn::BatchNorm2d<C, f32, Cpu> where [const C: usize] => |m| Ok(Some(batch_norm(&m.values())));
 );
 
 /// A BatchNorm in inference mode as its per-channel affine map:
 /// `scale = γ/√(σ²+ε)`, `shift = β − μ·scale`.
-fn batch_norm(gamma: &[f32], beta: &[f32], mean: &[f32], var: &[f32], epsilon: f64) -> Op {
-    let scale: Vec<f32> = gamma
+fn batch_norm(bn: &BatchNormValues) -> Op {
+    let scale: Vec<f32> = bn
+        .gamma
         .iter()
-        .zip(var)
-        .map(|(g, v)| (*g as f64 / (*v as f64 + epsilon).sqrt()) as f32)
+        .zip(&bn.var)
+        .map(|(g, v)| (*g as f64 / (*v as f64 + bn.epsilon).sqrt()) as f32)
         .collect();
-    let shift = beta
+    let shift = bn
+        .beta
         .iter()
-        .zip(mean)
+        .zip(&bn.mean)
         .zip(&scale)
         .map(|((b, m), s)| (*b as f64 - *m as f64 * *s as f64) as f32)
         .collect();

@@ -21,10 +21,49 @@
 //! }
 //! ```
 
-use dfdx::nn::modules::BatchNorm2D;
+use dfdx::nn::modules::{BatchNorm1D, BatchNorm2D};
 use dfdx::prelude::*;
 
-use crate::nn::Conv2d;
+use crate::nn::{BatchNorm2d, Conv2d};
+
+/// A BatchNorm's inference-mode parameters, one per channel, and its `ε`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchNormValues {
+    /// `γ`.
+    pub gamma: Vec<f32>,
+    /// `β`.
+    pub beta: Vec<f32>,
+    /// The running mean.
+    pub mean: Vec<f32>,
+    /// The running variance.
+    pub var: Vec<f32>,
+    /// `ε`.
+    pub epsilon: f64,
+}
+
+/// A BatchNorm over `C` channels whose inference-mode parameters folding and conversion read:
+/// dfdx's `BatchNorm2D` and `BatchNorm1D`, and [`BatchNorm2d`].
+pub trait BatchNormParams<const C: usize> {
+    /// The parameters, in channel order.
+    fn values(&self) -> BatchNormValues;
+}
+
+macro_rules! batch_norm_params {
+    ($($ty:ident),+) => {$(
+        impl<const C: usize> BatchNormParams<C> for $ty<C, f32, Cpu> {
+            fn values(&self) -> BatchNormValues {
+                BatchNormValues {
+                    gamma: self.scale.as_vec(),
+                    beta: self.bias.as_vec(),
+                    mean: self.running_mean.as_vec(),
+                    var: self.running_var.as_vec(),
+                    epsilon: self.epsilon,
+                }
+            }
+        }
+    )+};
+}
+batch_norm_params!(BatchNorm1D, BatchNorm2D, BatchNorm2d);
 
 /// Folds an inference-mode BatchNorm into the convolution before it:
 /// `W' = W·γ/√(σ²+ε)` per output channel and `b' = (b − μ)·γ/√(σ²+ε) + β`, computed in `f64`
@@ -45,14 +84,17 @@ pub fn fold_batchnorm<
     const CG: usize,
 >(
     conv: &Conv2d<C, O, K, S, P, G, CG, f32, Cpu>,
-    bn: &BatchNorm2D<O, f32, Cpu>,
+    bn: &impl BatchNormParams<O>,
 ) -> Conv2d<C, O, K, S, P, G, CG, f32, Cpu> {
-    let gamma = bn.scale.as_vec();
-    let beta = bn.bias.as_vec();
-    let mean = bn.running_mean.as_vec();
-    let var = bn.running_var.as_vec();
+    let BatchNormValues {
+        gamma,
+        beta,
+        mean,
+        var,
+        epsilon,
+    } = bn.values();
     let factor: Vec<f64> = (0..O)
-        .map(|o| gamma[o] as f64 / (var[o] as f64 + bn.epsilon).sqrt())
+        .map(|o| gamma[o] as f64 / (var[o] as f64 + epsilon).sqrt())
         .collect();
     // A grouped convolution's output channel reads only its group's `CG` input channels.
     let per_out = CG * K * K;

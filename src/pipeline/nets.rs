@@ -41,13 +41,13 @@ pub fn mlp() -> Model<(usize, Const<64>), 10, Mlp> {
 pub type CnnBuilder = (
     (
         quant_dfdx::nn::builders::Conv2d<1, 16, 3, 1, 1>,
-        dfdx::nn::builders::BatchNorm2D<16>,
+        quant_dfdx::nn::builders::BatchNorm2d<16>,
         ReLU,
         quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
         quant_dfdx::nn::builders::Conv2d<16, 32, 3, 1, 1>,
-        dfdx::nn::builders::BatchNorm2D<32>,
+        quant_dfdx::nn::builders::BatchNorm2d<32>,
         ReLU,
         quant_dfdx::nn::MaxPool2d<2>,
     ),
@@ -97,16 +97,16 @@ pub fn cnn() -> Model<Digits8x8, 10, Cnn, FoldedCnn> {
 pub type ResnetBuilder = (
     (
         quant_dfdx::nn::builders::Conv2d<1, 16, 3, 1, 1>,
-        dfdx::nn::builders::BatchNorm2D<16>,
+        quant_dfdx::nn::builders::BatchNorm2d<16>,
         ReLU,
     ),
     (
         dfdx::nn::builders::Residual<(
             quant_dfdx::nn::builders::DepthwiseConv2d<16, 3, 1, 1>,
-            dfdx::nn::builders::BatchNorm2D<16>,
+            quant_dfdx::nn::builders::BatchNorm2d<16>,
             ReLU,
             quant_dfdx::nn::builders::Conv2d<16, 16, 1>,
-            dfdx::nn::builders::BatchNorm2D<16>,
+            quant_dfdx::nn::builders::BatchNorm2d<16>,
         )>,
         ReLU,
     ),
@@ -114,14 +114,14 @@ pub type ResnetBuilder = (
         dfdx::nn::builders::GeneralizedResidual<
             (
                 quant_dfdx::nn::builders::Conv2d<16, 32, 3, 2, 1>,
-                dfdx::nn::builders::BatchNorm2D<32>,
+                quant_dfdx::nn::builders::BatchNorm2d<32>,
                 ReLU,
                 quant_dfdx::nn::builders::Conv2d<32, 32, 3, 1, 1>,
-                dfdx::nn::builders::BatchNorm2D<32>,
+                quant_dfdx::nn::builders::BatchNorm2d<32>,
             ),
             (
                 quant_dfdx::nn::builders::Conv2d<16, 32, 1, 2>,
-                dfdx::nn::builders::BatchNorm2D<32>,
+                quant_dfdx::nn::builders::BatchNorm2d<32>,
             ),
         >,
         ReLU,
@@ -264,7 +264,7 @@ pub fn mlp_784() -> Model<(usize, Const<784>), 10, Mlp784> {
 /// pooling.
 pub type ConvStageBuilder<const I: usize, const O: usize> = (
     quant_dfdx::nn::builders::Conv2d<I, O, 3, 1, 1>,
-    dfdx::nn::builders::BatchNorm2D<O>,
+    quant_dfdx::nn::builders::BatchNorm2d<O>,
     ReLU,
     quant_dfdx::nn::MaxPool2d<2>,
 );
@@ -326,10 +326,10 @@ pub fn cnn_28() -> Model<Images28x28, 10, Cnn28, FoldedCnn28> {
 pub type BasicBlockBuilder<const C: usize> = (
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::Conv2d<C, C, 3, 1, 1>,
-        dfdx::nn::builders::BatchNorm2D<C>,
+        quant_dfdx::nn::builders::BatchNorm2d<C>,
         ReLU,
         quant_dfdx::nn::builders::Conv2d<C, C, 3, 1, 1>,
-        dfdx::nn::builders::BatchNorm2D<C>,
+        quant_dfdx::nn::builders::BatchNorm2d<C>,
     )>,
     ReLU,
 );
@@ -348,14 +348,14 @@ pub type DownBlockBuilder<const I: usize, const O: usize> = (
     dfdx::nn::builders::GeneralizedResidual<
         (
             quant_dfdx::nn::builders::Conv2d<I, O, 3, 2, 1>,
-            dfdx::nn::builders::BatchNorm2D<O>,
+            quant_dfdx::nn::builders::BatchNorm2d<O>,
             ReLU,
             quant_dfdx::nn::builders::Conv2d<O, O, 3, 1, 1>,
-            dfdx::nn::builders::BatchNorm2D<O>,
+            quant_dfdx::nn::builders::BatchNorm2d<O>,
         ),
         (
             quant_dfdx::nn::builders::Conv2d<I, O, 1, 2>,
-            dfdx::nn::builders::BatchNorm2D<O>,
+            quant_dfdx::nn::builders::BatchNorm2d<O>,
         ),
     >,
     ReLU,
@@ -402,7 +402,7 @@ pub fn fold_down_block<const I: usize, const O: usize>(
 pub type Resnet28Builder = (
     (
         quant_dfdx::nn::builders::Conv2d<1, 16, 3, 2, 1>,
-        dfdx::nn::builders::BatchNorm2D<16>,
+        quant_dfdx::nn::builders::BatchNorm2d<16>,
         ReLU,
     ),
     BasicBlockBuilder<16>,
