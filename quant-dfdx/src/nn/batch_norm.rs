@@ -374,9 +374,10 @@ fn backward(
     // `+ β`, then `· (γ/σ)`: the centered values' gradient and the factor's.
     let mut d_centered = vec![0.0f32; x.len()];
     for b in 0..planes.outer {
-        for c in 0..channels {
-            for i in planes.plane(b, c) {
-                d_centered[i] = 0.0 + factor[c] * (0.0 + dy[i]);
+        for (c, factor) in factor.iter().enumerate() {
+            let r = planes.plane(b, c);
+            for (d, dy) in d_centered[r.clone()].iter_mut().zip(&dy[r]) {
+                *d = 0.0 + *factor * (0.0 + *dy);
             }
         }
     }
