@@ -7,9 +7,10 @@
 //! ```
 //!
 //! The inputs are roughly normal with a spread of 2 (sum of four uniforms), as a trained ViT's
-//! GELU inputs are, so every range of `erf` occurs. Each round times both layers one after the
-//! other; the summary prints the median over rounds of the ratio, so a noisy neighbour slows
-//! both sides alike.
+//! GELU inputs are, so every range of `erf` occurs. Rounds alternate the two layers
+//! (`common::compare`).
+
+mod common;
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -51,30 +52,11 @@ where
 fn main() {
     let dev = Cpu::default();
     let x = dev.tensor_from_vec(data(N), (N,));
-    let (mut ours, mut theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        let t_dfdx = step(&AccurateGeLU, &x);
-        let t_ours = step(&Gelu, &x);
-        theirs.push(t_dfdx);
-        ours.push(t_ours);
-        ratios.push(t_ours / t_dfdx);
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let ns = |t: f64| t * 1e9 / N as f64;
-    let (t_ours, t_dfdx) = (median(ours), median(theirs));
-    println!("GELU forward + backward, {N} values, one thread (median of {ROUNDS} rounds):");
-    println!(
-        "  dfdx AccurateGeLU  {:>8.1} µs  {:>5.2} ns/value",
-        t_dfdx * 1e6,
-        ns(t_dfdx)
+    common::compare(
+        "GELU forward + backward",
+        N,
+        ROUNDS,
+        ("dfdx AccurateGeLU", || step(&AccurateGeLU, &x)),
+        ("quant_dfdx Gelu", || step(&Gelu, &x)),
     );
-    println!(
-        "  quant_dfdx Gelu    {:>8.1} µs  {:>5.2} ns/value",
-        t_ours * 1e6,
-        ns(t_ours)
-    );
-    println!("  Gelu / AccurateGeLU: {:.2}x", median(ratios));
 }

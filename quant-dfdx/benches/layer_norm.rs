@@ -6,8 +6,9 @@
 //! cargo bench -p quant-dfdx --bench layer_norm
 //! ```
 //!
-//! Each round times both layers one after the other; the summary prints the median over
-//! rounds of the ratio, so a noisy neighbour slows both sides alike.
+//! Rounds alternate the two layers (`common::compare`).
+
+mod common;
 
 use std::hint::black_box;
 use std::time::Instant;
@@ -33,33 +34,11 @@ fn main() {
     let theirs = dev.build_module::<LayerNorm1D<48>, f32>();
     let ours = dev.build_module::<builders::LayerNorm<48>, f32>();
     let x: Input = dev.sample_normal_like(&(32, Const, Const));
-    let values = x.shape().num_elements();
-    let (mut t_ours, mut t_theirs, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for _ in 0..ROUNDS {
-        let a = step(&theirs, &x);
-        let b = step(&ours, &x);
-        t_theirs.push(a);
-        t_ours.push(b);
-        ratios.push(b / a);
-    }
-    let median = |mut v: Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let ns = |t: f64| t * 1e9 / values as f64;
-    let (a, b) = (median(t_theirs), median(t_ours));
-    println!(
-        "LayerNorm forward + backward, {values} values, one thread (median of {ROUNDS} rounds):"
+    common::compare(
+        "LayerNorm forward + backward",
+        x.shape().num_elements(),
+        ROUNDS,
+        ("dfdx LayerNorm1D", || step(&theirs, &x)),
+        ("quant_dfdx LayerNorm", || step(&ours, &x)),
     );
-    println!(
-        "  dfdx LayerNorm1D      {:>8.1} µs  {:>5.2} ns/value",
-        a * 1e6,
-        ns(a)
-    );
-    println!(
-        "  quant_dfdx LayerNorm  {:>8.1} µs  {:>5.2} ns/value",
-        b * 1e6,
-        ns(b)
-    );
-    println!("  LayerNorm / LayerNorm1D: {:.2}x", median(ratios));
 }
