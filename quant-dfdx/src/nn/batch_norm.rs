@@ -418,14 +418,8 @@ fn backward(
 
 #[cfg(test)]
 mod tests {
+    use super::super::bits::all_same;
     use super::*;
-
-    fn same(a: &[f32], b: &[f32]) -> bool {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
-                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
-    }
 
     type Images = Tensor<(usize, Const<5>, usize, usize), f32, Cpu>;
     type Traced = Tensor<(usize, Const<5>, usize, usize), f32, Cpu, OwnedTape<f32, Cpu>>;
@@ -516,7 +510,7 @@ mod tests {
                     _ => "inference outputs",
                 };
                 assert!(
-                    same(a, b),
+                    all_same(a, b),
                     "{name} (step {}), {batch}x5x{h}x{w}, spread {spread}",
                     i / 4 + 1
                 );

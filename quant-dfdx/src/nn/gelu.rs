@@ -62,11 +62,8 @@ pub fn gelu<S: Shape, T: Tape<f32, Cpu>>(
 
 #[cfg(test)]
 mod tests {
+    use super::super::bits::same;
     use super::*;
-
-    fn same(a: f32, b: f32) -> bool {
-        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-    }
 
     #[test]
     fn forward_and_backward_are_dfdx_accurate_gelus_bit_for_bit() {

@@ -254,14 +254,8 @@ impl Rows {
 
 #[cfg(test)]
 mod tests {
+    use super::super::bits::all_same;
     use super::*;
-
-    fn same(a: &[f32], b: &[f32]) -> bool {
-        a.len() == b.len()
-            && a.iter()
-                .zip(b)
-                .all(|(a, b)| a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan()))
-    }
 
     type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
 
@@ -312,7 +306,11 @@ mod tests {
             let a = run(&ours, &ours.gamma, &ours.beta, &x, &w);
             let b = run(&theirs, &theirs.gamma, &theirs.beta, &x, &w);
             for i in 0..4 {
-                assert!(same(&a[i], &b[i]), "{}, rank 3, spread {spread}", what[i]);
+                assert!(
+                    all_same(&a[i], &b[i]),
+                    "{}, rank 3, spread {spread}",
+                    what[i]
+                );
             }
             let x: Tensor<(usize, Const<48>), f32, Cpu> =
                 dev.sample_normal_like(&(33, Const)) * spread - 2.0;
@@ -320,7 +318,11 @@ mod tests {
             let a = run(&ours, &ours.gamma, &ours.beta, &x, &w);
             let b = run(&theirs, &theirs.gamma, &theirs.beta, &x, &w);
             for i in 0..4 {
-                assert!(same(&a[i], &b[i]), "{}, rank 2, spread {spread}", what[i]);
+                assert!(
+                    all_same(&a[i], &b[i]),
+                    "{}, rank 2, spread {spread}",
+                    what[i]
+                );
             }
         }
     }
