@@ -169,7 +169,7 @@ impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no quantized twin: quant cannot convert it",
     label = "this layer cannot be converted",
-    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_dfdx::nn's Conv2d, BatchNorm2d, LayerNorm, Gelu, ImageTokens, MeanTokens, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
+    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_dfdx::nn's Linear, Conv2d, BatchNorm2d, LayerNorm, Gelu, ImageTokens, MeanTokens, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
     note = "for a layer of your own, derive `QuantizedLayer` on it (its tensors become quantizer slots), or implement `Convert` for it"
 )]
 pub trait Convert {
@@ -247,6 +247,14 @@ pub trait InputOnly: GraphOp {
 }
 
 impl<const I: usize, const O: usize> Convert for Linear<I, O, f32, Cpu> {
+    type Quantized = QLinear<I, O>;
+
+    fn convert(&self) -> Self::Quantized {
+        QLinear::from_linear(self)
+    }
+}
+
+impl<const I: usize, const O: usize> Convert for crate::nn::Linear<I, O, f32, Cpu> {
     type Quantized = QLinear<I, O>;
 
     fn convert(&self) -> Self::Quantized {

@@ -20,11 +20,11 @@ pub type Images28x28 = (usize, Const<1>, Const<28>, Const<28>);
 
 /// The MLP, as dfdx builders: 64-256-256-10 with ReLU.
 pub type MlpBuilder = (
-    dfdx::nn::builders::Linear<64, 256>,
+    quant_dfdx::nn::builders::Linear<64, 256>,
     ReLU,
-    dfdx::nn::builders::Linear<256, 256>,
+    quant_dfdx::nn::builders::Linear<256, 256>,
     ReLU,
-    dfdx::nn::builders::Linear<256, 10>,
+    quant_dfdx::nn::builders::Linear<256, 10>,
 );
 /// The built MLP.
 pub type Mlp = <MlpBuilder as BuildOnDevice<Cpu, f32>>::Built;
@@ -53,7 +53,7 @@ pub type CnnBuilder = (
     ),
     (
         quant_dfdx::nn::Flatten<128>,
-        dfdx::nn::builders::Linear<128, 10>,
+        quant_dfdx::nn::builders::Linear<128, 10>,
     ),
 );
 /// The built CNN.
@@ -72,7 +72,7 @@ pub type FoldedCnn = (
     ),
     (
         quant_dfdx::nn::Flatten<128>,
-        dfdx::nn::modules::Linear<128, 10, f32, Cpu>,
+        quant_dfdx::nn::Linear<128, 10>,
     ),
 );
 /// The quantized CNN.
@@ -128,7 +128,7 @@ pub type ResnetBuilder = (
     ),
     (
         dfdx::nn::builders::AvgPoolGlobal,
-        dfdx::nn::builders::Linear<32, 10>,
+        quant_dfdx::nn::builders::Linear<32, 10>,
     ),
 );
 /// The built residual CNN.
@@ -157,7 +157,7 @@ pub type FoldedResnet = (
     ),
     (
         dfdx::nn::modules::AvgPoolGlobal,
-        dfdx::nn::modules::Linear<32, 10, f32, Cpu>,
+        quant_dfdx::nn::Linear<32, 10>,
     ),
 );
 /// The quantized residual CNN.
@@ -210,9 +210,9 @@ pub type VitBlockBuilder = (
     )>,
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
-        dfdx::nn::builders::Linear<VIT_WIDTH, VIT_HIDDEN>,
+        quant_dfdx::nn::builders::Linear<VIT_WIDTH, VIT_HIDDEN>,
         quant_dfdx::nn::builders::Gelu,
-        dfdx::nn::builders::Linear<VIT_HIDDEN, VIT_WIDTH>,
+        quant_dfdx::nn::builders::Linear<VIT_HIDDEN, VIT_WIDTH>,
     )>,
 );
 
@@ -229,7 +229,7 @@ pub type VitBuilder = (
     (
         quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
         quant_dfdx::nn::MeanTokens,
-        dfdx::nn::builders::Linear<VIT_WIDTH, 10>,
+        quant_dfdx::nn::builders::Linear<VIT_WIDTH, 10>,
     ),
 );
 /// The built vision transformer.
@@ -246,11 +246,11 @@ pub fn vit() -> Model<Digits8x8, 10, Vit> {
 
 /// The 28x28 MLP, as dfdx builders: 784-256-256-10 with ReLU.
 pub type Mlp784Builder = (
-    dfdx::nn::builders::Linear<784, 256>,
+    quant_dfdx::nn::builders::Linear<784, 256>,
     ReLU,
-    dfdx::nn::builders::Linear<256, 256>,
+    quant_dfdx::nn::builders::Linear<256, 256>,
     ReLU,
-    dfdx::nn::builders::Linear<256, 10>,
+    quant_dfdx::nn::builders::Linear<256, 10>,
 );
 /// The built 28x28 MLP.
 pub type Mlp784 = <Mlp784Builder as BuildOnDevice<Cpu, f32>>::Built;
@@ -290,7 +290,7 @@ pub type Cnn28Builder = (
     ConvStageBuilder<32, 64>,
     (
         quant_dfdx::nn::Flatten<576>,
-        dfdx::nn::builders::Linear<576, 10>,
+        quant_dfdx::nn::builders::Linear<576, 10>,
     ),
 );
 /// The built 28x28 CNN.
@@ -302,7 +302,7 @@ pub type FoldedCnn28 = (
     FoldedConvStage<32, 64>,
     (
         quant_dfdx::nn::Flatten<576>,
-        dfdx::nn::modules::Linear<576, 10, f32, Cpu>,
+        quant_dfdx::nn::Linear<576, 10>,
     ),
 );
 
@@ -411,7 +411,7 @@ pub type Resnet28Builder = (
     DownBlockBuilder<32, 64>,
     (
         dfdx::nn::builders::AvgPoolGlobal,
-        dfdx::nn::builders::Linear<64, 10>,
+        quant_dfdx::nn::builders::Linear<64, 10>,
     ),
 );
 /// The built 28x28 ResNet.
@@ -425,7 +425,7 @@ pub type FoldedResnet28 = (
     FoldedDownBlock<32, 64>,
     (
         dfdx::nn::modules::AvgPoolGlobal,
-        dfdx::nn::modules::Linear<64, 10, f32, Cpu>,
+        quant_dfdx::nn::Linear<64, 10>,
     ),
 );
 
@@ -460,9 +460,9 @@ pub type Vit28BlockBuilder = (
     )>,
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
-        dfdx::nn::builders::Linear<VIT28_WIDTH, VIT28_HIDDEN>,
+        quant_dfdx::nn::builders::Linear<VIT28_WIDTH, VIT28_HIDDEN>,
         quant_dfdx::nn::builders::Gelu,
-        dfdx::nn::builders::Linear<VIT28_HIDDEN, VIT28_WIDTH>,
+        quant_dfdx::nn::builders::Linear<VIT28_HIDDEN, VIT28_WIDTH>,
     )>,
 );
 
@@ -482,7 +482,7 @@ pub type Vit28Builder = (
     (
         quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
         quant_dfdx::nn::MeanTokens,
-        dfdx::nn::builders::Linear<VIT28_WIDTH, 10>,
+        quant_dfdx::nn::builders::Linear<VIT28_WIDTH, 10>,
     ),
 );
 /// The built 28x28 vision transformer.

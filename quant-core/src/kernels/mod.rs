@@ -59,10 +59,13 @@
 //! backward (`lsq`), PACT and DSQ (`pact`, `dsq`) and integer codes (`codes`). `gelu` is
 //! the one float layer here: dfdx's `AccurateGeLU` bit for bit, vectorised. `params` holds
 //! the validated per-channel constants, `round` the rounding policies, `torch` PyTorch's exact
-//! arithmetic for grids too wide for the fast paths.
+//! arithmetic for grids too wide for the fast paths. [`affine`] (with the `dfdx` feature)
+//! holds a fully connected layer's products with the numbers of dfdx's `Linear`.
 
 #[macro_use]
 mod round;
+#[cfg(feature = "dfdx")]
+pub mod affine;
 mod codes;
 mod driver;
 mod dsq;

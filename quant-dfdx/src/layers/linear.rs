@@ -59,14 +59,41 @@ tensor_collection! {
     }
 }
 
+/// A float fully connected layer [`QLinear::from_linear`] wraps: dfdx's `Linear` or
+/// [`crate::nn::Linear`].
+pub trait LinearParams<const I: usize, const O: usize> {
+    /// The weights, `[O, I]`.
+    fn weight(&self) -> &Tensor<Rank2<O, I>, f32, Cpu>;
+    /// The bias, `[O]`.
+    fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu>;
+}
+
+impl<const I: usize, const O: usize> LinearParams<I, O> for Linear<I, O, f32, Cpu> {
+    fn weight(&self) -> &Tensor<Rank2<O, I>, f32, Cpu> {
+        &self.weight
+    }
+    fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu> {
+        &self.bias
+    }
+}
+
+impl<const I: usize, const O: usize> LinearParams<I, O> for crate::nn::Linear<I, O, f32, Cpu> {
+    fn weight(&self) -> &Tensor<Rank2<O, I>, f32, Cpu> {
+        &self.weight
+    }
+    fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu> {
+        &self.bias
+    }
+}
+
 impl<const I: usize, const O: usize> QLinear<I, O> {
     /// Wraps a float Linear (weights copied, not re-initialised) with unconfigured quantizers:
     /// until configured, the layer computes exactly what the float Linear does.
-    pub fn from_linear(linear: &Linear<I, O, f32, Cpu>) -> Self {
-        let dev = linear.weight.device();
+    pub fn from_linear(linear: &impl LinearParams<I, O>) -> Self {
+        let dev = linear.weight().device();
         QLinear {
-            weight: linear.weight.clone(),
-            bias: linear.bias.clone(),
+            weight: linear.weight().clone(),
+            bias: linear.bias().clone(),
             weights_quantizer: TensorQuantizer::new(dev),
             input_quantizer: TensorQuantizer::new(dev),
         }
@@ -78,17 +105,15 @@ impl<const I: usize, const O: usize> QLinear<I, O> {
 /// quantizer is per tensor whatever the rank; the weights quantizer's channels are the weight's
 /// output rows (axis 0 of `[O, I]`), whatever the input.
 macro_rules! linear_modules {
-    ($([$($dim:ident),*] => |$x:ident, $w:ident, $b:ident| $apply:expr;)+) => {$(
-        linear_modules!(@impl Module::try_forward() => fake_quantize;
-            [$($dim),*] |$x, $w, $b| $apply);
-        linear_modules!(@impl ModuleMut::try_forward_mut(mut) => fake_quantize_mut;
-            [$($dim),*] |$x, $w, $b| $apply);
+    ($([$($dim:ident),*];)+) => {$(
+        linear_modules!(@impl Module::try_forward() => fake_quantize; [$($dim),*]);
+        linear_modules!(@impl ModuleMut::try_forward_mut(mut) => fake_quantize_mut; [$($dim),*]);
     )+};
     // One impl; `Module` evaluates (`fake_quantize`), `ModuleMut` trains and calibrates
     // (`fake_quantize_mut`, `(mut)` for `&mut self`): weights calibrate from themselves, the
     // observer seeing the weight on every step while the weight passes through.
     (@impl $trait:ident::$method:ident($($mut:ident)?) => $fake_quantize:ident;
-        [$($dim:ident),*] |$x:ident, $w:ident, $b:ident| $apply:expr) => {
+        [$($dim:ident),*]) => {
         impl<
                 $($dim: Dim,)*
                 const I: usize,
@@ -105,32 +130,24 @@ macro_rules! linear_modules {
                 &$($mut)? self,
                 x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
             ) -> Result<Self::Output> {
-                let $x = self.input_quantizer.$fake_quantize(x)?;
-                let $w = self
+                let x = self.input_quantizer.$fake_quantize(x)?;
+                let w = self
                     .weights_quantizer
-                    .$fake_quantize(self.weight.retaped::<T>())?
-                    .try_permute::<_, Axes2<1, 0>>()?;
+                    .$fake_quantize(self.weight.retaped::<T>())?;
                 // After the weights quantizer: calibration may have moved its scales.
-                let $b: Tensor<Rank1<O>, f32, Cpu, T> =
+                let b: Tensor<Rank1<O>, f32, Cpu, T> =
                     super::layer_bias(&self.bias, &self.input_quantizer, &self.weights_quantizer)?;
-                $apply
+                // dfdx's `x · wᵀ + b` to the bit, one product for the batch.
+                crate::nn::linear(x, w, b)
             }
         }
     };
 }
 
 linear_modules!(
-    [] => |x, w, bias| Ok(x.try_matmul(w)?.try_add(bias)?);
-    [B] => |x, w, bias| {
-        let y = x.try_matmul(w)?;
-        let shape = *y.shape();
-        Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
-    };
-    [B, S] => |x, w, bias| {
-        let y = x.try_matmul(w)?;
-        let shape = *y.shape();
-        Ok(y.try_add(bias.try_broadcast_like(&shape)?)?)
-    };
+    [];
+    [B];
+    [B, S];
 );
 
 impl<const I: usize, const O: usize, WQ: FakeQuantizer, AQ: FakeQuantizer> QuantizedModule

@@ -37,7 +37,7 @@ pub use conv::QConv2d;
 pub use embedding::QEmbedding;
 pub use float::Float;
 pub use input::{OnGrid, QuantInput};
-pub use linear::QLinear;
+pub use linear::{LinearParams, QLinear};
 pub use param::{fake_quantize_param, fake_quantize_param_mut, LayerInput};
 pub use quantizer::{
     QuantizerControl, QuantizerDescription, QuantizerMode, QuantizerSpec, TensorQuantizer,

@@ -49,6 +49,7 @@ mod conv;
 mod flatten;
 mod gelu;
 mod layer_norm;
+mod linear;
 mod pool;
 mod tape;
 mod tokens;
@@ -62,6 +63,7 @@ pub use conv::{conv2d, conv2d_grouped, Conv2d, DepthwiseConv2d};
 pub use flatten::{flatten, Flatten, ImageBatch};
 pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, LayerNorm};
+pub use linear::{linear, Linear, LinearInput};
 pub use pool::{avg_pool2d, max_pool2d, AvgPool2d, MaxPool2d};
 pub use tokens::{ImageTokens, MeanTokens, Tokens};
 
@@ -82,6 +84,7 @@ pub mod builders {
     pub use super::flatten::Flatten;
     pub use super::gelu::Gelu;
     pub use super::layer_norm::builder::LayerNorm;
+    pub use super::linear::builder::Linear;
     pub use super::pool::{AvgPool2d, MaxPool2d};
     pub use super::tokens::builder::ImageTokens;
     pub use super::tokens::MeanTokens;

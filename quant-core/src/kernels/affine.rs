@@ -1,0 +1,412 @@
+//! The three matrix products of a fully connected layer, `y = x · Wᵀ + b` and its two
+//! gradients, with the numbers dfdx 0.13's `Linear` gets from `gemm` but one product for a
+//! whole batch of sequences where dfdx takes one per sequence.
+//!
+//! `gemm` computes each output of a product as one chain of fused multiply-adds over the
+//! depth, started at zero, and adds it to the destination (or writes it). The rows one call
+//! covers do not change that chain while the depth fits one of its blocks (512) and no call
+//! falls to its vector paths (a depth of 2 or less, one row or one column): [`Affine::new`]
+//! says where that holds. There:
+//!
+//! - [`Affine::forward`]: one `gemm` call over all rows into a buffer that holds the bias,
+//!   the chain plus the bias rounded once, as dfdx's product then broadcast add round it;
+//! - [`Affine::input_gradient`]: one call over all rows, added into the gradient;
+//! - [`Affine::weight_gradient`]: dfdx's order, a chain over the rows of each sequence added
+//!   into the gradient sequence by sequence, computed by a loop of our own (`gemm` packs its
+//!   operands again for each call, most of its time at these sizes), parallel over the
+//!   weights' rows, so the result does not depend on the thread count; for a single
+//!   sequence (a batch of vectors), dfdx's own `gemm` call.
+//!
+//! Every path needs FMA (`gemm`'s multiply-adds are fused only there); elsewhere
+//! [`Affine::new`] answers `None` and the caller takes dfdx's ops.
+
+use rayon::prelude::*;
+
+/// The largest depth `gemm` takes in one block; up to it, each output is one chain.
+const MAX_DEPTH: usize = 512;
+
+/// How many of the weights' rows one task of [`Affine::weight_gradient`] takes.
+const ROWS_PER_TASK: usize = 4;
+
+/// The sizes of one fully connected layer's products over a batch of `sequences` matrices
+/// of `rows` rows (a batch of vectors is one sequence of `batch` rows), where the one-product
+/// path gives dfdx's bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Affine {
+    sequences: usize,
+    rows: usize,
+    inputs: usize,
+    outputs: usize,
+}
+
+impl Affine {
+    /// The plan for these sizes, or `None` where dfdx's per-sequence products must run:
+    /// a depth (`inputs` forward, `outputs` for the input's gradient, `rows` for the weights'
+    /// when `backward`) outside `3..=512`, fewer than two rows, no sequence, or a CPU without
+    /// FMA.
+    pub fn new(
+        sequences: usize,
+        rows: usize,
+        inputs: usize,
+        outputs: usize,
+        backward: bool,
+    ) -> Option<Affine> {
+        let depth = |d: usize| (3..=MAX_DEPTH).contains(&d);
+        let fits = sequences > 0
+            && rows >= 2
+            && depth(inputs)
+            && depth(outputs)
+            && (!backward || depth(rows));
+        (fits && fma_available()).then_some(Affine {
+            sequences,
+            rows,
+            inputs,
+            outputs,
+        })
+    }
+
+    /// All rows of the batch.
+    pub fn total_rows(&self) -> usize {
+        self.sequences * self.rows
+    }
+
+    /// `x · Wᵀ + b` for `x` of `total_rows() × inputs` and `w` of `outputs × inputs`, both
+    /// row-major; `None` if a length does not match.
+    pub fn forward(&self, x: &[f32], w: &[f32], bias: &[f32]) -> Option<Vec<f32>> {
+        let rows = self.total_rows();
+        let (inputs, outputs) = (self.inputs, self.outputs);
+        if x.len() != rows * inputs || w.len() != outputs * inputs || bias.len() != outputs {
+            return None;
+        }
+        let mut y = Vec::with_capacity(rows * outputs);
+        for _ in 0..rows {
+            y.extend_from_slice(bias);
+        }
+        // SAFETY: `x` holds `rows` rows of `inputs`, `w` `outputs` rows of `inputs` (read as
+        // the `inputs × outputs` matrix Wᵀ: row stride 1, column stride `inputs`), `y` `rows`
+        // rows of `outputs`: every address the strides reach is inside them.
+        unsafe {
+            gemm::gemm(
+                rows,
+                outputs,
+                inputs,
+                y.as_mut_ptr(),
+                1,
+                outputs as isize,
+                true,
+                x.as_ptr(),
+                1,
+                inputs as isize,
+                w.as_ptr(),
+                inputs as isize,
+                1,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            );
+        }
+        Some(y)
+    }
+
+    /// `dx += dy · W` for `dy` of `total_rows() × outputs`, `w` of `outputs × inputs`, `dx`
+    /// of `total_rows() × inputs`; `None` (nothing added) if a length does not match.
+    pub fn input_gradient(&self, dx: &mut [f32], dy: &[f32], w: &[f32]) -> Option<()> {
+        let rows = self.total_rows();
+        let (inputs, outputs) = (self.inputs, self.outputs);
+        if dx.len() != rows * inputs || dy.len() != rows * outputs || w.len() != outputs * inputs {
+            return None;
+        }
+        // SAFETY: lengths checked above; row-major strides within each buffer.
+        unsafe {
+            gemm::gemm(
+                rows,
+                inputs,
+                outputs,
+                dx.as_mut_ptr(),
+                1,
+                inputs as isize,
+                true,
+                dy.as_ptr(),
+                1,
+                outputs as isize,
+                w.as_ptr(),
+                1,
+                inputs as isize,
+                1.0,
+                1.0,
+                false,
+                false,
+                false,
+                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            );
+        }
+        Some(())
+    }
+
+    /// `dw[o][i] += Σ_r x[s][r][i] · dy[s][r][o]` for each sequence `s` in turn, each sum a
+    /// chain of fused multiply-adds over its rows `r` from zero; `None` (nothing added) if a
+    /// length does not match.
+    pub fn weight_gradient(&self, dw: &mut [f32], x: &[f32], dy: &[f32]) -> Option<()> {
+        let (inputs, outputs, rows) = (self.inputs, self.outputs, self.rows);
+        let total = self.total_rows();
+        if dw.len() != outputs * inputs || x.len() != total * inputs || dy.len() != total * outputs
+        {
+            return None;
+        }
+        if self.sequences == 1 {
+            // dfdx's own call for a batch of vectors (one product, depth `rows`): `gemm`'s
+            // kernels are faster than the loop below on one long chain.
+            // SAFETY: lengths checked above; `dw` is read as the `inputs × outputs` matrix
+            // (row stride 1, column stride `inputs`), `x` as its transpose.
+            unsafe {
+                gemm::gemm(
+                    inputs,
+                    outputs,
+                    rows,
+                    dw.as_mut_ptr(),
+                    inputs as isize,
+                    1,
+                    true,
+                    x.as_ptr(),
+                    inputs as isize,
+                    1,
+                    dy.as_ptr(),
+                    1,
+                    outputs as isize,
+                    1.0,
+                    1.0,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                );
+            }
+            return Some(());
+        }
+        dw.par_chunks_mut(ROWS_PER_TASK * inputs)
+            .enumerate()
+            .for_each(|(task, dw_rows)| {
+                let first = task * ROWS_PER_TASK;
+                for s in 0..self.sequences {
+                    let x_seq = &x[s * rows * inputs..][..rows * inputs];
+                    let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
+                    add_rows(dw_rows, x_seq, dy_seq, first, outputs);
+                }
+            });
+        Some(())
+    }
+}
+
+/// Whether `gemm` multiplies with fused multiply-adds here (what every path above matches).
+fn fma_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds up to
+/// [`ROWS_PER_TASK`] rows of the weights' gradient).
+fn add_rows(dw_rows: &mut [f32], x: &[f32], dy: &[f32], first: usize, outputs: usize) {
+    let inputs = x.len() / (dy.len() / outputs).max(1);
+    #[cfg(target_arch = "x86_64")]
+    if fma_available() && inputs > 0 {
+        // SAFETY: the CPU has AVX and FMA (checked just above); `x` holds `dy.len() /
+        // outputs` rows of `inputs`, `dw_rows` whole rows of `inputs`.
+        unsafe { add_rows_fma(dw_rows, x, dy, first, outputs, inputs) };
+        return;
+    }
+    for (j, dw_row) in dw_rows.chunks_exact_mut(inputs.max(1)).enumerate() {
+        add_columns(dw_row, x, dy, first + j, outputs, 0);
+    }
+}
+
+/// [`add_rows`] with eight columns to a vector: four rows by two vectors at a time, eight
+/// independent chains (enough to keep two FMA units busy through their latency).
+///
+/// # Safety
+/// The CPU has AVX and FMA; `x` holds `dy.len() / outputs` rows of `inputs`; `dw_rows`
+/// whole rows of `inputs`; `first + dw_rows.len() / inputs <= outputs`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma")]
+unsafe fn add_rows_fma(
+    dw_rows: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    first: usize,
+    outputs: usize,
+    inputs: usize,
+) {
+    use std::arch::x86_64::*;
+    let rows = dy.len() / outputs;
+    let dw = dw_rows.as_mut_ptr();
+    let x = x.as_ptr();
+    let dy_at = |r: usize, o: usize| dy[r * outputs + o];
+    let mut j = 0;
+    // SAFETY: every pointer below addresses columns `i..i + 8·v` with `i + 8·v <= inputs`
+    // of a row `r < rows` of `x` or of a row `j + o < dw_rows.len() / inputs` of `dw_rows`.
+    unsafe {
+        while (j + ROWS_PER_TASK) * inputs <= dw_rows.len() {
+            let mut i = 0;
+            while i + 16 <= inputs {
+                let mut acc = [[_mm256_setzero_ps(); 2]; ROWS_PER_TASK];
+                for r in 0..rows {
+                    let xr = x.add(r * inputs + i);
+                    let (x0, x1) = (_mm256_loadu_ps(xr), _mm256_loadu_ps(xr.add(8)));
+                    for (o, a) in acc.iter_mut().enumerate() {
+                        let g = _mm256_set1_ps(dy_at(r, first + j + o));
+                        a[0] = _mm256_fmadd_ps(g, x0, a[0]);
+                        a[1] = _mm256_fmadd_ps(g, x1, a[1]);
+                    }
+                }
+                for (o, a) in acc.iter().enumerate() {
+                    let d = dw.add((j + o) * inputs + i);
+                    _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), a[0]));
+                    let d = d.add(8);
+                    _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), a[1]));
+                }
+                i += 16;
+            }
+            let done = i;
+            for o in 0..ROWS_PER_TASK {
+                add_row_tail(dw, x, dy, (j + o, first + j + o), outputs, inputs, done);
+            }
+            j += ROWS_PER_TASK;
+        }
+        while (j + 1) * inputs <= dw_rows.len() {
+            add_row_tail(dw, x, dy, (j, first + j), outputs, inputs, 0);
+            j += 1;
+        }
+    }
+}
+
+/// Row `row` of `dw` (output `o`) from column `from` on: vectors of eight, then one column at
+/// a time.
+///
+/// # Safety
+/// As [`add_rows_fma`]; `row` is one of its rows.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma")]
+unsafe fn add_row_tail(
+    dw: *mut f32,
+    x: *const f32,
+    dy: &[f32],
+    (row, o): (usize, usize),
+    outputs: usize,
+    inputs: usize,
+    from: usize,
+) {
+    use std::arch::x86_64::*;
+    let rows = dy.len() / outputs;
+    let mut i = from;
+    // SAFETY: as the caller's; `i + 8 <= inputs` for the vectors, `i < inputs` after.
+    unsafe {
+        while i + 8 <= inputs {
+            let mut acc = _mm256_setzero_ps();
+            for r in 0..rows {
+                let g = _mm256_set1_ps(dy[r * outputs + o]);
+                acc = _mm256_fmadd_ps(g, _mm256_loadu_ps(x.add(r * inputs + i)), acc);
+            }
+            let d = dw.add(row * inputs + i);
+            _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc));
+            i += 8;
+        }
+        while i < inputs {
+            let mut acc = 0.0f32;
+            for r in 0..rows {
+                acc = dy[r * outputs + o].mul_add(*x.add(r * inputs + i), acc);
+            }
+            *dw.add(row * inputs + i) += acc;
+            i += 1;
+        }
+    }
+}
+
+/// One row of [`add_rows`] from column `first` on, one column at a time, without vectors
+/// (`mul_add` is fused on every CPU).
+fn add_columns(dw_row: &mut [f32], x: &[f32], dy: &[f32], o: usize, outputs: usize, first: usize) {
+    let inputs = dw_row.len();
+    let rows = dy.len() / outputs.max(1);
+    for (col, d) in dw_row.iter_mut().enumerate().skip(first) {
+        let mut acc = 0.0f32;
+        for r in 0..rows {
+            acc = dy[r * outputs + o].mul_add(x[r * inputs + col], acc);
+        }
+        *d += acc;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn plans_only_where_one_chain_per_output_holds() {
+        let fma = fma_available();
+        assert_eq!(Affine::new(64, 16, 64, 128, true).is_some(), fma);
+        assert!(Affine::new(1, 64, 784, 128, false).is_none(), "depth 784");
+        assert!(
+            Affine::new(64, 16, 64, 2, true).is_none(),
+            "depth 2 backward"
+        );
+        assert!(
+            Affine::new(64, 1, 64, 64, false).is_none(),
+            "one row a sequence"
+        );
+        assert!(Affine::new(0, 16, 64, 64, false).is_none(), "no sequence");
+        assert!(
+            Affine::new(1, 600, 64, 64, true).is_none(),
+            "600 rows, backward"
+        );
+        assert_eq!(Affine::new(1, 600, 64, 64, false).is_some(), fma);
+    }
+
+    /// The vector loop against one chain per output written out plainly.
+    #[test]
+    fn weight_gradient_is_one_chain_per_sequence() {
+        let (sequences, rows, inputs, outputs) = (3, 5, 45, 7);
+        let Some(plan) = Affine::new(sequences, rows, inputs, outputs, true) else {
+            return; // No FMA: the path is never taken.
+        };
+        let x = values(sequences * rows * inputs, 1);
+        let dy = values(sequences * rows * outputs, 2);
+        let start = values(outputs * inputs, 3);
+        let mut dw = start.clone();
+        plan.weight_gradient(&mut dw, &x, &dy).unwrap();
+        let mut expected = start;
+        for s in 0..sequences {
+            for o in 0..outputs {
+                for i in 0..inputs {
+                    let mut acc = 0.0f32;
+                    for r in 0..rows {
+                        let t = s * rows + r;
+                        acc = dy[t * outputs + o].mul_add(x[t * inputs + i], acc);
+                    }
+                    expected[o * inputs + i] += acc;
+                }
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&dw), bits(&expected));
+        assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
+    }
+}

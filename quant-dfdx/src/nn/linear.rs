@@ -1,0 +1,420 @@
+//! A fully connected layer with the numbers of dfdx's `Linear` and one matrix product for a
+//! whole batch of sequences: the layer and its op. The products are
+//! [`quant_core::kernels::affine`]'s, which says why they give dfdx's bits; where they cannot
+//! (sizes outside their bounds, CPUs without FMA, single vectors) dfdx's own ops run.
+
+use dfdx::prelude::*;
+use dfdx::shapes::Dtype;
+use dfdx::tensor::CpuError;
+use dfdx::tensor_ops::Device;
+use quant_core::kernels::affine::Affine;
+use quant_core::{QuantError, Result};
+
+use crate::layers::fan_in_uniform;
+
+use super::tape::{read, record};
+
+pub mod builder {
+    /// Builds a [`Linear`](super::Linear) from `I` features to `O`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Linear<const I: usize, const O: usize>;
+}
+
+impl<const I: usize, const O: usize, E: Dtype, D: Device<E>> BuildOnDevice<D, E>
+    for builder::Linear<I, O>
+where
+    Linear<I, O, E, D>: BuildModule<D, E>,
+{
+    type Built = Linear<I, O, E, D>;
+    fn try_build_on_device(device: &D) -> std::result::Result<Self::Built, D::Err> {
+        Self::Built::try_build(device)
+    }
+}
+
+/// A fully connected layer, `x · Wᵀ + b`: dfdx's `Linear` bit for bit (outputs, and the
+/// gradients of the input, `weight` and `bias`), with one matrix product for a whole batch of
+/// sequences where dfdx takes one per sequence (a fraction of the time in a transformer's
+/// training step: `cargo bench -p quant-dfdx --bench linear`). A drop-in for it: the same
+/// parameters under the same names (`weight` `(O, I)`, `bias` `(O)`), initialised from the same
+/// random draws, and it converts, quantizes and exports as the same layer kind (`Linear`).
+/// Inputs `(I)`, `(B, I)` and `(B, S, I)`.
+///
+/// ```
+/// use dfdx::prelude::*;
+/// use quant_dfdx::nn::builders;
+///
+/// let dev = Cpu::seed_from_u64(0);
+/// let ours = dev.build_module::<builders::Linear<8, 4>, f32>();
+/// let dev = Cpu::seed_from_u64(0);
+/// let dfdx = dev.build_module::<Linear<8, 4>, f32>();
+/// assert_eq!(ours.weight.as_vec(), dfdx.weight.as_vec());
+/// let x: Tensor<Rank3<2, 5, 8>, f32, _> = dev.sample_normal();
+/// assert_eq!(ours.forward(x.clone()).as_vec(), dfdx.forward(x).as_vec());
+/// ```
+#[derive(Debug, Clone)]
+pub struct Linear<const I: usize, const O: usize, E: Dtype = f32, D: Storage<E> = Cpu> {
+    /// The weights, `(O, I)`.
+    pub weight: Tensor<Rank2<O, I>, E, D>,
+    /// The bias, `(O)`.
+    pub bias: Tensor<Rank1<O>, E, D>,
+}
+
+impl<const I: usize, const O: usize, E: Dtype, D: Storage<E>> NonMutableModule
+    for Linear<I, O, E, D>
+{
+}
+
+impl<
+        const I: usize,
+        const O: usize,
+        E: Dtype + num_traits::Float + rand_distr::uniform::SampleUniform,
+        D: Device<E>,
+    > TensorCollection<E, D> for Linear<I, O, E, D>
+{
+    type To<E2: Dtype, D2: Device<E2>> = Linear<I, O, E2, D2>;
+
+    fn iter_tensors<V: ModuleVisitor<Self, E, D>>(
+        visitor: &mut V,
+    ) -> std::result::Result<Option<Self::To<V::E2, V::D2>>, V::Err> {
+        // dfdx's initialisation, draw for draw: uniform in ±1/√I for both.
+        visitor.visit_fields(
+            (
+                Self::tensor(
+                    "weight",
+                    |s| &s.weight,
+                    |s| &mut s.weight,
+                    TensorOptions::reset_with(|t| t.try_fill_with_distr(fan_in_uniform(I))),
+                ),
+                Self::tensor(
+                    "bias",
+                    |s| &s.bias,
+                    |s| &mut s.bias,
+                    TensorOptions::reset_with(|t| t.try_fill_with_distr(fan_in_uniform(I))),
+                ),
+            ),
+            |(weight, bias)| Linear { weight, bias },
+        )
+    }
+}
+
+impl<const I: usize, const O: usize, X> Module<X> for Linear<I, O, f32, Cpu>
+where
+    X: LinearInput<I, O>,
+{
+    type Output = X::Output;
+    type Error = CpuError;
+
+    fn try_forward(&self, x: X) -> std::result::Result<Self::Output, CpuError> {
+        x.linear(
+            self.weight.retaped::<X::Tape>(),
+            self.bias.retaped::<X::Tape>(),
+        )
+        .map_err(super::to_cpu_error)
+    }
+}
+
+/// An input of [`linear`]: `(I)`, `(B, I)` or `(B, S, I)` on the CPU, with any tape.
+pub trait LinearInput<const I: usize, const O: usize>: Sized {
+    /// The input's tape, which the weights and the bias take for the op.
+    type Tape: Tape<f32, Cpu> + Merge<Self::Tape>;
+    /// The output: the input's shape with `O` for `I`.
+    type Output;
+
+    /// `self · weightᵀ + bias`.
+    ///
+    /// # Errors
+    /// The device's (allocation).
+    fn linear(
+        self,
+        weight: Tensor<Rank2<O, I>, f32, Cpu, Self::Tape>,
+        bias: Tensor<Rank1<O>, f32, Cpu, Self::Tape>,
+    ) -> Result<Self::Output>;
+}
+
+/// `x · weightᵀ + bias` for `x` of shape `(I)`, `(B, I)` or `(B, S, I)`: the [`Linear`]
+/// layer's op, dfdx's `x.matmul(weight.permute()) + bias` bit for bit; records its backward
+/// pass on an `OwnedTape` (`x`, `weight` and `bias` get gradients).
+///
+/// # Errors
+/// The device's (allocation).
+pub fn linear<const I: usize, const O: usize, X: LinearInput<I, O>>(
+    x: X,
+    weight: Tensor<Rank2<O, I>, f32, Cpu, X::Tape>,
+    bias: Tensor<Rank1<O>, f32, Cpu, X::Tape>,
+) -> Result<X::Output> {
+    x.linear(weight, bias)
+}
+
+impl<const I: usize, const O: usize, T> LinearInput<I, O> for Tensor<Rank1<I>, f32, Cpu, T>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    type Tape = T;
+    type Output = Tensor<Rank1<O>, f32, Cpu, T>;
+
+    fn linear(
+        self,
+        weight: Tensor<Rank2<O, I>, f32, Cpu, T>,
+        bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        // One row is `gemm`'s vector path: dfdx's ops.
+        Ok(self
+            .try_matmul(weight.try_permute::<_, Axes2<1, 0>>()?)?
+            .try_add(bias)?)
+    }
+}
+
+impl<B: Dim, const I: usize, const O: usize, T> LinearInput<I, O>
+    for Tensor<(B, Const<I>), f32, Cpu, T>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    type Tape = T;
+    type Output = Tensor<(B, Const<O>), f32, Cpu, T>;
+
+    fn linear(
+        self,
+        weight: Tensor<Rank2<O, I>, f32, Cpu, T>,
+        bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        let (batch, _) = *self.shape();
+        // dfdx takes one product for the batch: one sequence of `batch` rows.
+        let Some(plan) = Affine::new(1, batch.size(), I, O, T::OWNS_TAPE) else {
+            let y = self.try_matmul(weight.try_permute::<_, Axes2<1, 0>>()?)?;
+            let shape = *y.shape();
+            return Ok(y.try_add(bias.try_broadcast_like(&shape)?)?);
+        };
+        affine(self, weight, bias, plan, (batch, Const::<O>))
+    }
+}
+
+impl<B: Dim, S: Dim, const I: usize, const O: usize, T> LinearInput<I, O>
+    for Tensor<(B, S, Const<I>), f32, Cpu, T>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    type Tape = T;
+    type Output = Tensor<(B, S, Const<O>), f32, Cpu, T>;
+
+    fn linear(
+        self,
+        weight: Tensor<Rank2<O, I>, f32, Cpu, T>,
+        bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        let (batch, seq, _) = *self.shape();
+        let Some(plan) = Affine::new(batch.size(), seq.size(), I, O, T::OWNS_TAPE) else {
+            let y = self.try_matmul(weight.try_permute::<_, Axes2<1, 0>>()?)?;
+            let shape = *y.shape();
+            return Ok(y.try_add(bias.try_broadcast_like(&shape)?)?);
+        };
+        affine(self, weight, bias, plan, (batch, seq, Const::<O>))
+    }
+}
+
+/// The one-product path: `plan`'s products, recorded as one op.
+fn affine<Sx: Shape, So: Shape, const I: usize, const O: usize, T>(
+    x: Tensor<Sx, f32, Cpu, T>,
+    weight: Tensor<Rank2<O, I>, f32, Cpu, T>,
+    bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    plan: Affine,
+    out_shape: So,
+) -> Result<Tensor<So, f32, Cpu, T>>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    // Gradient buffers follow physical storage: work on contiguous tensors only.
+    let (x, x_tape) = x.try_contiguous()?.split_tape();
+    let (weight, w_tape) = weight.try_contiguous()?.split_tape();
+    let (bias, b_tape) = bias.try_contiguous()?.split_tape();
+    let mut tape = x_tape.merge(w_tape).merge(b_tape);
+
+    let x_data = read(&x);
+    let w_data = read(&weight);
+    let y = plan
+        .forward(&x_data, &w_data, &read(&bias))
+        .ok_or_else(|| QuantError::LengthMismatch {
+            what: "Linear input".into(),
+            expected: plan.total_rows() * I,
+            actual: x_data.len(),
+        })?;
+    let out = x.device().try_tensor_from_vec(y, out_shape)?;
+
+    let (x_ghost, w_ghost, b_ghost) = (x.ghost(), weight.ghost(), bias.ghost());
+    record(&out, &mut tape, move |dy, grads| {
+        // dfdx's broadcast add: each row of the output's gradient added in order.
+        let db = grads.get_or_alloc_mut(&b_ghost)?;
+        for row in dy.chunks_exact(O) {
+            for (d, g) in db.iter_mut().zip(row) {
+                *d += *g;
+            }
+        }
+        plan.input_gradient(grads.get_or_alloc_mut(&x_ghost)?, dy, &w_data)
+            .ok_or(CpuError::WrongNumElements)?;
+        plan.weight_gradient(grads.get_or_alloc_mut(&w_ghost)?, &x_data, dy)
+            .ok_or(CpuError::WrongNumElements)
+    });
+    Ok(out.put_tape(tape))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::bits::all_same;
+    use super::*;
+
+    type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
+
+    /// Output, and the gradients of `x`, `weight` and `bias`, under a loss that weighs every
+    /// output differently, with `x` also feeding a second op recorded after the layer (so that
+    /// the input's gradient holds a value already when the layer's arrives, as in a residual
+    /// block).
+    fn run<Si: Shape, So: Shape, M>(
+        layer: &M,
+        (weight, bias): (
+            &Tensor<Rank2<16, 45>, f32, Cpu>,
+            &Tensor<Rank1<16>, f32, Cpu>,
+        ),
+        x: &Tensor<Si, f32, Cpu>,
+        w: &Tensor<So, f32, Cpu>,
+    ) -> [Vec<f32>; 4]
+    where
+        M: Module<Traced<Si>, Output = Traced<So>>,
+    {
+        let t = x.clone().leaky_traced();
+        let out = layer.forward(t.retaped::<OwnedTape<f32, Cpu>>());
+        let y = out.as_vec();
+        let side = (t * 0.37).sum();
+        let grads = ((out * w.clone()).sum() + side).backward();
+        [
+            y,
+            grads.get(x).as_vec(),
+            grads.get(weight).as_vec(),
+            grads.get(bias).as_vec(),
+        ]
+    }
+
+    fn pair(seed: u64) -> (Linear<45, 16>, dfdx::nn::modules::Linear<45, 16, f32, Cpu>) {
+        let ours = Cpu::seed_from_u64(seed).build_module::<builder::Linear<45, 16>, f32>();
+        let theirs =
+            Cpu::seed_from_u64(seed).build_module::<dfdx::nn::builders::Linear<45, 16>, f32>();
+        (ours, theirs)
+    }
+
+    const WHAT: [&str; 4] = [
+        "outputs",
+        "input gradients",
+        "weight gradients",
+        "bias gradients",
+    ];
+
+    fn check<Si: Shape, So: Shape>(
+        ours: &Linear<45, 16>,
+        theirs: &dfdx::nn::modules::Linear<45, 16, f32, Cpu>,
+        x: &Tensor<Si, f32, Cpu>,
+        w: &Tensor<So, f32, Cpu>,
+        case: &str,
+    ) where
+        Linear<45, 16>: Module<Traced<Si>, Output = Traced<So>>,
+        dfdx::nn::modules::Linear<45, 16, f32, Cpu>: Module<Traced<Si>, Output = Traced<So>>,
+    {
+        let a = run(ours, (&ours.weight, &ours.bias), x, w);
+        let b = run(theirs, (&theirs.weight, &theirs.bias), x, w);
+        for i in 0..4 {
+            assert!(all_same(&a[i], &b[i]), "{}, {case}", WHAT[i]);
+        }
+    }
+
+    #[test]
+    fn initial_parameters_are_dfdx_draws() {
+        let (ours, theirs) = pair(7);
+        assert!(all_same(&ours.weight.as_vec(), &theirs.weight.as_vec()));
+        assert!(all_same(&ours.bias.as_vec(), &theirs.bias.as_vec()));
+    }
+
+    #[test]
+    fn outputs_and_gradients_are_dfdx_linears_bit_for_bit() {
+        let (ours, theirs) = pair(1);
+        let dev = Cpu::seed_from_u64(2);
+        for spread in [1e-3f32, 1.0, 40.0] {
+            // Sequences of tokens (the one-product path), and of one or two tokens (dfdx's).
+            for seq in [16, 7, 2, 1] {
+                let x: Tensor<(usize, usize, Const<45>), f32, Cpu> =
+                    dev.sample_normal_like(&(5, seq, Const)) * spread + 0.3;
+                let w = dev.sample_normal_like(&(5, seq, Const::<16>));
+                check(
+                    &ours,
+                    &theirs,
+                    &x,
+                    &w,
+                    &format!("rank 3, {seq} tokens, spread {spread}"),
+                );
+            }
+            for batch in [33, 2, 1] {
+                let x: Tensor<(usize, Const<45>), f32, Cpu> =
+                    dev.sample_normal_like(&(batch, Const)) * spread - 1.0;
+                let w = dev.sample_normal_like(&(batch, Const::<16>));
+                check(
+                    &ours,
+                    &theirs,
+                    &x,
+                    &w,
+                    &format!("rank 2, batch {batch}, spread {spread}"),
+                );
+            }
+            let x: Tensor<Rank1<45>, f32, Cpu> = dev.sample_normal();
+            let w: Tensor<Rank1<16>, f32, Cpu> = dev.sample_normal();
+            check(&ours, &theirs, &x, &w, "rank 1");
+        }
+    }
+
+    #[test]
+    fn the_same_bits_on_one_thread_and_on_three() {
+        let (ours, theirs) = pair(3);
+        let dev = Cpu::seed_from_u64(4);
+        let x: Tensor<(usize, usize, Const<45>), f32, Cpu> =
+            dev.sample_normal_like(&(64, 16, Const));
+        let w = dev.sample_normal_like(&(64, 16, Const::<16>));
+        let on = |threads: usize| {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| run(&ours, (&ours.weight, &ours.bias), &x, &w))
+        };
+        let (one, three) = (on(1), on(3));
+        let theirs = run(&theirs, (&theirs.weight, &theirs.bias), &x, &w);
+        for i in 0..4 {
+            assert!(all_same(&one[i], &three[i]), "{}", WHAT[i]);
+            assert!(all_same(&one[i], &theirs[i]), "{}", WHAT[i]);
+        }
+    }
+
+    /// Gradients that accumulate over two calls of one layer (a weight shared by two
+    /// positions, or a layer applied twice) add into the buffers as dfdx's do.
+    #[test]
+    fn a_layer_applied_twice_accumulates_as_dfdx_does() {
+        let dev = Cpu::seed_from_u64(5);
+        let ours = Cpu::seed_from_u64(6).build_module::<builder::Linear<20, 20>, f32>();
+        let theirs =
+            Cpu::seed_from_u64(6).build_module::<dfdx::nn::builders::Linear<20, 20>, f32>();
+        let x: Tensor<(usize, usize, Const<20>), f32, Cpu> = dev.sample_normal_like(&(6, 9, Const));
+        let w = dev.sample_normal_like(x.shape());
+        type Tokens = Traced<(usize, usize, Const<20>)>;
+        let twice = |weight: &Tensor<Rank2<20, 20>, f32, Cpu>,
+                     bias: &Tensor<Rank1<20>, f32, Cpu>,
+                     f: &dyn Fn(Tokens) -> Tokens| {
+            let t = x.clone().leaky_traced();
+            let out = f(f(t));
+            let grads = (out * w.clone()).sum().backward();
+            [
+                grads.get(&x).as_vec(),
+                grads.get(weight).as_vec(),
+                grads.get(bias).as_vec(),
+            ]
+        };
+        let a = twice(&ours.weight, &ours.bias, &|t| ours.forward(t));
+        let b = twice(&theirs.weight, &theirs.bias, &|t| theirs.forward(t));
+        for i in 0..3 {
+            assert!(all_same(&a[i], &b[i]), "{}", WHAT[i + 1]);
+        }
+    }
+}
