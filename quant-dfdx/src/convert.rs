@@ -169,7 +169,7 @@ impl<F: Fn(&str, LayerKind, Slot) -> Result<Option<QuantizerSpec>>> LayerPolicy 
 #[diagnostic::on_unimplemented(
     message = "`{Self}` has no quantized twin: quant cannot convert it",
     label = "this layer cannot be converted",
-    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_dfdx::nn's Linear, Conv2d, BatchNorm2d, LayerNorm, Gelu, ImageTokens, MeanTokens, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
+    note = "quant converts dfdx's Linear, MultiHeadAttention, TransformerEncoderBlock (and TransformerEncoder), LayerNorm1D, Embedding, BatchNorm1D/2D, Dropout, the activations, Residual, GeneralizedResidual, AddInto, SplitInto, Repeated, AvgPoolGlobal and MaxPoolGlobal, quant_dfdx::nn's Linear, MultiHeadAttention, Conv2d, BatchNorm2d, LayerNorm, Gelu, ImageTokens, MeanTokens, MaxPool2d, AvgPool2d and Flatten, tuples of these, and #[derive(QuantizedLayer)] / #[derive(QuantizedModel)] structs",
     note = "for a layer of your own, derive `QuantizedLayer` on it (its tensors become quantizer slots), or implement `Convert` for it"
 )]
 pub trait Convert {

@@ -206,7 +206,7 @@ pub const VIT_HIDDEN: usize = 96;
 pub type VitBlockBuilder = (
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
-        dfdx::nn::builders::MultiHeadAttention<VIT_WIDTH, 4>,
+        quant_dfdx::nn::builders::MultiHeadAttention<VIT_WIDTH, 4>,
     )>,
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
@@ -456,7 +456,7 @@ pub const VIT28_HIDDEN: usize = 128;
 pub type Vit28BlockBuilder = (
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
-        dfdx::nn::builders::MultiHeadAttention<VIT28_WIDTH, 4>,
+        quant_dfdx::nn::builders::MultiHeadAttention<VIT28_WIDTH, 4>,
     )>,
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,

@@ -9,8 +9,8 @@ use quant_core::error::check_len;
 use quant_core::{QuantError, Result};
 
 use super::{
-    join_name, visit_layer_slots, AddQuantizer, Float, QLinear, QResidual, QuantInput,
-    QuantizedModule, Slot, SlotVisitor, TensorQuantizer,
+    join_name, visit_layer_slots, AddQuantizer, Float, LinearParams, QLinear, QResidual,
+    QuantInput, QuantizedModule, Slot, SlotVisitor, TensorQuantizer,
 };
 use crate::convert::{Convert, LayerKind};
 use crate::lower::QuantizeNodes;
@@ -160,17 +160,66 @@ impl<const M: usize, const H: usize, const K: usize, const V: usize>
 {
     /// Wraps a float attention layer (weights copied) with unconfigured quantizers: until
     /// configured, it computes what the float layer computes.
-    pub fn from_attention(attention: &MultiHeadAttention<M, H, K, V, f32, Cpu>) -> Self {
-        let dev = attention.w_q.weight.device();
+    pub fn from_attention(attention: &impl AttentionParams<M, K, V>) -> Self {
+        let dev = attention.w_q().weight().device();
         QMultiHeadAttention {
-            w_q: QLinear::from_linear(&attention.w_q),
-            w_k: QLinear::from_linear(&attention.w_k),
-            w_v: QLinear::from_linear(&attention.w_v),
-            w_o: QLinear::from_linear(&attention.w_o),
+            w_q: QLinear::from_linear(attention.w_q()),
+            w_k: QLinear::from_linear(attention.w_k()),
+            w_v: QLinear::from_linear(attention.w_v()),
+            w_o: QLinear::from_linear(attention.w_o()),
             matmul_inputs: AttentionQuantizers::new(dev),
         }
     }
 }
+
+/// A float attention layer [`QMultiHeadAttention::from_attention`] wraps: dfdx's
+/// `MultiHeadAttention` or [`crate::nn::MultiHeadAttention`], `M` features, queries and keys
+/// `K` wide, values `V` wide.
+pub trait AttentionParams<const M: usize, const K: usize, const V: usize> {
+    /// The queries' projection.
+    fn w_q(&self) -> &dyn LinearParams<M, K>;
+    /// The keys' projection.
+    fn w_k(&self) -> &dyn LinearParams<M, K>;
+    /// The values' projection.
+    fn w_v(&self) -> &dyn LinearParams<M, V>;
+    /// The output projection.
+    fn w_o(&self) -> &dyn LinearParams<V, M>;
+}
+
+/// [`AttentionParams`] for an attention type with fields `w_q`, `w_k`, `w_v`, `w_o`.
+macro_rules! attention_params {
+    ($($ty:ty),+) => {$(
+        impl<const M: usize, const H: usize, const K: usize, const V: usize>
+            AttentionParams<M, K, V> for $ty
+        {
+            fn w_q(&self) -> &dyn LinearParams<M, K> {
+                &self.w_q
+            }
+            fn w_k(&self) -> &dyn LinearParams<M, K> {
+                &self.w_k
+            }
+            fn w_v(&self) -> &dyn LinearParams<M, V> {
+                &self.w_v
+            }
+            fn w_o(&self) -> &dyn LinearParams<V, M> {
+                &self.w_o
+            }
+        }
+
+        impl<const M: usize, const H: usize, const K: usize, const V: usize> Convert for $ty {
+            type Quantized = QMultiHeadAttention<M, H, K, V>;
+
+            fn convert(&self) -> Self::Quantized {
+                QMultiHeadAttention::from_attention(self)
+            }
+        }
+    )+};
+}
+
+attention_params!(
+    MultiHeadAttention<M, H, K, V, f32, Cpu>,
+    crate::nn::MultiHeadAttention<M, H, K, V, f32, Cpu>
+);
 
 /// An error unless `H` heads divide `K` and `V` (dfdx's builder checks it at compile time; a
 /// layer built another way may not).
@@ -389,16 +438,6 @@ impl<const M: usize, const H: usize, const K: usize, const V: usize> QuantizedMo
             &[p, v],
         )?;
         self.w_o.lower(&join_name(name, "w_o"), g, c)
-    }
-}
-
-impl<const M: usize, const H: usize, const K: usize, const V: usize> Convert
-    for MultiHeadAttention<M, H, K, V, f32, Cpu>
-{
-    type Quantized = QMultiHeadAttention<M, H, K, V>;
-
-    fn convert(&self) -> Self::Quantized {
-        QMultiHeadAttention::from_attention(self)
     }
 }
 

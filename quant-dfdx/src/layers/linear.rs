@@ -89,7 +89,7 @@ impl<const I: usize, const O: usize> LinearParams<I, O> for crate::nn::Linear<I,
 impl<const I: usize, const O: usize> QLinear<I, O> {
     /// Wraps a float Linear (weights copied, not re-initialised) with unconfigured quantizers:
     /// until configured, the layer computes exactly what the float Linear does.
-    pub fn from_linear(linear: &impl LinearParams<I, O>) -> Self {
+    pub fn from_linear(linear: &(impl LinearParams<I, O> + ?Sized)) -> Self {
         let dev = linear.weight().device();
         QLinear {
             weight: linear.weight().clone(),

@@ -31,7 +31,8 @@ mod quantizer;
 mod residual;
 
 pub use attention::{
-    AttentionQuantizers, QFeedForward, QLinearOn, QMultiHeadAttention, QTransformerEncoderBlock,
+    AttentionParams, AttentionQuantizers, QFeedForward, QLinearOn, QMultiHeadAttention,
+    QTransformerEncoderBlock,
 };
 pub use conv::QConv2d;
 pub use embedding::QEmbedding;

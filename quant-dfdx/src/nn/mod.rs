@@ -44,6 +44,7 @@
 //! opt.update(&mut model, &grads).unwrap();
 //! ```
 
+mod attention;
 mod batch_norm;
 mod conv;
 mod flatten;
@@ -58,6 +59,7 @@ mod window;
 use dfdx::tensor::CpuError;
 use quant_core::QuantError;
 
+pub use attention::MultiHeadAttention;
 pub use batch_norm::{batch_norm2d_inference, batch_norm2d_training, BatchNorm2d};
 pub use conv::{conv2d, conv2d_grouped, Conv2d, DepthwiseConv2d};
 pub use flatten::{flatten, Flatten, ImageBatch};
@@ -79,6 +81,7 @@ pub type Features<B, const N: usize, T> =
 /// What to name in `dev.build_module::<M, f32>()`, like dfdx's `nn::builders`: the
 /// convolution's builder, and the zero-sized layers (which build themselves).
 pub mod builders {
+    pub use super::attention::builder::MultiHeadAttention;
     pub use super::batch_norm::builder::BatchNorm2d;
     pub use super::conv::builder::{Conv2d, DepthwiseConv2d};
     pub use super::flatten::Flatten;
