@@ -86,26 +86,11 @@ impl Affine {
         // the `inputs × outputs` matrix Wᵀ: row stride 1, column stride `inputs`), `y` `rows`
         // rows of `outputs`: every address the strides reach is inside them.
         unsafe {
-            gemm::gemm(
-                rows,
-                outputs,
-                inputs,
-                y.as_mut_ptr(),
-                1,
-                outputs as isize,
-                true,
-                x.as_ptr(),
-                1,
-                inputs as isize,
-                w.as_ptr(),
-                inputs as isize,
-                1,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            add_product(
+                (rows, outputs, inputs),
+                (y.as_mut_ptr(), [outputs, 1]),
+                (x.as_ptr(), [inputs, 1]),
+                (w.as_ptr(), [1, inputs]),
             );
         }
         Some(y)
@@ -121,26 +106,11 @@ impl Affine {
         }
         // SAFETY: lengths checked above; row-major strides within each buffer.
         unsafe {
-            gemm::gemm(
-                rows,
-                inputs,
-                outputs,
-                dx.as_mut_ptr(),
-                1,
-                inputs as isize,
-                true,
-                dy.as_ptr(),
-                1,
-                outputs as isize,
-                w.as_ptr(),
-                1,
-                inputs as isize,
-                1.0,
-                1.0,
-                false,
-                false,
-                false,
-                gemm::Parallelism::Rayon(rayon::current_num_threads()),
+            add_product(
+                (rows, inputs, outputs),
+                (dx.as_mut_ptr(), [inputs, 1]),
+                (dy.as_ptr(), [outputs, 1]),
+                (w.as_ptr(), [inputs, 1]),
             );
         }
         Some(())
@@ -162,26 +132,11 @@ impl Affine {
             // SAFETY: lengths checked above; `dw` is read as the `inputs × outputs` matrix
             // (row stride 1, column stride `inputs`), `x` as its transpose.
             unsafe {
-                gemm::gemm(
-                    inputs,
-                    outputs,
-                    rows,
-                    dw.as_mut_ptr(),
-                    inputs as isize,
-                    1,
-                    true,
-                    x.as_ptr(),
-                    inputs as isize,
-                    1,
-                    dy.as_ptr(),
-                    1,
-                    outputs as isize,
-                    1.0,
-                    1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::Rayon(rayon::current_num_threads()),
+                add_product(
+                    (inputs, outputs, rows),
+                    (dw.as_mut_ptr(), [1, inputs]),
+                    (x.as_ptr(), [1, inputs]),
+                    (dy.as_ptr(), [outputs, 1]),
                 );
             }
             return Some(());
@@ -197,6 +152,45 @@ impl Affine {
                 }
             });
         Some(())
+    }
+}
+
+/// `dst += lhs · rhs` for an `m × k` and a `k × n` matrix, each given by its pointer and its
+/// `[row, column]` strides, through `gemm` as dfdx calls it (the destination read, `α = β =
+/// 1`, rayon's threads).
+///
+/// # Safety
+/// Every address the strides reach inside the `m × n`, `m × k` and `k × n` matrices lies in
+/// its buffer; `dst` overlaps neither input.
+unsafe fn add_product(
+    (m, n, k): (usize, usize, usize),
+    (dst, [dst_rs, dst_cs]): (*mut f32, [usize; 2]),
+    (lhs, [lhs_rs, lhs_cs]): (*const f32, [usize; 2]),
+    (rhs, [rhs_rs, rhs_cs]): (*const f32, [usize; 2]),
+) {
+    // SAFETY: the caller's.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            dst_cs as isize,
+            dst_rs as isize,
+            true,
+            lhs,
+            lhs_cs as isize,
+            lhs_rs as isize,
+            rhs,
+            rhs_cs as isize,
+            rhs_rs as isize,
+            1.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(rayon::current_num_threads()),
+        );
     }
 }
 
