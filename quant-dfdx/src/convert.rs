@@ -2,9 +2,10 @@
 //! model transformer, ModelOpt's `quantize`; PyTorch's `prepare_qat`), and the registry of what each float layer becomes.
 //!
 //! Conversion is two steps. [`Convert::convert`] builds the twin, whose type follows
-//! from the float model's type: `Linear` becomes [`QLinear`], `Conv2d` [`QConv2d`], a weight-free
-//! layer whose input a policy may quantize (pooling, flattening) [`QuantInput`], everything
-//! else stays float inside [`Float`]; tuples convert element by element. Float weights are
+//! from the float model's type: `Linear` becomes [`QLinear`](crate::layers::QLinear), `Conv2d`
+//! [`QConv2d`], a weight-free layer whose input a policy may quantize (pooling, flattening)
+//! [`QuantInput`], everything else stays float inside [`Float`]; tuples convert element by
+//! element. Float weights are
 //! copied, never re-initialised. Then [`configure_model`] walks the twin's quantizer slots
 //! ([`QuantizedModule::visit_slots`]) and asks a [`LayerPolicy`] for each one, from the
 //! layer's dotted name (dfdx's own names for tuples: `0`, `2.1`, ...; field names for derived
@@ -23,8 +24,8 @@ use std::fmt;
 
 use dfdx::nn::modules::{
     Abs, AccurateGeLU, AddInto, AvgPoolGlobal, BatchNorm1D, BatchNorm2D, Cos, Dropout,
-    DropoutOneIn, Embedding, Exp, FastGeLU, GeneralizedResidual, LayerNorm1D, LeakyReLU, Linear,
-    Ln, LogSoftmax, MaxPoolGlobal, MinPoolGlobal, ReLU, Repeated, Residual, Sigmoid, Sin, Softmax,
+    DropoutOneIn, Embedding, Exp, FastGeLU, GeneralizedResidual, LayerNorm1D, LeakyReLU, Ln,
+    LogSoftmax, MaxPoolGlobal, MinPoolGlobal, ReLU, Repeated, Residual, Sigmoid, Sin, Softmax,
     SplitInto, Sqrt, Square, Tanh,
 };
 use dfdx::prelude::*;
@@ -34,8 +35,8 @@ use quant_core::{QuantError, Result};
 
 use crate::fold::{BatchNormParams, BatchNormValues};
 use crate::layers::{
-    AddQuantizer, Float, QAddInto, QConv2d, QEmbedding, QGeneralizedResidual, QLinear, QRepeated,
-    QResidual, QSplitInto, QuantInput, QuantizedModule, QuantizerSpec, Slot,
+    AddQuantizer, Float, QAddInto, QConv2d, QEmbedding, QGeneralizedResidual, QRepeated, QResidual,
+    QSplitInto, QuantInput, QuantizedModule, QuantizerSpec, Slot,
 };
 use crate::nn::{AvgPool2d, Conv2d, Flatten, ImageTokens, MaxPool2d, MeanTokens};
 use quant_runtime::graph::{Op, Parameter, PoolGeometry};
@@ -58,7 +59,8 @@ macro_rules! layer_kinds {
 }
 
 layer_kinds! {
-    /// A fully connected layer (dfdx `Linear`): slots `weights` and `input`.
+    /// A fully connected layer (dfdx's `Linear` or `quant_dfdx::nn::Linear`): slots `weights`
+    /// and `input`.
     Linear,
     /// A 2-D convolution: slots `weights` and `input`.
     Conv2d,
@@ -244,22 +246,6 @@ pub trait GraphOp {
 pub trait InputOnly: GraphOp {
     /// Its kind, for policies.
     const KIND: LayerKind;
-}
-
-impl<const I: usize, const O: usize> Convert for Linear<I, O, f32, Cpu> {
-    type Quantized = QLinear<I, O>;
-
-    fn convert(&self) -> Self::Quantized {
-        QLinear::from_linear(self)
-    }
-}
-
-impl<const I: usize, const O: usize> Convert for crate::nn::Linear<I, O, f32, Cpu> {
-    type Quantized = QLinear<I, O>;
-
-    fn convert(&self) -> Self::Quantized {
-        QLinear::from_linear(self)
-    }
 }
 
 impl_for_conv! {

@@ -11,7 +11,7 @@ use super::{
     lower_weighted, visit_layer_slots, FakeQuantizer, QuantizedModule, Slot, SlotVisitor,
     TensorQuantizer,
 };
-use crate::convert::LayerKind;
+use crate::convert::{Convert, LayerKind};
 use quant_runtime::graph::{GraphBuilder, Op, ValueId};
 use quant_runtime::GraphError;
 
@@ -68,23 +68,30 @@ pub trait LinearParams<const I: usize, const O: usize> {
     fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu>;
 }
 
-impl<const I: usize, const O: usize> LinearParams<I, O> for Linear<I, O, f32, Cpu> {
-    fn weight(&self) -> &Tensor<Rank2<O, I>, f32, Cpu> {
-        &self.weight
-    }
-    fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu> {
-        &self.bias
-    }
+/// [`LinearParams`] and conversion into [`QLinear`] for a Linear type with fields `weight`
+/// and `bias`.
+macro_rules! linear_params {
+    ($($ty:ty),+) => {$(
+        impl<const I: usize, const O: usize> LinearParams<I, O> for $ty {
+            fn weight(&self) -> &Tensor<Rank2<O, I>, f32, Cpu> {
+                &self.weight
+            }
+            fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu> {
+                &self.bias
+            }
+        }
+
+        impl<const I: usize, const O: usize> Convert for $ty {
+            type Quantized = QLinear<I, O>;
+
+            fn convert(&self) -> Self::Quantized {
+                QLinear::from_linear(self)
+            }
+        }
+    )+};
 }
 
-impl<const I: usize, const O: usize> LinearParams<I, O> for crate::nn::Linear<I, O, f32, Cpu> {
-    fn weight(&self) -> &Tensor<Rank2<O, I>, f32, Cpu> {
-        &self.weight
-    }
-    fn bias(&self) -> &Tensor<Rank1<O>, f32, Cpu> {
-        &self.bias
-    }
-}
+linear_params!(Linear<I, O, f32, Cpu>, crate::nn::Linear<I, O, f32, Cpu>);
 
 impl<const I: usize, const O: usize> QLinear<I, O> {
     /// Wraps a float Linear (weights copied, not re-initialised) with unconfigured quantizers:
