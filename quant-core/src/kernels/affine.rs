@@ -148,7 +148,7 @@ impl Affine {
                 for s in 0..self.sequences {
                     let x_seq = &x[s * rows * inputs..][..rows * inputs];
                     let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
-                    add_rows(dw_rows, x_seq, dy_seq, first, outputs);
+                    add_rows(dw_rows, x_seq, dy_seq, first, (inputs, outputs));
                 }
             });
         Some(())
@@ -208,17 +208,22 @@ fn fma_available() -> bool {
 
 /// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds up to
 /// [`ROWS_PER_TASK`] rows of the weights' gradient).
-fn add_rows(dw_rows: &mut [f32], x: &[f32], dy: &[f32], first: usize, outputs: usize) {
-    let inputs = x.len() / (dy.len() / outputs).max(1);
+fn add_rows(
+    dw_rows: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    first: usize,
+    (inputs, outputs): (usize, usize),
+) {
+    // SAFETY: an `Affine` exists only where `fma_available()`; `x` holds `dy.len() / outputs`
+    // rows of `inputs`, `dw_rows` whole rows of `inputs`.
     #[cfg(target_arch = "x86_64")]
-    if fma_available() && inputs > 0 {
-        // SAFETY: the CPU has AVX and FMA (checked just above); `x` holds `dy.len() /
-        // outputs` rows of `inputs`, `dw_rows` whole rows of `inputs`.
-        unsafe { add_rows_fma(dw_rows, x, dy, first, outputs, inputs) };
-        return;
-    }
-    for (j, dw_row) in dw_rows.chunks_exact_mut(inputs.max(1)).enumerate() {
-        add_columns(dw_row, x, dy, first + j, outputs, 0);
+    unsafe {
+        add_rows_fma(dw_rows, x, dy, first, (inputs, outputs))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
+        add_columns(dw_row, x, dy, (first + j, outputs), 0);
     }
 }
 
@@ -235,27 +240,25 @@ unsafe fn add_rows_fma(
     x: &[f32],
     dy: &[f32],
     first: usize,
-    outputs: usize,
-    inputs: usize,
+    (inputs, outputs): (usize, usize),
 ) {
     use std::arch::x86_64::*;
     let rows = dy.len() / outputs;
-    let dw = dw_rows.as_mut_ptr();
-    let x = x.as_ptr();
-    let dy_at = |r: usize, o: usize| dy[r * outputs + o];
     let mut j = 0;
-    // SAFETY: every pointer below addresses columns `i..i + 8·v` with `i + 8·v <= inputs`
-    // of a row `r < rows` of `x` or of a row `j + o < dw_rows.len() / inputs` of `dw_rows`.
-    unsafe {
-        while (j + ROWS_PER_TASK) * inputs <= dw_rows.len() {
-            let mut i = 0;
+    while (j + ROWS_PER_TASK) * inputs <= dw_rows.len() {
+        let mut i = 0;
+        // SAFETY: every pointer below addresses columns `i..i + 16` with `i + 16 <= inputs`
+        // of a row `r < rows` of `x` or of a row `j + o < dw_rows.len() / inputs` of
+        // `dw_rows`.
+        unsafe {
+            let (dw, x) = (dw_rows.as_mut_ptr(), x.as_ptr());
             while i + 16 <= inputs {
                 let mut acc = [[_mm256_setzero_ps(); 2]; ROWS_PER_TASK];
                 for r in 0..rows {
                     let xr = x.add(r * inputs + i);
                     let (x0, x1) = (_mm256_loadu_ps(xr), _mm256_loadu_ps(xr.add(8)));
                     for (o, a) in acc.iter_mut().enumerate() {
-                        let g = _mm256_set1_ps(dy_at(r, first + j + o));
+                        let g = _mm256_set1_ps(dy[r * outputs + first + j + o]);
                         a[0] = _mm256_fmadd_ps(g, x0, a[0]);
                         a[1] = _mm256_fmadd_ps(g, x1, a[1]);
                     }
@@ -268,66 +271,69 @@ unsafe fn add_rows_fma(
                 }
                 i += 16;
             }
-            let done = i;
-            for o in 0..ROWS_PER_TASK {
-                add_row_tail(dw, x, dy, (j + o, first + j + o), outputs, inputs, done);
-            }
-            j += ROWS_PER_TASK;
         }
-        while (j + 1) * inputs <= dw_rows.len() {
-            add_row_tail(dw, x, dy, (j, first + j), outputs, inputs, 0);
-            j += 1;
+        for (o, dw_row) in dw_rows[j * inputs..]
+            .chunks_exact_mut(inputs)
+            .take(ROWS_PER_TASK)
+            .enumerate()
+        {
+            // SAFETY: as this function's.
+            unsafe { add_row_tail(dw_row, x, dy, (first + j + o, outputs), i) };
         }
+        j += ROWS_PER_TASK;
+    }
+    for (o, dw_row) in dw_rows[j * inputs..].chunks_exact_mut(inputs).enumerate() {
+        // SAFETY: as this function's.
+        unsafe { add_row_tail(dw_row, x, dy, (first + j + o, outputs), 0) };
     }
 }
 
-/// Row `row` of `dw` (output `o`) from column `from` on: vectors of eight, then one column at
-/// a time.
+/// One row of [`add_rows`] (output `o`) from column `from` on: vectors of eight, then one
+/// column at a time.
 ///
 /// # Safety
-/// As [`add_rows_fma`]; `row` is one of its rows.
+/// As [`add_rows_fma`], for the one row `dw_row`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx,fma")]
 unsafe fn add_row_tail(
-    dw: *mut f32,
-    x: *const f32,
+    dw_row: &mut [f32],
+    x: &[f32],
     dy: &[f32],
-    (row, o): (usize, usize),
-    outputs: usize,
-    inputs: usize,
+    (o, outputs): (usize, usize),
     from: usize,
 ) {
     use std::arch::x86_64::*;
-    let rows = dy.len() / outputs;
+    let (inputs, rows) = (dw_row.len(), dy.len() / outputs);
     let mut i = from;
-    // SAFETY: as the caller's; `i + 8 <= inputs` for the vectors, `i < inputs` after.
+    // SAFETY: columns `i..i + 8` with `i + 8 <= inputs` of a row `r < rows` of `x` and of
+    // `dw_row`.
     unsafe {
         while i + 8 <= inputs {
             let mut acc = _mm256_setzero_ps();
             for r in 0..rows {
                 let g = _mm256_set1_ps(dy[r * outputs + o]);
-                acc = _mm256_fmadd_ps(g, _mm256_loadu_ps(x.add(r * inputs + i)), acc);
+                acc = _mm256_fmadd_ps(g, _mm256_loadu_ps(x.as_ptr().add(r * inputs + i)), acc);
             }
-            let d = dw.add(row * inputs + i);
+            let d = dw_row.as_mut_ptr().add(i);
             _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), acc));
             i += 8;
         }
-        while i < inputs {
-            let mut acc = 0.0f32;
-            for r in 0..rows {
-                acc = dy[r * outputs + o].mul_add(*x.add(r * inputs + i), acc);
-            }
-            *dw.add(row * inputs + i) += acc;
-            i += 1;
-        }
     }
+    add_columns(dw_row, x, dy, (o, outputs), i);
 }
 
-/// One row of [`add_rows`] from column `first` on, one column at a time, without vectors
-/// (`mul_add` is fused on every CPU).
-fn add_columns(dw_row: &mut [f32], x: &[f32], dy: &[f32], o: usize, outputs: usize, first: usize) {
+/// One row of [`add_rows`] (output `o`) from column `first` on, one column at a time
+/// (`mul_add` is fused on every CPU; inlined into [`add_row_tail`] it is one instruction).
+#[inline(always)]
+fn add_columns(
+    dw_row: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    (o, outputs): (usize, usize),
+    first: usize,
+) {
     let inputs = dw_row.len();
-    let rows = dy.len() / outputs.max(1);
+    let rows = dy.len() / outputs;
     for (col, d) in dw_row.iter_mut().enumerate().skip(first) {
         let mut acc = 0.0f32;
         for r in 0..rows {
