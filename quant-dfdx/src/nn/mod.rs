@@ -1,8 +1,10 @@
 //! Float layers dfdx 0.13 only has behind its `nightly` feature: 2-D convolution, max and
 //! average pooling, and flattening, implemented on stable Rust for `f32` on the CPU; and the
-//! two a vision transformer needs around dfdx's attention ([`ImageTokens`], [`MeanTokens`]);
-//! and [`Gelu`] and [`LayerNorm`], dfdx's `AccurateGeLU` and `LayerNorm1D` bit for bit but
-//! vectorised or fused (each takes a fifth or more off a float ViT's training time).
+//! two a vision transformer needs around its attention ([`ImageTokens`], [`MeanTokens`]);
+//! and [`Linear`], [`MultiHeadAttention`], [`BatchNorm2d`], [`Gelu`] and [`LayerNorm`],
+//! dfdx's `Linear`, `MultiHeadAttention` (self-attention), `BatchNorm2D`, `AccurateGeLU` and
+//! `LayerNorm1D` bit for bit but batched, fused or vectorised (each takes a sixth or more off
+//! a float ViT's or CNN's training step).
 //!
 //! Two layers of API:
 //!
