@@ -3,8 +3,9 @@
 //! same loops with the widest registers the CPU has. A default build targets baseline x86-64
 //! (SSE2), where the compiler cannot use `vpmullq`, `vpsravq` or 512-bit registers at all.
 //!
-//! The kernels compiled this way use integer arithmetic only, which has one answer whatever
-//! instructions compute it: every width gives the same bits. The property tests still run each
+//! The kernels compiled this way use integer arithmetic, or float operations IEEE rounds exactly
+//! (division, no fused multiply-add), which have one answer whatever instructions compute them:
+//! every width gives the same bits. The property tests still run each
 //! width the CPU has against the reference (`with_isa` on each kernel).
 
 use super::Isa;
@@ -54,19 +55,19 @@ impl Isa {
 macro_rules! compiled_for_each_width {
     (
         $(#[$meta:meta])*
-        $vis:vis fn $name:ident<$($g:ident: $bound:path),*>($($arg:ident: $ty:ty),* $(,)?)
+        $vis:vis fn $name:ident<$($g:ident: $bound:path),*>($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)?
             => $body:path;
     ) => {
         $(#[$meta])*
-        $vis fn $name<$($g: $bound),*>(isa: $crate::int8::Isa, $($arg: $ty),*) {
+        $vis fn $name<$($g: $bound),*>(isa: $crate::int8::Isa, $($arg: $ty),*) $(-> $ret)? {
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx2")]
-                fn avx2<$($g: $bound),*>($($arg: $ty),*) {
+                fn avx2<$($g: $bound),*>($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
                 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx2")]
-                fn avx512<$($g: $bound),*>($($arg: $ty),*) {
+                fn avx512<$($g: $bound),*>($($arg: $ty),*) $(-> $ret)? {
                     $body($($arg),*)
                 }
                 match isa.width() {

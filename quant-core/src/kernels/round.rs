@@ -28,6 +28,21 @@ pub(crate) fn round_ties_even_f64(v: f64) -> f64 {
     }
 }
 
+/// An integer-valued `f64` with `|v| <= 2^31` as `i32` (two's complement, so `2^31` itself
+/// wraps: clamp first), exactly: the low 32 bits of `v + 1.5 · 2^52` are `v`'s. Vectorises
+/// where `as i32` (a saturating conversion) does not.
+#[inline(always)]
+pub(crate) fn small_int_f64(v: f64) -> i32 {
+    (v + MAGIC_F64).to_bits() as i32
+}
+
+/// `(v + 1.5 · 2^52) - 1.5 · 2^52`: `v` rounded to the nearest integer, ties to even, for
+/// `|v| <= 2^51` (the caller bounds `v`; [`round_ties_even_f64`] for any `v`).
+#[inline(always)]
+pub(crate) fn round_small_f64(v: f64) -> f64 {
+    (v + MAGIC_F64) - MAGIC_F64
+}
+
 /// An integer-valued `f32` with `|v| < 2^22` as `i32`, exactly: vectorises where `as i32` on
 /// a float (a saturating conversion) does not.
 #[inline(always)]

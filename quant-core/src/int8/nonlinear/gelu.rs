@@ -249,7 +249,7 @@ impl IntGelu {
     /// nothing is written then.
     pub fn simulate(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         super::super::check_len("gelu output", x.len(), out.len())?;
-        let codes = codes_of("gelu input", x, self.input_scale, self.zero_point)?;
+        let codes = codes_of("gelu input", x, self.input_scale, self.zero_point, self.isa)?;
         let mut values = vec![0i32; x.len()];
         self.run(&codes, &mut values)?;
         values_of(&values, self.output_scale(), out);

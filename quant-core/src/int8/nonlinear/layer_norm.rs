@@ -234,7 +234,13 @@ impl IntLayerNorm {
     /// its index); nothing is written then.
     pub fn simulate(&self, zero_point: i32, x: &[f32], out: &mut [f32]) -> Result<()> {
         check_rows("layer norm", self.row_len(), x.len(), out.len())?;
-        let codes = codes_of("layer norm input", x, self.input_scale, zero_point)?;
+        let codes = codes_of(
+            "layer norm input",
+            x,
+            self.input_scale,
+            zero_point,
+            self.isa,
+        )?;
         let mut values = vec![0i32; x.len()];
         self.run(&codes, &mut values)?;
         values_of(&values, self.output_scale, out);

@@ -295,7 +295,7 @@ impl IntSoftmax {
     /// its index); nothing is written then.
     pub fn simulate(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         check_rows("softmax", self.row_len, x.len(), out.len())?;
-        let codes = codes_of("softmax input", x, self.input_scale, 0)?;
+        let codes = codes_of("softmax input", x, self.input_scale, 0, self.isa)?;
         let mut probs = vec![0i32; x.len()];
         self.run(&codes, &mut probs)?;
         values_of(&probs, self.output_scale(), out);
