@@ -32,7 +32,7 @@ use dfdx::prelude::*;
 
 use super::{custom_op, ParamInput};
 use crate::error::{QuantError, Result};
-use crate::int8::nonlinear::normal_cdf;
+use crate::int8::nonlinear::{codes_into, normal_cdf};
 use crate::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
 use crate::kernels::round_ties_even_f64;
 
@@ -100,49 +100,59 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
     x: Tensor<S, f32, Cpu, T>,
     kernel: &IntGelu,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let (scale, zero, codes) = (
-        kernel.input_scale() as f64,
-        kernel.input_zero_point() as f64,
-        kernel.input_codes(),
+    let (scale, zero_point, isa) = (
+        kernel.input_scale(),
+        kernel.input_zero_point(),
+        kernel.isa(),
     );
-    let (lo, hi) = (*codes.start() as f64, *codes.end() as f64);
+    let (lo, hi) = (*kernel.input_codes().start(), *kernel.input_codes().end());
     custom_op(
         x,
         Vec::new(),
         Box::new(|x, _, y| kernel.simulate(x, y)),
         Box::new(move |x, _, dy, dx, _| {
+            // Each value's code, as the forward pass found it (which also checked that every
+            // value is finite), a vectorised pass at the kernel's width.
+            let mut codes = vec![0i32; x.len()];
+            codes_into(isa, x, scale, zero_point, &mut codes);
             // The inputs are a quantizer's outputs: a few hundred distinct values, each the same
             // f32 wherever it occurs. Each code's slope is computed once, from the first value
             // with that code, and reused for the values with the same bits (any other value
             // gets its own): the same slopes as computing each, a fraction of the erf series.
-            let span = hi - lo + 1.0;
-            let mut memo: Vec<Option<(u32, f64)>> = if span <= MEMO_CODES {
-                vec![None; span as usize]
-            } else {
-                Vec::new()
-            };
-            for ((x, dy), dx) in x.iter().zip(dy).zip(dx.iter_mut()) {
-                let code = round_ties_even_f64(*x as f64 / scale) + zero;
-                if (lo..=hi).contains(&code) {
-                    let slot = memo.get_mut((code - lo) as usize);
-                    let slope = match slot {
-                        Some(Some((bits, slope))) if *bits == x.to_bits() => *slope,
-                        Some(slot) => {
-                            let slope = gelu_slope(*x as f64);
-                            *slot = Some((x.to_bits(), slope));
-                            slope
-                        }
-                        None => gelu_slope(*x as f64),
-                    };
-                    *dx += (*dy as f64 * slope) as f32;
+            let span = hi as i64 - lo as i64 + 1;
+            let memo_len = if span <= MEMO_CODES { span as usize } else { 0 };
+            // No finite value has the bits of this NaN, so an empty slot never matches.
+            let mut memo_bits = vec![u32::MAX; memo_len];
+            let mut memo_slopes = vec![0.0f64; memo_len];
+            for (((x, code), dy), dx) in x.iter().zip(&codes).zip(dy).zip(dx.iter_mut()) {
+                let in_range = if *code == i32::MIN || *code == i32::MAX {
+                    // Saturated: the exact code decides (a range may end at an i32 bound).
+                    let exact = round_ties_even_f64(*x as f64 / scale as f64) + zero_point as f64;
+                    (lo as f64..=hi as f64).contains(&exact)
+                } else {
+                    (lo..=hi).contains(code)
+                };
+                if !in_range {
+                    continue;
                 }
+                let slot = (*code as i64 - lo as i64) as usize;
+                let slope = if slot < memo_len {
+                    if memo_bits[slot] != x.to_bits() {
+                        memo_bits[slot] = x.to_bits();
+                        memo_slopes[slot] = gelu_slope(*x as f64);
+                    }
+                    memo_slopes[slot]
+                } else {
+                    gelu_slope(*x as f64)
+                };
+                *dx += (*dy as f64 * slope) as f32;
             }
         }),
     )
 }
 
 /// Code ranges up to this wide get [`int_gelu`]'s backward memo of slopes.
-const MEMO_CODES: f64 = 4096.0;
+const MEMO_CODES: i64 = 4096;
 
 /// `Φ(x) + x · φ(x)`: the slope of the exact GELU.
 fn gelu_slope(x: f64) -> f64 {
@@ -243,4 +253,83 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
             }
         }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::int8::nonlinear::Approximation;
+    use crate::int8::Isa;
+
+    /// `int_gelu`'s input gradient by its definition, one value at a time: the exact code
+    /// decides whether the value is inside the kernel's range, the slope is computed for each.
+    fn gelu_gradient_reference(kernel: &IntGelu, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let (scale, zero) = (
+            kernel.input_scale() as f64,
+            kernel.input_zero_point() as f64,
+        );
+        let (lo, hi) = (
+            *kernel.input_codes().start() as f64,
+            *kernel.input_codes().end() as f64,
+        );
+        for ((x, dy), dx) in x.iter().zip(dy).zip(dx) {
+            let code = round_ties_even_f64(*x as f64 / scale) + zero;
+            if (lo..=hi).contains(&code) {
+                *dx += (*dy as f64 * gelu_slope(*x as f64)) as f32;
+            }
+        }
+    }
+
+    #[test]
+    fn int_gelu_input_gradient_is_the_reference_bit_for_bit_on_every_width() {
+        let dev = Cpu::default();
+        // (scale, zero point, codes): a memo-sized range, one too wide for the memo, ranges
+        // ending at the i32 bounds (where the vectorised codes saturate).
+        let cases = [
+            (1.0f32 / 16.0, 128, 0..=255),
+            (0.01, 0, -100_000..=100_000),
+            (2.0f32.powi(-20), 0, i32::MAX - 300..=i32::MAX),
+            (2.0f32.powi(-20), 0, i32::MIN..=i32::MIN + 300),
+        ];
+        for (scale, zero_point, codes) in cases {
+            let (lo, hi) = (*codes.start() as i64, *codes.end() as i64);
+            // On-grid values across and beyond the range, repeated (the memo's hits), their
+            // neighbours one ulp away (same code, other bits), and values far beyond i32 codes.
+            let mut x = Vec::new();
+            for k in 0..600i64 {
+                let code = lo - 20 + (k * 7919) % (hi - lo + 41).min(2000);
+                let v = ((code - zero_point as i64) as f64 * scale as f64) as f32;
+                x.extend([v, v, v.next_up(), v.next_down(), v]);
+            }
+            x.extend([1e30, -1e30, 3.0e9 * scale, -3.0e9 * scale]);
+            let dy: Vec<f32> = (0..x.len())
+                .map(|i| 0.25 + (i % 13) as f32 * 0.37)
+                .collect();
+            let base: Vec<f32> = (0..x.len()).map(|i| (i % 5) as f32 * 0.1).collect();
+            for isa in Isa::available() {
+                let kernel =
+                    IntGelu::new(scale, zero_point, codes.clone(), Approximation::FixedPoint)
+                        .unwrap()
+                        .with_isa(isa)
+                        .unwrap();
+                let mut want = base.clone();
+                gelu_gradient_reference(&kernel, &x, &dy, &mut want);
+                let input: Tensor<(usize,), f32, Cpu> = dev.tensor((x.clone(), (x.len(),)));
+                let y = int_gelu(input.leaky_trace(), &kernel).unwrap();
+                let w: Tensor<(usize,), f32, Cpu> = dev.tensor((dy.clone(), (x.len(),)));
+                // The input also feeds a second term, whose gradient (`base`) is already there.
+                let b: Tensor<(usize,), f32, Cpu> = dev.tensor((base.clone(), (x.len(),)));
+                let loss = (y * w).sum() + (input.leaky_trace() * b).sum();
+                let got = loss.backward().get(&input).as_vec();
+                for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        w.to_bits(),
+                        "{isa:?}, codes {codes:?}: x[{i}] = {:e}: {g:e} against {w:e}",
+                        x[i]
+                    );
+                }
+            }
+        }
+    }
 }

@@ -338,7 +338,7 @@ fn codes_of(what: &str, x: &[f32], scale: f32, zero_point: i32, isa: Isa) -> Res
 compiled_for_each_width! {
     /// [`codes_of`]'s loop: the codes of `x` into `out` (as long), and whether every value
     /// was finite (`out` is meaningless where not).
-    fn codes_into<>(x: &[f32], scale: f32, zero_point: i32, out: &mut [i32]) -> bool
+    pub(crate) fn codes_into<>(x: &[f32], scale: f32, zero_point: i32, out: &mut [i32]) -> bool
         => codes_into_body;
 }
 
