@@ -208,51 +208,160 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
         params,
         Box::new(move |x, _, y| kernel.simulate(zero_point, x, y)),
         Box::new(move |x, params, dy, dx, dparams| {
-            let gamma = params[0];
-            let (dgamma, dbeta) = match dparams {
-                [g, b] => (g, b),
-                _ => return,
-            };
-            for ((x, dy), dx) in x
-                .chunks_exact(n)
-                .zip(dy.chunks_exact(n))
-                .zip(dx.chunks_exact_mut(n))
-            {
-                // Relative to the first value, so rows of large, nearly equal values keep
-                // their differences.
-                let x: Vec<f64> = x.iter().map(|v| *v as f64 - x[0] as f64).collect();
-                let mean = x.iter().sum::<f64>() / n as f64;
-                let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
-                let denominator = var + epsilon as f64;
-                for (db, d) in dbeta.iter_mut().zip(dy) {
-                    *db += *d;
-                }
-                if denominator <= 0.0 {
-                    // A constant row without ε gives β whatever x and γ are.
-                    continue;
-                }
-                let inv = 1.0 / denominator.sqrt();
-                let norm: Vec<f64> = x.iter().map(|v| (v - mean) * inv).collect();
-                // g = dy · γ; dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ.
-                let g: Vec<f64> = dy
-                    .iter()
-                    .zip(gamma)
-                    .map(|(d, g)| *d as f64 * *g as f64)
-                    .collect();
-                let mean_g = g.iter().sum::<f64>() / n as f64;
-                let mean_gn = g.iter().zip(&norm).map(|(g, h)| g * h).sum::<f64>() / n as f64;
-                for (((o, g), h), (dg, d)) in dx
-                    .iter_mut()
-                    .zip(&g)
-                    .zip(&norm)
-                    .zip(dgamma.iter_mut().zip(dy))
-                {
-                    *o += ((g - mean_g - h * mean_gn) * inv) as f32;
-                    *dg += (*d as f64 * h) as f32;
-                }
+            if let [dgamma, dbeta] = dparams {
+                layer_norm_backward(n, epsilon, x, params[0], dy, dx, dgamma, dbeta);
             }
         }),
     )
+}
+
+/// Rows whose sums [`layer_norm_backward`] takes side by side.
+const ROWS_SIDE_BY_SIDE: usize = 4;
+
+/// The gradients of the exact layer normalisation (rows of `n`, `ε`, affine `gamma`) for
+/// `dy`, added to `dx`, `dgamma` and `dbeta`. Each row's four sums (mean, variance, `mean(g)`,
+/// `mean(g · x̂)`) are chains of dependent `f64` additions, in the row's order; four rows'
+/// chains run side by side (a third of the QAT ViT step's excess over the float step was
+/// their latency), and the rows' contributions to `dgamma` and `dbeta` are added in row order,
+/// so the results are those of one row at a time, bit for bit.
+#[allow(clippy::too_many_arguments)]
+fn layer_norm_backward(
+    n: usize,
+    epsilon: f32,
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+) {
+    const R: usize = ROWS_SIDE_BY_SIDE;
+    let mut scratch = RowScratch::new(n);
+    let (full, rest) = (x.len() / n / R * R * n, x.len() / n % R);
+    let groups = x[..full]
+        .chunks_exact(R * n)
+        .zip(dy[..full].chunks_exact(R * n))
+        .zip(dx[..full].chunks_exact_mut(R * n));
+    for ((x, dy), dx) in groups {
+        rows_backward::<R>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+    }
+    let tail = x[full..]
+        .chunks_exact(n)
+        .zip(dy[full..].chunks_exact(n))
+        .zip(dx[full..].chunks_exact_mut(n))
+        .take(rest);
+    for ((x, dy), dx) in tail {
+        rows_backward::<1>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+    }
+}
+
+/// Per-value buffers of [`layer_norm_backward`], for [`ROWS_SIDE_BY_SIDE`] rows.
+struct RowScratch {
+    /// `x` relative to its row's first value.
+    centred: Vec<f64>,
+    /// `x̂`.
+    norm: Vec<f64>,
+    /// `dy · γ`.
+    g: Vec<f64>,
+}
+
+impl RowScratch {
+    fn new(n: usize) -> RowScratch {
+        let len = ROWS_SIDE_BY_SIDE * n;
+        RowScratch {
+            centred: vec![0.0; len],
+            norm: vec![0.0; len],
+            g: vec![0.0; len],
+        }
+    }
+}
+
+/// `R` consecutive rows of [`layer_norm_backward`] (`x`, `dy`, `dx` hold exactly `R` rows).
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rows_backward<const R: usize>(
+    n: usize,
+    epsilon: f32,
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+    scratch: &mut RowScratch,
+) {
+    let len = R * n;
+    let (centred, norm, g) = (
+        &mut scratch.centred[..len],
+        &mut scratch.norm[..len],
+        &mut scratch.g[..len],
+    );
+    // Relative to the first value, so rows of large, nearly equal values keep their
+    // differences.
+    for (c, x) in centred.chunks_exact_mut(n).zip(x.chunks_exact(n)) {
+        for (c, v) in c.iter_mut().zip(x) {
+            *c = *v as f64 - x[0] as f64;
+        }
+    }
+    // Each sum starts at -0.0, as `Iterator::sum` does, and adds in the row's order.
+    let mut mean = [-0.0f64; R];
+    for i in 0..n {
+        for (r, m) in mean.iter_mut().enumerate() {
+            *m += centred[r * n + i];
+        }
+    }
+    let mean = mean.map(|m| m / n as f64);
+    let mut var = [-0.0f64; R];
+    for i in 0..n {
+        for (r, v) in var.iter_mut().enumerate() {
+            let d = centred[r * n + i] - mean[r];
+            *v += d * d;
+        }
+    }
+    let denominator = var.map(|v| v / n as f64 + epsilon as f64);
+    let inv = denominator.map(|d| 1.0 / d.sqrt());
+    for (r, (h, c)) in norm
+        .chunks_exact_mut(n)
+        .zip(centred.chunks_exact(n))
+        .enumerate()
+    {
+        for (h, c) in h.iter_mut().zip(c) {
+            *h = (c - mean[r]) * inv[r];
+        }
+    }
+    for (g, dy) in g.chunks_exact_mut(n).zip(dy.chunks_exact(n)) {
+        for ((g, d), gamma) in g.iter_mut().zip(dy).zip(gamma) {
+            *g = *d as f64 * *gamma as f64;
+        }
+    }
+    // g = dy · γ; dx = (g - mean(g) - x̂ · mean(g · x̂)) / σ.
+    let (mut mean_g, mut mean_gn) = ([-0.0f64; R], [-0.0f64; R]);
+    for i in 0..n {
+        for r in 0..R {
+            mean_g[r] += g[r * n + i];
+            mean_gn[r] += g[r * n + i] * norm[r * n + i];
+        }
+    }
+    let (mean_g, mean_gn) = (mean_g.map(|s| s / n as f64), mean_gn.map(|s| s / n as f64));
+    for r in 0..R {
+        let row = r * n..(r + 1) * n;
+        for (db, d) in dbeta.iter_mut().zip(&dy[row.clone()]) {
+            *db += *d;
+        }
+        if denominator[r] <= 0.0 {
+            // A constant row without ε gives β whatever x and γ are.
+            continue;
+        }
+        for (((o, g), h), (dg, d)) in dx[row.clone()]
+            .iter_mut()
+            .zip(&g[row.clone()])
+            .zip(&norm[row.clone()])
+            .zip(dgamma.iter_mut().zip(&dy[row]))
+        {
+            *o += ((g - mean_g[r] - h * mean_gn[r]) * inv[r]) as f32;
+            *dg += (*d as f64 * h) as f32;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -328,6 +437,129 @@ mod tests {
                         "{isa:?}, codes {codes:?}: x[{i}] = {:e}: {g:e} against {w:e}",
                         x[i]
                     );
+                }
+            }
+        }
+    }
+
+    /// [`layer_norm_backward`] one row at a time, as it was written before its rows went side
+    /// by side: the definition it must match bit for bit.
+    #[allow(clippy::too_many_arguments)]
+    fn layer_norm_backward_one_row_at_a_time(
+        n: usize,
+        epsilon: f32,
+        x: &[f32],
+        gamma: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        dgamma: &mut [f32],
+        dbeta: &mut [f32],
+    ) {
+        for ((x, dy), dx) in x
+            .chunks_exact(n)
+            .zip(dy.chunks_exact(n))
+            .zip(dx.chunks_exact_mut(n))
+        {
+            let x: Vec<f64> = x.iter().map(|v| *v as f64 - x[0] as f64).collect();
+            let mean = x.iter().sum::<f64>() / n as f64;
+            let var = x.iter().map(|v| (v - mean) * (v - mean)).sum::<f64>() / n as f64;
+            let denominator = var + epsilon as f64;
+            for (db, d) in dbeta.iter_mut().zip(dy) {
+                *db += *d;
+            }
+            if denominator <= 0.0 {
+                continue;
+            }
+            let inv = 1.0 / denominator.sqrt();
+            let norm: Vec<f64> = x.iter().map(|v| (v - mean) * inv).collect();
+            let g: Vec<f64> = dy
+                .iter()
+                .zip(gamma)
+                .map(|(d, g)| *d as f64 * *g as f64)
+                .collect();
+            let mean_g = g.iter().sum::<f64>() / n as f64;
+            let mean_gn = g.iter().zip(&norm).map(|(g, h)| g * h).sum::<f64>() / n as f64;
+            for (((o, g), h), (dg, d)) in dx
+                .iter_mut()
+                .zip(&g)
+                .zip(&norm)
+                .zip(dgamma.iter_mut().zip(dy))
+            {
+                *o += ((g - mean_g - h * mean_gn) * inv) as f32;
+                *dg += (*d as f64 * h) as f32;
+            }
+        }
+    }
+
+    #[test]
+    fn layer_norm_backward_rows_side_by_side_is_one_row_at_a_time_bit_for_bit() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for n in [48, 7, 2, 1] {
+            for rows in [1, 3, 4, 5, 8, 9, 13] {
+                for (spread, offset, epsilon) in
+                    [(1.0, 0.0, 1e-5), (1e-3, 40.0, 1e-6), (30.0, -5.0, 0.0)]
+                {
+                    let mut x: Vec<f32> = (0..rows * n)
+                        .map(|_| (offset + spread * (uniform() - 0.5)) as f32)
+                        .collect();
+                    // A constant row: with ε = 0 its denominator is 0 and only β gets a gradient.
+                    if rows > 2 {
+                        x[2 * n..3 * n].fill(1.25);
+                    }
+                    let mut gamma: Vec<f32> =
+                        (0..n).map(|_| (uniform() * 2.0 - 0.5) as f32).collect();
+                    let mut dy: Vec<f32> =
+                        (0..rows * n).map(|_| (uniform() - 0.5) as f32).collect();
+                    // Values that cancel within a row, so that the order of its mean's and of
+                    // mean(g)'s additions shows in the results (reversing either fails).
+                    if epsilon == 0.0 && n >= 4 {
+                        gamma[1] = gamma[0];
+                        for (x, dy) in x.chunks_exact_mut(n).zip(dy.chunks_exact_mut(n)) {
+                            if x[0] != 1.25 {
+                                (x[1], x[2]) = (1e20, -1e20);
+                            }
+                            (dy[0], dy[1]) = (1e20, -1e20);
+                        }
+                    }
+                    // Gradients that already hold values (the input feeds other ops too).
+                    let start = |len: usize, k: f32| {
+                        (0..len).map(|i| k * (i % 7) as f32).collect::<Vec<f32>>()
+                    };
+                    let (mut dx, mut dgamma, mut dbeta) =
+                        (start(rows * n, 0.3), start(n, 0.7), start(n, -0.2));
+                    let (mut want_dx, mut want_dgamma, mut want_dbeta) =
+                        (dx.clone(), dgamma.clone(), dbeta.clone());
+                    layer_norm_backward(
+                        n,
+                        epsilon,
+                        &x,
+                        &gamma,
+                        &dy,
+                        &mut dx,
+                        &mut dgamma,
+                        &mut dbeta,
+                    );
+                    layer_norm_backward_one_row_at_a_time(
+                        n,
+                        epsilon,
+                        &x,
+                        &gamma,
+                        &dy,
+                        &mut want_dx,
+                        &mut want_dgamma,
+                        &mut want_dbeta,
+                    );
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    let case = format!("n {n}, {rows} rows, spread {spread}, ε {epsilon}");
+                    assert_eq!(bits(&dx), bits(&want_dx), "dx, {case}");
+                    assert_eq!(bits(&dgamma), bits(&want_dgamma), "dgamma, {case}");
+                    assert_eq!(bits(&dbeta), bits(&want_dbeta), "dbeta, {case}");
                 }
             }
         }
