@@ -67,28 +67,84 @@ pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
         x,
         Vec::new(),
         Box::new(|x, _, y| kernel.simulate(x, y)),
-        Box::new(move |x, _, dy, dx, _| {
-            for ((x, dy), dx) in x
-                .chunks_exact(n)
-                .zip(dy.chunks_exact(n))
-                .zip(dx.chunks_exact_mut(n))
-            {
-                let p = softmax(x);
-                let dot: f64 = p.iter().zip(dy).map(|(p, d)| p * *d as f64).sum();
-                for ((g, p), d) in dx.iter_mut().zip(&p).zip(dy) {
-                    *g += (p * (*d as f64 - dot)) as f32;
-                }
-            }
-        }),
+        Box::new(move |x, _, dy, dx, _| softmax_backward(n, x, dy, dx)),
     )
 }
 
-/// The exact softmax of one row, in `f64`.
-fn softmax(x: &[f32]) -> Vec<f64> {
-    let max = x.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
-    let e: Vec<f64> = x.iter().map(|v| (*v as f64 - max).exp()).collect();
-    let sum: f64 = e.iter().sum();
-    e.into_iter().map(|v| v / sum).collect()
+/// The gradient of the exact softmax over rows of `n` (in `f64`) for `dy`, added to `dx`:
+/// `p · (dy - Σ p · dy)` with `p = exp(x - max) / Σ exp(x - max)`. Each row's maximum and
+/// sums are chains of dependent operations in the row's order; [`ROWS_SIDE_BY_SIDE`] rows'
+/// chains run side by side, which gives the same bits as one row at a time.
+fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+    const R: usize = ROWS_SIDE_BY_SIDE;
+    let mut probs = vec![0.0f64; R * n];
+    let (full, rest) = (x.len() / n / R * R * n, x.len() / n % R);
+    let groups = x[..full]
+        .chunks_exact(R * n)
+        .zip(dy[..full].chunks_exact(R * n))
+        .zip(dx[..full].chunks_exact_mut(R * n));
+    for ((x, dy), dx) in groups {
+        softmax_rows_backward::<R>(n, x, dy, dx, &mut probs);
+    }
+    let tail = x[full..]
+        .chunks_exact(n)
+        .zip(dy[full..].chunks_exact(n))
+        .zip(dx[full..].chunks_exact_mut(n))
+        .take(rest);
+    for ((x, dy), dx) in tail {
+        softmax_rows_backward::<1>(n, x, dy, dx, &mut probs);
+    }
+}
+
+/// `R` consecutive rows of [`softmax_backward`] (`x`, `dy`, `dx` hold exactly `R` rows).
+#[inline(always)]
+fn softmax_rows_backward<const R: usize>(
+    n: usize,
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    probs: &mut [f64],
+) {
+    let probs = &mut probs[..R * n];
+    let mut max = [f64::NEG_INFINITY; R];
+    for i in 0..n {
+        for (r, m) in max.iter_mut().enumerate() {
+            *m = m.max(x[r * n + i] as f64);
+        }
+    }
+    for (r, (p, x)) in probs.chunks_exact_mut(n).zip(x.chunks_exact(n)).enumerate() {
+        for (p, x) in p.iter_mut().zip(x) {
+            *p = (*x as f64 - max[r]).exp();
+        }
+    }
+    // Sums start at -0.0, as `Iterator::sum` does.
+    let mut sum = [-0.0f64; R];
+    for i in 0..n {
+        for (r, s) in sum.iter_mut().enumerate() {
+            *s += probs[r * n + i];
+        }
+    }
+    for (r, p) in probs.chunks_exact_mut(n).enumerate() {
+        for p in p {
+            *p /= sum[r];
+        }
+    }
+    let mut dot = [-0.0f64; R];
+    for i in 0..n {
+        for (r, s) in dot.iter_mut().enumerate() {
+            *s += probs[r * n + i] * dy[r * n + i] as f64;
+        }
+    }
+    for (r, ((g, p), d)) in dx
+        .chunks_exact_mut(n)
+        .zip(probs.chunks_exact(n))
+        .zip(dy.chunks_exact(n))
+        .enumerate()
+    {
+        for ((g, p), d) in g.iter_mut().zip(p).zip(d) {
+            *g += (p * (*d as f64 - dot[r])) as f32;
+        }
+    }
 }
 
 /// GELU (`x · Φ(x)`) through `kernel`, elementwise; gradient `Φ(x) + x · φ(x)` of the exact
@@ -560,6 +616,65 @@ mod tests {
                     assert_eq!(bits(&dx), bits(&want_dx), "dx, {case}");
                     assert_eq!(bits(&dgamma), bits(&want_dgamma), "dgamma, {case}");
                     assert_eq!(bits(&dbeta), bits(&want_dbeta), "dbeta, {case}");
+                }
+            }
+        }
+    }
+
+    /// [`softmax_backward`] one row at a time, as it was written before its rows went side by
+    /// side: the definition it must match bit for bit.
+    fn softmax_backward_one_row_at_a_time(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        for ((x, dy), dx) in x
+            .chunks_exact(n)
+            .zip(dy.chunks_exact(n))
+            .zip(dx.chunks_exact_mut(n))
+        {
+            let max = x.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
+            let e: Vec<f64> = x.iter().map(|v| (*v as f64 - max).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            let p: Vec<f64> = e.into_iter().map(|v| v / sum).collect();
+            let dot: f64 = p.iter().zip(dy).map(|(p, d)| p * *d as f64).sum();
+            for ((g, p), d) in dx.iter_mut().zip(&p).zip(dy) {
+                *g += (p * (*d as f64 - dot)) as f32;
+            }
+        }
+    }
+
+    #[test]
+    fn softmax_backward_rows_side_by_side_is_one_row_at_a_time_bit_for_bit() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut uniform = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        for n in [16, 5, 2, 1] {
+            for rows in [1, 3, 4, 5, 8, 9, 13] {
+                for spread in [1.0, 30.0, 1e-3] {
+                    let mut x: Vec<f32> = (0..rows * n)
+                        .map(|_| (spread * (uniform() - 0.5)) as f32)
+                        .collect();
+                    let mut dy: Vec<f32> =
+                        (0..rows * n).map(|_| (uniform() - 0.5) as f32).collect();
+                    // Gradients that cancel within a row, so that the order of Σ p · dy shows
+                    // in the results (reversing it fails).
+                    if spread == 1.0 && n >= 4 {
+                        for (x, dy) in x.chunks_exact_mut(n).zip(dy.chunks_exact_mut(n)) {
+                            x[1] = x[0];
+                            (dy[0], dy[1]) = (1e20, -1e20);
+                        }
+                    }
+                    let mut dx: Vec<f32> = (0..rows * n).map(|i| 0.3 * (i % 7) as f32).collect();
+                    let mut want = dx.clone();
+                    softmax_backward(n, &x, &dy, &mut dx);
+                    softmax_backward_one_row_at_a_time(n, &x, &dy, &mut want);
+                    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&dx),
+                        bits(&want),
+                        "n {n}, {rows} rows, spread {spread}"
+                    );
                 }
             }
         }
