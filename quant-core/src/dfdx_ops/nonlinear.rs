@@ -78,22 +78,13 @@ pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
 fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     const R: usize = ROWS_SIDE_BY_SIDE;
     let mut probs = vec![0.0f64; R * n];
-    let (full, rest) = (x.len() / n / R * R * n, x.len() / n % R);
-    let groups = x[..full]
-        .chunks_exact(R * n)
-        .zip(dy[..full].chunks_exact(R * n))
-        .zip(dx[..full].chunks_exact_mut(R * n));
-    for ((x, dy), dx) in groups {
-        softmax_rows_backward::<R>(n, x, dy, dx, &mut probs);
-    }
-    let tail = x[full..]
-        .chunks_exact(n)
-        .zip(dy[full..].chunks_exact(n))
-        .zip(dx[full..].chunks_exact_mut(n))
-        .take(rest);
-    for ((x, dy), dx) in tail {
-        softmax_rows_backward::<1>(n, x, dy, dx, &mut probs);
-    }
+    by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
+        if rows == R {
+            softmax_rows_backward::<R>(n, x, dy, dx, &mut probs);
+        } else {
+            softmax_rows_backward::<1>(n, x, dy, dx, &mut probs);
+        }
+    });
 }
 
 /// `R` consecutive rows of [`softmax_backward`] (`x`, `dy`, `dx` hold exactly `R` rows).
@@ -293,21 +284,39 @@ fn layer_norm_backward(
 ) {
     const R: usize = ROWS_SIDE_BY_SIDE;
     let mut scratch = RowScratch::new(n);
-    let (full, rest) = (x.len() / n / R * R * n, x.len() / n % R);
+    by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
+        if rows == R {
+            rows_backward::<R>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+        } else {
+            rows_backward::<1>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+        }
+    });
+}
+
+/// Calls `f(rows, x, dy, dx)` on consecutive runs of whole rows of `n` values, in order:
+/// [`ROWS_SIDE_BY_SIDE`] rows at a time, then the rows left over one by one.
+fn by_row_groups(
+    n: usize,
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    mut f: impl FnMut(usize, &[f32], &[f32], &mut [f32]),
+) {
+    const R: usize = ROWS_SIDE_BY_SIDE;
+    let full = x.len() / n / R * R * n;
     let groups = x[..full]
         .chunks_exact(R * n)
         .zip(dy[..full].chunks_exact(R * n))
         .zip(dx[..full].chunks_exact_mut(R * n));
     for ((x, dy), dx) in groups {
-        rows_backward::<R>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+        f(R, x, dy, dx);
     }
-    let tail = x[full..]
+    let rest = x[full..]
         .chunks_exact(n)
         .zip(dy[full..].chunks_exact(n))
-        .zip(dx[full..].chunks_exact_mut(n))
-        .take(rest);
-    for ((x, dy), dx) in tail {
-        rows_backward::<1>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+        .zip(dx[full..].chunks_exact_mut(n));
+    for ((x, dy), dx) in rest {
+        f(1, x, dy, dx);
     }
 }
 
@@ -425,6 +434,16 @@ mod tests {
     use super::*;
     use crate::int8::nonlinear::Approximation;
     use crate::int8::Isa;
+
+    /// Uniform draws in `[0, 1)` from a xorshift generator seeded with `state`.
+    fn uniform_from(mut state: u64) -> impl FnMut() -> f64 {
+        move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        }
+    }
 
     /// `int_gelu`'s input gradient by its definition, one value at a time: the exact code
     /// decides whether the value is inside the kernel's range, the slope is computed for each.
@@ -549,13 +568,7 @@ mod tests {
 
     #[test]
     fn layer_norm_backward_rows_side_by_side_is_one_row_at_a_time_bit_for_bit() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut uniform = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = uniform_from(0x9e37_79b9_7f4a_7c15);
         for n in [48, 7, 2, 1] {
             for rows in [1, 3, 4, 5, 8, 9, 13] {
                 for (spread, offset, epsilon) in
@@ -642,13 +655,7 @@ mod tests {
 
     #[test]
     fn softmax_backward_rows_side_by_side_is_one_row_at_a_time_bit_for_bit() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut uniform = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut uniform = uniform_from(0x2545_f491_4f6c_dd1d);
         for n in [16, 5, 2, 1] {
             for rows in [1, 3, 4, 5, 8, 9, 13] {
                 for spread in [1.0, 30.0, 1e-3] {
