@@ -5,12 +5,11 @@
 //! from the float model's type: `Linear` becomes [`QLinear`](crate::layers::QLinear), `Conv2d`
 //! [`QConv2d`], a weight-free layer whose input a policy may quantize (pooling, flattening)
 //! [`QuantInput`], everything else stays float inside [`Float`]; tuples convert element by
-//! element. Float weights are
-//! copied, never re-initialised. Then [`configure_model`] walks the twin's quantizer slots
-//! ([`QuantizedModule::visit_slots`]) and asks a [`LayerPolicy`] for each one, from the
-//! layer's dotted name (dfdx's own names for tuples: `0`, `2.1`, ...; field names for derived
-//! models), its [`LayerKind`] and the [`Slot`]. A slot the policy leaves float stays
-//! unconfigured and computes exactly the float result.
+//! element. Float weights are copied, never re-initialised. Then [`configure_model`] walks the
+//! twin's quantizer slots ([`QuantizedModule::visit_slots`]) and asks a [`LayerPolicy`] for
+//! each one, from the layer's dotted name (dfdx's own names for tuples: `0`, `2.1`, ...; field
+//! names for derived models), its [`LayerKind`] and the [`Slot`]. A slot the policy leaves
+//! float stays unconfigured and computes exactly the float result.
 //!
 //! # Adding a layer kind
 //! A weight-free layer whose graph form is one op: implement [`GraphOp`] for it (below, next

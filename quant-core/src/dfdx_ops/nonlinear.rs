@@ -262,7 +262,7 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     )
 }
 
-/// Rows whose sums [`layer_norm_backward`] takes side by side.
+/// Rows whose chains [`layer_norm_backward`] and [`softmax_backward`] take side by side.
 const ROWS_SIDE_BY_SIDE: usize = 4;
 
 /// The gradients of the exact layer normalisation (rows of `n`, `ε`, affine `gamma`) for

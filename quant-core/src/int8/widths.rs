@@ -5,8 +5,8 @@
 //!
 //! The kernels compiled this way use integer arithmetic, or float operations IEEE rounds exactly
 //! (division, no fused multiply-add), which have one answer whatever instructions compute them:
-//! every width gives the same bits. The property tests still run each
-//! width the CPU has against the reference (`with_isa` on each kernel).
+//! every width gives the same bits. The property tests still run each width the CPU has
+//! against the reference (`with_isa` on each kernel).
 
 use super::Isa;
 

@@ -22,7 +22,7 @@ const MAGIC_F64: f64 = 6_755_399_441_055_744.0;
 #[inline(always)]
 pub(crate) fn round_ties_even_f64(v: f64) -> f64 {
     if v.abs() <= (1u64 << 51) as f64 {
-        (v + MAGIC_F64) - MAGIC_F64
+        round_small_f64(v)
     } else {
         v.round_ties_even()
     }
