@@ -148,7 +148,7 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
     } else {
         n
     };
-    let chunk = n.div_ceil(ways).min(memory_bound).min(cache_bound).max(1);
+    let chunk = chunk_samples(n, ways, n.div_ceil(ways).min(memory_bound).min(cache_bound));
     let chunks: Vec<&[f32]> = x.chunks(chunk * in_f).collect();
     // At most `ways` chunks run at once, so their memory stays within the budget.
     let mut outputs: Vec<Result<Vec<f32>>> = Vec::with_capacity(chunks.len());
@@ -169,6 +169,17 @@ pub(super) fn forward(m: &IntegerModel, x: &[f32]) -> Result<Vec<f32>> {
         out.extend(chunk_out?);
     }
     Ok(out)
+}
+
+/// Samples per chunk for a batch of `n` run `ways` chunks at a time, each of at most `cap`
+/// samples: as many chunks as rounds of `ways` need, shared out evenly. Cutting at `cap`
+/// alone can leave a last round of one or two chunks while the other threads wait (360
+/// samples of at most 20 on 16 threads: 16 chunks, then 2, the time of two full rounds of
+/// 20; evenly, 30 chunks of 12: two rounds of 12).
+fn chunk_samples(n: usize, ways: usize, cap: usize) -> usize {
+    let (ways, cap) = (ways.max(1), cap.max(1));
+    let rounds = n.div_ceil(cap).div_ceil(ways);
+    n.div_ceil((rounds * ways).max(1)).clamp(1, cap)
 }
 
 fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
@@ -405,4 +416,43 @@ fn output(m: &IntegerModel, value: Option<Buf>, n: usize) -> Result<Vec<f32>> {
         }
         Layout::Flat { .. } => floats,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::chunk_samples;
+
+    /// The chunks of a plan: their sizes, in order.
+    fn plan(n: usize, ways: usize, cap: usize) -> Vec<usize> {
+        let chunk = chunk_samples(n, ways, cap);
+        (0..n).step_by(chunk).map(|at| chunk.min(n - at)).collect()
+    }
+
+    #[test]
+    fn chunks_fill_every_round_and_keep_to_the_cap() {
+        // The case that left 14 of 16 threads idle: 16 chunks of 20, then 2.
+        assert_eq!(plan(360, 16, 20), vec![12; 30]);
+        for n in [1, 2, 15, 16, 17, 63, 64, 100, 360, 1000] {
+            for ways in [1, 2, 3, 7, 16] {
+                for cap in [1, 5, 20, 23, 64, 360] {
+                    let sizes = plan(n, ways, cap);
+                    let case = format!("{n} samples, {ways} at a time, at most {cap} each");
+                    assert_eq!(sizes.iter().sum::<usize>(), n, "{case}");
+                    assert!(
+                        sizes.iter().all(|s| (1..=cap).contains(s)),
+                        "{case}: {sizes:?}"
+                    );
+                    // No more rounds than cutting at the cap needs.
+                    let rounds = sizes.len().div_ceil(ways);
+                    assert_eq!(rounds, n.div_ceil(cap).div_ceil(ways), "{case}: {sizes:?}");
+                    // The time, in rounds of the longest chunk, within a sample per round
+                    // of the ideal share (cut at the cap alone, 360 on 16 at 20: 40 > 25).
+                    assert!(
+                        rounds * sizes[0] <= n.div_ceil(ways) + rounds,
+                        "{case}: {sizes:?}"
+                    );
+                }
+            }
+        }
+    }
 }
