@@ -89,7 +89,9 @@ pub use lsq::{
     fake_quantize_learnable_per_tensor_affine_backward, round_zero_point, round_zero_points,
 };
 pub use pact::{pact_alpha, pact_backward_into, pact_forward_into};
-pub(crate) use round::{round_small_f64, round_ties_even_f64, small_int_f64};
+#[cfg(any(feature = "dfdx", test))]
+pub(crate) use round::round_ties_even_f64;
+pub(crate) use round::{round_small_f64, small_int_f64};
 pub use ste::fake_quantize_affine_backward_into;
 
 /// Element count from which kernels split work across rayon's thread pool.

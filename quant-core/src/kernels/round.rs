@@ -19,6 +19,8 @@ const MAGIC_F64: f64 = 6_755_399_441_055_744.0;
 /// `v.round_ties_even()` for any `f64`, without the library call baseline x86-64 makes for
 /// it (no `roundsd` before SSE4.1): the add-and-subtract trick where it is exact
 /// (`|v| ≤ 2^51`), the call beyond (where `v` is an integer or half-integer anyway).
+/// (Only the dfdx ops and the tests call it.)
+#[cfg(any(feature = "dfdx", test))]
 #[inline(always)]
 pub(crate) fn round_ties_even_f64(v: f64) -> f64 {
     if v.abs() <= (1u64 << 51) as f64 {
