@@ -96,7 +96,7 @@ pub fn read_contiguous<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Vec<f32> {
 pub const MAX_SCRATCH_BYTES: usize = 64 << 20;
 
 /// Most scratch buffers one thread keeps for reuse.
-const MAX_SCRATCH_BUFFERS: usize = 64;
+const MAX_SCRATCH_BUFFERS: usize = 512;
 
 std::thread_local! {
     static SCRATCH: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
@@ -111,7 +111,13 @@ std::thread_local! {
 /// the quantizers' arithmetic. A pooled buffer is reused from step to step instead, and needs
 /// no zeroing since every use overwrites it whole. The pool keeps at most
 /// [`MAX_SCRATCH_BYTES`] per thread.
-pub struct Scratch(Vec<f32>);
+pub struct Scratch {
+    /// The storage: every element initialised (a buffer never shrinks, so that reusing it for a
+    /// shorter value and then a longer one writes nothing before the caller does).
+    buf: Vec<f32>,
+    /// The elements in use, at most `buf.len()`.
+    len: usize,
+}
 
 impl Scratch {
     /// A buffer of `len` elements of unspecified (initialised) values.
@@ -130,21 +136,19 @@ impl Scratch {
             })
             .ok()
             .flatten();
-        match pooled {
-            Some(mut buf) => {
-                // Within capacity: writes only a tail the buffer did not have yet.
-                buf.resize(len, 0.0);
-                Scratch(buf)
-            }
-            None => Scratch(vec![0.0; len]),
+        let mut buf = pooled.unwrap_or_default();
+        if buf.len() < len {
+            // Within capacity for a pooled buffer: writes only a tail it never had.
+            buf.resize(len, 0.0);
         }
+        Scratch { buf, len }
     }
 
     /// The values of a contiguous tensor, as [`read_contiguous`], in a pooled buffer.
     pub fn copy_of<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Scratch {
         let mut buf = Scratch::with_len(t.shape().num_elements());
-        if !buf.0.is_empty() {
-            t.copy_into(&mut buf.0);
+        if buf.len > 0 {
+            t.copy_into(&mut buf);
         }
         buf
     }
@@ -153,19 +157,19 @@ impl Scratch {
 impl std::ops::Deref for Scratch {
     type Target = [f32];
     fn deref(&self) -> &[f32] {
-        &self.0
+        &self.buf[..self.len]
     }
 }
 
 impl std::ops::DerefMut for Scratch {
     fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.0
+        &mut self.buf[..self.len]
     }
 }
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.0);
+        let buf = std::mem::take(&mut self.buf);
         if buf.capacity() == 0 {
             return;
         }
@@ -592,4 +596,30 @@ fn merged_bank<P: Shape>(
         }
     }
     bank
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Scratch;
+
+    /// A pooled buffer serves a shorter value and then a longer one again: each use sees
+    /// exactly the length it asked for, and the storage is the same one (the reason for the
+    /// pool: no fresh allocation, so no fresh pages, from step to step).
+    #[test]
+    fn scratch_buffers_are_reused_at_the_length_asked_for() {
+        let first = {
+            let mut a = Scratch::with_len(1000);
+            a.fill(1.5);
+            a.as_ptr()
+        };
+        for len in [10, 1000, 0, 999, 1000] {
+            let mut b = Scratch::with_len(len);
+            assert_eq!(b.len(), len);
+            if len > 0 {
+                assert_eq!(b.as_ptr(), first, "length {len}: not the pooled buffer");
+            }
+            b.fill(len as f32);
+            assert!(b.iter().all(|v| *v == len as f32));
+        }
+    }
 }

@@ -232,7 +232,7 @@ where
                         }
                         let dy_mat = dev.try_tensor_from_vec(dy_mat, (og, cols))?;
                         // (O/G, cols) x (cols, taps) and (taps, O/G) x (O/G, cols).
-                        dw.extend(read(
+                        dw.extend_from_slice(&read(
                             &dy_mat
                                 .clone()
                                 .try_matmul(patches.try_permute::<_, Axes2<1, 0>>()?)?,

@@ -9,6 +9,7 @@
 
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
+use quant_core::dfdx_ops::Scratch;
 
 /// Adds `dx` into a gradient buffer (`grads.get_or_alloc_mut(&ghost)?`; dfdx keeps the
 /// ghost-tensor type private, so the caller looks the slot up).
@@ -44,17 +45,14 @@ pub(crate) fn record<S: Shape, T: Tape<f32, Cpu>, F>(
     });
 }
 
-/// The values of a contiguous tensor, in order: one `memcpy`.
+/// The values of a contiguous tensor, in order: one `memcpy`, into a pooled buffer
+/// ([`Scratch`]: no zeroing first, and no fresh pages on every step for the copies that
+/// backward passes keep).
 ///
 /// dfdx's `as_vec` walks a strided index per element (slow) and panics on an empty tensor, so
 /// the ops read their (contiguous, by `try_contiguous`) inputs with this instead. A tensor
 /// with row-major strides owns exactly `numel` physical elements, which is what `copy_into`
 /// copies.
-pub(crate) fn read<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Vec<f32> {
-    let len = t.shape().num_elements();
-    let mut buf = vec![0.0f32; len];
-    if len > 0 {
-        t.copy_into(&mut buf);
-    }
-    buf
+pub(crate) fn read<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Scratch {
+    Scratch::copy_of(t)
 }
