@@ -156,12 +156,14 @@ impl Scratch {
 
 impl std::ops::Deref for Scratch {
     type Target = [f32];
+    #[inline]
     fn deref(&self) -> &[f32] {
         &self.buf[..self.len]
     }
 }
 
 impl std::ops::DerefMut for Scratch {
+    #[inline]
     fn deref_mut(&mut self) -> &mut [f32] {
         &mut self.buf[..self.len]
     }

@@ -15,8 +15,16 @@ use dfdx::prelude::*;
 use dfdx::shapes::Dtype;
 use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
-use quant_core::dfdx_ops::{custom_op, read_contiguous, ParamInput};
+use quant_core::dfdx_ops::{custom_op, read_contiguous, ParamInput, Scratch};
 use quant_core::QuantError;
+use rayon::prelude::*;
+
+/// Least number of values for which a pass runs in parallel (rayon): below it, waking the
+/// pool's threads costs more than the pass.
+const PARALLEL_VALUES: usize = 1 << 15;
+
+/// Channels whose sums run side by side (each a chain of dependent additions).
+const SIDE_BY_SIDE: usize = 8;
 
 pub mod builder {
     /// Builds a [`BatchNorm2d`](super::BatchNorm2d) over `C` channels.
@@ -191,47 +199,91 @@ impl Planes {
         })
     }
 
-    /// The values of channel `c` in image `b`.
-    #[inline(always)]
-    fn plane(self, b: usize, c: usize) -> std::ops::Range<usize> {
-        let start = (b * self.channels + c) * self.inner;
-        start..start + self.inner
-    }
-
     /// dfdx's `1/n` for a mean over batch, height and width (taken in f64, rounded to f32).
     fn inv(self) -> f32 {
         (1.0 / (self.outer * self.inner) as f64) as f32
     }
 
+    /// Whether a pass over the batch is worth running in parallel.
+    fn parallel(self) -> bool {
+        self.outer * self.channels * self.inner >= PARALLEL_VALUES
+            && rayon::current_num_threads() > 1
+    }
+
     /// `Σ value(c, i)` over the values `i` of each channel `c`, in dfdx's order (image by
     /// image, each plane in order). Each channel's sum is a chain of dependent additions, so
-    /// eight channels' chains run side by side (the order within each chain unchanged).
+    /// eight channels' chains run side by side (the order within each chain unchanged), and
+    /// groups of channels run in parallel: the same bits on any number of threads.
     #[inline(always)]
-    fn sum_channels(self, value: impl Fn(usize, usize) -> f32) -> Vec<f32> {
-        const LANES: usize = 8;
+    fn sum_channels(self, value: impl Fn(usize, usize) -> f32 + Sync) -> Vec<f32> {
         let mut sums = vec![0.0f32; self.channels];
-        let mut c0 = 0;
-        while c0 < self.channels {
-            let lanes = LANES.min(self.channels - c0);
-            let mut acc = [0.0f32; LANES];
-            for b in 0..self.outer {
-                let base = (b * self.channels + c0) * self.inner;
-                for k in 0..self.inner {
-                    if lanes == LANES {
-                        for (j, acc) in acc.iter_mut().enumerate() {
-                            *acc += value(c0 + j, base + j * self.inner + k);
-                        }
-                    } else {
-                        for (j, acc) in acc[..lanes].iter_mut().enumerate() {
-                            *acc += value(c0 + j, base + j * self.inner + k);
-                        }
+        if self.parallel() {
+            sums.par_chunks_mut(SIDE_BY_SIDE)
+                .enumerate()
+                .for_each(|(g, sums)| self.sum_group(g * SIDE_BY_SIDE, sums, &value));
+        } else {
+            for (g, sums) in sums.chunks_mut(SIDE_BY_SIDE).enumerate() {
+                self.sum_group(g * SIDE_BY_SIDE, sums, &value);
+            }
+        }
+        sums
+    }
+
+    /// [`Self::sum_channels`] for the channels from `c0` on, as many as `sums` holds (at
+    /// most [`SIDE_BY_SIDE`]).
+    #[inline(always)]
+    fn sum_group(self, c0: usize, sums: &mut [f32], value: &impl Fn(usize, usize) -> f32) {
+        let lanes = sums.len().min(SIDE_BY_SIDE);
+        let mut acc = [0.0f32; SIDE_BY_SIDE];
+        for b in 0..self.outer {
+            let base = (b * self.channels + c0) * self.inner;
+            for k in 0..self.inner {
+                if lanes == SIDE_BY_SIDE {
+                    for (j, acc) in acc.iter_mut().enumerate() {
+                        *acc += value(c0 + j, base + j * self.inner + k);
+                    }
+                } else {
+                    for (j, acc) in acc[..lanes].iter_mut().enumerate() {
+                        *acc += value(c0 + j, base + j * self.inner + k);
                     }
                 }
             }
-            sums[c0..c0 + lanes].copy_from_slice(&acc[..lanes]);
-            c0 += lanes;
         }
-        sums
+        sums.copy_from_slice(&acc[..lanes]);
+    }
+
+    /// Runs `pass(b, parts)` for each image `b`, where `parts` are that image's values in each
+    /// of `buffers` (laid out as the batch): in parallel over images when worth it. For
+    /// element-wise passes, whose results do not depend on the order.
+    fn each_image<const K: usize>(
+        self,
+        buffers: [&mut [f32]; K],
+        pass: impl Fn(usize, [&mut [f32]; K]) + Sync + Send,
+    ) {
+        let image = (self.channels * self.inner).max(1);
+        let mut per_image: Vec<[&mut [f32]; K]> = (0..self.outer)
+            .map(|_| [(); K].map(|_| &mut [][..]))
+            .collect();
+        let mut rest = buffers;
+        for slot in per_image.iter_mut() {
+            for k in 0..K {
+                let taken = std::mem::take(&mut rest[k]);
+                let (head, tail) = taken.split_at_mut(image.min(taken.len()));
+                slot[k] = head;
+                rest[k] = tail;
+            }
+        }
+        if self.parallel() {
+            per_image
+                .into_par_iter()
+                .enumerate()
+                .for_each(|(b, parts)| pass(b, parts));
+        } else {
+            per_image
+                .into_iter()
+                .enumerate()
+                .for_each(|(b, parts)| pass(b, parts));
+        }
     }
 
     /// Each channel's batch mean and (biased) variance: dfdx's sum over batch, then height and
@@ -256,14 +308,17 @@ impl Planes {
 
     /// `y = (x - mean)·factor + shift` per channel: dfdx's subtraction, product and sum.
     fn affine(self, x: &[f32], mean: &[f32], factor: &[f32], shift: &[f32], y: &mut [f32]) {
-        for b in 0..self.outer {
+        let inner = self.inner;
+        self.each_image([y], |b, [y]| {
+            let x = &x[b * self.channels * inner..];
             for c in 0..self.channels {
-                let r = self.plane(b, c);
+                let (mean, factor, shift) = (mean[c], factor[c], shift[c]);
+                let r = c * inner..(c + 1) * inner;
                 for (x, y) in x[r.clone()].iter().zip(&mut y[r]) {
-                    *y = (*x - mean[c]) * factor[c] + shift[c];
+                    *y = (*x - mean) * factor + shift;
                 }
             }
-        }
+        });
     }
 }
 
@@ -371,16 +426,19 @@ fn backward(
     let inv = planes.inv();
     let (mean, var) = planes.stats(x);
     let (std, factor) = std_and_factor(&var, scale, epsilon);
-    // `+ β`, then `· (γ/σ)`: the centered values' gradient and the factor's.
-    let mut d_centered = vec![0.0f32; x.len()];
-    for b in 0..planes.outer {
+    let (image, inner) = (channels * planes.inner, planes.inner);
+    // `+ β`, then `· (γ/σ)`: the centered values' gradient and the factor's. (Every value is
+    // written before it is read: a pooled buffer, not zeroed.)
+    let mut d_centered = Scratch::with_len(x.len());
+    planes.each_image([&mut d_centered], |b, [d_centered]| {
+        let dy = &dy[b * image..];
         for (c, factor) in factor.iter().enumerate() {
-            let r = planes.plane(b, c);
+            let r = c * inner..(c + 1) * inner;
             for (d, dy) in d_centered[r.clone()].iter_mut().zip(&dy[r]) {
                 *d = 0.0 + *factor * (0.0 + *dy);
             }
         }
-    }
+    });
     for (d, s) in dbias.iter_mut().zip(planes.sum_channels(|_, i| dy[i])) {
         *d += s;
     }
@@ -395,25 +453,30 @@ fn backward(
         d_squares[c] = 0.0 + inv * d_var;
     }
     // The square, then `x - μ` for both sides.
-    for b in 0..planes.outer {
+    planes.each_image([&mut d_centered, &mut *dx], |b, [d_centered, dx]| {
+        let x = &x[b * image..];
         for c in 0..channels {
-            for i in planes.plane(b, c) {
-                let centered = x[i] - mean[c];
-                d_centered[i] += (centered + centered) * (0.0 + d_squares[c]);
-                dx[i] += d_centered[i];
+            let (mean, d_square) = (mean[c], d_squares[c]);
+            let r = c * inner..(c + 1) * inner;
+            let values = x[r.clone()].iter().zip(&mut d_centered[r.clone()]);
+            for ((x, d), dx) in values.zip(&mut dx[r]) {
+                let centered = *x - mean;
+                *d += (centered + centered) * (0.0 + d_square);
+                *dx += *d;
             }
         }
-    }
+    });
+    let d_centered: &[f32] = &d_centered;
     let d_mean = planes.sum_channels(|_, i| -d_centered[i]);
     // The mean's sum.
-    for b in 0..planes.outer {
+    planes.each_image([dx], |_, [dx]| {
         for c in 0..channels {
             let d_sum = 0.0 + inv * d_mean[c];
-            for dx in &mut dx[planes.plane(b, c)] {
+            for dx in &mut dx[c * inner..(c + 1) * inner] {
                 *dx += d_sum;
             }
         }
-    }
+    });
 }
 
 #[cfg(test)]
@@ -515,6 +578,76 @@ mod tests {
                     i / 4 + 1
                 );
             }
+        }
+    }
+
+    /// A batch large enough for the parallel passes, over channels in three groups (8, 8, 4):
+    /// outputs, gradients and running statistics the same bits on one thread, on three, and
+    /// as dfdx's.
+    #[test]
+    fn the_parallel_passes_give_dfdx_bits_on_any_number_of_threads() {
+        type Wide = Tensor<(usize, Const<20>, usize, usize), f32, Cpu>;
+        let dev = Cpu::seed_from_u64(9);
+        let x: Wide = dev.sample_normal_like(&(40, Const, 8, 8)) * 3.0 - 0.4;
+        let w: Wide = dev.sample_normal_like(&(40, Const, 8, 8));
+        assert!(x.shape().num_elements() >= PARALLEL_VALUES);
+        let mut theirs = dev.build_module::<dfdx::nn::builders::BatchNorm2D<20>, f32>();
+        theirs.scale = dev.sample_normal::<Rank1<20>>() * 0.5 + 1.0;
+        theirs.bias = dev.sample_normal::<Rank1<20>>() * 0.3;
+        let ours = BatchNorm2d {
+            scale: theirs.scale.clone(),
+            bias: theirs.bias.clone(),
+            running_mean: theirs.running_mean.clone(),
+            running_var: theirs.running_var.clone(),
+            epsilon: theirs.epsilon,
+            momentum: theirs.momentum,
+        };
+        let step = |norm: &mut BatchNorm2d<20, f32, Cpu>| {
+            let t: Tensor<_, f32, Cpu, OwnedTape<f32, Cpu>> = x.clone().leaky_traced();
+            let y = norm.forward_mut(t);
+            let out = y.as_vec();
+            let grads = (y * w.clone()).sum().backward();
+            [
+                out,
+                grads.get(&x).as_vec(),
+                grads.get(&norm.scale).as_vec(),
+                grads.get(&norm.bias).as_vec(),
+                norm.running_mean.as_vec(),
+                norm.running_var.as_vec(),
+            ]
+        };
+        let on = |threads: usize| {
+            let mut norm = ours.clone();
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| step(&mut norm))
+        };
+        let (one, three) = (on(1), on(3));
+        let t: Tensor<_, f32, Cpu, OwnedTape<f32, Cpu>> = x.clone().leaky_traced();
+        let y = theirs.forward_mut(t);
+        let out = y.as_vec();
+        let grads = (y * w.clone()).sum().backward();
+        let dfdx = [
+            out,
+            grads.get(&x).as_vec(),
+            grads.get(&theirs.scale).as_vec(),
+            grads.get(&theirs.bias).as_vec(),
+            theirs.running_mean.as_vec(),
+            theirs.running_var.as_vec(),
+        ];
+        let what = [
+            "outputs",
+            "input gradients",
+            "scale gradients",
+            "bias gradients",
+            "running mean",
+            "running variance",
+        ];
+        for i in 0..6 {
+            assert!(all_same(&one[i], &three[i]), "{}: 1 vs 3 threads", what[i]);
+            assert!(all_same(&one[i], &dfdx[i]), "{}: ours vs dfdx", what[i]);
         }
     }
 

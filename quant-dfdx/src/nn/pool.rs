@@ -107,6 +107,69 @@ where
     Ok(out.put_tape(tape))
 }
 
+/// Whether `v` replaces `best` as a window's maximum, the window scanned in row-major order:
+/// strictly greater (so the first of tied maxima stays), or the first NaN (which beats any
+/// number).
+#[inline(always)]
+fn beats(v: f32, best: f32) -> bool {
+    // `|` and `&`, not `||` and `&&`: no branch to mispredict.
+    (v > best) | (v.is_nan() & !best.is_nan())
+}
+
+/// Max pooling of one plane `src` (starting at flat index `base` of the batch) into `y` and
+/// the flat input index each output took its value from, any window.
+fn max_pool_plane(win: &Window, src: &[f32], base: usize, y: &mut [f32], arg: &mut [usize]) {
+    for oy in 0..win.oh {
+        let (y0, y1) = span(oy, win, win.h);
+        for ox in 0..win.ow {
+            let (x0, x1) = span(ox, win, win.w);
+            let mut best_at = y0 * win.w + x0;
+            let mut best = src[best_at];
+            for iy in y0..y1 {
+                for (ix, &v) in src[iy * win.w..][..x1].iter().enumerate().skip(x0) {
+                    if beats(v, best) {
+                        best = v;
+                        best_at = iy * win.w + ix;
+                    }
+                }
+            }
+            y[oy * win.ow + ox] = best;
+            arg[oy * win.ow + ox] = base + best_at;
+        }
+    }
+}
+
+/// [`max_pool_plane`] for 2x2 windows at stride 2 without padding (the usual halving), the
+/// same results: the four values of a window taken in the same order, each comparison a
+/// select rather than a branch (on real activations the maximum's position is as good as
+/// random, and mispredicted branches cost the generic loop most of its time).
+fn max_pool_plane_2x2(win: &Window, src: &[f32], base: usize, y: &mut [f32], arg: &mut [usize]) {
+    let w = win.w;
+    for oy in 0..win.oh {
+        let top = &src[2 * oy * w..][..w];
+        let bottom = &src[(2 * oy + 1) * w..][..w];
+        let (y, arg) = (
+            &mut y[oy * win.ow..][..win.ow],
+            &mut arg[oy * win.ow..][..win.ow],
+        );
+        for (ox, (y, arg)) in y.iter_mut().zip(arg.iter_mut()).enumerate() {
+            let at = 2 * oy * w + 2 * ox;
+            let (mut best, mut best_at) = (top[2 * ox], at);
+            for (v, v_at) in [
+                (top[2 * ox + 1], at + 1),
+                (bottom[2 * ox], at + w),
+                (bottom[2 * ox + 1], at + w + 1),
+            ] {
+                let take = beats(v, best);
+                best = std::hint::select_unpredictable(take, v, best);
+                best_at = std::hint::select_unpredictable(take, v_at, best_at);
+            }
+            *y = best;
+            *arg = base + best_at;
+        }
+    }
+}
+
 /// 2-D max pooling, PyTorch's `max_pool2d(x, kernel, stride, padding)` (no dilation, floor
 /// output size): `(batch, C, h, w)` to `(batch, C, oh, ow)` with
 /// `oh = (h + 2 * padding - kernel) / stride + 1`.
@@ -142,27 +205,14 @@ pub fn max_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
         let mut y = vec![0.0f32; win.batch * C * plane_out];
         // The flat input index each output took its value from, for the backward pass.
         let mut arg = vec![0usize; y.len()];
+        let halving = win.k == 2 && win.stride == 2 && win.pad == 0;
         let pool_plane = |p: usize, y_plane: &mut [f32], arg_plane: &mut [usize]| {
             let base = p * plane_in;
             let src = &data[base..][..plane_in];
-            for oy in 0..win.oh {
-                let (y0, y1) = span(oy, win, win.h);
-                for ox in 0..win.ow {
-                    let (x0, x1) = span(ox, win, win.w);
-                    let mut best_at = y0 * win.w + x0;
-                    let mut best = src[best_at];
-                    for iy in y0..y1 {
-                        for (ix, &v) in src[iy * win.w..][..x1].iter().enumerate().skip(x0) {
-                            // Strict `>` keeps the first of tied maxima; a NaN beats any number.
-                            if v > best || (v.is_nan() && !best.is_nan()) {
-                                best = v;
-                                best_at = iy * win.w + ix;
-                            }
-                        }
-                    }
-                    y_plane[oy * win.ow + ox] = best;
-                    arg_plane[oy * win.ow + ox] = base + best_at;
-                }
+            if halving {
+                max_pool_plane_2x2(win, src, base, y_plane, arg_plane);
+            } else {
+                max_pool_plane(win, src, base, y_plane, arg_plane);
             }
         };
         if plane_out > 0 {
@@ -309,3 +359,40 @@ macro_rules! pool_module {
 
 pool_module!(MaxPool2d, max_pool2d);
 pool_module!(AvgPool2d, avg_pool2d);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The 2x2 fast path against the generic loop on planes full of ties (values from a set of
+    /// three) and NaNs, odd and even sizes: the same outputs and the same positions.
+    #[test]
+    fn the_2x2_path_picks_what_the_generic_loop_picks() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state
+        };
+        for (h, w) in [(2, 2), (4, 6), (5, 7), (28, 28), (3, 2)] {
+            let win = pool_window("max_pool2d", [1, 1, h, w], 2, 2, 0).unwrap();
+            for _ in 0..20 {
+                let src: Vec<f32> = (0..h * w)
+                    .map(|_| match next() % 8 {
+                        0 => f32::NAN,
+                        r => (r % 3) as f32 - 1.0,
+                    })
+                    .collect();
+                let n = win.oh * win.ow;
+                let (mut y1, mut a1) = (vec![0.0; n], vec![0; n]);
+                let (mut y2, mut a2) = (vec![0.0; n], vec![0; n]);
+                max_pool_plane(&win, &src, 7, &mut y1, &mut a1);
+                max_pool_plane_2x2(&win, &src, 7, &mut y2, &mut a2);
+                assert_eq!(a1, a2, "{h}x{w}: {src:?}");
+                let bits = |y: &[f32]| y.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&y1), bits(&y2), "{h}x{w}: {src:?}");
+            }
+        }
+    }
+}
