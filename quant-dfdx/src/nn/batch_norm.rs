@@ -493,7 +493,7 @@ mod tests {
     /// output.
     fn run<N>(norm: &mut N, x: &Images, w: &Images) -> Vec<Vec<f32>>
     where
-        N: ModuleMut<Traced, Output = Traced> + Module<Images, Output = Images> + AsParams,
+        N: ModuleMut<Traced, Output = Traced> + Module<Images, Output = Images> + Params<5>,
     {
         let mut out = Vec::new();
         for _ in 0..2 {
@@ -502,41 +502,56 @@ mod tests {
             out.push(y.as_vec());
             let grads = (y * w.clone()).sum().backward();
             out.push(grads.get(x).as_vec());
-            let (scale, bias, _, _) = norm.params();
+            let [scale, bias, _, _] = norm.params();
             out.push(grads.get(scale).as_vec());
             out.push(grads.get(bias).as_vec());
         }
-        let (_, _, mean, var) = norm.params();
+        let [_, _, mean, var] = norm.params();
         out.push(mean.as_vec());
         out.push(var.as_vec());
         out.push(norm.forward(x.clone()).as_vec());
         out
     }
 
-    type Param = Tensor<Rank1<5>, f32, Cpu>;
+    type Wide = Tensor<(usize, Const<20>, usize, usize), f32, Cpu>;
+    type WideTraced = Tensor<(usize, Const<20>, usize, usize), f32, Cpu, OwnedTape<f32, Cpu>>;
 
-    /// The four per-channel tensors of either layer.
-    trait AsParams {
-        fn params(&self) -> (&Param, &Param, &Param, &Param);
-    }
-    impl AsParams for BatchNorm2d<5, f32, Cpu> {
-        fn params(&self) -> (&Param, &Param, &Param, &Param) {
-            (
-                &self.scale,
-                &self.bias,
-                &self.running_mean,
-                &self.running_var,
-            )
+    /// Our layer with dfdx's layer's parameters and statistics.
+    fn copy_of<const C: usize>(
+        theirs: &dfdx::nn::modules::BatchNorm2D<C, f32, Cpu>,
+    ) -> BatchNorm2d<C, f32, Cpu> {
+        BatchNorm2d {
+            scale: theirs.scale.clone(),
+            bias: theirs.bias.clone(),
+            running_mean: theirs.running_mean.clone(),
+            running_var: theirs.running_var.clone(),
+            epsilon: theirs.epsilon,
+            momentum: theirs.momentum,
         }
     }
-    impl AsParams for dfdx::nn::modules::BatchNorm2D<5, f32, Cpu> {
-        fn params(&self) -> (&Param, &Param, &Param, &Param) {
-            (
+
+    /// Scale, bias, running mean and running variance of either layer.
+    trait Params<const C: usize> {
+        fn params(&self) -> [&Tensor<Rank1<C>, f32, Cpu>; 4];
+    }
+    impl<const C: usize> Params<C> for BatchNorm2d<C, f32, Cpu> {
+        fn params(&self) -> [&Tensor<Rank1<C>, f32, Cpu>; 4] {
+            [
                 &self.scale,
                 &self.bias,
                 &self.running_mean,
                 &self.running_var,
-            )
+            ]
+        }
+    }
+    impl<const C: usize> Params<C> for dfdx::nn::modules::BatchNorm2D<C, f32, Cpu> {
+        fn params(&self) -> [&Tensor<Rank1<C>, f32, Cpu>; 4] {
+            [
+                &self.scale,
+                &self.bias,
+                &self.running_mean,
+                &self.running_var,
+            ]
         }
     }
 
@@ -553,14 +568,7 @@ mod tests {
             let mut theirs = dev.build_module::<dfdx::nn::builders::BatchNorm2D<5>, f32>();
             theirs.scale = dev.sample_normal::<Rank1<5>>() * 0.5 + 1.0;
             theirs.bias = dev.sample_normal::<Rank1<5>>() * 0.3;
-            let mut ours = BatchNorm2d {
-                scale: theirs.scale.clone(),
-                bias: theirs.bias.clone(),
-                running_mean: theirs.running_mean.clone(),
-                running_var: theirs.running_var.clone(),
-                epsilon: theirs.epsilon,
-                momentum: theirs.momentum,
-            };
+            let mut ours = copy_of(&theirs);
             let x: Images = dev.sample_normal_like(&(batch, Const, h, w)) * spread + 0.7;
             let wt: Images = dev.sample_normal_like(&(batch, Const, h, w));
             let a = run(&mut ours, &x, &wt);
@@ -586,7 +594,6 @@ mod tests {
     /// as dfdx's.
     #[test]
     fn the_parallel_passes_give_dfdx_bits_on_any_number_of_threads() {
-        type Wide = Tensor<(usize, Const<20>, usize, usize), f32, Cpu>;
         let dev = Cpu::seed_from_u64(9);
         let x: Wide = dev.sample_normal_like(&(40, Const, 8, 8)) * 3.0 - 0.4;
         let w: Wide = dev.sample_normal_like(&(40, Const, 8, 8));
@@ -594,49 +601,36 @@ mod tests {
         let mut theirs = dev.build_module::<dfdx::nn::builders::BatchNorm2D<20>, f32>();
         theirs.scale = dev.sample_normal::<Rank1<20>>() * 0.5 + 1.0;
         theirs.bias = dev.sample_normal::<Rank1<20>>() * 0.3;
-        let ours = BatchNorm2d {
-            scale: theirs.scale.clone(),
-            bias: theirs.bias.clone(),
-            running_mean: theirs.running_mean.clone(),
-            running_var: theirs.running_var.clone(),
-            epsilon: theirs.epsilon,
-            momentum: theirs.momentum,
-        };
-        let step = |norm: &mut BatchNorm2d<20, f32, Cpu>| {
-            let t: Tensor<_, f32, Cpu, OwnedTape<f32, Cpu>> = x.clone().leaky_traced();
-            let y = norm.forward_mut(t);
+        let ours = copy_of(&theirs);
+        /// Output, gradients of the input, scale and bias, and the running statistics after
+        /// one training step.
+        fn step<N>(norm: &mut N, x: &Wide, w: &Wide) -> [Vec<f32>; 6]
+        where
+            N: ModuleMut<WideTraced, Output = WideTraced> + Params<20>,
+        {
+            let y = norm.forward_mut(x.clone().leaky_traced());
             let out = y.as_vec();
             let grads = (y * w.clone()).sum().backward();
+            let [scale, bias, mean, var] = norm.params();
             [
                 out,
-                grads.get(&x).as_vec(),
-                grads.get(&norm.scale).as_vec(),
-                grads.get(&norm.bias).as_vec(),
-                norm.running_mean.as_vec(),
-                norm.running_var.as_vec(),
+                grads.get(x).as_vec(),
+                grads.get(scale).as_vec(),
+                grads.get(bias).as_vec(),
+                mean.as_vec(),
+                var.as_vec(),
             ]
-        };
+        }
         let on = |threads: usize| {
             let mut norm = ours.clone();
             rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap()
-                .install(|| step(&mut norm))
+                .install(|| step(&mut norm, &x, &w))
         };
         let (one, three) = (on(1), on(3));
-        let t: Tensor<_, f32, Cpu, OwnedTape<f32, Cpu>> = x.clone().leaky_traced();
-        let y = theirs.forward_mut(t);
-        let out = y.as_vec();
-        let grads = (y * w.clone()).sum().backward();
-        let dfdx = [
-            out,
-            grads.get(&x).as_vec(),
-            grads.get(&theirs.scale).as_vec(),
-            grads.get(&theirs.bias).as_vec(),
-            theirs.running_mean.as_vec(),
-            theirs.running_var.as_vec(),
-        ];
+        let dfdx = step(&mut theirs, &x, &w);
         let what = [
             "outputs",
             "input gradients",
