@@ -17,6 +17,8 @@
 
 use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
 
+use rayon::prelude::*;
+
 use crate::error::{check_len, Result};
 
 /// `y = 0.5·x·(1 + erf(x/√2))` and `erf(x/√2)` of every element of `x`, as dfdx's
@@ -28,8 +30,27 @@ use crate::error::{check_len, Result};
 pub fn gelu_forward_into(x: &[f32], y: &mut [f32], erf: &mut [f32]) -> Result<()> {
     check_len("GELU output", x.len(), y.len())?;
     check_len("GELU erf values", x.len(), erf.len())?;
-    gelu_forward_on(GeluPath::widest(), x, y, erf);
+    let path = GeluPath::widest();
+    if parallel(x.len()) {
+        x.par_chunks(GELU_CHUNK)
+            .zip(y.par_chunks_mut(GELU_CHUNK))
+            .zip(erf.par_chunks_mut(GELU_CHUNK))
+            .for_each(|((x, y), erf)| gelu_forward_on(path, x, y, erf));
+    } else {
+        gelu_forward_on(path, x, y, erf);
+    }
     Ok(())
+}
+
+/// Values from which the GELU passes run in parallel (rayon): each value costs a few
+/// nanoseconds (a rational function and, from `|x| ≥ 1.25`, two `exp`), so far fewer than the
+/// element kernels' [`PARALLEL_THRESHOLD`](super::PARALLEL_THRESHOLD) are worth a split.
+const GELU_PARALLEL: usize = 1 << 14;
+/// Values per parallel piece. Every value is computed alone, so any split gives the same bits.
+const GELU_CHUNK: usize = 1 << 12;
+
+fn parallel(len: usize) -> bool {
+    len >= GELU_PARALLEL && rayon::current_num_threads() > 1
 }
 
 /// The code paths of the GELU forward: the same source compiled for wider registers.
@@ -119,11 +140,22 @@ pub fn gelu_backward_into(x: &[f32], erf: &[f32], dy: &[f32], dx: &mut [f32]) ->
     check_len("GELU erf values", x.len(), erf.len())?;
     check_len("GELU output gradient", x.len(), dy.len())?;
     check_len("GELU input gradient", x.len(), dx.len())?;
-    for (((x, e), dy), dx) in x.iter().zip(erf).zip(dy).zip(dx.iter_mut()) {
-        let normal_dist = FRAC_2_SQRT_PI * (0.5 * -(*x * *x)).exp();
-        let left = 0.5 * *x;
-        let right = 1.0 + *e;
-        *dx += (0.5 * right + left * normal_dist) * *dy;
+    let backward = |x: &[f32], erf: &[f32], dy: &[f32], dx: &mut [f32]| {
+        for (((x, e), dy), dx) in x.iter().zip(erf).zip(dy).zip(dx.iter_mut()) {
+            let normal_dist = FRAC_2_SQRT_PI * (0.5 * -(*x * *x)).exp();
+            let left = 0.5 * *x;
+            let right = 1.0 + *e;
+            *dx += (0.5 * right + left * normal_dist) * *dy;
+        }
+    };
+    if parallel(x.len()) {
+        x.par_chunks(GELU_CHUNK)
+            .zip(erf.par_chunks(GELU_CHUNK))
+            .zip(dy.par_chunks(GELU_CHUNK))
+            .zip(dx.par_chunks_mut(GELU_CHUNK))
+            .for_each(|(((x, erf), dy), dx)| backward(x, erf, dy, dx));
+    } else {
+        backward(x, erf, dy, dx);
     }
     Ok(())
 }
@@ -450,6 +482,40 @@ mod tests {
             matches!(&err, QuantError::LengthMismatch { what, expected: 3, actual: 4 } if what == "GELU input gradient"),
             "{err}"
         );
+    }
+
+    /// Long enough to run in parallel: the public passes give the one-piece baseline's bits
+    /// on one thread and on three (a piece handed to the wrong values would show).
+    #[test]
+    fn the_parallel_passes_give_the_same_bits_on_any_number_of_threads() {
+        let base = inputs();
+        let x: Vec<f32> = (0..GELU_PARALLEL + 1234)
+            .map(|i| base[i % base.len()] * (1.0 + (i / base.len()) as f32 * 1e-3))
+            .collect();
+        let dy: Vec<f32> = (0..x.len()).map(|i| (i % 97) as f32 * 0.01 - 0.3).collect();
+        let (mut y0, mut e0, mut dx0) =
+            (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.5; x.len()]);
+        gelu_forward_on(GeluPath::Baseline, &x, &mut y0, &mut e0);
+        for (((x, e), dy), dx) in x.iter().zip(&e0).zip(&dy).zip(dx0.iter_mut()) {
+            let normal_dist = FRAC_2_SQRT_PI * (0.5 * -(*x * *x)).exp();
+            *dx += (0.5 * (1.0 + *e) + 0.5 * *x * normal_dist) * *dy;
+        }
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let (mut y, mut e, mut dx) =
+                (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.5; x.len()]);
+            pool.install(|| {
+                gelu_forward_into(&x, &mut y, &mut e).unwrap();
+                gelu_backward_into(&x, &e, &dy, &mut dx).unwrap();
+            });
+            for i in 0..x.len() {
+                let ok = same(y[i], y0[i]) && same(e[i], e0[i]) && same(dx[i], dx0[i]);
+                assert!(ok, "{threads} threads, value {i} ({:e})", x[i]);
+            }
+        }
     }
 
     #[test]

@@ -16,8 +16,9 @@ use dfdx::prelude::*;
 use dfdx::shapes::Dtype;
 use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
-use quant_core::dfdx_ops::{custom_op, ParamInput};
+use quant_core::dfdx_ops::{custom_op, ParamInput, Scratch};
 use quant_core::QuantError;
+use rayon::prelude::*;
 
 pub mod builder {
     /// Builds a [`LayerNorm`](super::LayerNorm) over the last `M` features.
@@ -166,6 +167,46 @@ struct Rows {
 /// so four rows at a time keep four chains in flight instead of one.
 const SIDE_BY_SIDE: usize = 4;
 
+/// Where the backward pass puts the rows' terms of `dγ` and `dβ`.
+enum Sums<'a> {
+    /// Added into `(dγ, dβ)` as they come, row by row.
+    Add(&'a mut [f32], &'a mut [f32]),
+    /// Each value's `dγ` term kept (laid out as the input) for the caller to add in row
+    /// order; `dβ`'s terms are the output gradient itself.
+    Keep(&'a mut [f32]),
+}
+
+impl Sums<'_> {
+    /// The destination for the `len` values from `at` on.
+    fn at(&mut self, at: usize, len: usize) -> RowSums<'_> {
+        match self {
+            Sums::Add(g, b) => RowSums::Add(g, b),
+            Sums::Keep(t) => RowSums::Keep(&mut t[at..][..len]),
+        }
+    }
+}
+
+/// [`Sums`] for one group of rows.
+enum RowSums<'a> {
+    Add(&'a mut [f32], &'a mut [f32]),
+    Keep(&'a mut [f32]),
+}
+
+/// Values in each parallel piece of a pass over rows of `m` values (whole groups of
+/// [`SIDE_BY_SIDE`] rows), or `len` itself when the pass is not worth splitting.
+fn pieces(len: usize, m: usize) -> usize {
+    /// Values from which a LayerNorm pass runs in parallel (rayon).
+    const PARALLEL_VALUES: usize = 1 << 14;
+    let threads = rayon::current_num_threads();
+    if len < PARALLEL_VALUES || threads < 2 || m == 0 {
+        return len;
+    }
+    let group = SIDE_BY_SIDE * m;
+    let groups = len.div_ceil(group);
+    // A few pieces per thread, for balance.
+    groups.div_ceil(4 * threads).max(1) * group
+}
+
 impl Rows {
     /// The mean and `sqrt(var + ε)` of each of `R` rows (`x` holds them, `m` values each):
     /// dfdx's `sum · (1/M)`, `x - mean`, `c·c`, the same again, `+ ε`, `sqrt`.
@@ -194,6 +235,20 @@ impl Rows {
         if m == 0 {
             return;
         }
+        // Rows are independent (and side by side or alone give the same bits): pieces of
+        // whole groups of rows run in parallel.
+        let piece = pieces(x.len(), m);
+        if piece < x.len() {
+            x.par_chunks(piece)
+                .zip(y.par_chunks_mut(piece))
+                .for_each(|(x, y)| self.forward_serial(x, gamma, beta, y));
+        } else {
+            self.forward_serial(x, gamma, beta, y);
+        }
+    }
+
+    fn forward_serial(self, x: &[f32], gamma: &[f32], beta: &[f32], y: &mut [f32]) {
+        let m = gamma.len();
         let group = SIDE_BY_SIDE * m;
         let whole = x.len() / group * group;
         for (x, y) in x[..whole]
@@ -225,7 +280,8 @@ impl Rows {
     /// dfdx's backward ops in their order (the last op's first), each gradient buffer
     /// starting at zero as dfdx allocates it (hence the `0.0 +`, which turns `-0.0` into
     /// `0.0` as dfdx's `+=` does). `dgamma` and `dbeta` start at zero and are summed over the
-    /// rows in order.
+    /// rows in order: the rows' input gradients run in parallel pieces, each row's terms of
+    /// `dgamma` kept, and the two sums then run over all rows in order.
     fn backward(
         self,
         x: &[f32],
@@ -239,24 +295,56 @@ impl Rows {
         if m == 0 {
             return;
         }
+        let piece = pieces(x.len(), m);
+        if piece >= x.len() {
+            self.backward_serial(x, gamma, dy, dx, Sums::Add(dgamma, dbeta));
+            return;
+        }
+        let mut terms = Scratch::with_len(x.len());
+        x.par_chunks(piece)
+            .zip(dy.par_chunks(piece))
+            .zip(dx.par_chunks_mut(piece))
+            .zip(terms.par_chunks_mut(piece))
+            .for_each(|(((x, dy), dx), terms)| {
+                self.backward_serial(x, gamma, dy, dx, Sums::Keep(terms))
+            });
+        for (dy, terms) in dy.chunks_exact(m).zip(terms.chunks_exact(m)) {
+            for (((b, g), dy), t) in dbeta.iter_mut().zip(dgamma.iter_mut()).zip(dy).zip(terms) {
+                *b += *dy;
+                *g += *t;
+            }
+        }
+    }
+
+    fn backward_serial(
+        self,
+        x: &[f32],
+        gamma: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        mut sums: Sums<'_>,
+    ) {
+        let m = gamma.len();
         let group = SIDE_BY_SIDE * m;
         let whole = x.len() / group * group;
         let mut d_centered = vec![0.0f32; group];
-        for ((x, dy), dx) in x[..whole]
+        for (k, ((x, dy), dx)) in x[..whole]
             .chunks_exact(group)
             .zip(dy.chunks_exact(group))
             .zip(dx.chunks_exact_mut(group))
+            .enumerate()
         {
             let rows = (x, dy, dx, &mut d_centered[..]);
-            self.backward_rows::<SIDE_BY_SIDE>(rows, gamma, dgamma, dbeta);
+            self.backward_rows::<SIDE_BY_SIDE>(rows, gamma, sums.at(k * group, group));
         }
-        for ((x, dy), dx) in x[whole..]
+        for (k, ((x, dy), dx)) in x[whole..]
             .chunks_exact(m)
             .zip(dy[whole..].chunks_exact(m))
             .zip(dx[whole..].chunks_exact_mut(m))
+            .enumerate()
         {
             let rows = (x, dy, dx, &mut d_centered[..m]);
-            self.backward_rows::<1>(rows, gamma, dgamma, dbeta);
+            self.backward_rows::<1>(rows, gamma, sums.at(whole + k * m, m));
         }
     }
 
@@ -268,8 +356,7 @@ impl Rows {
         self,
         (x, dy, dx, d_centered): (&[f32], &[f32], &mut [f32], &mut [f32]),
         gamma: &[f32],
-        dgamma: &mut [f32],
-        dbeta: &mut [f32],
+        mut sums: RowSums<'_>,
     ) {
         let m = gamma.len();
         let (mean, std) = self.stats::<R>(x, m);
@@ -283,9 +370,14 @@ impl Rows {
                 let normed = centered / std[r];
                 // `+ β`: both sides get the output gradient.
                 let d_scaled = 0.0 + dy[at];
-                dbeta[j] += dy[at];
-                // `· γ`.
-                dgamma[j] += normed * d_scaled;
+                // `· γ`: `dβ += dy`, `dγ += x̂ · dy`, now or (kept) later.
+                match &mut sums {
+                    RowSums::Add(dgamma, dbeta) => {
+                        dbeta[j] += dy[at];
+                        dgamma[j] += normed * d_scaled;
+                    }
+                    RowSums::Keep(terms) => terms[at] = normed * d_scaled,
+                }
                 let d_normed = 0.0 + gamma[j] * d_scaled;
                 // `/ σ`: `1/σ` for the numerator, `-c/σ²` for the (broadcast) denominator.
                 d_centered[at] = 0.0 + inv_std[r] * d_normed;
@@ -390,6 +482,36 @@ mod tests {
                     "{}, rank 2, spread {spread}",
                     what[i]
                 );
+            }
+        }
+    }
+
+    /// Enough rows for the parallel pieces (and a tail of single rows, 403 = 4·100 + 3): the
+    /// same bits as dfdx's layer on one thread and on three.
+    #[test]
+    fn the_parallel_passes_give_dfdx_bits_on_any_number_of_threads() {
+        let dev = Cpu::seed_from_u64(21);
+        let mut theirs = dev.build_module::<dfdx::nn::builders::LayerNorm1D<48>, f32>();
+        theirs.gamma = dev.sample_normal::<Rank1<48>>() * 0.5 + 1.0;
+        theirs.beta = dev.sample_normal::<Rank1<48>>() * 0.3;
+        let ours = LayerNorm {
+            gamma: theirs.gamma.clone(),
+            beta: theirs.beta.clone(),
+            epsilon: theirs.epsilon,
+        };
+        let x: Tensor<(usize, Const<48>), f32, Cpu> =
+            dev.sample_normal_like(&(403, Const)) * 3.0 + 0.7;
+        assert!(x.shape().num_elements() >= 1 << 14);
+        let w = dev.sample_normal_like(x.shape());
+        let b = run(&theirs, &theirs.gamma, &theirs.beta, &x, &w);
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            let a = pool.install(|| run(&ours, &ours.gamma, &ours.beta, &x, &w));
+            for i in 0..4 {
+                assert!(all_same(&a[i], &b[i]), "part {i}, {threads} threads");
             }
         }
     }
