@@ -167,29 +167,36 @@ struct Rows {
 /// so four rows at a time keep four chains in flight instead of one.
 const SIDE_BY_SIDE: usize = 4;
 
-/// Where the backward pass puts the rows' terms of `dγ` and `dβ`.
-enum Sums<'a> {
-    /// Added into `(dγ, dβ)` as they come, row by row.
-    Add(&'a mut [f32], &'a mut [f32]),
-    /// Each value's `dγ` term kept (laid out as the input) for the caller to add in row
-    /// order; `dβ`'s terms are the output gradient itself.
-    Keep(&'a mut [f32]),
+/// Where the backward pass puts each value's terms of `dγ` and `dβ`.
+trait Sink {
+    /// The terms of the value at `at` (in the piece) of column `j`: `dy` for `dβ`, `x̂ · dy`
+    /// for `dγ`.
+    fn take(&mut self, j: usize, at: usize, dy: f32, term: f32);
 }
 
-impl Sums<'_> {
-    /// The destination for the `len` values from `at` on.
-    fn at(&mut self, at: usize, len: usize) -> RowSums<'_> {
-        match self {
-            Sums::Add(g, b) => RowSums::Add(g, b),
-            Sums::Keep(t) => RowSums::Keep(&mut t[at..][..len]),
-        }
+/// Added into `dγ` and `dβ` as they come, row by row.
+struct AddInto<'a> {
+    dgamma: &'a mut [f32],
+    dbeta: &'a mut [f32],
+}
+
+impl Sink for AddInto<'_> {
+    #[inline(always)]
+    fn take(&mut self, j: usize, _: usize, dy: f32, term: f32) {
+        self.dbeta[j] += dy;
+        self.dgamma[j] += term;
     }
 }
 
-/// [`Sums`] for one group of rows.
-enum RowSums<'a> {
-    Add(&'a mut [f32], &'a mut [f32]),
-    Keep(&'a mut [f32]),
+/// Each value's `dγ` term kept (laid out as the piece) for the caller to add in row order;
+/// `dβ`'s terms are the output gradient itself.
+struct KeepTerms<'a>(&'a mut [f32]);
+
+impl Sink for KeepTerms<'_> {
+    #[inline(always)]
+    fn take(&mut self, _: usize, at: usize, _: f32, term: f32) {
+        self.0[at] = term;
+    }
 }
 
 /// Values in each parallel piece of a pass over rows of `m` values (whole groups of
@@ -297,7 +304,7 @@ impl Rows {
         }
         let piece = pieces(x.len(), m);
         if piece >= x.len() {
-            self.backward_serial(x, gamma, dy, dx, Sums::Add(dgamma, dbeta));
+            self.backward_serial(x, gamma, dy, dx, &mut AddInto { dgamma, dbeta });
             return;
         }
         let mut terms = Scratch::with_len(x.len());
@@ -306,7 +313,7 @@ impl Rows {
             .zip(dx.par_chunks_mut(piece))
             .zip(terms.par_chunks_mut(piece))
             .for_each(|(((x, dy), dx), terms)| {
-                self.backward_serial(x, gamma, dy, dx, Sums::Keep(terms))
+                self.backward_serial(x, gamma, dy, dx, &mut KeepTerms(terms))
             });
         for (dy, terms) in dy.chunks_exact(m).zip(terms.chunks_exact(m)) {
             for (((b, g), dy), t) in dbeta.iter_mut().zip(dgamma.iter_mut()).zip(dy).zip(terms) {
@@ -322,7 +329,7 @@ impl Rows {
         gamma: &[f32],
         dy: &[f32],
         dx: &mut [f32],
-        mut sums: Sums<'_>,
+        sink: &mut impl Sink,
     ) {
         let m = gamma.len();
         let group = SIDE_BY_SIDE * m;
@@ -335,7 +342,7 @@ impl Rows {
             .enumerate()
         {
             let rows = (x, dy, dx, &mut d_centered[..]);
-            self.backward_rows::<SIDE_BY_SIDE>(rows, gamma, sums.at(k * group, group));
+            self.backward_rows::<SIDE_BY_SIDE>(rows, gamma, sink, k * group);
         }
         for (k, ((x, dy), dx)) in x[whole..]
             .chunks_exact(m)
@@ -344,7 +351,7 @@ impl Rows {
             .enumerate()
         {
             let rows = (x, dy, dx, &mut d_centered[..m]);
-            self.backward_rows::<1>(rows, gamma, sums.at(whole + k * m, m));
+            self.backward_rows::<1>(rows, gamma, sink, whole + k * m);
         }
     }
 
@@ -356,7 +363,8 @@ impl Rows {
         self,
         (x, dy, dx, d_centered): (&[f32], &[f32], &mut [f32], &mut [f32]),
         gamma: &[f32],
-        mut sums: RowSums<'_>,
+        sink: &mut impl Sink,
+        first: usize,
     ) {
         let m = gamma.len();
         let (mean, std) = self.stats::<R>(x, m);
@@ -371,13 +379,7 @@ impl Rows {
                 // `+ β`: both sides get the output gradient.
                 let d_scaled = 0.0 + dy[at];
                 // `· γ`: `dβ += dy`, `dγ += x̂ · dy`, now or (kept) later.
-                match &mut sums {
-                    RowSums::Add(dgamma, dbeta) => {
-                        dbeta[j] += dy[at];
-                        dgamma[j] += normed * d_scaled;
-                    }
-                    RowSums::Keep(terms) => terms[at] = normed * d_scaled,
-                }
+                sink.take(j, first + at, dy[at], normed * d_scaled);
                 let d_normed = 0.0 + gamma[j] * d_scaled;
                 // `/ σ`: `1/σ` for the numerator, `-c/σ²` for the (broadcast) denominator.
                 d_centered[at] = 0.0 + inv_std[r] * d_normed;
