@@ -371,7 +371,7 @@ impl Rows {
         let inv_std = std.map(f32::recip);
         let std_sq = std.map(|s| s * s);
         let mut d_std = [0.0f32; R];
-        for j in 0..m {
+        for (j, gamma) in gamma.iter().enumerate() {
             for r in 0..R {
                 let at = r * m + j;
                 let centered = x[at] - mean[r];
@@ -380,7 +380,7 @@ impl Rows {
                 let d_scaled = 0.0 + dy[at];
                 // `· γ`: `dβ += dy`, `dγ += x̂ · dy`, now or (kept) later.
                 sink.take(j, first + at, dy[at], normed * d_scaled);
-                let d_normed = 0.0 + gamma[j] * d_scaled;
+                let d_normed = 0.0 + *gamma * d_scaled;
                 // `/ σ`: `1/σ` for the numerator, `-c/σ²` for the (broadcast) denominator.
                 d_centered[at] = 0.0 + inv_std[r] * d_normed;
                 d_std[r] += -centered / std_sq[r] * d_normed;
