@@ -442,9 +442,8 @@ mod tests {
         ]
     }
 
-    #[test]
-    fn outputs_and_gradients_are_dfdx_layer_norms_bit_for_bit() {
-        let dev = Cpu::default();
+    /// dfdx's layer with random `gamma` and `beta` drawn from `dev`, and ours with the same.
+    fn pair(dev: &Cpu) -> (dfdx::nn::modules::LayerNorm1D<48, f32, Cpu>, LayerNorm<48>) {
         let mut theirs = dev.build_module::<dfdx::nn::builders::LayerNorm1D<48>, f32>();
         theirs.gamma = dev.sample_normal::<Rank1<48>>() * 0.5 + 1.0;
         theirs.beta = dev.sample_normal::<Rank1<48>>() * 0.3;
@@ -453,6 +452,13 @@ mod tests {
             beta: theirs.beta.clone(),
             epsilon: theirs.epsilon,
         };
+        (theirs, ours)
+    }
+
+    #[test]
+    fn outputs_and_gradients_are_dfdx_layer_norms_bit_for_bit() {
+        let dev = Cpu::default();
+        let (theirs, ours) = pair(&dev);
         let what = [
             "outputs",
             "input gradients",
@@ -493,14 +499,7 @@ mod tests {
     #[test]
     fn the_parallel_passes_give_dfdx_bits_on_any_number_of_threads() {
         let dev = Cpu::seed_from_u64(21);
-        let mut theirs = dev.build_module::<dfdx::nn::builders::LayerNorm1D<48>, f32>();
-        theirs.gamma = dev.sample_normal::<Rank1<48>>() * 0.5 + 1.0;
-        theirs.beta = dev.sample_normal::<Rank1<48>>() * 0.3;
-        let ours = LayerNorm {
-            gamma: theirs.gamma.clone(),
-            beta: theirs.beta.clone(),
-            epsilon: theirs.epsilon,
-        };
+        let (theirs, ours) = pair(&dev);
         let x: Tensor<(usize, Const<48>), f32, Cpu> =
             dev.sample_normal_like(&(403, Const)) * 3.0 + 0.7;
         assert!(x.shape().num_elements() >= 1 << 14);
