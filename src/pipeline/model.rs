@@ -88,6 +88,7 @@ pub trait QuantizedModel<S: BatchShape, const C: usize>:
     TensorCollection<f32, Cpu>
     + Clone
     + Send
+    + Sync
     + QuantizedModule
     + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<C, Taped>, Error: Into<QuantError>>
     + ModuleMut<Tensor<S, f32, Cpu>, Output = Logits<C>, Error: Into<QuantError>>
@@ -99,6 +100,7 @@ impl<S: BatchShape, const C: usize, M> QuantizedModel<S, C> for M where
     M: TensorCollection<f32, Cpu>
         + Clone
         + Send
+        + Sync
         + QuantizedModule
         + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<C, Taped>, Error: Into<QuantError>>
         + ModuleMut<Tensor<S, f32, Cpu>, Output = Logits<C>, Error: Into<QuantError>>
