@@ -23,7 +23,7 @@
 use rayon::prelude::*;
 
 /// The largest depth `gemm` takes in one block; up to it, each output is one chain.
-const MAX_DEPTH: usize = 512;
+pub(crate) const MAX_DEPTH: usize = 512;
 
 /// How many of the weights' rows one task of [`Affine::weight_gradient`] takes.
 const ROWS_PER_TASK: usize = 4;
@@ -195,7 +195,7 @@ unsafe fn add_product(
 }
 
 /// Whether `gemm` multiplies with fused multiply-adds here (what every path above matches).
-fn fma_available() -> bool {
+pub(crate) fn fma_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx")

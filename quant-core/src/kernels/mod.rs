@@ -60,12 +60,15 @@
 //! the one float layer here: dfdx's `AccurateGeLU` bit for bit, vectorised. `params` holds
 //! the validated per-channel constants, `round` the rounding policies, `torch` PyTorch's exact
 //! arithmetic for grids too wide for the fast paths. [`affine`] (with the `dfdx` feature)
-//! holds a fully connected layer's products with the numbers of dfdx's `Linear`.
+//! holds a fully connected layer's products with the numbers of dfdx's `Linear`, [`attention`]
+//! self-attention's core (scores, softmax, weighted values) with the numbers of dfdx's ops.
 
 #[macro_use]
 mod round;
 #[cfg(feature = "dfdx")]
 pub mod affine;
+#[cfg(feature = "dfdx")]
+pub mod attention;
 mod codes;
 mod driver;
 mod dsq;

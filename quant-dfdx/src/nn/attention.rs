@@ -7,6 +7,9 @@ use dfdx::shapes::Dtype;
 use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
 
+use quant_core::kernels::attention::Attention;
+
+use super::tape::{accumulate, read, record};
 use super::Linear;
 
 pub mod builder {
@@ -119,18 +122,21 @@ where
         let (b, s, _) = *src.shape();
 
         let v = self.w_v.try_forward(src.clone().retaped::<T>())?;
+        let k = self.w_k.try_forward(src.clone().retaped::<T>())?;
+        let q = self.w_q.try_forward(src.put_tape(tape))?;
+
+        let scalar = (1.0 / ((K / H) as f64).sqrt()) as f32;
+        if let Some(plan) = Attention::new(b.size(), s.size(), H, K / H, V / H) {
+            let tokens = attention_core(q, k, v, plan, scalar)?;
+            return self.w_o.try_forward(tokens);
+        }
         let v = v.try_reshape_like(&(b, s, H, V / H))?;
         let v = v.try_permute::<_, Axes4<0, 2, 1, 3>>()?;
-
-        let k = self.w_k.try_forward(src.clone().retaped::<T>())?;
         let k = k.try_reshape_like(&(b, s, H, K / H))?;
         let k = k.try_permute::<_, Axes4<0, 2, 3, 1>>()?;
-
-        let q = self.w_q.try_forward(src.put_tape(tape))?;
         let q = q.try_reshape_like(&(b, s, H, K / H))?;
         let q = q.try_permute::<_, Axes4<0, 2, 1, 3>>()?;
 
-        let scalar = (1.0 / ((K / H) as f64).sqrt()) as f32;
         let weights = q.try_matmul(k)?.try_mul(scalar)?;
         let weights = weights.try_softmax::<Axis<3>>()?;
 
@@ -140,6 +146,49 @@ where
 
         self.w_o.try_forward(tokens)
     }
+}
+
+/// `(B, S, V)` values on a tape `T`.
+type Tokens<B, S, const V: usize, T> = Tensor<(B, S, Const<V>), f32, Cpu, T>;
+
+/// `softmax(q·kᵀ·scale)·v` per sequence and head on `(B, S, K)` queries and keys and `(B, S, V)`
+/// values (heads side by side in the last axis), as one op: `plan`'s
+/// ([`quant_core::kernels::attention`], dfdx's bits), its backward pass recorded on the tape.
+fn attention_core<B: Dim, S: Dim, const K: usize, const V: usize, T>(
+    q: Tensor<(B, S, Const<K>), f32, Cpu, T>,
+    k: Tensor<(B, S, Const<K>), f32, Cpu, T>,
+    v: Tensor<(B, S, Const<V>), f32, Cpu, T>,
+    plan: Attention,
+    scale: f32,
+) -> Result<Tokens<B, S, V, T>, CpuError>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    // Gradient buffers follow physical storage: work on contiguous tensors only.
+    let (q, q_tape) = q.try_contiguous()?.split_tape();
+    let (k, k_tape) = k.try_contiguous()?.split_tape();
+    let (v, v_tape) = v.try_contiguous()?.split_tape();
+    let mut tape = q_tape.merge(k_tape).merge(v_tape);
+    let (q_data, k_data, v_data) = (read(&q), read(&k), read(&v));
+    let (y, softmax) = plan
+        .forward(&q_data, &k_data, &v_data, scale)
+        .ok_or(CpuError::WrongNumElements)?;
+    let (b, s, _) = *v.shape();
+    let out = v.device().try_tensor_from_vec(y, (b, s, Const::<V>))?;
+    let ghosts = (q.ghost(), k.ghost(), v.ghost());
+    record(&out, &mut tape, move |dy, grads| {
+        // Each of the three gradients is borrowed alone: computed apart, then added.
+        let mut dq = vec![0.0f32; q_data.len()];
+        let mut dk = vec![0.0f32; k_data.len()];
+        let mut dv = vec![0.0f32; v_data.len()];
+        let inputs = (&q_data[..], &k_data[..], &v_data[..]);
+        plan.backward(&softmax, inputs, scale, dy, &mut dq, &mut dk, &mut dv)
+            .ok_or(CpuError::WrongNumElements)?;
+        accumulate(grads.get_or_alloc_mut(&ghosts.0)?, &dq)?;
+        accumulate(grads.get_or_alloc_mut(&ghosts.1)?, &dk)?;
+        accumulate(grads.get_or_alloc_mut(&ghosts.2)?, &dv)
+    });
+    Ok(out.put_tape(tape))
 }
 
 impl<const M: usize, const H: usize, const K: usize, const V: usize, S, T>
@@ -168,15 +217,36 @@ mod tests {
     use super::*;
 
     type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
-    type Weights<'a> = [&'a Tensor<Rank2<12, 12>, f32, Cpu>; 4];
-    type Biases<'a> = [&'a Tensor<Rank1<12>, f32, Cpu>; 4];
 
-    /// Output and the gradients of the input and of every parameter (`w_q`, `w_k`, `w_v`,
-    /// `w_o`: weights, then biases), in a residual block (`attention(x) + x`) under a loss
-    /// that weighs every output differently.
+    /// The four projections' weights and biases (`w_q`, `w_k`, `w_v`, `w_o`).
+    fn parameters<const M: usize>(
+        layers: [&dfdx::nn::modules::Linear<M, M, f32, Cpu>; 4],
+    ) -> Vec<&(dyn HasValues + Sync)> {
+        let mut all: Vec<&(dyn HasValues + Sync)> = layers.iter().map(|l| &l.weight as _).collect();
+        all.extend(layers.iter().map(|l| &l.bias as &(dyn HasValues + Sync)));
+        all
+    }
+
+    /// A tensor's values and its gradient, whatever its shape.
+    trait HasValues {
+        fn values(&self) -> Vec<f32>;
+        fn gradient(&self, grads: &Gradients<f32, Cpu>) -> Vec<f32>;
+    }
+
+    impl<S: Shape> HasValues for Tensor<S, f32, Cpu> {
+        fn values(&self) -> Vec<f32> {
+            self.as_vec()
+        }
+        fn gradient(&self, grads: &Gradients<f32, Cpu>) -> Vec<f32> {
+            grads.get(self).as_vec()
+        }
+    }
+
+    /// Output and the gradients of the input and of every parameter, in a residual block
+    /// (`attention(x) + x`) under a loss that weighs every output differently.
     fn run<S: Shape, A>(
         attention: &A,
-        (weights, biases): (Weights, Biases),
+        parameters: &[&(dyn HasValues + Sync)],
         x: &Tensor<S, f32, Cpu>,
         w: &Tensor<S, f32, Cpu>,
     ) -> Vec<Vec<f32>>
@@ -188,68 +258,99 @@ mod tests {
         let mut all = vec![out.as_vec()];
         let grads = (out * w.clone()).sum().backward();
         all.push(grads.get(x).as_vec());
-        all.extend(weights.iter().map(|p| grads.get(*p).as_vec()));
-        all.extend(biases.iter().map(|p| grads.get(*p).as_vec()));
+        all.extend(parameters.iter().map(|p| p.gradient(&grads)));
         all
     }
 
-    #[test]
-    fn outputs_and_gradients_are_dfdx_attentions_bit_for_bit() {
-        let ours = Cpu::seed_from_u64(3).build_module::<builder::MultiHeadAttention<12, 3>, f32>();
+    /// Ours against dfdx's `MultiHeadAttention<M, H>` built from the same seed, on batches
+    /// of 6 sequences of each of `lengths` tokens and on one sequence of 7, on `threads`.
+    fn check<const M: usize, const H: usize>(lengths: &[usize], threads: usize)
+    where
+        builder::MultiHeadAttention<M, H>:
+            BuildOnDevice<Cpu, f32, Built = MultiHeadAttention<M, H, M, M, f32, Cpu>>,
+        dfdx::nn::builders::MultiHeadAttention<M, H>: BuildOnDevice<
+            Cpu,
+            f32,
+            Built = dfdx::nn::modules::MultiHeadAttention<M, H, M, M, f32, Cpu>,
+        >,
+    {
+        let ours = Cpu::seed_from_u64(3).build_module::<builder::MultiHeadAttention<M, H>, f32>();
         let theirs = Cpu::seed_from_u64(3)
-            .build_module::<dfdx::nn::builders::MultiHeadAttention<12, 3>, f32>();
-        let p_ours = (
-            [
-                &ours.w_q.weight,
-                &ours.w_k.weight,
-                &ours.w_v.weight,
-                &ours.w_o.weight,
-            ],
-            [
-                &ours.w_q.bias,
-                &ours.w_k.bias,
-                &ours.w_v.bias,
-                &ours.w_o.bias,
-            ],
-        );
-        let p_theirs = (
-            [
-                &theirs.w_q.weight,
-                &theirs.w_k.weight,
-                &theirs.w_v.weight,
-                &theirs.w_o.weight,
-            ],
-            [
-                &theirs.w_q.bias,
-                &theirs.w_k.bias,
-                &theirs.w_v.bias,
-                &theirs.w_o.bias,
-            ],
-        );
-        for (a, b) in p_ours.0.iter().zip(p_theirs.0) {
-            assert!(all_same(&a.as_vec(), &b.as_vec()), "initial weights");
+            .build_module::<dfdx::nn::builders::MultiHeadAttention<M, H>, f32>();
+        let as_dfdx = |l: &Linear<M, M, f32, Cpu>| dfdx::nn::modules::Linear {
+            weight: l.weight.clone(),
+            bias: l.bias.clone(),
+        };
+        let ours_as_dfdx = [&ours.w_q, &ours.w_k, &ours.w_v, &ours.w_o].map(as_dfdx);
+        let p_ours = parameters([
+            &ours_as_dfdx[0],
+            &ours_as_dfdx[1],
+            &ours_as_dfdx[2],
+            &ours_as_dfdx[3],
+        ]);
+        let p_theirs = parameters([&theirs.w_q, &theirs.w_k, &theirs.w_v, &theirs.w_o]);
+        for (a, b) in p_ours.iter().zip(&p_theirs) {
+            assert!(all_same(&a.values(), &b.values()), "initial parameters");
         }
         let what = |i: usize| match i {
             0 => "outputs".to_string(),
             1 => "input gradients".to_string(),
             i => format!("parameter gradient {}", i - 2),
         };
-        let dev = Cpu::seed_from_u64(4);
-        for seq in [16, 5, 1] {
-            let x: Tensor<(usize, usize, Const<12>), f32, Cpu> =
-                dev.sample_normal_like(&(6, seq, Const));
-            let w = dev.sample_normal_like(x.shape());
-            let a = run(&ours, p_ours, &x, &w);
-            let b = run(&theirs, p_theirs, &x, &w);
-            for i in 0..a.len() {
-                assert!(all_same(&a[i], &b[i]), "{}, {seq} tokens", what(i));
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            let dev = Cpu::seed_from_u64(4);
+            for &seq in lengths {
+                let x: Tensor<(usize, usize, Const<M>), f32, Cpu> =
+                    dev.sample_normal_like(&(6, seq, Const));
+                let w = dev.sample_normal_like(x.shape());
+                let a = run(&ours, &p_ours, &x, &w);
+                let b = run(&theirs, &p_theirs, &x, &w);
+                for i in 0..a.len() {
+                    assert!(
+                        all_same(&a[i], &b[i]),
+                        "{}, {seq} tokens, M {M}, H {H}",
+                        what(i)
+                    );
+                }
             }
+            let x: Tensor<(usize, Const<M>), f32, Cpu> = dev.sample_normal_like(&(7, Const));
+            let w = dev.sample_normal_like(x.shape());
+            let (a, b) = (run(&ours, &p_ours, &x, &w), run(&theirs, &p_theirs, &x, &w));
+            for i in 0..a.len() {
+                assert!(all_same(&a[i], &b[i]), "{}, one sequence", what(i));
+            }
+        });
+    }
+
+    /// The fused core (3 tokens or more, heads 3 wide or more) and dfdx's ops (1 or 2 tokens,
+    /// heads 2 wide), on one thread and on three.
+    #[test]
+    fn outputs_and_gradients_are_dfdx_attentions_bit_for_bit() {
+        for threads in [1, 3] {
+            check::<12, 3>(&[16, 5, 3, 2, 1], threads);
+            check::<64, 4>(&[16], threads);
+            check::<8, 4>(&[16], threads);
         }
-        let x: Tensor<(usize, Const<12>), f32, Cpu> = dev.sample_normal_like(&(7, Const));
-        let w = dev.sample_normal_like(x.shape());
-        let (a, b) = (run(&ours, p_ours, &x, &w), run(&theirs, p_theirs, &x, &w));
-        for i in 0..a.len() {
-            assert!(all_same(&a[i], &b[i]), "{}, one sequence", what(i));
-        }
+    }
+
+    #[test]
+    fn the_fused_core_runs_where_its_bits_are_dfdxs() {
+        let fma = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx");
+        assert_eq!(Attention::new(64, 16, 4, 16, 16).is_some(), fma);
+        assert_eq!(Attention::new(6, 3, 3, 4, 4).is_some(), fma);
+        assert!(
+            Attention::new(6, 2, 3, 4, 4).is_none(),
+            "2 tokens: gemm's vector path"
+        );
+        assert!(Attention::new(6, 16, 4, 2, 2).is_none(), "heads 2 wide");
+        assert!(
+            Attention::new(6, 600, 4, 16, 16).is_none(),
+            "600 tokens: two depth blocks"
+        );
+        assert!(Attention::new(0, 16, 4, 16, 16).is_none(), "no sequence");
     }
 }

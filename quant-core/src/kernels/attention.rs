@@ -1,0 +1,582 @@
+//! The core of multi-head self-attention, `softmax(q·kᵀ·scale)·v` for every sequence and head,
+//! and its backward pass, with the numbers dfdx 0.13's ops give it (`matmul`, `mul` by the
+//! scale, `softmax` over the keys, `matmul`), but in one pass over the batch, parallel over
+//! its sequences, where dfdx takes a `gemm` call per sequence and head for each of six
+//! products, a permuted copy per tensor and eleven tape entries.
+//!
+//! Why the bits are dfdx's:
+//!
+//! - products: `gemm` computes each output as one chain of fused multiply-adds over the depth,
+//!   started at zero, and writes it (forward) or adds it to the zeroed gradient (backward)
+//!   while the depth fits one block and no call takes a vector path (see [`super::affine`]);
+//!   here each output is that chain, in the same order over the depth;
+//! - softmax: the row's maximum folded from −∞ with `max`, subtracted, `f32::exp` (the same
+//!   libm function dfdx calls), the exponentials summed in order from zero, each divided by
+//!   the sum;
+//! - its backward pass, dfdx's ops in reverse: the division's (`1/s · g` into the
+//!   exponentials' gradient, `(−e / s²) · g` summed in order into the sum's), the sum's (its
+//!   gradient added to each exponential's), the exponential's (`e · g`) and the scale's
+//!   (`scale · g`), each added to a zeroed gradient as dfdx adds it.
+//!
+//! Layouts: `q` and `k` are `[sequences, tokens, heads · key_width]`, `v` and the output
+//! `[sequences, tokens, heads · value_width]`, row-major; head `h` owns columns
+//! `h · width .. (h + 1) · width` (dfdx's reshape to `[.., heads, width]`).
+
+use rayon::prelude::*;
+
+use super::affine::{fma_available, MAX_DEPTH};
+
+/// The sizes of one attention core over a batch, where the fused path gives dfdx's bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Attention {
+    sequences: usize,
+    tokens: usize,
+    heads: usize,
+    key_width: usize,
+    value_width: usize,
+}
+
+/// What the backward pass needs of the forward pass's softmax: the exponentials, their
+/// row sums and the probabilities, `[sequences, heads, tokens, tokens]` (sums one per row).
+#[derive(Debug, Clone)]
+pub struct SoftmaxSaved {
+    exps: Vec<f32>,
+    sums: Vec<f32>,
+    probs: Vec<f32>,
+}
+
+impl Attention {
+    /// The plan for these sizes, or `None` where dfdx's ops must run: no sequence or head,
+    /// a token count or a head width (each a product's depth) outside `3..=512`, or a CPU
+    /// without FMA.
+    pub fn new(
+        sequences: usize,
+        tokens: usize,
+        heads: usize,
+        key_width: usize,
+        value_width: usize,
+    ) -> Option<Attention> {
+        let depth = |d: usize| (3..=MAX_DEPTH).contains(&d);
+        let fits =
+            sequences > 0 && heads > 0 && depth(tokens) && depth(key_width) && depth(value_width);
+        (fits && fma_available()).then_some(Attention {
+            sequences,
+            tokens,
+            heads,
+            key_width,
+            value_width,
+        })
+    }
+
+    fn key_len(&self) -> usize {
+        self.tokens * self.heads * self.key_width
+    }
+
+    fn value_len(&self) -> usize {
+        self.tokens * self.heads * self.value_width
+    }
+
+    fn weights_len(&self) -> usize {
+        self.heads * self.tokens * self.tokens
+    }
+
+    fn lengths_match(&self, q: &[f32], k: &[f32], v: &[f32]) -> bool {
+        let n = self.sequences;
+        q.len() == n * self.key_len()
+            && k.len() == n * self.key_len()
+            && v.len() == n * self.value_len()
+    }
+
+    /// The attention's output for queries `q`, keys `k` and values `v` (layouts in the
+    /// module's doc) with the scores scaled by `scale`, and what the backward pass needs;
+    /// `None` if a length does not match.
+    pub fn forward(
+        &self,
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        scale: f32,
+    ) -> Option<(Vec<f32>, SoftmaxSaved)> {
+        if !self.lengths_match(q, k, v) {
+            return None;
+        }
+        let n = self.sequences;
+        let mut out = vec![0.0f32; n * self.value_len()];
+        let mut exps = vec![0.0f32; n * self.weights_len()];
+        let mut probs = vec![0.0f32; n * self.weights_len()];
+        let mut sums = vec![0.0f32; n * self.heads * self.tokens];
+        out.par_chunks_mut(self.value_len())
+            .zip(exps.par_chunks_mut(self.weights_len()))
+            .zip(probs.par_chunks_mut(self.weights_len()))
+            .zip(sums.par_chunks_mut(self.heads * self.tokens))
+            .enumerate()
+            .for_each(|(seq, (((out, exps), probs), sums))| {
+                let q = &q[seq * self.key_len()..][..self.key_len()];
+                let k = &k[seq * self.key_len()..][..self.key_len()];
+                let v = &v[seq * self.value_len()..][..self.value_len()];
+                let saved = (&mut *exps, &mut *sums, &mut *probs);
+                // SAFETY: a plan exists only where `fma_available()`; the slices are one
+                // sequence's, of the lengths the plan gives.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    forward_sequence_fma(self, (q, k, v), scale, out, saved)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                forward_sequence(self, (q, k, v), scale, out, saved);
+            });
+        Some((out, SoftmaxSaved { exps, sums, probs }))
+    }
+
+    /// Adds the gradients of `q`, `k` and `v` for the output's gradient `dy` into `dq`, `dk`
+    /// and `dv` (laid out as their tensors), from the forward pass's `saved` softmax and
+    /// the same `scale`; `None` (nothing added) if a length does not match.
+    #[allow(clippy::too_many_arguments)]
+    pub fn backward(
+        &self,
+        saved: &SoftmaxSaved,
+        (q, k, v): (&[f32], &[f32], &[f32]),
+        scale: f32,
+        dy: &[f32],
+        dq: &mut [f32],
+        dk: &mut [f32],
+        dv: &mut [f32],
+    ) -> Option<()> {
+        let n = self.sequences;
+        let weights = n * self.weights_len();
+        if !self.lengths_match(q, k, v)
+            || !self.lengths_match(dq, dk, dv)
+            || dy.len() != v.len()
+            || saved.exps.len() != weights
+            || saved.probs.len() != weights
+            || saved.sums.len() != n * self.heads * self.tokens
+        {
+            return None;
+        }
+        let (kl, vl, wl) = (self.key_len(), self.value_len(), self.weights_len());
+        dq.par_chunks_mut(kl)
+            .zip(dk.par_chunks_mut(kl))
+            .zip(dv.par_chunks_mut(vl))
+            .enumerate()
+            .for_each(|(seq, ((dq, dk), dv))| {
+                let inputs = (
+                    &q[seq * kl..][..kl],
+                    &k[seq * kl..][..kl],
+                    &v[seq * vl..][..vl],
+                );
+                let softmax = (
+                    &saved.exps[seq * wl..][..wl],
+                    &saved.sums[seq * self.heads * self.tokens..][..self.heads * self.tokens],
+                    &saved.probs[seq * wl..][..wl],
+                );
+                let dy = &dy[seq * vl..][..vl];
+                // SAFETY: as in `forward`.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    backward_sequence_fma(self, inputs, softmax, scale, dy, (dq, dk, dv))
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                backward_sequence(self, inputs, softmax, scale, dy, (dq, dk, dv));
+            });
+        Some(())
+    }
+}
+
+/// Columns `offset .. offset + width` of the rows of a row-major matrix `stride` wide.
+#[derive(Clone, Copy)]
+struct Columns<'a> {
+    data: &'a [f32],
+    stride: usize,
+    offset: usize,
+    width: usize,
+}
+
+impl<'a> Columns<'a> {
+    /// Whether rows `..rows` lie in the data.
+    fn holds(&self, rows: usize) -> bool {
+        rows == 0 || (rows - 1) * self.stride + self.offset + self.width <= self.data.len()
+    }
+
+    fn of(data: &'a [f32], stride: usize, offset: usize, width: usize) -> Self {
+        Columns {
+            data,
+            stride,
+            offset,
+            width,
+        }
+    }
+
+    #[inline(always)]
+    fn row(&self, r: usize) -> &'a [f32] {
+        &self.data[r * self.stride + self.offset..][..self.width]
+    }
+}
+
+/// A matrix read element by element: `(r, c)` at `offset + r · row_stride + c · col_stride`
+/// (a transposed operand is the same data with the strides swapped).
+#[derive(Clone, Copy)]
+struct Strided<'a> {
+    data: &'a [f32],
+    offset: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> Strided<'a> {
+    fn of(data: &'a [f32], offset: usize, (row_stride, col_stride): (usize, usize)) -> Self {
+        Strided {
+            data,
+            offset,
+            row_stride,
+            col_stride,
+        }
+    }
+
+    #[inline(always)]
+    fn at(&self, r: usize, c: usize) -> f32 {
+        self.data[self.offset + r * self.row_stride + c * self.col_stride]
+    }
+
+    /// Whether rows `..rows` and columns `..cols` lie in the data.
+    fn holds(&self, rows: usize, cols: usize) -> bool {
+        rows == 0
+            || cols == 0
+            || self.offset + (rows - 1) * self.row_stride + (cols - 1) * self.col_stride
+                < self.data.len()
+    }
+}
+
+/// How a product's outputs reach the destination.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Store {
+    /// Written (a forward product).
+    Write,
+    /// Added to what is there (a gradient).
+    Add,
+}
+
+/// Columns of rows of a destination matrix (as [`Columns`]).
+struct ColumnsMut<'a> {
+    data: &'a mut [f32],
+    stride: usize,
+    offset: usize,
+}
+
+/// Rows of outputs computed side by side: independent chains for the FMA units.
+const BLOCK_ROWS: usize = 8;
+/// Outputs of a row in one vector.
+const LANES: usize = 8;
+
+/// `out(i, c) = Σ_t a(i, t) · b(t, c)` for `i < m`, `c < b.width`, each output one chain of
+/// fused multiply-adds over `t < depth` in order from zero (`gemm`'s chain), then written or
+/// added (`store`). `a` is read element by element, `b` row by row.
+#[inline(always)]
+fn product((m, depth): (usize, usize), a: Strided, b: Columns, out: &mut ColumnsMut, store: Store) {
+    let mut i = 0;
+    while i + BLOCK_ROWS <= m {
+        product_rows::<BLOCK_ROWS>(i, depth, a, b, out, store);
+        i += BLOCK_ROWS;
+    }
+    while i < m {
+        product_rows::<1>(i, depth, a, b, out, store);
+        i += 1;
+    }
+}
+
+/// [`product`]'s rows `first .. first + R`.
+#[inline(always)]
+fn product_rows<const R: usize>(
+    first: usize,
+    depth: usize,
+    a: Strided,
+    b: Columns,
+    out: &mut ColumnsMut,
+    store: Store,
+) {
+    let n = b.width;
+    let put = |out: &mut ColumnsMut, r: usize, c: usize, v: f32| {
+        let o = &mut out.data[(first + r) * out.stride + out.offset + c];
+        match store {
+            Store::Write => *o = v,
+            Store::Add => *o += v,
+        }
+    };
+    let mut c = 0;
+    while c + LANES <= n {
+        let acc = lanes::<R>(first, depth, a, b, c);
+        for (r, acc) in acc.iter().enumerate() {
+            for (l, v) in acc.iter().enumerate() {
+                put(out, r, c + l, *v);
+            }
+        }
+        c += LANES;
+    }
+    for c in c..n {
+        for r in 0..R {
+            let mut acc = 0.0f32;
+            for t in 0..depth {
+                acc = a.at(first + r, t).mul_add(b.row(t)[c], acc);
+            }
+            put(out, r, c, acc);
+        }
+    }
+}
+
+/// The chains of rows `first .. first + R`, columns `c .. c + LANES` of [`product`]: one
+/// vector per row (AVX), all `R` side by side.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn lanes<const R: usize>(
+    first: usize,
+    depth: usize,
+    a: Strided,
+    b: Columns,
+    c: usize,
+) -> [[f32; LANES]; R] {
+    use std::arch::x86_64::*;
+    if !(a.holds(first + R, depth) && b.holds(depth) && c + LANES <= b.width) {
+        // Never taken (the passes' operands hold their products); the checked loop's bits
+        // are the same.
+        return lanes_checked::<R>(first, depth, a, b, c);
+    }
+    let mut out = [[0.0f32; LANES]; R];
+    // SAFETY: only inlined into the `target_feature(enable = "avx,fma")` passes, which run
+    // where a plan exists (`fma_available()`); `a` holds rows `..first + R` and columns
+    // `..depth`, `b` rows `..depth` with `LANES` values from column `c` (checked above).
+    unsafe {
+        let ap = a.data.as_ptr().add(a.offset);
+        let bp = b.data.as_ptr().add(b.offset + c);
+        let mut acc = [_mm256_setzero_ps(); R];
+        for t in 0..depth {
+            let y = _mm256_loadu_ps(bp.add(t * b.stride));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = *ap.add((first + r) * a.row_stride + t * a.col_stride);
+                *acc = _mm256_fmadd_ps(_mm256_set1_ps(x), y, *acc);
+            }
+        }
+        for (o, acc) in out.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), *acc);
+        }
+    }
+    out
+}
+
+/// [`lanes`] without vectors, every index checked (off x86-64, where no plan exists, the
+/// only one).
+#[inline(always)]
+fn lanes_checked<const R: usize>(
+    first: usize,
+    depth: usize,
+    a: Strided,
+    b: Columns,
+    c: usize,
+) -> [[f32; LANES]; R] {
+    let mut acc = [[0.0f32; LANES]; R];
+    for t in 0..depth {
+        let row = &b.row(t)[c..c + LANES];
+        for (r, acc) in acc.iter_mut().enumerate() {
+            let x = a.at(first + r, t);
+            for (acc, y) in acc.iter_mut().zip(row) {
+                *acc = x.mul_add(*y, *acc);
+            }
+        }
+    }
+    acc
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+use lanes_checked as lanes;
+
+/// The columns `from .. from + width` of a matrix `stride` wide, transposed into `dst`
+/// (`[width, rows]`).
+fn transpose_into(dst: &mut [f32], m: Columns) {
+    let rows = dst.len() / m.width.max(1);
+    for j in 0..rows {
+        for (c, x) in m.row(j).iter().enumerate() {
+            dst[c * rows + j] = *x;
+        }
+    }
+}
+
+type Saved<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
+
+/// One sequence's forward pass, every head (see the module's doc for the numbers).
+#[inline(always)]
+fn forward_sequence(
+    plan: &Attention,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    scale: f32,
+    out: &mut [f32],
+    (exps, sums, probs): Saved,
+) {
+    let (s, dk, dv) = (plan.tokens, plan.key_width, plan.value_width);
+    let (kw, vw) = (plan.heads * dk, plan.heads * dv);
+    // The head's keys transposed, `[key_width, tokens]`: a row of scores is then a sum of
+    // contiguous rows.
+    let mut keys_t = vec![0.0f32; dk * s];
+    let mut out = ColumnsMut {
+        data: out,
+        stride: vw,
+        offset: 0,
+    };
+    for h in 0..plan.heads {
+        transpose_into(&mut keys_t, Columns::of(k, kw, h * dk, dk));
+        let scores = &mut exps[h * s * s..][..s * s];
+        product(
+            (s, dk),
+            Strided::of(q, h * dk, (kw, 1)),
+            Columns::of(&keys_t, s, 0, s),
+            &mut ColumnsMut {
+                data: scores,
+                stride: s,
+                offset: 0,
+            },
+            Store::Write,
+        );
+        for i in 0..s {
+            let e = &mut scores[i * s..][..s];
+            for w in e.iter_mut() {
+                *w *= scale;
+            }
+            let max = e.iter().fold(f32::NEG_INFINITY, |m, w| m.max(*w));
+            let mut sum = 0.0f32;
+            for w in e.iter_mut() {
+                *w = (*w - max).exp();
+                sum += *w;
+            }
+            sums[h * s + i] = sum;
+            for (p, e) in probs[(h * s + i) * s..][..s].iter_mut().zip(e.iter()) {
+                *p = *e / sum;
+            }
+        }
+        let p = &probs[h * s * s..][..s * s];
+        out.offset = h * dv;
+        product(
+            (s, s),
+            Strided::of(p, 0, (s, 1)),
+            Columns::of(v, vw, h * dv, dv),
+            &mut out,
+            Store::Write,
+        );
+    }
+}
+
+/// [`forward_sequence`] compiled with FMA (`mul_add` one instruction, vectorised).
+///
+/// # Safety
+/// The CPU has AVX and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma")]
+unsafe fn forward_sequence_fma(
+    plan: &Attention,
+    inputs: (&[f32], &[f32], &[f32]),
+    scale: f32,
+    out: &mut [f32],
+    saved: Saved,
+) {
+    forward_sequence(plan, inputs, scale, out, saved)
+}
+
+type Grads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
+
+/// One sequence's backward pass, every head (see the module's doc for the numbers).
+#[inline(always)]
+fn backward_sequence(
+    plan: &Attention,
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    (exps, sums, probs): (&[f32], &[f32], &[f32]),
+    scale: f32,
+    dy: &[f32],
+    (dq, dk, dv): Grads,
+) {
+    let (s, kd, vd) = (plan.tokens, plan.key_width, plan.value_width);
+    let (kw, vw) = (plan.heads * kd, plan.heads * vd);
+    let mut values_t = vec![0.0f32; vd * s];
+    // The probabilities' gradient, then in place the scores', `[tokens, tokens]`.
+    let mut d_scores = vec![0.0f32; s * s];
+    let mut sum_terms = vec![0.0f32; s];
+    for h in 0..plan.heads {
+        transpose_into(&mut values_t, Columns::of(v, vw, h * vd, vd));
+        product(
+            (s, vd),
+            Strided::of(dy, h * vd, (vw, 1)),
+            Columns::of(&values_t, s, 0, s),
+            &mut ColumnsMut {
+                data: &mut d_scores,
+                stride: s,
+                offset: 0,
+            },
+            Store::Write,
+        );
+        for i in 0..s {
+            let row = (h * s + i) * s;
+            let (e, sum) = (&exps[row..][..s], sums[h * s + i]);
+            let (recip, square) = (sum.recip(), sum.powi(2));
+            let d_row = &mut d_scores[i * s..][..s];
+            for ((d, e), term) in d_row.iter_mut().zip(e).zip(sum_terms.iter_mut()) {
+                // The product added to a zeroed gradient, then the division's backward pass
+                // (the sum's terms apart, so that this loop is vectorised).
+                let g = 0.0 + *d;
+                *d = 0.0 + recip * g;
+                *term = (-*e / square) * g;
+            }
+            let d_sum = sum_terms.iter().fold(0.0f32, |acc, t| acc + *t);
+            for (d, e) in d_row.iter_mut().zip(e) {
+                let d_exp = *d + d_sum;
+                let d_weight = 0.0 + *e * d_exp;
+                *d = 0.0 + scale * d_weight;
+            }
+        }
+        let p = &probs[h * s * s..][..s * s];
+        product(
+            (s, s),
+            Strided::of(p, 0, (1, s)),
+            Columns::of(dy, vw, h * vd, vd),
+            &mut ColumnsMut {
+                data: dv,
+                stride: vw,
+                offset: h * vd,
+            },
+            Store::Add,
+        );
+        let d = &d_scores;
+        product(
+            (s, s),
+            Strided::of(d, 0, (s, 1)),
+            Columns::of(k, kw, h * kd, kd),
+            &mut ColumnsMut {
+                data: dq,
+                stride: kw,
+                offset: h * kd,
+            },
+            Store::Add,
+        );
+        product(
+            (s, s),
+            Strided::of(d, 0, (1, s)),
+            Columns::of(q, kw, h * kd, kd),
+            &mut ColumnsMut {
+                data: dk,
+                stride: kw,
+                offset: h * kd,
+            },
+            Store::Add,
+        );
+    }
+}
+
+/// [`backward_sequence`] compiled with FMA.
+///
+/// # Safety
+/// The CPU has AVX and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma")]
+unsafe fn backward_sequence_fma(
+    plan: &Attention,
+    inputs: (&[f32], &[f32], &[f32]),
+    softmax: (&[f32], &[f32], &[f32]),
+    scale: f32,
+    dy: &[f32],
+    grads: Grads,
+) {
+    backward_sequence(plan, inputs, softmax, scale, dy, grads)
+}
