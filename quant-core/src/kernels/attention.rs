@@ -301,28 +301,21 @@ fn product_rows<const R: usize>(
         }
     };
     let mut c = 0;
-    while c + LANES <= n {
-        let acc = lanes::<R>(first, depth, a, b, c);
+    while c < n {
+        let width = (n - c).min(LANES);
+        let acc = lanes::<R>(first, depth, a, b, (c, width));
         for (r, acc) in acc.iter().enumerate() {
-            for (l, v) in acc.iter().enumerate() {
+            for (l, v) in acc[..width].iter().enumerate() {
                 put(out, r, c + l, *v);
             }
         }
-        c += LANES;
-    }
-    for c in c..n {
-        for r in 0..R {
-            let mut acc = 0.0f32;
-            for t in 0..depth {
-                acc = a.at(first + r, t).mul_add(b.row(t)[c], acc);
-            }
-            put(out, r, c, acc);
-        }
+        c += width;
     }
 }
 
-/// The chains of rows `first .. first + R`, columns `c .. c + LANES` of [`product`]: one
-/// vector per row (AVX), all `R` side by side.
+/// The chains of rows `first .. first + R`, columns `c .. c + width` (`width <= LANES`) of
+/// [`product`]: one vector per row (AVX; the lanes past `width` masked off), all `R` side by
+/// side.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn lanes<const R: usize>(
@@ -330,24 +323,30 @@ fn lanes<const R: usize>(
     depth: usize,
     a: Strided,
     b: Columns,
-    c: usize,
+    (c, width): (usize, usize),
 ) -> [[f32; LANES]; R] {
     use std::arch::x86_64::*;
-    if !(a.holds(first + R, depth) && b.holds(depth) && c + LANES <= b.width) {
+    if !(a.holds(first + R, depth) && b.holds(depth) && width <= LANES && c + width <= b.width) {
         // Never taken (the passes' operands hold their products); the checked loop's bits
         // are the same.
-        return lanes_checked::<R>(first, depth, a, b, c);
+        return lanes_checked::<R>(first, depth, a, b, (c, width));
     }
     let mut out = [[0.0f32; LANES]; R];
+    let mut lanes_on = [0i32; LANES];
+    for on in &mut lanes_on[..width] {
+        *on = -1;
+    }
     // SAFETY: only inlined into the `target_feature(enable = "avx,fma")` passes, which run
     // where a plan exists (`fma_available()`); `a` holds rows `..first + R` and columns
-    // `..depth`, `b` rows `..depth` with `LANES` values from column `c` (checked above).
+    // `..depth`, `b` rows `..depth` with `width` values from column `c` (checked above), and
+    // the masked load reads only those.
     unsafe {
+        let mask = _mm256_loadu_si256(lanes_on.as_ptr().cast());
         let ap = a.data.as_ptr().add(a.offset);
         let bp = b.data.as_ptr().add(b.offset + c);
         let mut acc = [_mm256_setzero_ps(); R];
         for t in 0..depth {
-            let y = _mm256_loadu_ps(bp.add(t * b.stride));
+            let y = _mm256_maskload_ps(bp.add(t * b.stride), mask);
             for (r, acc) in acc.iter_mut().enumerate() {
                 let x = *ap.add((first + r) * a.row_stride + t * a.col_stride);
                 *acc = _mm256_fmadd_ps(_mm256_set1_ps(x), y, *acc);
@@ -368,11 +367,11 @@ fn lanes_checked<const R: usize>(
     depth: usize,
     a: Strided,
     b: Columns,
-    c: usize,
+    (c, width): (usize, usize),
 ) -> [[f32; LANES]; R] {
     let mut acc = [[0.0f32; LANES]; R];
     for t in 0..depth {
-        let row = &b.row(t)[c..c + LANES];
+        let row = &b.row(t)[c..c + width];
         for (r, acc) in acc.iter_mut().enumerate() {
             let x = a.at(first + r, t);
             for (acc, y) in acc.iter_mut().zip(row) {

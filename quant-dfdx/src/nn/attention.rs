@@ -326,13 +326,14 @@ mod tests {
         });
     }
 
-    /// The fused core (3 tokens or more, heads 3 wide or more) and dfdx's ops (1 or 2 tokens,
-    /// heads 2 wide), on one thread and on three.
+    /// The fused core (3 tokens or more, heads 3 wide or more: vectors of 8 and masked
+    /// remainders) and dfdx's ops (1 or 2 tokens, heads 2 wide), on one thread and on three.
     #[test]
     fn outputs_and_gradients_are_dfdx_attentions_bit_for_bit() {
         for threads in [1, 3] {
             check::<12, 3>(&[16, 5, 3, 2, 1], threads);
             check::<64, 4>(&[16], threads);
+            check::<48, 4>(&[16, 9], threads);
             check::<8, 4>(&[16], threads);
         }
     }
