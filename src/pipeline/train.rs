@@ -325,7 +325,10 @@ where
     }
 
     /// One optimiser step on a batch (`features` of `labels.len()` samples) at learning rate
-    /// `lr`, then the phase's weight decay; returns the batch's loss.
+    /// `lr`, then the phase's weight decay; returns the batch's loss. The forward and backward
+    /// passes run on a thread of rayon's current pool (the calling thread when it is one), so
+    /// that the layers' parallel kernels split their work from inside it; the results do not
+    /// depend on the thread.
     ///
     /// # Errors
     /// A label is not below `C`; the features do not make a batch of `S`; the model's forward
@@ -457,7 +460,8 @@ where
     Ok(epoch_losses)
 }
 
-/// Logits of every sample of `data` (evaluation mode: no tape), batch by batch.
+/// Logits of every sample of `data` (evaluation mode: no tape), batch by batch, on a thread
+/// of rayon's current pool (as [`Trainer::step`]).
 ///
 /// # Errors
 /// The samples do not make batches of `S`; the model fails.
