@@ -261,6 +261,16 @@ struct ColumnsMut<'a> {
     offset: usize,
 }
 
+impl<'a> ColumnsMut<'a> {
+    fn of(data: &'a mut [f32], stride: usize, offset: usize) -> Self {
+        ColumnsMut {
+            data,
+            stride,
+            offset,
+        }
+    }
+}
+
 /// Rows of outputs computed side by side: independent chains for the FMA units.
 const BLOCK_ROWS: usize = 8;
 /// Outputs of a row in one vector.
@@ -412,11 +422,7 @@ fn forward_sequence(
     // The head's keys transposed, `[key_width, tokens]`: a row of scores is then a sum of
     // contiguous rows.
     let mut keys_t = vec![0.0f32; dk * s];
-    let mut out = ColumnsMut {
-        data: out,
-        stride: vw,
-        offset: 0,
-    };
+    let mut out = ColumnsMut::of(out, vw, 0);
     for h in 0..plan.heads {
         transpose_into(&mut keys_t, Columns::of(k, kw, h * dk, dk));
         let scores = &mut exps[h * s * s..][..s * s];
@@ -424,11 +430,7 @@ fn forward_sequence(
             (s, dk),
             Strided::of(q, h * dk, (kw, 1)),
             Columns::of(&keys_t, s, 0, s),
-            &mut ColumnsMut {
-                data: scores,
-                stride: s,
-                offset: 0,
-            },
+            &mut ColumnsMut::of(scores, s, 0),
             Store::Write,
         );
         for i in 0..s {
@@ -499,11 +501,7 @@ fn backward_sequence(
             (s, vd),
             Strided::of(dy, h * vd, (vw, 1)),
             Columns::of(&values_t, s, 0, s),
-            &mut ColumnsMut {
-                data: &mut d_scores,
-                stride: s,
-                offset: 0,
-            },
+            &mut ColumnsMut::of(&mut d_scores, s, 0),
             Store::Write,
         );
         for i in 0..s {
@@ -530,11 +528,7 @@ fn backward_sequence(
             (s, s),
             Strided::of(p, 0, (1, s)),
             Columns::of(dy, vw, h * vd, vd),
-            &mut ColumnsMut {
-                data: dv,
-                stride: vw,
-                offset: h * vd,
-            },
+            &mut ColumnsMut::of(dv, vw, h * vd),
             Store::Add,
         );
         let d = &d_scores;
@@ -542,22 +536,14 @@ fn backward_sequence(
             (s, s),
             Strided::of(d, 0, (s, 1)),
             Columns::of(k, kw, h * kd, kd),
-            &mut ColumnsMut {
-                data: dq,
-                stride: kw,
-                offset: h * kd,
-            },
+            &mut ColumnsMut::of(dq, kw, h * kd),
             Store::Add,
         );
         product(
             (s, s),
             Strided::of(d, 0, (1, s)),
             Columns::of(q, kw, h * kd, kd),
-            &mut ColumnsMut {
-                data: dk,
-                stride: kw,
-                offset: h * kd,
-            },
+            &mut ColumnsMut::of(dk, kw, h * kd),
             Store::Add,
         );
     }
