@@ -380,11 +380,7 @@ where
             };
             Ok((loss.array(), loss.backward()))
         };
-        // On a thread of rayon's pool (where it runs already when called from one): the
-        // layers' parallel kernels then split their work from inside the pool instead of
-        // handing every kernel to it from outside and waiting, which cost a quarter of the
-        // MNIST ViT's float step on two threads.
-        let (value, mut grads) = rayon::scope(|_| forward_backward())?;
+        let (value, mut grads) = on_pool(forward_backward)?;
         self.opt.update(model, &grads)?;
         decay_weights(model, lr, self.phase.weight_decay)?;
         model.try_zero_grads(&mut grads)?;
@@ -486,8 +482,15 @@ where
         }
         Ok(out)
     };
-    // On a thread of rayon's pool, as in `Trainer::step`.
-    rayon::scope(|_| all_batches())
+    on_pool(all_batches)
+}
+
+/// Runs `f` on a thread of rayon's current pool (in place when called from one): the layers'
+/// parallel kernels then split their work from inside the pool instead of being handed to it
+/// one by one from outside and waited for, which cost a quarter of the MNIST ViT's float step
+/// on two threads.
+fn on_pool<R: Send>(f: impl FnOnce() -> R + Send) -> R {
+    rayon::scope(|_| f())
 }
 
 /// Predicted classes from logits (rows of `classes`).
