@@ -61,7 +61,8 @@
 //! the validated per-channel constants, `round` the rounding policies, `torch` PyTorch's exact
 //! arithmetic for grids too wide for the fast paths. [`affine`] (with the `dfdx` feature)
 //! holds a fully connected layer's products with the numbers of dfdx's `Linear`, [`attention`]
-//! self-attention's core (scores, softmax, weighted values) with the numbers of dfdx's ops.
+//! self-attention's core (scores, softmax, weighted values) with the numbers of dfdx's ops,
+//! [`pool`] the 2x2 max pooling that halves an image, with PyTorch's choice among ties.
 
 #[macro_use]
 mod round;
@@ -77,6 +78,7 @@ mod gelu;
 mod lsq;
 mod pact;
 mod params;
+pub mod pool;
 mod ste;
 mod torch;
 

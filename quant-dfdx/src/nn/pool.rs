@@ -4,6 +4,7 @@
 use dfdx::nn::ZeroSizedModule;
 use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
+use quant_core::kernels::pool::{max_pool_2x2, Halving};
 use quant_core::Result;
 use rayon::prelude::*;
 
@@ -140,34 +141,14 @@ fn max_pool_plane(win: &Window, src: &[f32], base: usize, y: &mut [f32], arg: &m
 }
 
 /// [`max_pool_plane`] for 2x2 windows at stride 2 without padding (the usual halving), the
-/// same results: the four values of a window taken in the same order, each comparison a
-/// select rather than a branch (on real activations the maximum's position is as good as
-/// random, and mispredicted branches cost the generic loop most of its time).
+/// same results: quant-core's kernel, eight windows to a vector where the CPU has AVX2.
 fn max_pool_plane_2x2(win: &Window, src: &[f32], base: usize, y: &mut [f32], arg: &mut [usize]) {
-    let w = win.w;
-    for oy in 0..win.oh {
-        let top = &src[2 * oy * w..][..w];
-        let bottom = &src[(2 * oy + 1) * w..][..w];
-        let (y, arg) = (
-            &mut y[oy * win.ow..][..win.ow],
-            &mut arg[oy * win.ow..][..win.ow],
-        );
-        for (ox, (y, arg)) in y.iter_mut().zip(arg.iter_mut()).enumerate() {
-            let at = 2 * oy * w + 2 * ox;
-            let (mut best, mut best_at) = (top[2 * ox], at);
-            for (v, v_at) in [
-                (top[2 * ox + 1], at + 1),
-                (bottom[2 * ox], at + w),
-                (bottom[2 * ox + 1], at + w + 1),
-            ] {
-                let take = beats(v, best);
-                best = std::hint::select_unpredictable(take, v, best);
-                best_at = std::hint::select_unpredictable(take, v_at, best_at);
-            }
-            *y = best;
-            *arg = base + best_at;
-        }
-    }
+    let shape = Halving {
+        width: win.w,
+        rows: win.oh,
+        cols: win.ow,
+    };
+    max_pool_2x2(shape, src, base, y, arg);
 }
 
 /// 2-D max pooling, PyTorch's `max_pool2d(x, kernel, stride, padding)` (no dilation, floor
