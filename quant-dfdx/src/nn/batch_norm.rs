@@ -18,6 +18,7 @@ use dfdx::tensor_ops::Device;
 use quant_core::dfdx_ops::{custom_op, read_contiguous, ParamInput, Scratch};
 use quant_core::QuantError;
 use rayon::prelude::*;
+use std::sync::{Arc, OnceLock};
 
 /// Least number of values for which a pass runs in parallel (rayon): below it, waking the
 /// pool's threads costs more than the pass.
@@ -371,7 +372,9 @@ pub fn batch_norm2d_training<const C: usize, S: Shape>(
         ParamInput::new(&bn.scale, true),
         ParamInput::new(&bn.bias, true),
     ];
-    let mut batch_stats = None;
+    // The batch's statistics, computed once by the forward pass and read by the backward one.
+    let batch_stats: Arc<OnceLock<(Vec<f32>, Vec<f32>)>> = Arc::default();
+    let stats_for_backward = Arc::clone(&batch_stats);
     let y = custom_op(
         x,
         params,
@@ -379,16 +382,19 @@ pub fn batch_norm2d_training<const C: usize, S: Shape>(
             let (mean, var) = planes.stats(x);
             let (_, factor) = std_and_factor(&var, p[0], epsilon);
             planes.affine(x, &mean, &factor, p[1], y);
-            batch_stats = Some((mean, var));
+            // Set once, here: the cell is new.
+            let _ = batch_stats.set((mean, var));
             Ok(())
         }),
         Box::new(move |x, p, dy, dx, dp| {
             if let [dscale, dbias] = dp {
-                backward(planes, epsilon, x, p[0], dy, dx, dscale, dbias);
+                let stats = stats_for_backward.get_or_init(|| planes.stats(x));
+                let stats = (stats.0.as_slice(), stats.1.as_slice());
+                backward(planes, epsilon, (x, stats), p[0], dy, dx, dscale, dbias);
             }
         }),
     )?;
-    if let Some((mean, var)) = batch_stats {
+    if let Some((mean, var)) = batch_stats.get() {
         let n = (planes.outer * planes.inner) as f64;
         let keep = (1.0 - bn.momentum) as f32;
         let mean_weight = bn.momentum as f32;
@@ -401,8 +407,8 @@ pub fn batch_norm2d_training<const C: usize, S: Shape>(
                 .collect();
             running.copy_from(&updated);
         };
-        axpy(&mut bn.running_mean, &mean, mean_weight);
-        axpy(&mut bn.running_var, &var, var_weight);
+        axpy(&mut bn.running_mean, mean, mean_weight);
+        axpy(&mut bn.running_var, var, var_weight);
     }
     Ok(y)
 }
@@ -410,12 +416,13 @@ pub fn batch_norm2d_training<const C: usize, S: Shape>(
 /// dfdx's backward ops in their order (the last op's first), each intermediate gradient
 /// starting at zero as dfdx allocates it (hence the `0.0 +`, which turns `-0.0` into `0.0` as
 /// dfdx's `+=` does); the per-channel sums run over the batch in dfdx's order (image by
-/// image, each plane in order), as its broadcast backward passes add them.
+/// image, each plane in order), as its broadcast backward passes add them. `x` comes with
+/// the batch's mean and variance that the forward pass computed from it.
 #[allow(clippy::too_many_arguments)]
 fn backward(
     planes: Planes,
     epsilon: f32,
-    x: &[f32],
+    (x, (mean, var)): (&[f32], (&[f32], &[f32])),
     scale: &[f32],
     dy: &[f32],
     dx: &mut [f32],
@@ -424,7 +431,6 @@ fn backward(
 ) {
     let channels = planes.channels;
     let inv = planes.inv();
-    let (mean, var) = planes.stats(x);
     let (std, factor) = std_and_factor(&var, scale, epsilon);
     let (image, inner) = (channels * planes.inner, planes.inner);
     // `+ β`, then `· (γ/σ)`: the centered values' gradient and the factor's. (Every value is
