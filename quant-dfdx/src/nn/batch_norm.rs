@@ -431,7 +431,7 @@ fn backward(
 ) {
     let channels = planes.channels;
     let inv = planes.inv();
-    let (std, factor) = std_and_factor(&var, scale, epsilon);
+    let (std, factor) = std_and_factor(var, scale, epsilon);
     let (image, inner) = (channels * planes.inner, planes.inner);
     // `+ β`, then `· (γ/σ)`: the centered values' gradient and the factor's. (Every value is
     // written before it is read: a pooled buffer, not zeroed.)
