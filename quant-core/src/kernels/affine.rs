@@ -227,8 +227,9 @@ fn add_rows(
     }
 }
 
-/// [`add_rows`] with eight columns to a vector: four rows by two vectors at a time, eight
-/// independent chains (enough to keep two FMA units busy through their latency).
+/// [`add_rows`] with eight columns to a vector: four rows by three vectors at a time, twelve
+/// independent chains (more than two FMA units need through their latency, with the loads of
+/// `x` shared by four rows), then four rows by two vectors and by one for the last columns.
 ///
 /// # Safety
 /// The CPU has AVX and FMA; `x` holds `dy.len() / outputs` rows of `inputs`; `dw_rows`
@@ -242,34 +243,23 @@ unsafe fn add_rows_fma(
     first: usize,
     (inputs, outputs): (usize, usize),
 ) {
-    use std::arch::x86_64::*;
-    let rows = dy.len() / outputs;
     let mut j = 0;
     while (j + ROWS_PER_TASK) * inputs <= dw_rows.len() {
         let mut i = 0;
-        // SAFETY: every pointer below addresses columns `i..i + 16` with `i + 16 <= inputs`
-        // of a row `r < rows` of `x` or of a row `j + o < dw_rows.len() / inputs` of
-        // `dw_rows`.
+        // SAFETY: AVX and FMA (this function's); each call's `i + 8·V <= inputs`, its rows
+        // `j..j + ROWS_PER_TASK` within `dw_rows`.
         unsafe {
-            let (dw, x) = (dw_rows.as_mut_ptr(), x.as_ptr());
-            while i + 16 <= inputs {
-                let mut acc = [[_mm256_setzero_ps(); 2]; ROWS_PER_TASK];
-                for r in 0..rows {
-                    let xr = x.add(r * inputs + i);
-                    let (x0, x1) = (_mm256_loadu_ps(xr), _mm256_loadu_ps(xr.add(8)));
-                    for (o, a) in acc.iter_mut().enumerate() {
-                        let g = _mm256_set1_ps(dy[r * outputs + first + j + o]);
-                        a[0] = _mm256_fmadd_ps(g, x0, a[0]);
-                        a[1] = _mm256_fmadd_ps(g, x1, a[1]);
-                    }
-                }
-                for (o, a) in acc.iter().enumerate() {
-                    let d = dw.add((j + o) * inputs + i);
-                    _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), a[0]));
-                    let d = d.add(8);
-                    _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), a[1]));
-                }
+            while i + 24 <= inputs {
+                add_block_fma::<3>(dw_rows, x, dy, (first, j, i), (inputs, outputs));
+                i += 24;
+            }
+            if i + 16 <= inputs {
+                add_block_fma::<2>(dw_rows, x, dy, (first, j, i), (inputs, outputs));
                 i += 16;
+            }
+            if i + 8 <= inputs {
+                add_block_fma::<1>(dw_rows, x, dy, (first, j, i), (inputs, outputs));
+                i += 8;
             }
         }
         for (o, dw_row) in dw_rows[j * inputs..]
@@ -277,14 +267,56 @@ unsafe fn add_rows_fma(
             .take(ROWS_PER_TASK)
             .enumerate()
         {
-            // SAFETY: as this function's.
-            unsafe { add_row_tail(dw_row, x, dy, (first + j + o, outputs), i) };
+            add_columns(dw_row, x, dy, (first + j + o, outputs), i);
         }
         j += ROWS_PER_TASK;
     }
     for (o, dw_row) in dw_rows[j * inputs..].chunks_exact_mut(inputs).enumerate() {
         // SAFETY: as this function's.
         unsafe { add_row_tail(dw_row, x, dy, (first + j + o, outputs), 0) };
+    }
+}
+
+/// Rows `j..j + ROWS_PER_TASK` of `dw_rows`, columns `i..i + 8·V`, of [`add_rows`]: each
+/// output one chain over the rows `r` in order, added to the gradient once.
+///
+/// # Safety
+/// As [`add_rows_fma`], and `i + 8·V <= inputs`, `(j + ROWS_PER_TASK)·inputs <=
+/// dw_rows.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma")]
+#[inline]
+unsafe fn add_block_fma<const V: usize>(
+    dw_rows: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    (first, j, i): (usize, usize, usize),
+    (inputs, outputs): (usize, usize),
+) {
+    use std::arch::x86_64::*;
+    let rows = dy.len() / outputs;
+    // SAFETY: every pointer below addresses columns `i..i + 8·V` (within `inputs`) of a row
+    // `r < rows` of `x` or of a row `j + o` (within `dw_rows`) of `dw_rows`.
+    unsafe {
+        let (dw, x) = (dw_rows.as_mut_ptr(), x.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); V]; ROWS_PER_TASK];
+        for r in 0..rows {
+            let xr = x.add(r * inputs + i);
+            let xs: [__m256; V] = std::array::from_fn(|v| _mm256_loadu_ps(xr.add(8 * v)));
+            let gs = &dy[r * outputs + first + j..][..ROWS_PER_TASK];
+            for (a, g) in acc.iter_mut().zip(gs) {
+                let g = _mm256_set1_ps(*g);
+                for (a, x) in a.iter_mut().zip(&xs) {
+                    *a = _mm256_fmadd_ps(g, *x, *a);
+                }
+            }
+        }
+        for (o, a) in acc.iter().enumerate() {
+            for (v, a) in a.iter().enumerate() {
+                let d = dw.add((j + o) * inputs + i + 8 * v);
+                _mm256_storeu_ps(d, _mm256_add_ps(_mm256_loadu_ps(d), *a));
+            }
+        }
     }
 }
 
@@ -380,33 +412,50 @@ mod tests {
         assert_eq!(Affine::new(1, 600, 64, 64, false).is_some(), fma);
     }
 
-    /// The vector loop against one chain per output written out plainly.
+    /// The vector loop against one chain per output written out plainly, at widths that take
+    /// every block (three, two and one vectors of eight columns, single columns) and output
+    /// counts with rows left over after the groups of four.
     #[test]
     fn weight_gradient_is_one_chain_per_sequence() {
-        let (sequences, rows, inputs, outputs) = (3, 5, 45, 7);
-        let Some(plan) = Affine::new(sequences, rows, inputs, outputs, true) else {
-            return; // No FMA: the path is never taken.
-        };
-        let x = values(sequences * rows * inputs, 1);
-        let dy = values(sequences * rows * outputs, 2);
-        let start = values(outputs * inputs, 3);
-        let mut dw = start.clone();
-        plan.weight_gradient(&mut dw, &x, &dy).unwrap();
-        let mut expected = start;
-        for s in 0..sequences {
-            for o in 0..outputs {
-                for i in 0..inputs {
-                    let mut acc = 0.0f32;
-                    for r in 0..rows {
-                        let t = s * rows + r;
-                        acc = dy[t * outputs + o].mul_add(x[t * inputs + i], acc);
+        for (sequences, rows, inputs, outputs) in [
+            (3, 5, 45, 7),
+            (2, 4, 59, 10),
+            (2, 3, 8, 4),
+            (1, 6, 3, 5),
+            (2, 16, 48, 96),
+        ] {
+            let Some(plan) = Affine::new(sequences, rows, inputs, outputs, true) else {
+                assert!(
+                    !fma_available(),
+                    "{inputs} inputs, {outputs} outputs: no plan"
+                );
+                continue; // No FMA: the path is never taken.
+            };
+            let x = values(sequences * rows * inputs, 1);
+            let dy = values(sequences * rows * outputs, 2);
+            let start = values(outputs * inputs, 3);
+            let mut dw = start.clone();
+            plan.weight_gradient(&mut dw, &x, &dy).unwrap();
+            let mut expected = start;
+            for s in 0..sequences {
+                for o in 0..outputs {
+                    for i in 0..inputs {
+                        let mut acc = 0.0f32;
+                        for r in 0..rows {
+                            let t = s * rows + r;
+                            acc = dy[t * outputs + o].mul_add(x[t * inputs + i], acc);
+                        }
+                        expected[o * inputs + i] += acc;
                     }
-                    expected[o * inputs + i] += acc;
                 }
             }
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&dw),
+                bits(&expected),
+                "{inputs} inputs, {outputs} outputs"
+            );
+            assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
         }
-        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(bits(&dw), bits(&expected));
-        assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
     }
 }
