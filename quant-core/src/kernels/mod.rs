@@ -62,7 +62,8 @@
 //! arithmetic for grids too wide for the fast paths. [`affine`] (with the `dfdx` feature)
 //! holds a fully connected layer's products with the numbers of dfdx's `Linear`, [`attention`]
 //! self-attention's core (scores, softmax, weighted values) with the numbers of dfdx's ops,
-//! [`pool`] the 2x2 max pooling that halves an image, with PyTorch's choice among ties.
+//! [`pool`] the 2x2 max pooling that halves an image, with PyTorch's choice among ties,
+//! [`channel_sums`] per-channel sums over a batch in dfdx's order (BatchNorm's statistics).
 
 #[macro_use]
 mod round;
@@ -70,6 +71,7 @@ mod round;
 pub mod affine;
 #[cfg(feature = "dfdx")]
 pub mod attention;
+pub mod channel_sums;
 mod codes;
 mod driver;
 mod dsq;

@@ -16,6 +16,7 @@ use dfdx::shapes::Dtype;
 use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
 use quant_core::dfdx_ops::{custom_op, read_contiguous, ParamInput, Scratch};
+use quant_core::kernels::channel_sums;
 use quant_core::QuantError;
 use rayon::prelude::*;
 use std::sync::{Arc, OnceLock};
@@ -23,9 +24,6 @@ use std::sync::{Arc, OnceLock};
 /// Least number of values for which a pass runs in parallel (rayon): below it, waking the
 /// pool's threads costs more than the pass.
 const PARALLEL_VALUES: usize = 1 << 15;
-
-/// Channels whose sums run side by side (each a chain of dependent additions).
-const SIDE_BY_SIDE: usize = 8;
 
 pub mod builder {
     /// Builds a [`BatchNorm2d`](super::BatchNorm2d) over `C` channels.
@@ -213,44 +211,34 @@ impl Planes {
 
     /// `Σ value(c, i)` over the values `i` of each channel `c`, in dfdx's order (image by
     /// image, each plane in order). Each channel's sum is a chain of dependent additions, so
-    /// eight channels' chains run side by side (the order within each chain unchanged), and
-    /// groups of channels run in parallel: the same bits on any number of threads.
+    /// eight channels' chains run side by side (quant-core's `channel_sums`: one vector lane
+    /// each, the order within each chain unchanged), and groups of channels run in parallel:
+    /// the same bits on any number of threads. `values8(c, i)` is `value` at `i..i + 8`.
     #[inline(always)]
-    fn sum_channels(self, value: impl Fn(usize, usize) -> f32 + Sync) -> Vec<f32> {
+    fn sum_channels(
+        self,
+        value: impl Fn(usize, usize) -> f32 + Sync,
+        values8: impl Fn(usize, usize) -> [f32; 8] + Sync,
+    ) -> Vec<f32> {
         let mut sums = vec![0.0f32; self.channels];
+        let planes = channel_sums::Planes {
+            images: self.outer,
+            channels: self.channels,
+            plane: self.inner,
+        };
+        let group = |(g, sums): (usize, &mut [f32])| {
+            channel_sums::sum_group(planes, g * channel_sums::GROUP, sums, &value, &values8)
+        };
         if self.parallel() {
-            sums.par_chunks_mut(SIDE_BY_SIDE)
+            sums.par_chunks_mut(channel_sums::GROUP)
                 .enumerate()
-                .for_each(|(g, sums)| self.sum_group(g * SIDE_BY_SIDE, sums, &value));
+                .for_each(group);
         } else {
-            for (g, sums) in sums.chunks_mut(SIDE_BY_SIDE).enumerate() {
-                self.sum_group(g * SIDE_BY_SIDE, sums, &value);
-            }
+            sums.chunks_mut(channel_sums::GROUP)
+                .enumerate()
+                .for_each(group);
         }
         sums
-    }
-
-    /// [`Self::sum_channels`] for the channels from `c0` on, as many as `sums` holds (at
-    /// most [`SIDE_BY_SIDE`]).
-    #[inline(always)]
-    fn sum_group(self, c0: usize, sums: &mut [f32], value: &impl Fn(usize, usize) -> f32) {
-        let lanes = sums.len().min(SIDE_BY_SIDE);
-        let mut acc = [0.0f32; SIDE_BY_SIDE];
-        for b in 0..self.outer {
-            let base = (b * self.channels + c0) * self.inner;
-            for k in 0..self.inner {
-                if lanes == SIDE_BY_SIDE {
-                    for (j, acc) in acc.iter_mut().enumerate() {
-                        *acc += value(c0 + j, base + j * self.inner + k);
-                    }
-                } else {
-                    for (j, acc) in acc[..lanes].iter_mut().enumerate() {
-                        *acc += value(c0 + j, base + j * self.inner + k);
-                    }
-                }
-            }
-        }
-        sums.copy_from_slice(&acc[..lanes]);
     }
 
     /// Runs `pass(b, parts)` for each image `b`, where `parts` are that image's values in each
@@ -292,15 +280,23 @@ impl Planes {
     fn stats(self, x: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let inv = self.inv();
         let means: Vec<f32> = self
-            .sum_channels(|_, i| x[i])
+            .sum_channels(|_, i| x[i], |_, i| eight(x, i))
             .iter()
             .map(|s| *s * inv)
             .collect();
         let vars = self
-            .sum_channels(|c, i| {
-                let centered = x[i] - means[c];
-                centered * centered
-            })
+            .sum_channels(
+                |c, i| {
+                    let centered = x[i] - means[c];
+                    centered * centered
+                },
+                |c, i| {
+                    eight(x, i).map(|x| {
+                        let centered = x - means[c];
+                        centered * centered
+                    })
+                },
+            )
             .iter()
             .map(|s| *s * inv)
             .collect();
@@ -321,6 +317,13 @@ impl Planes {
             }
         });
     }
+}
+
+/// `values[i..i + 8]`.
+#[inline(always)]
+fn eight(values: &[f32], i: usize) -> [f32; 8] {
+    let values = &values[i..i + 8];
+    std::array::from_fn(|t| values[t])
 }
 
 /// `sqrt(var + ε)` per channel, then `γ/σ`: dfdx's `+ ε`, `sqrt` and division.
@@ -445,10 +448,19 @@ fn backward(
             }
         }
     });
-    for (d, s) in dbias.iter_mut().zip(planes.sum_channels(|_, i| dy[i])) {
+    for (d, s) in dbias
+        .iter_mut()
+        .zip(planes.sum_channels(|_, i| dy[i], |_, i| eight(dy, i)))
+    {
         *d += s;
     }
-    let d_factor = planes.sum_channels(|c, i| (x[i] - mean[c]) * (0.0 + dy[i]));
+    let d_factor = planes.sum_channels(
+        |c, i| (x[i] - mean[c]) * (0.0 + dy[i]),
+        |c, i| {
+            let (x, dy) = (eight(x, i), eight(dy, i));
+            std::array::from_fn(|t| (x[t] - mean[c]) * (0.0 + dy[t]))
+        },
+    );
     // `γ/σ`, sqrt, `+ ε`, `· (1/n)`: per channel.
     let mut d_squares = vec![0.0f32; channels];
     for c in 0..channels {
@@ -473,7 +485,10 @@ fn backward(
         }
     });
     let d_centered: &[f32] = &d_centered;
-    let d_mean = planes.sum_channels(|_, i| -d_centered[i]);
+    let d_mean = planes.sum_channels(
+        |_, i| -d_centered[i],
+        |_, i| eight(d_centered, i).map(|d| -d),
+    );
     // The mean's sum.
     planes.each_image([dx], |_, [dx]| {
         for c in 0..channels {
