@@ -65,6 +65,8 @@ pub mod int8;
 pub mod kernels;
 pub mod quantizer;
 pub mod registry;
+#[cfg(test)]
+mod test_rng;
 pub mod vocab;
 
 pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerConfig};

@@ -436,13 +436,9 @@ mod tests {
     use crate::int8::Isa;
 
     /// Uniform draws in `[0, 1)` from a xorshift generator seeded with `state`.
-    fn uniform_from(mut state: u64) -> impl FnMut() -> f64 {
-        move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 11) as f64 / (1u64 << 53) as f64
-        }
+    fn uniform_from(state: u64) -> impl FnMut() -> f64 {
+        let mut next = crate::test_rng::xorshift(state);
+        move || (next() >> 11) as f64 / (1u64 << 53) as f64
     }
 
     /// `int_gelu`'s input gradient by its definition, one value at a time: the exact code

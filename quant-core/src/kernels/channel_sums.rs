@@ -180,13 +180,7 @@ mod tests {
     /// groups of one to eight channels, and a value that depends on the channel.
     #[test]
     fn every_path_adds_in_the_reference_order() {
-        let mut state = 0x9e37_79b9_7f4a_7c15u64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x9e37_79b9_7f4a_7c15u64);
         for (images, channels, plane) in [(3, 8, 49), (2, 5, 7), (4, 16, 16), (1, 9, 196)] {
             let planes = Planes {
                 images,

@@ -236,13 +236,7 @@ mod tests {
     /// longer than a vector, and batch offsets.
     #[test]
     fn every_path_picks_what_the_reference_picks() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_f491_4f6c_dd1du64);
         for (rows, cols, width) in [
             (1, 1, 2),
             (2, 3, 7),

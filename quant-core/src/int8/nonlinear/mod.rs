@@ -400,13 +400,7 @@ mod tests {
         let zero_points = [0, 7, -128, 255, i32::MAX, i32::MIN, -(1 << 30)];
         // Grid values with their ties (half codes) and neighbours, values far off the grid,
         // beyond i32 and beyond 2^51 codes, signed zeros, subnormals and the extremes.
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state
-        };
+        let mut next = crate::test_rng::xorshift(0x2545_f491_4f6c_dd1du64);
         for &scale in &scales {
             let mut x: Vec<f32> = vec![0.0, -0.0, f32::MIN_POSITIVE, -1e-45, f32::MAX, f32::MIN];
             for code in -300i64..300 {
