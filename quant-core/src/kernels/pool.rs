@@ -22,9 +22,11 @@ pub struct Halving {
     pub cols: usize,
 }
 
-/// Whether `v` replaces `best` as a window's maximum: strictly greater, or the first NaN.
+/// Whether `v` replaces `best` as a window's maximum, the window scanned in row-major order:
+/// strictly greater (so the first of tied maxima stays), or the first NaN (which beats any
+/// number). Every max pooling's choice, any window.
 #[inline(always)]
-fn beats(v: f32, best: f32) -> bool {
+pub fn beats(v: f32, best: f32) -> bool {
     // `|` and `&`, not `||` and `&&`: no branch to mispredict.
     (v > best) | (v.is_nan() & !best.is_nan())
 }
@@ -70,39 +72,27 @@ pub(crate) fn max_pool_2x2_portable(
     y: &mut [f32],
     arg: &mut [usize],
 ) {
-    for oy in 0..shape.rows {
-        pool_row_from(shape, src, base, (y, arg), (oy, 0));
-    }
-}
-
-/// Outputs `from..` of output row `oy`, one window at a time.
-#[inline(always)]
-fn pool_row_from(
-    shape: Halving,
-    src: &[f32],
-    base: usize,
-    (y, arg): (&mut [f32], &mut [usize]),
-    (oy, from): (usize, usize),
-) {
     let w = shape.width;
-    let top = &src[2 * oy * w..][..w];
-    let bottom = &src[(2 * oy + 1) * w..][..w];
-    let y = &mut y[oy * shape.cols..][..shape.cols];
-    let arg = &mut arg[oy * shape.cols..][..shape.cols];
-    for (ox, (y, arg)) in y.iter_mut().zip(arg.iter_mut()).enumerate().skip(from) {
-        let at = 2 * oy * w + 2 * ox;
-        let (mut best, mut best_at) = (top[2 * ox], at);
-        for (v, v_at) in [
-            (top[2 * ox + 1], at + 1),
-            (bottom[2 * ox], at + w),
-            (bottom[2 * ox + 1], at + w + 1),
-        ] {
-            let take = beats(v, best);
-            best = std::hint::select_unpredictable(take, v, best);
-            best_at = std::hint::select_unpredictable(take, v_at, best_at);
+    for oy in 0..shape.rows {
+        let top = &src[2 * oy * w..][..w];
+        let bottom = &src[(2 * oy + 1) * w..][..w];
+        let y = &mut y[oy * shape.cols..][..shape.cols];
+        let arg = &mut arg[oy * shape.cols..][..shape.cols];
+        for (ox, (y, arg)) in y.iter_mut().zip(arg.iter_mut()).enumerate() {
+            let at = 2 * oy * w + 2 * ox;
+            let (mut best, mut best_at) = (top[2 * ox], at);
+            for (v, v_at) in [
+                (top[2 * ox + 1], at + 1),
+                (bottom[2 * ox], at + w),
+                (bottom[2 * ox + 1], at + w + 1),
+            ] {
+                let take = beats(v, best);
+                best = std::hint::select_unpredictable(take, v, best);
+                best_at = std::hint::select_unpredictable(take, v_at, best_at);
+            }
+            *y = best;
+            *arg = base + best_at;
         }
-        *y = best;
-        *arg = base + best_at;
     }
 }
 

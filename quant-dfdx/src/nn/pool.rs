@@ -4,7 +4,7 @@
 use dfdx::nn::ZeroSizedModule;
 use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
-use quant_core::kernels::pool::{max_pool_2x2, Halving};
+use quant_core::kernels::pool::{beats, max_pool_2x2, Halving};
 use quant_core::Result;
 use rayon::prelude::*;
 
@@ -106,15 +106,6 @@ where
         backward(dy, grads.get_or_alloc_mut(&x_ghost)?)
     });
     Ok(out.put_tape(tape))
-}
-
-/// Whether `v` replaces `best` as a window's maximum, the window scanned in row-major order:
-/// strictly greater (so the first of tied maxima stays), or the first NaN (which beats any
-/// number).
-#[inline(always)]
-fn beats(v: f32, best: f32) -> bool {
-    // `|` and `&`, not `||` and `&&`: no branch to mispredict.
-    (v > best) | (v.is_nan() & !best.is_nan())
 }
 
 /// Max pooling of one plane `src` (starting at flat index `base` of the batch) into `y` and
