@@ -4,8 +4,6 @@
 //!
 //! Run: `cargo run --release --example custom_platform`
 
-use std::collections::BTreeMap;
-
 use dfdx::prelude::*;
 use quant::calibration::calibrate;
 use quant::convert::convert_model;
@@ -31,9 +29,8 @@ fn my_dsp_int8() -> Platform {
         signed: None,
         rounding: Some(RoundingPolicy::HalfAwayFromZero),
         observer: Some(observer),
-        learned_rounding: None,
-        bias_correction: None,
-        options: BTreeMap::new(),
+        // No learned rounding, bias correction, smoothing or method options.
+        ..QuantizerSettings::default()
     };
     Platform {
         name: "MyDspInt8".into(),

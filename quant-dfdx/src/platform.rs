@@ -175,6 +175,7 @@ fn settings(
         observer: Some(observer),
         learned_rounding: None,
         bias_correction: None,
+        smoothing: None,
         options: BTreeMap::new(),
     }
 }

@@ -24,6 +24,9 @@
 //! [adaround]                       # their samples and optimisation (see quant_dfdx::ptq)
 //! iterations = 1000
 //!
+//! [kinds.Linear]                   # SmoothQuant before calibration, where a LayerNorm
+//! input = { smoothing = 0.5 }      # feeds the layer (see quant_dfdx::ptq::smooth)
+//!
 //! [[overrides]]                    # by dotted layer name, glob patterns; applied in order
 //! pattern = "0"
 //! weights = { bits = 8 }
@@ -149,6 +152,13 @@ pub struct QuantizerSettings {
     /// Whether the layer's bias absorbs the mean error quantization adds to its outputs once
     /// calibrated (see [`crate::ptq`]). Weights only; default `false`.
     pub bias_correction: Option<bool>,
+    /// SmoothQuant's migration strength `α` in `[0, 1]` for an input slot of a Linear layer fed
+    /// by a LayerNorm: before calibration, each input channel `c` is divided by
+    /// `s_c = max|x_c|^α / max|W_{·c}|^(1−α)` (folded into the LayerNorm's scale and shift) and
+    /// the weights' column `c` multiplied by it, so the float model computes the same and the
+    /// per-tensor activation grid sees channels of more equal range (see [`crate::ptq`]).
+    /// Activations only; absent: no smoothing.
+    pub smoothing: Option<f64>,
     /// Method-specific options, merged key by key.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub options: BTreeMap<String, f64>,
@@ -170,6 +180,7 @@ impl QuantizerSettings {
             observer: over.observer.or(self.observer),
             learned_rounding: over.learned_rounding.or(self.learned_rounding),
             bias_correction: over.bias_correction.or(self.bias_correction),
+            smoothing: over.smoothing.or(self.smoothing),
             options,
         }
     }
@@ -203,6 +214,24 @@ impl QuantizerSettings {
         let method = self.method.ok_or_else(|| missing("method"))?;
         let bits = self.bits.ok_or_else(|| missing("bits"))?;
         IntegerGrid::new(bits, true, false)?;
+        match (target, self.smoothing) {
+            (QuantizationTarget::Weights, Some(_)) => {
+                return Err(QuantError::InvalidValue {
+                    what: "smoothing".into(),
+                    value: "(set on a weights slot)".into(),
+                    expected: "`smoothing` only in input settings (`[input]`, `input = { ... }`): it rescales the channels of the activation a layer reads".into(),
+                });
+            }
+            (QuantizationTarget::Activation, Some(a)) if !(0.0..=1.0).contains(&a) => {
+                return Err(QuantError::InvalidValue {
+                    what: "smoothing".into(),
+                    value: a.to_string(),
+                    expected: "a migration strength from 0 to 1 (SmoothQuant's α; 0.5 is usual)"
+                        .into(),
+                });
+            }
+            _ => {}
+        }
         if target == QuantizationTarget::Activation {
             for (field, set) in [
                 ("learned_rounding", self.learned_rounding.is_some()),
@@ -629,6 +658,19 @@ impl Policy {
                 bias_correction: s.bias_correction.unwrap_or(false),
             })
             .unwrap_or_default())
+    }
+
+    /// The SmoothQuant strength asked of an activation slot ([`crate::ptq::smooth`]): its
+    /// `smoothing`, merged as every other setting; `None` for a float slot, a weights slot or
+    /// none set.
+    ///
+    /// # Errors
+    /// An invalid pattern or platform.
+    pub fn smoothing(&self, name: &str, kind: LayerKind, slot: Slot) -> Result<Option<f64>> {
+        if slot.target != QuantizationTarget::Activation {
+            return Ok(None);
+        }
+        Ok(self.settings(name, kind, slot)?.and_then(|s| s.smoothing))
     }
 
     /// The merged settings of a slot, `None` when it stays float.

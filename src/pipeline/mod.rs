@@ -51,7 +51,7 @@ use quant_core::QuantError;
 use quant_dfdx::convert::convert_model;
 use quant_dfdx::lower::export_model;
 use quant_dfdx::policy::{ConfigError, Policy};
-use quant_dfdx::ptq::{RefinedLayer, RefinedTensors};
+use quant_dfdx::ptq::{RefinedLayer, RefinedTensors, SmoothedLayerNorm};
 use quant_runtime::export::{self};
 pub use quant_runtime::fs::OutputError;
 use quant_runtime::fs::{check_output_file, StagedDir};
@@ -308,12 +308,27 @@ where
     D: DeployModel<S, C>,
 {
     let plan = (batches, batch_size, seed);
-    Ok(quantize_and_refine::<S, C, D>(dev, deploy, policy, calibration, plan)?.0)
+    Ok(quantize_and_refine::<S, C, D>(dev, deploy, policy, calibration, plan)?.model)
 }
 
-/// [`quantize`], also returning what learned rounding and bias correction did to each layer
-/// they ran on ([`quant_dfdx::ptq::refine`]) and the tensors they replaced, with their float
-/// values (empty when nothing was refined); `plan` is `(batches, batch_size, seed)`.
+/// What [`quantize_and_refine`] returns: the calibrated model and what the steps around
+/// calibration did to it.
+#[derive(Debug, Clone)]
+pub struct Calibrated<Q> {
+    /// The calibrated (and refined) model.
+    pub model: Q,
+    /// What SmoothQuant did before calibration ([`quant_dfdx::ptq::smooth`]), per LayerNorm.
+    pub smoothed: Vec<SmoothedLayerNorm>,
+    /// What learned rounding and bias correction did, per layer they ran on
+    /// ([`quant_dfdx::ptq::refine`]).
+    pub refined: Vec<RefinedLayer>,
+    /// The tensors they replaced, with their float values (empty when nothing was refined).
+    pub replaced: RefinedTensors,
+}
+
+/// [`quantize`], with smoothing before calibration and learned rounding and bias correction
+/// after it, as the policy asks, reporting what each did; `plan` is
+/// `(batches, batch_size, seed)`.
 ///
 /// # Errors
 /// As [`quantize`].
@@ -323,7 +338,7 @@ pub fn quantize_and_refine<S, const C: usize, D>(
     policy: &Policy,
     calibration: &Samples,
     (batches, batch_size, seed): (usize, usize, u64),
-) -> Result<(D::Quantized, Vec<RefinedLayer>, RefinedTensors), RunError>
+) -> Result<Calibrated<D::Quantized>, RunError>
 where
     S: BatchShape,
     D: DeployModel<S, C>,
@@ -333,7 +348,7 @@ where
     let mut model = convert_model(deploy, &policy)?;
     policy.check_unmatched()?;
     let inputs = calibration_inputs::<S>(dev, calibration, batches, batch_size, seed)?;
-    // Learned rounding and bias correction fit on the first calibration samples.
+    // Smoothing, learned rounding and bias correction fit on the first calibration samples.
     let wanted = policy
         .adaround
         .samples
@@ -345,10 +360,16 @@ where
         }
         samples.extend(x.as_vec());
     }
+    let smoothed = quant_dfdx::ptq::smooth(&mut model, &policy, &S::sample_shape(), &samples)?;
     quant_dfdx::calibration::calibrate(&mut model, inputs)?;
     let (refined, replaced) =
         quant_dfdx::ptq::refine(&mut model, &policy, &S::sample_shape(), &samples)?;
-    Ok((model, refined, replaced))
+    Ok(Calibrated {
+        model,
+        smoothed,
+        refined,
+        replaced,
+    })
 }
 
 /// What [`export_and_check`] found: the exported graph, and how the integer model did.
@@ -467,6 +488,7 @@ fn report(
     );
     report.no_onnx_model = first.no_onnx;
     report.refined = first.refined;
+    report.smoothed = first.smoothed;
     report.data = Some(data.origin.clone());
     StagedRun {
         report,

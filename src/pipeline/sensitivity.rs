@@ -1236,7 +1236,11 @@ where
             let calibration = data.calibration.as_ref().unwrap_or(&data.train);
             let mut noise = vec![vec![0.0; budget.candidates.len()]; searched.len()];
             for (j, &bits) in budget.candidates.iter().enumerate() {
-                let (mut q, _, replaced) = super::quantize_and_refine::<S, C, D>(
+                let super::Calibrated {
+                    model: mut q,
+                    replaced,
+                    ..
+                } = super::quantize_and_refine::<S, C, D>(
                     &float.dev,
                     &ptq.deploy,
                     &with_bits(&cfg.quantization, target, bits),

@@ -12,7 +12,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use quant_dfdx::convert::Convert;
 use quant_dfdx::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
 use quant_dfdx::lower::export_model;
-use quant_dfdx::ptq::{RefinedLayer, RefinedTensors};
+use quant_dfdx::ptq::{RefinedLayer, RefinedTensors, SmoothedLayerNorm};
 use quant_dfdx::report::{layer_report, LayerReport};
 use quant_runtime::export::onnx::OnnxFormat;
 use quant_runtime::export::{self, QuantFormat};
@@ -142,6 +142,8 @@ pub(crate) struct PtqStage<D: Convert> {
     pub model: D::Quantized,
     /// On the test split.
     pub accuracy: f64,
+    /// What smoothing did, per LayerNorm.
+    pub smoothed: Vec<SmoothedLayerNorm>,
     /// What learned rounding and bias correction did, per layer they ran on.
     pub refined: Vec<RefinedLayer>,
     /// The tensors they replaced, with their float values.
@@ -163,7 +165,7 @@ where
     let b = s.bar(1, "calibration");
     let c = &s.cfg.calibration;
     let calibration = s.data.calibration.as_ref().unwrap_or(&s.data.train);
-    let (quantized, refined, replaced) = super::quantize_and_refine::<S, C, D>(
+    let calibrated = super::quantize_and_refine::<S, C, D>(
         &float.dev,
         &deploy,
         &s.cfg.quantization,
@@ -174,17 +176,18 @@ where
     let test = &s.data.test;
     let accuracy = accuracy(
         &predictions(
-            &logits::<D::Quantized, S, C>(&float.dev, &quantized, test, EVAL_BATCH)?,
+            &logits::<D::Quantized, S, C>(&float.dev, &calibrated.model, test, EVAL_BATCH)?,
             C,
         ),
         test.labels(),
     );
     Ok(PtqStage {
         deploy,
-        model: quantized,
+        model: calibrated.model,
         accuracy,
-        refined,
-        replaced,
+        smoothed: calibrated.smoothed,
+        refined: calibrated.refined,
+        replaced: calibrated.replaced,
     })
 }
 
@@ -312,6 +315,8 @@ pub(crate) struct FirstSeedOutputs {
     pub export: Option<StagedDir>,
     /// Why the export has no `model.onnx`, when ONNX cannot express the model.
     pub no_onnx: Option<String>,
+    /// What smoothing did, per LayerNorm.
+    pub smoothed: Vec<SmoothedLayerNorm>,
     /// What learned rounding and bias correction did, per layer they ran on.
     pub refined: Vec<RefinedLayer>,
 }
@@ -360,6 +365,7 @@ pub(crate) fn first_seed_outputs<S: BatchShape, Q: QuantizedModule + Clone>(
         exported_dir: Some(staged.target().display().to_string()),
         export: Some(staged),
         no_onnx,
+        smoothed: Vec::new(),
         refined: Vec::new(),
     })
 }
@@ -393,6 +399,7 @@ where
     let first = if first {
         let outputs = first_seed_outputs::<S, _>(s, &qat, integer.as_ref().ok(), export)?;
         Some(FirstSeedOutputs {
+            smoothed: ptq.smoothed.clone(),
             refined: ptq.refined.clone(),
             ..outputs
         })

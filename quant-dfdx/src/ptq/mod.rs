@@ -17,8 +17,15 @@
 //! The model's weights become the dequantized learned codes and its bias the corrected one, so
 //! the fake-quantized model, the export and the integer model all use the learned codes; the
 //! quantizers' scales stay as calibrated.
+//!
+//! Before calibration, [`smooth`] (SmoothQuant, `smoothing = α` on the input slots of Linear
+//! layers a LayerNorm feeds) moves the spread of the normalised activations' channels into the
+//! weights, the float model unchanged.
 
 mod adaround;
+mod smooth;
+
+pub use smooth::{smooth, SmoothedLayerNorm};
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -14,3 +14,4 @@ mod observers;
 mod policy;
 mod ptq;
 mod ranks;
+mod smoothing;
