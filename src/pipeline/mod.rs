@@ -51,7 +51,7 @@ use quant_core::QuantError;
 use quant_dfdx::convert::convert_model;
 use quant_dfdx::lower::export_model;
 use quant_dfdx::policy::{ConfigError, Policy};
-use quant_dfdx::ptq::{RefinedLayer, RefinedTensors, SmoothedLayerNorm};
+use quant_dfdx::ptq::{RefinedLayer, RefinedTensors, Smoothing};
 use quant_runtime::export::{self};
 pub use quant_runtime::fs::OutputError;
 use quant_runtime::fs::{check_output_file, StagedDir};
@@ -317,8 +317,8 @@ where
 pub struct Calibrated<Q> {
     /// The calibrated (and refined) model.
     pub model: Q,
-    /// What SmoothQuant did before calibration ([`quant_dfdx::ptq::smooth`]), per LayerNorm.
-    pub smoothed: Vec<SmoothedLayerNorm>,
+    /// What SmoothQuant did before calibration ([`quant_dfdx::ptq::smooth`]).
+    pub smoothed: Smoothing,
     /// What learned rounding and bias correction did, per layer they ran on
     /// ([`quant_dfdx::ptq::refine`]).
     pub refined: Vec<RefinedLayer>,

@@ -5,7 +5,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use quant_dfdx::ptq::{RefinedLayer, SmoothedLayerNorm};
+use quant_dfdx::ptq::{RefinedLayer, Smoothing};
 use quant_dfdx::report::LayerReport;
 
 use super::RunConfig;
@@ -71,10 +71,10 @@ pub struct RunReport {
     /// they ran on (policy settings `learned_rounding`, `bias_correction`).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub refined: Vec<RefinedLayer>,
-    /// What SmoothQuant did to the first seed's model before calibration, per LayerNorm
-    /// (policy setting `smoothing`).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub smoothed: Vec<SmoothedLayerNorm>,
+    /// What SmoothQuant did to the first seed's model before calibration (policy setting
+    /// `smoothing`).
+    #[serde(default, skip_serializing_if = "Smoothing::is_empty")]
+    pub smoothed: Smoothing,
     /// Where the first seed's integer model was exported.
     pub export_dir: Option<String>,
 }
@@ -117,7 +117,7 @@ impl RunReport {
             runs,
             layers,
             refined: Vec::new(),
-            smoothed: Vec::new(),
+            smoothed: Smoothing::default(),
             export_dir,
         }
     }
@@ -163,9 +163,9 @@ impl RunReport {
         }
         let _ = writeln!(s);
         s.push_str(&quant_dfdx::report::layer_table(&self.layers));
-        if !self.smoothed.is_empty() {
+        if !self.smoothed.layer_norms.is_empty() {
             s.push_str("  smoothing (first seed, before calibration; widest channel range over the mean one):\n");
-            for m in &self.smoothed {
+            for m in &self.smoothed.layer_norms {
                 s.push_str(&format!(
                     "  {:<10} -> {} (alpha {}): {:.2} -> {:.2}\n",
                     m.layer_norm,
@@ -175,6 +175,12 @@ impl RunReport {
                     m.spread_after,
                 ));
             }
+        }
+        if !self.smoothed.not_applied.is_empty() {
+            s.push_str(&format!(
+                "  smoothing not applied (the input is not a LayerNorm's output read by Linear layers alone): {}\n",
+                self.smoothed.not_applied.join(", ")
+            ));
         }
         if !self.refined.is_empty() {
             s.push_str("  learned rounding and bias correction (first seed, PTQ; output MSE against the float layer):\n");

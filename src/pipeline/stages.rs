@@ -12,7 +12,7 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use quant_dfdx::convert::Convert;
 use quant_dfdx::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode};
 use quant_dfdx::lower::export_model;
-use quant_dfdx::ptq::{RefinedLayer, RefinedTensors, SmoothedLayerNorm};
+use quant_dfdx::ptq::{RefinedLayer, RefinedTensors, Smoothing};
 use quant_dfdx::report::{layer_report, LayerReport};
 use quant_runtime::export::onnx::OnnxFormat;
 use quant_runtime::export::{self, QuantFormat};
@@ -142,8 +142,8 @@ pub(crate) struct PtqStage<D: Convert> {
     pub model: D::Quantized,
     /// On the test split.
     pub accuracy: f64,
-    /// What smoothing did, per LayerNorm.
-    pub smoothed: Vec<SmoothedLayerNorm>,
+    /// What smoothing did.
+    pub smoothed: Smoothing,
     /// What learned rounding and bias correction did, per layer they ran on.
     pub refined: Vec<RefinedLayer>,
     /// The tensors they replaced, with their float values.
@@ -315,8 +315,8 @@ pub(crate) struct FirstSeedOutputs {
     pub export: Option<StagedDir>,
     /// Why the export has no `model.onnx`, when ONNX cannot express the model.
     pub no_onnx: Option<String>,
-    /// What smoothing did, per LayerNorm.
-    pub smoothed: Vec<SmoothedLayerNorm>,
+    /// What smoothing did.
+    pub smoothed: Smoothing,
     /// What learned rounding and bias correction did, per layer they ran on.
     pub refined: Vec<RefinedLayer>,
 }
@@ -365,7 +365,7 @@ pub(crate) fn first_seed_outputs<S: BatchShape, Q: QuantizedModule + Clone>(
         exported_dir: Some(staged.target().display().to_string()),
         export: Some(staged),
         no_onnx,
-        smoothed: Vec::new(),
+        smoothed: Smoothing::default(),
         refined: Vec::new(),
     })
 }

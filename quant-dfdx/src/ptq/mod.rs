@@ -25,7 +25,7 @@
 mod adaround;
 mod smooth;
 
-pub use smooth::{smooth, SmoothedLayerNorm};
+pub use smooth::{smooth, SmoothedLayerNorm, Smoothing};
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -37,6 +37,23 @@ pub struct SmoothedLayerNorm {
     pub spread_after: f64,
 }
 
+/// What [`smooth`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Smoothing {
+    /// Each smoothed LayerNorm, in graph order.
+    pub layer_norms: Vec<SmoothedLayerNorm>,
+    /// The Linear layers that asked for smoothing but were left as they were: their input is
+    /// not the output of a LayerNorm that only Linear layers read.
+    pub not_applied: Vec<String>,
+}
+
+impl Smoothing {
+    /// Whether no layer asked for smoothing.
+    pub fn is_empty(&self) -> bool {
+        self.layer_norms.is_empty() && self.not_applied.is_empty()
+    }
+}
+
 /// A LayerNorm whose output only Linear layers read (directly, or through the mean of the
 /// tokens, which acts on each channel alone), with the strength they ask for.
 struct Group {
@@ -51,11 +68,9 @@ struct Group {
 /// (`smoothing = α`, [`Policy::smoothing`]), with statistics from `samples` (whole samples of
 /// `input_shape`) through the float model. Runs before calibration; the model's float function
 /// is unchanged (up to `f32` rounding). Returns what each smoothed LayerNorm got, in graph
-/// order; nothing when no slot asks.
-///
-/// A Linear that asks but reads something else than a LayerNorm's output (or shares it with a
-/// layer that is not a Linear) is left as it is: only a per-channel op right before it can
-/// absorb the factors.
+/// order, and the Linear layers that asked but were left as they were: those reading something
+/// else than a LayerNorm's output, or sharing it with a layer that is not a Linear (only a
+/// per-channel op right before a layer can absorb its factors). Nothing when no slot asks.
 ///
 /// # Errors
 /// Linear layers reading one LayerNorm ask for different strengths; a layer without a graph
@@ -65,7 +80,7 @@ pub fn smooth<M>(
     policy: &Policy,
     input_shape: &[usize],
     samples: &[f32],
-) -> Result<Vec<SmoothedLayerNorm>, GraphError>
+) -> Result<Smoothing, GraphError>
 where
     M: QuantizedModule + Clone + TensorCollection<f32, Cpu>,
 {
@@ -92,7 +107,7 @@ where
         return Err(e.into());
     }
     if requests.values().all(Option::is_none) {
-        return Ok(Vec::new());
+        return Ok(Smoothing::default());
     }
     let per_sample: usize = input_shape.iter().product();
     let n = samples.len() / per_sample.max(1);
@@ -110,8 +125,20 @@ where
     reference.set_mode("*", QuantizerMode::Disabled)?;
     let graph = export_model(&reference, input_shape, BTreeMap::new())?;
     let groups = groups(&graph, &requests)?;
+    let applied: BTreeSet<&str> = groups
+        .iter()
+        .flat_map(|g| g.linears.iter().map(|&l| graph.nodes[l].name.as_str()))
+        .collect();
+    let not_applied: Vec<String> = requests
+        .iter()
+        .filter(|(name, a)| a.is_some() && !applied.contains(name.as_str()))
+        .map(|(name, _)| name.clone())
+        .collect();
     if groups.is_empty() {
-        return Ok(Vec::new());
+        return Ok(Smoothing {
+            layer_norms: Vec::new(),
+            not_applied,
+        });
     }
     let wanted: BTreeSet<&str> = groups.iter().map(|g| g.value.as_str()).collect();
     let kept: BTreeMap<String, Vec<f32>> = evaluate(&graph, x, &|i, _| {
@@ -189,7 +216,10 @@ where
     let mut updated = model.clone();
     super::assign(&mut updated, &assigned)?;
     *model = updated;
-    Ok(done)
+    Ok(Smoothing {
+        layer_norms: done,
+        not_applied,
+    })
 }
 
 /// The LayerNorms of `graph` whose output only Linear layers read, each with the strength its

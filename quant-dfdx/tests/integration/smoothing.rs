@@ -92,9 +92,12 @@ fn smoothing_keeps_the_float_model_and_narrows_the_activations() {
     let p = policy(SMOOTH);
     let mut q = convert_model(&float, &p).unwrap();
     let before = outputs(&float_graph(&q), &x);
-    let smoothed = smooth(&mut q, &p, &[TOKENS, 8], &x).unwrap();
+    let smoothing = smooth(&mut q, &p, &[TOKENS, 8], &x).unwrap();
 
-    // Both LayerNorms, each with every Linear reading it; not the Linear after the ReLU.
+    // Both LayerNorms, each with every Linear reading it; not the attention's output
+    // projection or the Linear after the ReLU, which asked too (`[kinds.Linear]`).
+    assert_eq!(smoothing.not_applied, ["0.1.w_o", "1.4"]);
+    let smoothed = &smoothing.layer_norms;
     let pairs: Vec<(&str, Vec<&str>)> = smoothed
         .iter()
         .map(|s| {
@@ -109,7 +112,7 @@ fn smoothing_keeps_the_float_model_and_narrows_the_activations() {
             ("1.0", vec!["1.2"]),
         ]
     );
-    for s in &smoothed {
+    for s in smoothed {
         assert_eq!(s.strength, 0.5);
         assert!(
             s.spread_before > 4.0 && s.spread_after < 0.7 * s.spread_before,
@@ -181,7 +184,7 @@ fn linear_layers_reading_one_layer_norm_must_agree() {
         "{SMOOTH}\n[[overrides]]\npattern = \"0.1.w_k\"\ninput = \"float\"\n"
     ));
     let mut q = convert_model(&float, &p).unwrap();
-    let smoothed = smooth(&mut q, &p, &[TOKENS, 8], &x).unwrap();
+    let smoothed = smooth(&mut q, &p, &[TOKENS, 8], &x).unwrap().layer_norms;
     assert_eq!(smoothed[0].linears, ["0.1.w_q", "0.1.w_k", "0.1.w_v"]);
 }
 
@@ -214,9 +217,13 @@ fn smoothing_is_refused_where_it_means_nothing() {
             .to_string();
         assert!(e.contains(key) && e.contains(says), "{extra}: {e}");
     }
-    // Asked only of a Linear no LayerNorm feeds: nothing to do.
+    // Asked only of a Linear no LayerNorm feeds: nothing changes, and the result says so.
     let (float, x) = float_and_samples();
     let p = policy("[[overrides]]\npattern = \"1.4\"\ninput = { smoothing = 0.5 }\n");
     let mut q = convert_model(&float, &p).unwrap();
-    assert!(smooth(&mut q, &p, &[TOKENS, 8], &x).unwrap().is_empty());
+    let graph = float_graph(&q);
+    let smoothing = smooth(&mut q, &p, &[TOKENS, 8], &x).unwrap();
+    assert!(smoothing.layer_norms.is_empty());
+    assert_eq!(smoothing.not_applied, ["1.4"]);
+    assert_eq!(float_graph(&q), graph);
 }
