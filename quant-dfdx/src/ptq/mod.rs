@@ -149,6 +149,38 @@ impl AdaRoundSettings {
     }
 }
 
+/// The first whole samples of `input_shape` in `samples`, at most `most` of them.
+///
+/// # Errors
+/// Not one whole sample; `what` names the step that needs them.
+fn whole_samples<'a>(
+    samples: &'a [f32],
+    input_shape: &[usize],
+    most: usize,
+    what: &str,
+) -> Result<&'a [f32], QuantError> {
+    let per_sample: usize = input_shape.iter().product();
+    let n = (samples.len() / per_sample.max(1)).min(most);
+    if n == 0 {
+        return Err(QuantError::InvalidValue {
+            what: format!("samples for {what}"),
+            value: "0".into(),
+            expected: "at least one whole sample of the model's input".into(),
+        });
+    }
+    Ok(&samples[..n * per_sample])
+}
+
+/// The graph of `model` with every quantizer disabled: the float model it computes.
+fn float_graph<M: QuantizedModule + Clone>(
+    model: &M,
+    input_shape: &[usize],
+) -> Result<Graph, GraphError> {
+    let mut reference = model.clone();
+    reference.set_mode("*", QuantizerMode::Disabled)?;
+    export_model(&reference, input_shape, BTreeMap::new())
+}
+
 /// What [`refine`] did to one layer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RefinedLayer {
@@ -211,22 +243,15 @@ where
     if requests.is_empty() {
         return Ok((Vec::new(), RefinedTensors::default()));
     }
-    let per_sample: usize = input_shape.iter().product();
-    let n = (samples.len() / per_sample.max(1)).min(settings.samples);
-    if n == 0 {
-        return Err(QuantError::InvalidValue {
-            what: "samples for learned rounding and bias correction".into(),
-            value: "0".into(),
-            expected: "at least one whole sample of the model's input".into(),
-        }
-        .into());
-    }
-    let x = &samples[..n * per_sample];
+    let x = whole_samples(
+        samples,
+        input_shape,
+        settings.samples,
+        "learned rounding and bias correction",
+    )?;
 
     // The float inputs of every requested layer, from the model with every quantizer disabled.
-    let mut reference = model.clone();
-    reference.set_mode("*", QuantizerMode::Disabled)?;
-    let float_graph = export_model(&reference, input_shape, BTreeMap::new())?;
+    let float_graph = float_graph(model, input_shape)?;
     let float_layers = float_layers(&float_graph, x, &requests)?;
 
     let graph = export_model(model, input_shape, BTreeMap::new())?;

@@ -12,13 +12,12 @@ use dfdx::nn::tensor_collection::TensorCollection;
 use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
-use quant_core::{QuantError, QuantizationTarget};
+use quant_core::QuantizationTarget;
 use quant_runtime::graph::{evaluate, Graph, Op, ParamValues};
 use quant_runtime::GraphError;
 
 use crate::convert::LayerKind;
-use crate::layers::{QuantizedModule, QuantizedModuleExt, QuantizerMode, Slot};
-use crate::lower::export_model;
+use crate::layers::{QuantizedModule, Slot};
 use crate::policy::Policy;
 
 /// What [`smooth`] did to one LayerNorm and the Linear layers reading its output.
@@ -109,21 +108,8 @@ where
     if requests.values().all(Option::is_none) {
         return Ok(Smoothing::default());
     }
-    let per_sample: usize = input_shape.iter().product();
-    let n = samples.len() / per_sample.max(1);
-    if n == 0 {
-        return Err(QuantError::InvalidValue {
-            what: "samples for smoothing".into(),
-            value: "0".into(),
-            expected: "at least one whole sample of the model's input".into(),
-        }
-        .into());
-    }
-    let x = &samples[..n * per_sample];
-
-    let mut reference = model.clone();
-    reference.set_mode("*", QuantizerMode::Disabled)?;
-    let graph = export_model(&reference, input_shape, BTreeMap::new())?;
+    let x = super::whole_samples(samples, input_shape, usize::MAX, "smoothing")?;
+    let graph = super::float_graph(model, input_shape)?;
     let groups = groups(&graph, &requests)?;
     let applied: BTreeSet<&str> = groups
         .iter()
