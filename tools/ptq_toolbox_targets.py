@@ -9,6 +9,8 @@ test split (QAT off), beside uniform W4A8 PTQ and float.
   W4A8 run file;
 - fallback: `--max-drop 0.5` on a W4A4 run file, with the number of slots it left float;
 - fallback with learned rounding and bias correction (`fallback_adaround`) on the W4A4 run file;
+- fallback with SmoothQuant (`smoothing`): the W4A4 run file with `smoothing = 0.25, 0.5, 0.75`
+  on the Linear layers' inputs, each with its hold-out and test PTQ and its fallback;
 - mixed precision with learned rounding (`mixed_adaround`): the same budgets, widths 2, 3, 4
   and 8, on the W4A8 run file with `learned_rounding = "AdaRound"`;
 - timing: `quant analyze` (the ranking) and the `--weight-budget 4` search, wall time, with the
@@ -58,27 +60,31 @@ def ptq_of(binary, cfg, name, policy=None):
     return r["fp32_accuracy"] * 100, r["ptq_accuracy"] * 100
 
 
-def fallback(binary, model, label, weights_settings):
+def fallback(binary, model, label, weights_settings, extra="", described=""):
     """`--max-drop 0.5` on the model's W4A4 run file (QAT off, `weights_settings` added to its
-    weights table), then the written policy's PTQ on the test split."""
+    weights table, `extra` TOML appended, `described` in the output), then the written policy's
+    PTQ on the test split."""
     text = pathlib.Path(W4A4[model]).read_text()
     text = section_set(text, "qat", "epochs", "0")
     text = section_set(text, "qat", "warmup_epochs", "0")
     for key, value in weights_settings:
         text = section_set(text, "quantization.weights", key, value)
-    w4a4 = config(f"{model}_w4a4{label}", text)
+    w4a4 = config(f"{model}_w4a4{label}", text + extra)
     policy = OUT / f"{model}_fallback{label}.toml"
     report = OUT / f"{model}_fallback{label}_analysis.json"
     _, secs = quant(binary, "analyze", str(w4a4), "--quiet", "--max-drop", "0.5",
                     "--policy-out", str(policy), "--report", str(report))
-    f = json.loads(report.read_text())["fallback"]
+    analysis = json.loads(report.read_text())
+    f = analysis["fallback"]
+    holdout = analysis["mean"]["quantized"]["accuracy"] * 100
     fp32, plain = ptq_of(binary, w4a4, f"{model}_w4a4{label}_plain")
     _, fell = ptq_of(binary, w4a4, f"{model}_w4a4{label}_fallback", policy)
     settings = ", ".join(f"{k} = {v}" for k, v in weights_settings) or "nearest rounding"
+    settings += f", {described}" if described else ""
     print(f"{model:11} fallback max_drop 0.5 on W4A4 ({settings}): {len(f['raised'])} of "
           f"{f['slots']} slots raised ({', '.join(f['raised'])}); test: float "
-          f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}), "
-          f"analyze {secs:.0f} s", flush=True)
+          f"{fp32:6.2f}, PTQ {plain:6.2f} -> {fell:6.2f} (drop {fp32 - fell:.2f}); hold-out PTQ "
+          f"{holdout:6.2f}; analyze {secs:.0f} s", flush=True)
     w4a4.unlink()
 
 
@@ -130,6 +136,11 @@ def main():
         if "fallback_adaround" in tasks and model in W4A4:
             fallback(args.binary, model, "_adaround",
                      [("learned_rounding", '"AdaRound"'), ("bias_correction", "true")])
+        if "smoothing" in tasks and model in W4A4:
+            for alpha in ["0.25", "0.5", "0.75"]:
+                fallback(args.binary, model, f"_smooth{alpha}", [],
+                         f"\n[quantization.kinds.Linear]\ninput = {{ smoothing = {alpha} }}\n",
+                         f"smoothing = {alpha}")
         if "timing" in tasks:
             quant(args.binary, "analyze", str(w4a8), "--quiet")  # trains and caches the floats
             _, rank_secs = quant(args.binary, "analyze", str(w4a8), "--quiet")
