@@ -160,7 +160,8 @@ where
                 }
             }
         }
-        let factors = smoothing_factors(&ranges, &weight_ranges, group.strength);
+        let mut factors = smoothing_factors(&ranges, &weight_ranges, group.strength);
+        keep_parameters_finite(&mut factors, gamma, beta, &weight_ranges);
         assigned.insert(
             norm.scale.tensor.clone(),
             gamma.iter().zip(&factors).map(|(g, s)| g / s).collect(),
@@ -339,6 +340,17 @@ pub(crate) fn smoothing_factors(activations: &[f32], weights: &[f32], strength: 
         .collect()
 }
 
+/// Sets to 1 each factor that would take a parameter it divides (the LayerNorm's scale and
+/// shift) or multiplies (the weights' widest value in its column) out of `f32`'s range: a
+/// channel that extreme keeps its values rather than becoming infinite.
+fn keep_parameters_finite(factors: &mut [f32], scale: &[f32], shift: &[f32], weights: &[f32]) {
+    for (((s, g), b), w) in factors.iter_mut().zip(scale).zip(shift).zip(weights) {
+        if !((g / *s).is_finite() && (b / *s).is_finite() && (w * *s).is_finite()) {
+            *s = 1.0;
+        }
+    }
+}
+
 /// The widest channel range over the mean one.
 fn spread(ranges: &[f32]) -> f64 {
     let mean = ranges.iter().map(|&r| f64::from(r)).sum::<f64>() / ranges.len().max(1) as f64;
@@ -347,5 +359,31 @@ fn spread(ranges: &[f32]) -> f64 {
         max / mean
     } else {
         1.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn factors_balance_the_ranges_and_leave_degenerate_channels_alone() {
+        // α 0.5: both sides end at √(a·w).
+        let s = smoothing_factors(&[16.0, 1.0, 0.0, 4.0], &[1.0, 4.0, 2.0, 0.0], 0.5);
+        assert_eq!(s, [4.0, 0.5, 1.0, 1.0]);
+        assert_eq!(smoothing_factors(&[8.0], &[2.0], 1.0), [8.0]);
+        assert_eq!(smoothing_factors(&[8.0], &[2.0], 0.0), [0.5]);
+        // A factor beyond f32: none.
+        assert_eq!(smoothing_factors(&[f32::MAX], &[1e-45], 0.5), [1.0]);
+        assert_eq!(smoothing_factors(&[f32::MAX], &[1.0], 1.0), [f32::MAX]);
+
+        let mut factors = [1e-30, 2.0, 1e30, 0.5];
+        keep_parameters_finite(
+            &mut factors,
+            &[1e10, 1.0, 1.0, 1.0],
+            &[0.0, 0.0, 0.0, f32::MAX],
+            &[1.0, 1.0, 1e10, 1.0],
+        );
+        assert_eq!(factors, [1.0, 2.0, 1.0, 1.0]);
     }
 }
