@@ -13,7 +13,7 @@ use dfdx::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use quant_core::QuantizationTarget;
-use quant_runtime::graph::{evaluate, Graph, Op, ParamValues};
+use quant_runtime::graph::{evaluate, Graph, Op, ParamValues, Parameter};
 use quant_runtime::GraphError;
 
 use crate::convert::LayerKind;
@@ -55,12 +55,25 @@ impl Smoothing {
 
 /// A LayerNorm whose output only Linear layers read (directly, or through the mean of the
 /// tokens, which acts on each channel alone), with the strength they ask for.
-struct Group {
-    layer_norm: usize,
+struct Group<'g> {
+    /// The LayerNorm's name.
+    layer_norm: &'g str,
+    /// Its scale and shift, and their float values.
+    scale: (&'g Parameter, &'g [f32]),
+    shift: (&'g Parameter, &'g [f32]),
     /// The value the Linear layers read.
     value: String,
-    linears: Vec<usize>,
+    /// Each Linear layer's name, its weight and the weight's float values.
+    linears: Vec<(&'g str, &'g Parameter, &'g [f32])>,
     strength: f64,
+}
+
+/// A parameter's values, when float (every parameter of a graph with its quantizers disabled).
+fn float_values(p: &Parameter) -> Option<&[f32]> {
+    match &p.values {
+        ParamValues::Float(v) => Some(v),
+        _ => None,
+    }
 }
 
 /// Smooths every LayerNorm → Linear pair whose Linear input slots ask for it under `policy`
@@ -113,7 +126,7 @@ where
     let groups = groups(&graph, &requests)?;
     let applied: BTreeSet<&str> = groups
         .iter()
-        .flat_map(|g| g.linears.iter().map(|&l| graph.nodes[l].name.as_str()))
+        .flat_map(|g| g.linears.iter().map(|l| l.0))
         .collect();
     let not_applied: Vec<String> = requests
         .iter()
@@ -137,59 +150,40 @@ where
     let mut assigned: BTreeMap<String, Vec<f32>> = BTreeMap::new();
     let mut done = Vec::new();
     for group in &groups {
-        let Op::LayerNorm(norm) = &graph.nodes[group.layer_norm].op else {
-            continue;
-        };
-        let (ParamValues::Float(gamma), ParamValues::Float(beta)) =
-            (&norm.scale.values, &norm.shift.values)
-        else {
-            continue;
-        };
+        let ((scale, gamma), (shift, beta)) = (group.scale, group.shift);
         let channels = gamma.len();
         let Some(values) = kept.get(&group.value) else {
             continue;
         };
         let ranges = channel_ranges(values, channels);
         let mut weight_ranges = vec![0.0f32; channels];
-        for &l in &group.linears {
-            if let Op::Linear(linear) = &graph.nodes[l].op {
-                if let ParamValues::Float(w) = &linear.weight.values {
-                    for (r, v) in weight_ranges.iter_mut().zip(channel_ranges(w, channels)) {
-                        *r = r.max(v);
-                    }
-                }
+        for (_, _, w) in &group.linears {
+            for (r, v) in weight_ranges.iter_mut().zip(channel_ranges(w, channels)) {
+                *r = r.max(v);
             }
         }
         let mut factors = smoothing_factors(&ranges, &weight_ranges, group.strength);
         keep_parameters_finite(&mut factors, gamma, beta, &weight_ranges);
         assigned.insert(
-            norm.scale.tensor.clone(),
+            scale.tensor.clone(),
             gamma.iter().zip(&factors).map(|(g, s)| g / s).collect(),
         );
         assigned.insert(
-            norm.shift.tensor.clone(),
+            shift.tensor.clone(),
             beta.iter().zip(&factors).map(|(b, s)| b / s).collect(),
         );
-        for &l in &group.linears {
-            if let Op::Linear(linear) = &graph.nodes[l].op {
-                if let ParamValues::Float(w) = &linear.weight.values {
-                    let scaled = w
-                        .iter()
-                        .enumerate()
-                        .map(|(i, v)| v * factors[i % channels])
-                        .collect();
-                    assigned.insert(linear.weight.tensor.clone(), scaled);
-                }
-            }
+        for (_, weight, w) in &group.linears {
+            let scaled = w
+                .iter()
+                .enumerate()
+                .map(|(i, v)| v * factors[i % channels])
+                .collect();
+            assigned.insert(weight.tensor.clone(), scaled);
         }
         let after: Vec<f32> = ranges.iter().zip(&factors).map(|(r, s)| r / s).collect();
         done.push(SmoothedLayerNorm {
-            layer_norm: graph.nodes[group.layer_norm].name.clone(),
-            linears: group
-                .linears
-                .iter()
-                .map(|&l| graph.nodes[l].name.clone())
-                .collect(),
+            layer_norm: group.layer_norm.to_string(),
+            linears: group.linears.iter().map(|l| l.0.to_string()).collect(),
             strength: group.strength,
             spread_before: spread(&ranges),
             spread_after: spread(&after),
@@ -211,46 +205,55 @@ where
 
 /// The LayerNorms of `graph` whose output only Linear layers read, each with the strength its
 /// Linear layers ask for (those that ask nothing are skipped).
-fn groups(
-    graph: &Graph,
+fn groups<'g>(
+    graph: &'g Graph,
     requests: &BTreeMap<String, Option<f64>>,
-) -> Result<Vec<Group>, GraphError> {
+) -> Result<Vec<Group<'g>>, GraphError> {
     let readers = |value: &str| -> Vec<usize> {
         (0..graph.nodes.len())
             .filter(|&i| graph.nodes[i].inputs.iter().any(|v| v == value))
             .collect()
     };
     let mut found = Vec::new();
-    for (i, node) in graph.nodes.iter().enumerate() {
-        if !matches!(node.op, Op::LayerNorm(_)) || graph.output == node.name {
+    for node in &graph.nodes {
+        let Op::LayerNorm(norm) = &node.op else {
+            continue;
+        };
+        let (Some(gamma), Some(beta)) = (float_values(&norm.scale), float_values(&norm.shift))
+        else {
+            continue;
+        };
+        if graph.output == node.name {
             continue;
         }
         // The mean of the tokens scales with each channel: look through it.
         let mut value = node.name.clone();
-        let mut linears = readers(&value);
-        while let [single] = linears[..] {
+        let mut reading = readers(&value);
+        while let [single] = reading[..] {
             if !matches!(graph.nodes[single].op, Op::MeanTokens) || graph.output == value {
                 break;
             }
             value = graph.nodes[single].name.clone();
-            linears = readers(&value);
+            reading = readers(&value);
         }
-        let all_linear = !linears.is_empty()
-            && graph.output != value
-            && linears.iter().all(|&l| {
-                matches!(graph.nodes[l].op, Op::Linear(_))
-                    && graph.nodes[l].inputs == [value.clone()]
-            });
-        if !all_linear {
+        // Every reader a Linear with float weights and no other input, or no group.
+        let linears: Option<Vec<_>> = reading
+            .iter()
+            .map(|&l| match &graph.nodes[l].op {
+                Op::Linear(linear) if graph.nodes[l].inputs == [value.clone()] => {
+                    float_values(&linear.weight)
+                        .map(|w| (graph.nodes[l].name.as_str(), &linear.weight, w))
+                }
+                _ => None,
+            })
+            .collect();
+        let Some(linears) = linears.filter(|l| !l.is_empty() && graph.output != value) else {
             continue;
-        }
+        };
         // Those with a quantized input, and what each asks.
         let asked: Vec<(&str, Option<f64>)> = linears
             .iter()
-            .filter_map(|&l| {
-                let name = graph.nodes[l].name.as_str();
-                requests.get(name).map(|&a| (name, a))
-            })
+            .filter_map(|&(name, _, _)| requests.get(name).map(|&a| (name, a)))
             .collect();
         let Some(&(first, Some(strength))) = asked.iter().find(|a| a.1.is_some()) else {
             continue;
@@ -266,7 +269,9 @@ fn groups(
             });
         }
         found.push(Group {
-            layer_norm: i,
+            layer_norm: &node.name,
+            scale: (&norm.scale, gamma),
+            shift: (&norm.shift, beta),
             value,
             linears,
             strength,
@@ -322,7 +327,7 @@ fn channel_ranges(values: &[f32], channels: usize) -> Vec<f32> {
 /// SmoothQuant's factors `s_c = a_c^α / w_c^(1−α)`, computed in `f64`; 1 for a channel
 /// without range on either side (nothing to balance) or a factor that is not a finite positive
 /// `f32`.
-pub(crate) fn smoothing_factors(activations: &[f32], weights: &[f32], strength: f64) -> Vec<f32> {
+fn smoothing_factors(activations: &[f32], weights: &[f32], strength: f64) -> Vec<f32> {
     activations
         .iter()
         .zip(weights)
