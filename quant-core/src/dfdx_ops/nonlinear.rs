@@ -34,7 +34,7 @@ use super::{custom_op, ParamInput};
 use crate::error::{QuantError, Result};
 use crate::int8::nonlinear::{codes_into, normal_cdf};
 use crate::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
-use crate::kernels::round_ties_even_f64;
+use crate::kernels::{exp_nonpositive_in_place, round_ties_even_f64, VectorPath};
 
 /// An error unless the last axis of `shape` is `row_len` long.
 fn check_last_axis<S: Shape>(what: &str, shape: &S, row_len: usize) -> Result<()> {
@@ -78,11 +78,12 @@ pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
 fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     const R: usize = ROWS_SIDE_BY_SIDE;
     let mut probs = vec![0.0f64; R * n];
+    let path = VectorPath::widest();
     by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
         if rows == R {
-            softmax_rows_backward::<R>(n, x, dy, dx, &mut probs);
+            softmax_rows_backward::<R>(n, x, dy, dx, &mut probs, path);
         } else {
-            softmax_rows_backward::<1>(n, x, dy, dx, &mut probs);
+            softmax_rows_backward::<1>(n, x, dy, dx, &mut probs, path);
         }
     });
 }
@@ -95,6 +96,7 @@ fn softmax_rows_backward<const R: usize>(
     dy: &[f32],
     dx: &mut [f32],
     probs: &mut [f64],
+    path: VectorPath,
 ) {
     let probs = &mut probs[..R * n];
     let mut max = [f64::NEG_INFINITY; R];
@@ -105,9 +107,10 @@ fn softmax_rows_backward<const R: usize>(
     }
     for (r, (p, x)) in probs.chunks_exact_mut(n).zip(x.chunks_exact(n)).enumerate() {
         for (p, x) in p.iter_mut().zip(x) {
-            *p = (*x as f64 - max[r]).exp();
+            *p = *x as f64 - max[r];
         }
     }
+    exp_nonpositive_in_place(path, probs);
     // Sums start at -0.0, as `Iterator::sum` does.
     let mut sum = [-0.0f64; R];
     for i in 0..n {
@@ -639,7 +642,8 @@ mod tests {
             .zip(dx.chunks_exact_mut(n))
         {
             let max = x.iter().fold(f64::NEG_INFINITY, |m, v| m.max(*v as f64));
-            let e: Vec<f64> = x.iter().map(|v| (*v as f64 - max).exp()).collect();
+            let mut e: Vec<f64> = x.iter().map(|v| *v as f64 - max).collect();
+            exp_nonpositive_in_place(VectorPath::Baseline, &mut e);
             let sum: f64 = e.iter().sum();
             let p: Vec<f64> = e.into_iter().map(|v| v / sum).collect();
             let dot: f64 = p.iter().zip(dy).map(|(p, d)| p * *d as f64).sum();

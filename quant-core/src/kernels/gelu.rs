@@ -19,6 +19,7 @@ use std::f32::consts::{FRAC_1_SQRT_2, FRAC_2_SQRT_PI};
 
 use rayon::prelude::*;
 
+use super::VectorPath;
 use crate::error::{check_len, Result};
 
 /// `y = 0.5·x·(1 + erf(x/√2))` and `erf(x/√2)` of every element of `x`, as dfdx's
@@ -30,7 +31,7 @@ use crate::error::{check_len, Result};
 pub fn gelu_forward_into(x: &[f32], y: &mut [f32], erf: &mut [f32]) -> Result<()> {
     check_len("GELU output", x.len(), y.len())?;
     check_len("GELU erf values", x.len(), erf.len())?;
-    let path = GeluPath::widest();
+    let path = VectorPath::widest();
     if parallel(x.len()) {
         x.par_chunks(GELU_CHUNK)
             .zip(y.par_chunks_mut(GELU_CHUNK))
@@ -53,48 +54,15 @@ fn parallel(len: usize) -> bool {
     len >= GELU_PARALLEL && rayon::current_num_threads() > 1
 }
 
-/// The code paths of the GELU forward: the same source compiled for wider registers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum GeluPath {
-    /// x86-64's SSE2 (or any other target's baseline).
-    Baseline,
-    /// AVX2: 8 lanes.
-    Avx2,
-    /// AVX-512 F: 16 lanes, and mask registers for the selections.
-    Avx512,
-}
-
-impl GeluPath {
-    /// The widest path this CPU has within [`Isa::limit_to`](crate::int8::Isa::limit_to)'s
-    /// limit.
-    fn widest() -> GeluPath {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::int8::Isa;
-            let isa = Isa::detected();
-            if super::driver::use_avx2()
-                && matches!(isa, Isa::Avx512Bw | Isa::Avx512Vnni)
-                && std::arch::is_x86_feature_detected!("avx512f")
-            {
-                return GeluPath::Avx512;
-            }
-            if super::driver::use_avx2() {
-                return GeluPath::Avx2;
-            }
-        }
-        GeluPath::Baseline
-    }
-}
-
 /// [`gelu_forward_into`] on `path` (where the CPU has it; else on the baseline).
-fn gelu_forward_on(path: GeluPath, x: &[f32], y: &mut [f32], erf: &mut [f32]) {
+fn gelu_forward_on(path: VectorPath, x: &[f32], y: &mut [f32], erf: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     match path {
-        GeluPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
+        VectorPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
             // SAFETY: the CPU has AVX-512 F, checked just above.
             return unsafe { gelu_forward_avx512(x, y, erf) };
         }
-        GeluPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
+        VectorPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
             // SAFETY: the CPU has AVX2, checked just above.
             return unsafe { gelu_forward_avx2(x, y, erf) };
         }
@@ -369,7 +337,7 @@ mod tests {
 
     /// `erf` of every element of `x`, `libm::erff` bit for bit, on `path` (compiled as the
     /// forward's paths are).
-    fn erf_on(path: GeluPath, x: &[f32], out: &mut [f32]) {
+    fn erf_on(path: VectorPath, x: &[f32], out: &mut [f32]) {
         #[inline(always)]
         fn lanes(x: &[f32], out: &mut [f32]) {
             for (o, x) in out.iter_mut().zip(x) {
@@ -388,11 +356,11 @@ mod tests {
         }
         #[cfg(target_arch = "x86_64")]
         match path {
-            GeluPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
+            VectorPath::Avx512 if std::arch::is_x86_feature_detected!("avx512f") => {
                 // SAFETY: the CPU has AVX-512 F, checked in the guard.
                 return unsafe { avx512_loop(x, out) };
             }
-            GeluPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
+            VectorPath::Avx2 if std::arch::is_x86_feature_detected!("avx2") => {
                 // SAFETY: the CPU has AVX2, checked in the guard.
                 return unsafe { avx2_loop(x, out) };
             }
@@ -402,7 +370,7 @@ mod tests {
         lanes(x, out);
     }
 
-    const PATHS: [GeluPath; 3] = [GeluPath::Baseline, GeluPath::Avx2, GeluPath::Avx512];
+    const PATHS: [VectorPath; 3] = [VectorPath::Baseline, VectorPath::Avx2, VectorPath::Avx512];
 
     /// Inputs that reach every range of `erff` and its `expf`, the boundaries between them
     /// (a few ulps either side), and a sweep of every 2^12th bit pattern.
@@ -495,7 +463,7 @@ mod tests {
         let dy: Vec<f32> = (0..x.len()).map(|i| (i % 97) as f32 * 0.01 - 0.3).collect();
         let (mut y0, mut e0, mut dx0) =
             (vec![0.0; x.len()], vec![0.0; x.len()], vec![0.5; x.len()]);
-        gelu_forward_on(GeluPath::Baseline, &x, &mut y0, &mut e0);
+        gelu_forward_on(VectorPath::Baseline, &x, &mut y0, &mut e0);
         for (((x, e), dy), dx) in x.iter().zip(&e0).zip(&dy).zip(dx0.iter_mut()) {
             let normal_dist = FRAC_2_SQRT_PI * (0.5 * -(*x * *x)).exp();
             *dx += (0.5 * (1.0 + *e) + 0.5 * *x * normal_dist) * *dy;
@@ -526,7 +494,7 @@ mod tests {
             gelu_forward_on(path, &x, &mut y, &mut e);
             (y, e)
         };
-        let want = run(GeluPath::Baseline);
+        let want = run(VectorPath::Baseline);
         for path in PATHS {
             let got = run(path);
             for (i, x) in x.iter().enumerate() {

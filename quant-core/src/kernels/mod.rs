@@ -63,7 +63,8 @@
 //! holds a fully connected layer's products with the numbers of dfdx's `Linear`, [`attention`]
 //! self-attention's core (scores, softmax, weighted values) with the numbers of dfdx's ops,
 //! [`pool`] the 2x2 max pooling that halves an image, with PyTorch's choice among ties,
-//! [`channel_sums`] per-channel sums over a batch in dfdx's order (BatchNorm's statistics).
+//! [`channel_sums`] per-channel sums over a batch in dfdx's order (BatchNorm's statistics), `exp`
+//! the vectorised `f64` exponential of the exact softmax's gradient (QAT's attention).
 
 #[macro_use]
 mod round;
@@ -75,6 +76,8 @@ pub mod channel_sums;
 mod codes;
 mod driver;
 mod dsq;
+#[cfg(feature = "dfdx")]
+mod exp;
 mod fake_quant;
 mod gelu;
 mod lsq;
@@ -86,6 +89,8 @@ mod torch;
 
 pub use codes::{dequantize_into, quantize_into, QuantInt};
 pub use dsq::{dsq_backward_into, dsq_forward_into, dsq_qparams, DSQ_ALPHA_RANGE};
+#[cfg(feature = "dfdx")]
+pub(crate) use exp::exp_nonpositive_in_place;
 pub use fake_quant::{
     fake_quantize_affine_into, fake_quantize_per_channel_affine, fake_quantize_per_tensor_affine,
     fake_quantize_per_tensor_affine_into,
@@ -100,6 +105,41 @@ pub use pact::{pact_alpha, pact_backward_into, pact_forward_into};
 pub(crate) use round::round_ties_even_f64;
 pub(crate) use round::{round_small_f64, small_int_f64};
 pub use ste::fake_quantize_affine_backward_into;
+
+/// The code paths of a kernel written once as a branchless loop over lanes (the GELU
+/// forward, `exp` of the softmax gradient): the same source compiled for wider registers, so
+/// every path gives the same bits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum VectorPath {
+    /// x86-64's SSE2 (or any other target's baseline).
+    Baseline,
+    /// AVX2: 8 lanes.
+    Avx2,
+    /// AVX-512 F: 16 lanes, and mask registers for the selections.
+    Avx512,
+}
+
+impl VectorPath {
+    /// The widest path this CPU has within [`Isa::limit_to`](crate::int8::Isa::limit_to)'s
+    /// limit.
+    pub(crate) fn widest() -> VectorPath {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::int8::Isa;
+            let isa = Isa::detected();
+            if driver::use_avx2()
+                && matches!(isa, Isa::Avx512Bw | Isa::Avx512Vnni)
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
+                return VectorPath::Avx512;
+            }
+            if driver::use_avx2() {
+                return VectorPath::Avx2;
+            }
+        }
+        VectorPath::Baseline
+    }
+}
 
 /// Element count from which kernels split work across rayon's thread pool.
 pub const PARALLEL_THRESHOLD: usize = 1 << 18;
