@@ -386,6 +386,39 @@ fn tensor_values<M: TensorCollection<f32, Cpu>>(
     Ok(read.0)
 }
 
+/// The name of every tensor of a model of type `M` (the names come from the type: no values
+/// are read).
+fn tensor_names<M: TensorCollection<f32, Cpu>>() -> Result<Vec<String>, GraphError> {
+    struct Names(Vec<String>);
+    impl TensorVisitor<f32, Cpu> for Names {
+        type Viewer = ViewTensorName;
+        type Err = QuantError;
+        type E2 = f32;
+        type D2 = Cpu;
+        fn visit<S: Shape>(
+            &mut self,
+            _: TensorOptions<S, f32, Cpu>,
+            name: String,
+        ) -> Result<Option<Tensor<S, f32, Cpu>>, QuantError> {
+            self.0.push(name);
+            Ok(None)
+        }
+        fn visit_scalar<N: num_traits::NumCast>(
+            &mut self,
+            _: ScalarOptions<N>,
+            _: String,
+        ) -> Result<Option<N>, QuantError> {
+            Ok(None)
+        }
+    }
+    let mut names = Names(Vec::new());
+    M::iter_tensors(&mut RecursiveWalker {
+        m: String::new(),
+        f: &mut names,
+    })?;
+    Ok(names.0)
+}
+
 /// A requested layer in the float graph: its input on the samples, its weight and its bias.
 struct FloatLayer {
     input: Vec<f32>,

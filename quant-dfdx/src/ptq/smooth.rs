@@ -189,7 +189,7 @@ where
             spread_after: spread(&after),
         });
     }
-    let names: Vec<String> = super::tensor_values(model)?.into_keys().collect();
+    let names = super::tensor_names::<M>()?;
     let assigned = assigned
         .into_iter()
         .map(|(name, values)| Ok((model_tensor(&names, &name)?, values)))
