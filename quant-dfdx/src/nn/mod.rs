@@ -105,17 +105,3 @@ fn to_cpu_error(e: QuantError) -> CpuError {
         _ => CpuError::WrongNumElements,
     }
 }
-
-/// What "bit for bit" means in the tests of the layers that reproduce dfdx's numbers.
-#[cfg(test)]
-mod bits {
-    /// The same bits, or both NaN.
-    pub(crate) fn same(a: f32, b: f32) -> bool {
-        a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
-    }
-
-    /// [`same`] element by element, and the same length.
-    pub(crate) fn all_same(a: &[f32], b: &[f32]) -> bool {
-        a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same(*a, *b))
-    }
-}

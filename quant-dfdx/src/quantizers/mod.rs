@@ -126,6 +126,3 @@ macro_rules! engine_quantizer {
     };
 }
 pub(crate) use engine_quantizer;
-
-#[cfg(test)]
-mod tests;

@@ -16,3 +16,14 @@ pub fn assert_integer_matches(int: &[f32], fq: &[f32], what: &str) {
         "{what}: integer vs fake-quantized outputs differ by {worst} (range {range})"
     );
 }
+
+/// The same bits, or both NaN: what "bit for bit" means in the tests of the layers that
+/// reproduce dfdx's numbers.
+pub fn same(a: f32, b: f32) -> bool {
+    a.to_bits() == b.to_bits() || (a.is_nan() && b.is_nan())
+}
+
+/// [`same`] element by element, and the same length.
+pub fn all_same(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same(*a, *b))
+}

@@ -1,3 +1,6 @@
+//! The built-in quantizers through the registry: each registered once, wrong configs refused,
+//! `Inferable` and `set_qparams` exact, power-of-two scales, LSQ's gradients.
+
 use quant_core::{
     registry, ActivationQuantizerConfig, ChannelLayout, IntegerGrid, ParamBank, ParamBankMut,
     QParams, QuantizationMethod, QuantizationTarget, QuantizerConfig, QuantizerInput,

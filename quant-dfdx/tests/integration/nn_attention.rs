@@ -1,0 +1,146 @@
+//! `quant_dfdx::nn::MultiHeadAttention`: dfdx's self-attention bit for bit, through the fused core and through dfdx's ops.
+
+use crate::common::all_same;
+use dfdx::prelude::*;
+use quant_core::kernels::attention::Attention;
+use quant_dfdx::nn::builders as builder;
+use quant_dfdx::nn::{Linear, MultiHeadAttention};
+
+type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
+
+/// The four projections' weights and biases (`w_q`, `w_k`, `w_v`, `w_o`).
+fn parameters<const M: usize>(
+    layers: [&dfdx::nn::modules::Linear<M, M, f32, Cpu>; 4],
+) -> Vec<&(dyn HasValues + Sync)> {
+    let mut all: Vec<&(dyn HasValues + Sync)> = layers.iter().map(|l| &l.weight as _).collect();
+    all.extend(layers.iter().map(|l| &l.bias as &(dyn HasValues + Sync)));
+    all
+}
+
+/// A tensor's values and its gradient, whatever its shape.
+trait HasValues {
+    fn values(&self) -> Vec<f32>;
+    fn gradient(&self, grads: &Gradients<f32, Cpu>) -> Vec<f32>;
+}
+
+impl<S: Shape> HasValues for Tensor<S, f32, Cpu> {
+    fn values(&self) -> Vec<f32> {
+        self.as_vec()
+    }
+    fn gradient(&self, grads: &Gradients<f32, Cpu>) -> Vec<f32> {
+        grads.get(self).as_vec()
+    }
+}
+
+/// Output and the gradients of the input and of every parameter, in a residual block
+/// (`attention(x) + x`) under a loss that weighs every output differently.
+fn run<S: Shape, A>(
+    attention: &A,
+    parameters: &[&(dyn HasValues + Sync)],
+    x: &Tensor<S, f32, Cpu>,
+    w: &Tensor<S, f32, Cpu>,
+) -> Vec<Vec<f32>>
+where
+    A: Module<Traced<S>, Output = Traced<S>>,
+{
+    let t = x.clone().leaky_traced();
+    let out = attention.forward(t.retaped::<OwnedTape<f32, Cpu>>()) + t;
+    let mut all = vec![out.as_vec()];
+    let grads = (out * w.clone()).sum().backward();
+    all.push(grads.get(x).as_vec());
+    all.extend(parameters.iter().map(|p| p.gradient(&grads)));
+    all
+}
+
+/// Ours against dfdx's `MultiHeadAttention<M, H>` built from the same seed, on batches
+/// of 6 sequences of each of `lengths` tokens and on one sequence of 7, on `threads`.
+fn check<const M: usize, const H: usize>(lengths: &[usize], threads: usize)
+where
+    builder::MultiHeadAttention<M, H>:
+        BuildOnDevice<Cpu, f32, Built = MultiHeadAttention<M, H, M, M, f32, Cpu>>,
+    dfdx::nn::builders::MultiHeadAttention<M, H>: BuildOnDevice<
+        Cpu,
+        f32,
+        Built = dfdx::nn::modules::MultiHeadAttention<M, H, M, M, f32, Cpu>,
+    >,
+{
+    let ours = Cpu::seed_from_u64(3).build_module::<builder::MultiHeadAttention<M, H>, f32>();
+    let theirs =
+        Cpu::seed_from_u64(3).build_module::<dfdx::nn::builders::MultiHeadAttention<M, H>, f32>();
+    let as_dfdx = |l: &Linear<M, M, f32, Cpu>| dfdx::nn::modules::Linear {
+        weight: l.weight.clone(),
+        bias: l.bias.clone(),
+    };
+    let ours_as_dfdx = [&ours.w_q, &ours.w_k, &ours.w_v, &ours.w_o].map(as_dfdx);
+    let p_ours = parameters([
+        &ours_as_dfdx[0],
+        &ours_as_dfdx[1],
+        &ours_as_dfdx[2],
+        &ours_as_dfdx[3],
+    ]);
+    let p_theirs = parameters([&theirs.w_q, &theirs.w_k, &theirs.w_v, &theirs.w_o]);
+    for (a, b) in p_ours.iter().zip(&p_theirs) {
+        assert!(all_same(&a.values(), &b.values()), "initial parameters");
+    }
+    let what = |i: usize| match i {
+        0 => "outputs".to_string(),
+        1 => "input gradients".to_string(),
+        i => format!("parameter gradient {}", i - 2),
+    };
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .unwrap();
+    pool.install(|| {
+        let dev = Cpu::seed_from_u64(4);
+        for &seq in lengths {
+            let x: Tensor<(usize, usize, Const<M>), f32, Cpu> =
+                dev.sample_normal_like(&(6, seq, Const));
+            let w = dev.sample_normal_like(x.shape());
+            let a = run(&ours, &p_ours, &x, &w);
+            let b = run(&theirs, &p_theirs, &x, &w);
+            for i in 0..a.len() {
+                assert!(
+                    all_same(&a[i], &b[i]),
+                    "{}, {seq} tokens, M {M}, H {H}",
+                    what(i)
+                );
+            }
+        }
+        let x: Tensor<(usize, Const<M>), f32, Cpu> = dev.sample_normal_like(&(7, Const));
+        let w = dev.sample_normal_like(x.shape());
+        let (a, b) = (run(&ours, &p_ours, &x, &w), run(&theirs, &p_theirs, &x, &w));
+        for i in 0..a.len() {
+            assert!(all_same(&a[i], &b[i]), "{}, one sequence", what(i));
+        }
+    });
+}
+
+/// The fused core (3 tokens or more, heads 3 wide or more: vectors of 8 and masked
+/// remainders) and dfdx's ops (1 or 2 tokens, heads 2 wide), on one thread and on three.
+#[test]
+fn outputs_and_gradients_are_dfdx_attentions_bit_for_bit() {
+    for threads in [1, 3] {
+        check::<12, 3>(&[16, 5, 3, 2, 1], threads);
+        check::<64, 4>(&[16], threads);
+        check::<48, 4>(&[16, 9], threads);
+        check::<8, 4>(&[16], threads);
+    }
+}
+
+#[test]
+fn the_fused_core_runs_where_its_bits_are_dfdxs() {
+    let fma = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx");
+    assert_eq!(Attention::new(64, 16, 4, 16, 16).is_some(), fma);
+    assert_eq!(Attention::new(6, 3, 3, 4, 4).is_some(), fma);
+    assert!(
+        Attention::new(6, 2, 3, 4, 4).is_none(),
+        "2 tokens: gemm's vector path"
+    );
+    assert!(Attention::new(6, 16, 4, 2, 2).is_none(), "heads 2 wide");
+    assert!(
+        Attention::new(6, 600, 4, 16, 16).is_none(),
+        "600 tokens: two depth blocks"
+    );
+    assert!(Attention::new(0, 16, 4, 16, 16).is_none(), "no sequence");
+}
