@@ -8,4 +8,5 @@ mod int8_simulate;
 mod kernels_hostile;
 mod nonlinear_reference;
 mod ops;
+mod ops_nonlinear;
 mod pytorch_reference;
