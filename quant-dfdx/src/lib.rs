@@ -61,6 +61,8 @@ pub mod layers;
 pub mod lower;
 pub mod nn;
 pub mod observers;
+#[doc(hidden)]
+pub mod optimizer_kernels;
 pub mod platform;
 pub mod policy;
 pub mod ptq;
