@@ -65,8 +65,6 @@ pub mod int8;
 pub mod kernels;
 pub mod quantizer;
 pub mod registry;
-#[cfg(test)]
-mod test_rng;
 pub mod vocab;
 
 pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerConfig};
@@ -88,4 +86,34 @@ pub use vocab::{QuantizationMethod, QuantizationTarget, RoundingPolicy, Training
 pub mod __private {
     pub use crate::registry::{QuantizerEntry, QUANTIZERS, TRAINING_METHODS};
     pub use linkme;
+}
+
+/// Not public API: crate-internal kernels, reference paths and switches, reachable only so
+/// that quant-core's tests (`quant-core/tests/integration`, compiled without optimisation while
+/// the kernels are optimised here) can check every code path against its reference. The
+/// library has no unit tests of its own: a second, optimised build of it just for them cost
+/// more than a third of the default test tier's compile time on two cores. Nothing here is
+/// stable.
+#[doc(hidden)]
+pub mod __internals {
+    #[cfg(feature = "dfdx")]
+    pub use crate::dfdx_ops::nonlinear::{layer_norm_backward, softmax_backward};
+    pub use crate::int8::nonlinear::softmax::FixedPointExpForms;
+    pub use crate::int8::nonlinear::{codes_into, codes_of};
+    #[cfg(target_arch = "x86_64")]
+    pub use crate::int8::x86::gemm_u8_on_avx_vnni_tiles_in_evex;
+    #[cfg(feature = "dfdx")]
+    pub use crate::kernels::affine::fma_available;
+    #[cfg(target_arch = "x86_64")]
+    pub use crate::kernels::channel_sums::sum_group_avx;
+    pub use crate::kernels::channel_sums::sum_group_portable;
+    pub use crate::kernels::driver::{force_kernel_baseline, VectorPath};
+    #[cfg(feature = "dfdx")]
+    pub use crate::kernels::exp::{exp_nonpositive, exp_nonpositive_in_place, FLUSH_BELOW};
+    pub use crate::kernels::gelu::{erf_branchless, expf_reduced, gelu_forward_on, GELU_PARALLEL};
+    #[cfg(target_arch = "x86_64")]
+    pub use crate::kernels::pool::max_pool_2x2_avx2;
+    pub use crate::kernels::pool::max_pool_2x2_portable;
+    #[cfg(feature = "dfdx")]
+    pub use crate::kernels::round::round_ties_even_f64;
 }

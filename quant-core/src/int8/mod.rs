@@ -60,7 +60,7 @@ pub mod nonlinear;
 mod requant;
 mod widths;
 #[cfg(target_arch = "x86_64")]
-mod x86;
+pub(crate) mod x86;
 
 use crate::error::check_len;
 

@@ -541,6 +541,59 @@ entry!(
     8
 );
 
+fused! {
+    /// AVX-VNNI's `vpdpbusd` in its EVEX encoding (AVX-512 VNNI + VL).
+    EvexQuads: __m256i = _mm256_dpbusd_epi32;
+    /// AVX-VNNI's `vpdpwssd` in its EVEX encoding.
+    EvexPairs: __m256i = _mm256_dpwssd_epi32;
+}
+entry!(evex_quads, "avx2,avx512f,avx512vl,avx512vnni", EvexQuads, 6);
+entry!(evex_pairs, "avx2,avx512f,avx512vl,avx512vnni", EvexPairs, 6);
+
+/// Not public API (re-exported in `quant_core::__internals`): [`gemm_u8`](super::gemm_u8)'s
+/// product, `a` (`rows × k` codes with zero point `a_zero_point`) times `w` plus `bias`, on the
+/// AVX-VNNI path's tiles (256-bit registers, 6-row tiles) with its two instructions in their
+/// AVX-512 VL encoding. The tiles, packing and column sums are the AVX-VNNI path's, so
+/// quant-core's tests check all of that path but the instruction encoding on AVX-512 VNNI
+/// machines, which mostly lack AVX-VNNI. `w` must be packed for [`Isa::Avx2`] (8-lane panels in
+/// the forms AVX-VNNI uses). `None`, with nothing written, where the CPU lacks AVX-512 VNNI + VL
+/// or the lengths do not fit.
+pub fn gemm_u8_on_avx_vnni_tiles_in_evex(
+    a: &[u8],
+    rows: usize,
+    a_zero_point: i32,
+    w: &PackedMatrix,
+    bias: &[i32],
+    out: &mut [i32],
+) -> Option<()> {
+    use std::arch::is_x86_feature_detected as has;
+    let cpu = has!("avx2") && has!("avx512f") && has!("avx512vl") && has!("avx512vnni");
+    let (n, k) = (w.n(), w.k());
+    let fits = a.len() == rows.checked_mul(k)?
+        && out.len() == rows.checked_mul(n)?
+        && bias.len() == n
+        && w.isa() == Isa::Avx2;
+    if !(cpu && fits) {
+        return None;
+    }
+    let columns: Vec<i32> = (0..n.div_ceil(8) * 8)
+        .map(|o| match (bias.get(o), w.row_sums().get(o)) {
+            (Some(b), Some(s)) => b.wrapping_sub(a_zero_point.wrapping_mul(*s)),
+            _ => 0,
+        })
+        .collect();
+    // SAFETY: the CPU runs AVX2 and AVX-512 VNNI + VL (checked above); `w` is packed in 8-lane
+    // panels (`Isa::Avx2`), and `a`, `columns` (whole panels) and `out` are as long as `run`
+    // requires (checked above).
+    unsafe {
+        match w.form() {
+            Form::Quads => evex_quads(a, rows, w, &columns, out),
+            _ => evex_pairs(a, rows, w, &columns, out),
+        }
+    }
+    Some(())
+}
+
 /// `rows` rows of the product on the path `w` is packed for (not [`Isa::Portable`]).
 pub(super) fn run_rows(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
     // SAFETY: `PackedMatrix::with_isa` checked that this CPU runs `w.isa()` and packed `w` for
@@ -556,70 +609,6 @@ pub(super) fn run_rows(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32],
             (Isa::Avx512Vnni, Form::Quads) => vnni512_quads(a, rows, w, columns, out),
             (Isa::Avx512Vnni, _) => vnni512_pairs(a, rows, w, columns, out),
             (Isa::Portable, _) => unreachable!("the portable path has its own kernel"),
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    //! The AVX-VNNI path's kernels (256-bit registers, 6-row tiles) on CPUs without AVX-VNNI:
-    //! the same instructions in their AVX-512 VL encoding (`_mm256_dpbusd_epi32`) run the same
-    //! tiles on the same packing, so everything but the instruction encoding is checked on
-    //! AVX-512 VNNI machines too.
-    use super::*;
-    use crate::int8::gemm_u8;
-
-    fused! {
-        /// AVX-VNNI's `vpdpbusd` in its EVEX encoding.
-        EvexQuads: __m256i = _mm256_dpbusd_epi32;
-        /// AVX-VNNI's `vpdpwssd` in its EVEX encoding.
-        EvexPairs: __m256i = _mm256_dpwssd_epi32;
-    }
-    entry!(evex_quads, "avx2,avx512f,avx512vl,avx512vnni", EvexQuads, 6);
-    entry!(evex_pairs, "avx2,avx512f,avx512vl,avx512vnni", EvexPairs, 6);
-
-    #[test]
-    fn avx_vnni_tiles_match_the_portable_path() {
-        let has = |f: &str| match f {
-            "avx512vl" => std::arch::is_x86_feature_detected!("avx512vl"),
-            _ => std::arch::is_x86_feature_detected!("avx512vnni"),
-        };
-        if !(Isa::Avx2.is_available() && has("avx512vl") && has("avx512vnni")) {
-            eprintln!("note: no AVX-512 VNNI + VL: the AVX-VNNI tiles are not checked here");
-            return;
-        }
-        for (max_w, k, m, n) in [
-            (64, 37, 13, 19),
-            (64, 144, 6, 8),
-            (300, 33, 7, 17),
-            (127, 9, 1, 1),
-        ] {
-            let w: Vec<i32> = (0..n * k)
-                .map(|i| (i as i32 * 7919) % (2 * max_w + 1) - max_w)
-                .collect();
-            let a: Vec<u8> = (0..m * k).map(|i| (i * 104_729 % 256) as u8).collect();
-            let bias: Vec<i32> = (0..n as i32).map(|o| o * 31 - 100).collect();
-            let portable = crate::int8::PackedMatrix::with_isa(&w, n, k, Isa::Portable).unwrap();
-            let mut expected = vec![0; m * n];
-            gemm_u8(&a, m, 5, &portable, &bias, &mut expected).unwrap();
-            // AVX2 packs 8-lane panels: quads for |w| <= 64, pairs beyond, as AVX-VNNI does.
-            let packed = crate::int8::PackedMatrix::with_isa(&w, n, k, Isa::Avx2).unwrap();
-            let columns: Vec<i32> = (0..n.div_ceil(8) * 8)
-                .map(|o| match (bias.get(o), packed.row_sums().get(o)) {
-                    (Some(b), Some(s)) => b.wrapping_sub(5i32.wrapping_mul(*s)),
-                    _ => 0,
-                })
-                .collect();
-            let mut out = vec![0; m * n];
-            // SAFETY: the CPU runs AVX2 and AVX-512 VNNI + VL (checked above); the lengths are
-            // those gemm_u8 passes.
-            unsafe {
-                match packed.form() {
-                    Form::Quads => evex_quads(&a, m, &packed, &columns, &mut out),
-                    _ => evex_pairs(&a, m, &packed, &columns, &mut out),
-                }
-            }
-            assert_eq!(out, expected, "|w| <= {max_w}, k = {k}, {m}x{n}");
         }
     }
 }

@@ -440,23 +440,22 @@ impl<S: Streams, M: Map<S>> ElementKernel<S> for M {
     }
 }
 
-/// Unit tests set this to run the baseline (SSE2) code on an AVX2 machine too.
-#[cfg(test)]
-pub(super) static FORCE_BASELINE: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+/// Set by [`force_kernel_baseline`].
+static FORCE_BASELINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Whether a unit test asked for the baseline code.
+/// Not public API (re-exported in `quant_core::__internals`): from now on, the fake-quantization
+/// kernels run their baseline (SSE2) code even where the CPU has AVX2 (`true`), or choose again
+/// (`false`). quant-core's tests compare both levels on one machine with it; the integer
+/// runtime's paths are limited with [`Isa::limit_to`](crate::int8::Isa::limit_to) instead.
+pub fn force_kernel_baseline(forced: bool) {
+    FORCE_BASELINE.store(forced, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Whether [`force_kernel_baseline`] asked for the baseline code.
 #[inline(always)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-pub(super) fn baseline_forced() -> bool {
-    #[cfg(test)]
-    {
-        FORCE_BASELINE.load(std::sync::atomic::Ordering::Relaxed)
-    }
-    #[cfg(not(test))]
-    {
-        false
-    }
+fn baseline_forced() -> bool {
+    FORCE_BASELINE.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether the AVX2 code may run (checked at run time, once per job): the CPU has it, and
@@ -606,5 +605,41 @@ pub(super) fn reduce_blocks(terms: &[f32], wide: &mut [f64; LANES]) {
         for l in 0..LANES {
             wide[l] += lanes[l] as f64;
         }
+    }
+}
+
+/// The code paths of a kernel written once as a branchless loop over lanes (the GELU forward,
+/// `exp` of the softmax gradient): the same source compiled for wider registers, so every path
+/// gives the same bits. Not public API (re-exported in `quant_core::__internals` for
+/// quant-core's tests).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VectorPath {
+    /// x86-64's SSE2 (or any other target's baseline).
+    Baseline,
+    /// AVX2: 8 lanes.
+    Avx2,
+    /// AVX-512 F: 16 lanes, and mask registers for the selections.
+    Avx512,
+}
+
+impl VectorPath {
+    /// The widest path this CPU has within [`Isa::limit_to`](crate::int8::Isa::limit_to)'s
+    /// limit.
+    pub fn widest() -> VectorPath {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use crate::int8::Isa;
+            let isa = Isa::detected();
+            if use_avx2()
+                && matches!(isa, Isa::Avx512Bw | Isa::Avx512Vnni)
+                && std::arch::is_x86_feature_detected!("avx512f")
+            {
+                return VectorPath::Avx512;
+            }
+            if use_avx2() {
+                return VectorPath::Avx2;
+            }
+        }
+        VectorPath::Baseline
     }
 }

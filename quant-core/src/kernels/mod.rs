@@ -67,19 +67,19 @@
 //! the vectorised `f64` exponential of the exact softmax's gradient (QAT's attention).
 
 #[macro_use]
-mod round;
+pub(crate) mod round;
 #[cfg(feature = "dfdx")]
 pub mod affine;
 #[cfg(feature = "dfdx")]
 pub mod attention;
 pub mod channel_sums;
 mod codes;
-mod driver;
+pub(crate) mod driver;
 mod dsq;
 #[cfg(feature = "dfdx")]
-mod exp;
+pub(crate) mod exp;
 mod fake_quant;
-mod gelu;
+pub(crate) mod gelu;
 mod lsq;
 mod pact;
 mod params;
@@ -88,6 +88,7 @@ mod ste;
 mod torch;
 
 pub use codes::{dequantize_into, quantize_into, QuantInt};
+pub(crate) use driver::VectorPath;
 pub use dsq::{dsq_backward_into, dsq_forward_into, dsq_qparams, DSQ_ALPHA_RANGE};
 #[cfg(feature = "dfdx")]
 pub(crate) use exp::exp_nonpositive_in_place;
@@ -101,48 +102,10 @@ pub use lsq::{
     fake_quantize_learnable_per_tensor_affine_backward, round_zero_point, round_zero_points,
 };
 pub use pact::{pact_alpha, pact_backward_into, pact_forward_into};
-#[cfg(any(feature = "dfdx", test))]
+#[cfg(feature = "dfdx")]
 pub(crate) use round::round_ties_even_f64;
 pub(crate) use round::{round_small_f64, small_int_f64};
 pub use ste::fake_quantize_affine_backward_into;
 
-/// The code paths of a kernel written once as a branchless loop over lanes (the GELU
-/// forward, `exp` of the softmax gradient): the same source compiled for wider registers, so
-/// every path gives the same bits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum VectorPath {
-    /// x86-64's SSE2 (or any other target's baseline).
-    Baseline,
-    /// AVX2: 8 lanes.
-    Avx2,
-    /// AVX-512 F: 16 lanes, and mask registers for the selections.
-    Avx512,
-}
-
-impl VectorPath {
-    /// The widest path this CPU has within [`Isa::limit_to`](crate::int8::Isa::limit_to)'s
-    /// limit.
-    pub(crate) fn widest() -> VectorPath {
-        #[cfg(target_arch = "x86_64")]
-        {
-            use crate::int8::Isa;
-            let isa = Isa::detected();
-            if driver::use_avx2()
-                && matches!(isa, Isa::Avx512Bw | Isa::Avx512Vnni)
-                && std::arch::is_x86_feature_detected!("avx512f")
-            {
-                return VectorPath::Avx512;
-            }
-            if driver::use_avx2() {
-                return VectorPath::Avx2;
-            }
-        }
-        VectorPath::Baseline
-    }
-}
-
 /// Element count from which kernels split work across rayon's thread pool.
 pub const PARALLEL_THRESHOLD: usize = 1 << 18;
-
-#[cfg(test)]
-mod tests;

@@ -20,9 +20,9 @@ const MAGIC_F64: f64 = 6_755_399_441_055_744.0;
 /// it (no `roundsd` before SSE4.1): the add-and-subtract trick where it is exact
 /// (`|v| ≤ 2^51`), the call beyond (where `v` is an integer or half-integer anyway).
 /// (Only the dfdx ops and the tests call it.)
-#[cfg(any(feature = "dfdx", test))]
+#[cfg(feature = "dfdx")]
 #[inline(always)]
-pub(crate) fn round_ties_even_f64(v: f64) -> f64 {
+pub fn round_ties_even_f64(v: f64) -> f64 {
     if v.abs() <= (1u64 << 51) as f64 {
         round_small_f64(v)
     } else {

@@ -1,8 +1,8 @@
-//! The unit tests' pseudo-random numbers: a xorshift generator, so that every test draws the
+//! The tests' pseudo-random numbers: a xorshift generator, so that every test draws the
 //! same values on every machine without a crate for it.
 
 /// 64-bit draws from Marsaglia's xorshift (13, 7, 17) generator seeded with `state` (not zero).
-pub(crate) fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
+pub fn xorshift(mut state: u64) -> impl FnMut() -> u64 {
     move || {
         state ^= state << 13;
         state ^= state >> 7;

@@ -1,11 +1,9 @@
 //! Every kernel against a scalar reference, on every walk, both SIMD levels and any number of
 //! threads.
 
-use super::driver::FORCE_BASELINE;
-use super::*;
-use crate::error::QuantError;
-use crate::quantizer::ChannelLayout;
-use crate::vocab::RoundingPolicy;
+use quant_core::__internals::force_kernel_baseline;
+use quant_core::kernels::*;
+use quant_core::{ChannelLayout, QuantError, RoundingPolicy};
 
 /// The scalar reference of the forward formula, with any rounding policy.
 fn reference(x: f32, s: f32, z: i32, qmin: i32, qmax: i32, rounding: RoundingPolicy) -> f32 {
@@ -300,13 +298,17 @@ fn lsq_int8(
     (dx, ds, dz)
 }
 
-/// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code.
+/// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code. One caller
+/// at a time: the switch is the process's, and another test's call could flip it half-way.
 fn both_levels(mut f: impl FnMut(&str)) {
-    use std::sync::atomic::Ordering::Relaxed;
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner());
     f("default");
-    FORCE_BASELINE.store(true, Relaxed);
+    force_kernel_baseline(true);
     f("baseline");
-    FORCE_BASELINE.store(false, Relaxed);
+    force_kernel_baseline(false);
 }
 
 #[test]
@@ -448,7 +450,7 @@ fn results_do_not_depend_on_the_number_of_threads() {
         let t = ChannelLayout::per_tensor(n);
         let per_tensor = lsq_int8(&x, &dy, t, &[0.5], &[1.0], 0.01);
         let mut dx = vec![0.0; n];
-        let grid = crate::grid::IntegerGrid::new(8, false, false).unwrap();
+        let grid = quant_core::IntegerGrid::new(8, false, false).unwrap();
         let da = pact_backward_into(&x, &dy, &mut dx, 20.0, grid);
         (per_channel, per_tensor, dx, da)
     };
@@ -467,7 +469,7 @@ fn results_do_not_depend_on_the_number_of_threads() {
 
 #[test]
 fn pact_backward_matches_the_scalar_reference() {
-    let grid = crate::grid::IntegerGrid::new(8, false, false).unwrap();
+    let grid = quant_core::IntegerGrid::new(8, false, false).unwrap();
     both_levels(|level| {
         for n in [37, PARALLEL_THRESHOLD + 77] {
             let x = inputs(n, 0.05, 31);

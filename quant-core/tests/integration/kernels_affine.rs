@@ -1,0 +1,82 @@
+use quant_core::__internals::*;
+use quant_core::kernels::affine::*;
+
+fn values(n: usize, seed: u32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(2_654_435_761).max(1);
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            (s as f32 / u32::MAX as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+#[test]
+fn plans_only_where_one_chain_per_output_holds() {
+    let fma = fma_available();
+    assert_eq!(Affine::new(64, 16, 64, 128, true).is_some(), fma);
+    assert!(Affine::new(1, 64, 784, 128, false).is_none(), "depth 784");
+    assert!(
+        Affine::new(64, 16, 64, 2, true).is_none(),
+        "depth 2 backward"
+    );
+    assert!(
+        Affine::new(64, 1, 64, 64, false).is_none(),
+        "one row a sequence"
+    );
+    assert!(Affine::new(0, 16, 64, 64, false).is_none(), "no sequence");
+    assert!(
+        Affine::new(1, 600, 64, 64, true).is_none(),
+        "600 rows, backward"
+    );
+    assert_eq!(Affine::new(1, 600, 64, 64, false).is_some(), fma);
+}
+
+/// The vector loop against one chain per output written out plainly, at widths that take
+/// every block (three, two and one vectors of eight columns, single columns) and output
+/// counts with rows left over after the groups of four.
+#[test]
+fn weight_gradient_is_one_chain_per_sequence() {
+    for (sequences, rows, inputs, outputs) in [
+        (3, 5, 45, 7),
+        (2, 4, 59, 10),
+        (2, 3, 8, 4),
+        (1, 6, 3, 5),
+        (2, 16, 48, 96),
+    ] {
+        let Some(plan) = Affine::new(sequences, rows, inputs, outputs, true) else {
+            assert!(
+                !fma_available(),
+                "{inputs} inputs, {outputs} outputs: no plan"
+            );
+            continue; // No FMA: the path is never taken.
+        };
+        let x = values(sequences * rows * inputs, 1);
+        let dy = values(sequences * rows * outputs, 2);
+        let start = values(outputs * inputs, 3);
+        let mut dw = start.clone();
+        plan.weight_gradient(&mut dw, &x, &dy).unwrap();
+        let mut expected = start;
+        for s in 0..sequences {
+            for o in 0..outputs {
+                for i in 0..inputs {
+                    let mut acc = 0.0f32;
+                    for r in 0..rows {
+                        let t = s * rows + r;
+                        acc = dy[t * outputs + o].mul_add(x[t * inputs + i], acc);
+                    }
+                    expected[o * inputs + i] += acc;
+                }
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(&dw),
+            bits(&expected),
+            "{inputs} inputs, {outputs} outputs"
+        );
+        assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
+    }
+}
