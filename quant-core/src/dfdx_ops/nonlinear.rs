@@ -73,7 +73,7 @@ pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
 
 /// The gradient of the exact softmax over rows of `n` (in `f64`) for `dy`, added to `dx`:
 /// `p · (dy - Σ p · dy)` with `p = exp(x - max) / Σ exp(x - max)`. Each row's maximum and
-/// sums are chains of dependent operations in the row's order; [`ROWS_SIDE_BY_SIDE`] rows'
+/// sums are chains of dependent operations in the row's order; `ROWS_SIDE_BY_SIDE` rows'
 /// chains run side by side, which gives the same bits as one row at a time.
 pub fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     const R: usize = ROWS_SIDE_BY_SIDE;
