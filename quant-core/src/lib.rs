@@ -107,7 +107,7 @@ pub mod __internals {
     #[cfg(target_arch = "x86_64")]
     pub use crate::kernels::channel_sums::sum_group_avx;
     pub use crate::kernels::channel_sums::sum_group_portable;
-    pub use crate::kernels::driver::{force_kernel_baseline, VectorPath};
+    pub use crate::kernels::driver::{limit_kernel_paths, VectorPath};
     #[cfg(feature = "dfdx")]
     pub use crate::kernels::exp::{exp_nonpositive, exp_nonpositive_in_place, FLUSH_BELOW};
     pub use crate::kernels::gelu::{erf_branchless, expf_reduced, gelu_forward_on, GELU_PARALLEL};

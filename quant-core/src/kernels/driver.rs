@@ -440,32 +440,42 @@ impl<S: Streams, M: Map<S>> ElementKernel<S> for M {
     }
 }
 
-/// Set by [`force_kernel_baseline`].
-static FORCE_BASELINE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+/// Set by [`limit_kernel_paths`]: the widest [`VectorPath`] the kernels may take, as its `u8`.
+static PATH_LIMIT: std::sync::atomic::AtomicU8 =
+    std::sync::atomic::AtomicU8::new(VectorPath::Avx512 as u8);
 
-/// Not public API (re-exported in `quant_core::__internals`): from now on, the fake-quantization
-/// kernels run their baseline (SSE2) code even where the CPU has AVX2 (`true`), or choose again
-/// (`false`). quant-core's tests compare both levels on one machine with it; the integer
-/// runtime's paths are limited with [`Isa::limit_to`](crate::int8::Isa::limit_to) instead.
-pub fn force_kernel_baseline(forced: bool) {
-    FORCE_BASELINE.store(forced, std::sync::atomic::Ordering::Relaxed);
+/// Not public API (re-exported in `quant_core::__internals`): from now on, the
+/// fake-quantization, GELU and `exp` kernels take no code path wider than `widest`
+/// ([`VectorPath::Avx512`]: no limit beyond the CPU's), so that quant-core's tests compare every
+/// path on one machine. The integer runtime's paths are limited with
+/// [`Isa::limit_to`](crate::int8::Isa::limit_to) instead, which limits these too.
+pub fn limit_kernel_paths(widest: VectorPath) {
+    PATH_LIMIT.store(widest as u8, std::sync::atomic::Ordering::Relaxed);
 }
 
-/// Whether [`force_kernel_baseline`] asked for the baseline code.
+/// Whether [`limit_kernel_paths`] allows `path`.
 #[inline(always)]
 #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-fn baseline_forced() -> bool {
-    FORCE_BASELINE.load(std::sync::atomic::Ordering::Relaxed)
+fn path_allowed(path: VectorPath) -> bool {
+    path as u8 <= PATH_LIMIT.load(std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Whether the AVX2 code may run (checked at run time, once per job): the CPU has it, and
-/// [`Isa::limit_to`](crate::int8::Isa::limit_to) did not keep the process below it.
+/// neither [`Isa::limit_to`](crate::int8::Isa::limit_to) nor [`limit_kernel_paths`] kept the
+/// process below it.
 #[inline(always)]
 #[cfg(target_arch = "x86_64")]
 pub(super) fn use_avx2() -> bool {
-    !baseline_forced()
+    path_allowed(VectorPath::Avx2)
         && std::arch::is_x86_feature_detected!("avx2")
         && crate::int8::Isa::detected() >= crate::int8::Isa::Avx2
+}
+
+/// Whether the AVX-512 F code may run: as [`use_avx2`], for the 512-bit paths.
+#[inline(always)]
+#[cfg(target_arch = "x86_64")]
+pub(super) fn use_avx512() -> bool {
+    VectorPath::widest() == VectorPath::Avx512
 }
 
 /// One job (whole units of the walk) starting at element `start`: its partial sums, one for
@@ -497,7 +507,8 @@ fn job_body<S: Streams, K: ElementKernel<S>>(
     }
 }
 
-/// [`job_body`] compiled for AVX2 when the CPU has it, for the baseline target otherwise.
+/// [`job_body`] compiled for AVX-512 F or AVX2 when the CPU has it, for the baseline target
+/// otherwise.
 fn job<S: Streams, K: ElementKernel<S>>(
     kernel: &K,
     start: usize,
@@ -519,6 +530,24 @@ fn job<S: Streams, K: ElementKernel<S>>(
             walk: &Walk<'_>,
         ) -> Vec<K::Sums> {
             job_body(kernel, start, s, walk)
+        }
+        /// [`job_body`] compiled for AVX-512 F (16 lanes where the compiler vectorises; every
+        /// lane's arithmetic the same, so the same bits).
+        ///
+        /// # Safety
+        /// The CPU supports AVX-512 F (checked with [`use_avx512`]).
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn avx512<S: Streams, K: ElementKernel<S>>(
+            kernel: &K,
+            start: usize,
+            s: S,
+            walk: &Walk<'_>,
+        ) -> Vec<K::Sums> {
+            job_body(kernel, start, s, walk)
+        }
+        if use_avx512() {
+            // SAFETY: the CPU supports AVX-512 F, checked just above.
+            return unsafe { avx512(kernel, start, s, walk) };
         }
         if use_avx2() {
             // SAFETY: the CPU supports AVX2, checked just above.
@@ -624,13 +653,14 @@ pub enum VectorPath {
 
 impl VectorPath {
     /// The widest path this CPU has within [`Isa::limit_to`](crate::int8::Isa::limit_to)'s
-    /// limit.
+    /// and [`limit_kernel_paths`]'s limits.
     pub fn widest() -> VectorPath {
         #[cfg(target_arch = "x86_64")]
         {
             use crate::int8::Isa;
             let isa = Isa::detected();
             if use_avx2()
+                && path_allowed(VectorPath::Avx512)
                 && matches!(isa, Isa::Avx512Bw | Isa::Avx512Vnni)
                 && std::arch::is_x86_feature_detected!("avx512f")
             {

@@ -1,7 +1,7 @@
-//! Every kernel against a scalar reference, on every walk, both SIMD levels and any number of
+//! Every kernel against a scalar reference, on every walk, every SIMD path and any number of
 //! threads.
 
-use quant_core::__internals::force_kernel_baseline;
+use quant_core::__internals::{limit_kernel_paths, VectorPath};
 use quant_core::kernels::*;
 use quant_core::{ChannelLayout, QuantError, RoundingPolicy};
 
@@ -181,7 +181,7 @@ fn quantize_dequantize_equals_fake_quantize() {
     assert!(err.to_string().contains("x[7]"), "{err}");
 }
 
-// ----- every kernel against a scalar reference, on every walk and both SIMD levels -------
+// ----- every kernel against a scalar reference, on every walk and every SIMD path ------
 
 /// Deterministic inputs with exact ties for `scale` (and plenty of out-of-range values).
 fn inputs(n: usize, scale: f32, seed: u64) -> Vec<f32> {
@@ -235,9 +235,9 @@ fn each_layout(mut f: impl FnMut(&str, ChannelLayout, &[f32], &[i32])) {
     }
 }
 
-/// [`each_layout`] on both SIMD levels ([`both_levels`]), with labels naming both.
+/// [`each_layout`] on every SIMD path ([`every_path`]), with labels naming the path and the walk.
 fn each_level_and_layout(mut f: impl FnMut(&str, ChannelLayout, &[f32], &[i32])) {
-    both_levels(|level| {
+    every_path(|level| {
         each_layout(|shape, layout, scales, zps| {
             f(&format!("{level} {shape}"), layout, scales, zps)
         })
@@ -298,17 +298,23 @@ fn lsq_int8(
     (dx, ds, dz)
 }
 
-/// Runs `f` with the AVX2 code (where the CPU has it) and with the baseline code. One caller
-/// at a time: the switch is the process's, and another test's call could flip it half-way.
-fn both_levels(mut f: impl FnMut(&str)) {
+/// Runs `f` on the AVX-512 code, the AVX2 code (each where the CPU has it) and the baseline
+/// code. One caller at a time: the limit is the process's, and another test's call could move
+/// it half-way.
+fn every_path(mut f: impl FnMut(&str)) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    f("default");
-    force_kernel_baseline(true);
-    f("baseline");
-    force_kernel_baseline(false);
+    for (path, label) in [
+        (VectorPath::Avx512, "widest"),
+        (VectorPath::Avx2, "avx2"),
+        (VectorPath::Baseline, "baseline"),
+    ] {
+        limit_kernel_paths(path);
+        f(label);
+    }
+    limit_kernel_paths(VectorPath::Avx512);
 }
 
 #[test]
@@ -470,7 +476,7 @@ fn results_do_not_depend_on_the_number_of_threads() {
 #[test]
 fn pact_backward_matches_the_scalar_reference() {
     let grid = quant_core::IntegerGrid::new(8, false, false).unwrap();
-    both_levels(|level| {
+    every_path(|level| {
         for n in [37, PARALLEL_THRESHOLD + 77] {
             let x = inputs(n, 0.05, 31);
             let dy = inputs(n, 0.01, 37);
@@ -615,7 +621,7 @@ fn allocating_forms_equal_the_into_forms_bit_for_bit() {
     dy[7] = -0.0;
     dy[8] = -0.0;
     x[8] = 1e9; // outside the grid: its gradient is 0.0 + 0.0
-    both_levels(|level| {
+    every_path(|level| {
         for (qmin, qmax, z) in [(-128, 127, 3), (i32::MIN, i32::MAX, 5)] {
             let y = fake_quantize_per_tensor_affine(&x, 0.5, z, qmin, qmax).unwrap();
             let mut y_into = vec![0.0; x.len()];
@@ -722,4 +728,82 @@ fn zero_points_round_half_to_even_at_every_magnitude() {
     );
     assert!(round_zero_points(&[0.0, f32::NAN], -8, 7).is_err());
     assert!(round_zero_points(&[1.0], 7, -8).is_err());
+}
+
+/// Every path gives the baseline's bits, not only the reference's accuracy: the forward, and
+/// LSQ's input gradient (added to one already there, and into fresh storage) and its scale and
+/// zero-point sums, whose order of additions is part of the definition, on every layout,
+/// with values far out of range, infinities and a NaN among them.
+#[test]
+fn every_path_gives_the_baselines_bits() {
+    let (qmin, qmax) = (-8, 7);
+    let mut runs: Vec<(String, String, Vec<u32>)> = Vec::new();
+    each_level_and_layout(|label, layout, scales, zps| {
+        let n = layout.numel();
+        let zf: Vec<f32> = zps.iter().map(|z| *z as f32).collect();
+        let mut x = inputs(n, 0.5, 41);
+        for (i, v) in [(3, 1e30), (17, f32::INFINITY), (40, f32::NEG_INFINITY)] {
+            if i < n {
+                x[i] = v;
+            }
+        }
+        let dy = inputs(n, 0.01, 43);
+        let mut y = vec![0.0; n];
+        fake_quantize_affine_into(
+            &x,
+            &mut y,
+            layout,
+            scales,
+            zps,
+            qmin,
+            qmax,
+            RoundingPolicy::HalfEven,
+        )
+        .unwrap();
+        let mut dx = vec![0.25; n];
+        let (mut ds, mut dz) = (vec![0.0; layout.channels], vec![0.0; layout.channels]);
+        fake_quantize_learnable_affine_backward_into(
+            &x,
+            &dy,
+            &mut dx,
+            layout,
+            scales,
+            &zf,
+            qmin,
+            qmax,
+            1.0,
+            RoundingPolicy::HalfEven,
+            &mut ds,
+            &mut dz,
+        )
+        .unwrap();
+        let mut bits: Vec<u32> = [&y, &dx, &ds, &dz]
+            .iter()
+            .flat_map(|v| v.iter().map(|v| v.to_bits()))
+            .collect();
+        if layout.channels == 1 {
+            let mut with_nan = x.clone();
+            with_nan[n / 2] = f32::NAN;
+            for x in [&x, &with_nan] {
+                let (dx, ds, dz) = fake_quantize_learnable_per_tensor_affine_backward(
+                    x, &dy, scales[0], zf[0], qmin, qmax, 1.0,
+                )
+                .unwrap();
+                bits.extend(dx.iter().map(|v| v.to_bits()));
+                bits.extend([ds.to_bits(), dz.to_bits()]);
+            }
+        }
+        let (path, walk) = label.split_once(' ').unwrap();
+        runs.push((path.to_string(), walk.to_string(), bits));
+    });
+    let baseline: Vec<_> = runs.iter().filter(|r| r.0 == "baseline").collect();
+    assert_eq!(baseline.len(), layouts().len());
+    for (path, walk, bits) in &runs {
+        let want = baseline.iter().find(|b| &b.1 == walk).unwrap();
+        let first = bits.iter().zip(&want.2).position(|(a, b)| a != b);
+        assert!(
+            bits.len() == want.2.len() && first.is_none(),
+            "{path} {walk}: first difference at {first:?}"
+        );
+    }
 }
