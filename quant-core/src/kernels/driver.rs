@@ -471,13 +471,6 @@ pub(super) fn use_avx2() -> bool {
         && crate::int8::Isa::detected() >= crate::int8::Isa::Avx2
 }
 
-/// Whether the AVX-512 F code may run: as [`use_avx2`], for the 512-bit paths.
-#[inline(always)]
-#[cfg(target_arch = "x86_64")]
-pub(super) fn use_avx512() -> bool {
-    VectorPath::widest() == VectorPath::Avx512
-}
-
 /// One job (whole units of the walk) starting at element `start`: its partial sums, one for
 /// the tensor, one per row, or one per channel for periods. (Not one per channel for a job of
 /// rows: with many channels and many jobs, that much memory, allocated and page-faulted on
@@ -507,8 +500,7 @@ fn job_body<S: Streams, K: ElementKernel<S>>(
     }
 }
 
-/// [`job_body`] compiled for AVX-512 F or AVX2 when the CPU has it, for the baseline target
-/// otherwise.
+/// [`job_body`] compiled for AVX2 when the CPU has it, for the baseline target otherwise.
 fn job<S: Streams, K: ElementKernel<S>>(
     kernel: &K,
     start: usize,
@@ -530,24 +522,6 @@ fn job<S: Streams, K: ElementKernel<S>>(
             walk: &Walk<'_>,
         ) -> Vec<K::Sums> {
             job_body(kernel, start, s, walk)
-        }
-        /// [`job_body`] compiled for AVX-512 F (16 lanes where the compiler vectorises; every
-        /// lane's arithmetic the same, so the same bits).
-        ///
-        /// # Safety
-        /// The CPU supports AVX-512 F (checked with [`use_avx512`]).
-        #[target_feature(enable = "avx512f,avx2")]
-        unsafe fn avx512<S: Streams, K: ElementKernel<S>>(
-            kernel: &K,
-            start: usize,
-            s: S,
-            walk: &Walk<'_>,
-        ) -> Vec<K::Sums> {
-            job_body(kernel, start, s, walk)
-        }
-        if use_avx512() {
-            // SAFETY: the CPU supports AVX-512 F, checked just above.
-            return unsafe { avx512(kernel, start, s, walk) };
         }
         if use_avx2() {
             // SAFETY: the CPU supports AVX2, checked just above.

@@ -3,12 +3,12 @@
 
 use std::marker::PhantomData;
 
+#[cfg(target_arch = "x86_64")]
+use super::driver::use_avx2;
 use super::driver::{
     drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Streams, Sums,
     BLOCK, CHUNK, LANES,
 };
-#[cfg(target_arch = "x86_64")]
-use super::driver::{use_avx2, use_avx512};
 use super::params::{check_len, check_range, Affine, Grid, Path};
 use super::round::{clamp, rne, Round};
 use super::torch::Torch;
@@ -90,15 +90,15 @@ fn lsq_span<R: Round, O: GradOut>(x: &[f32], dy: &[f32], dx: &mut [O], p: &Affin
     if R::HALF_EVEN && use_avx2() {
         let whole = n - n % BLOCK;
         // SAFETY: the CPU supports AVX2, checked just above; the slices are `whole` long.
-        let (xw, dyw, dxw) = (&x[..whole], &dy[..whole], &mut dx[..whole]);
-        if use_avx512() {
-            // SAFETY: the CPU supports AVX-512 F (checked just above); the three slices have
-            // the same length, a multiple of `BLOCK`.
-            unsafe { avx512::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide) };
-        } else {
-            // SAFETY: the CPU supports AVX2 (checked above); the three slices have the same
-            // length, a multiple of `BLOCK`.
-            unsafe { avx2::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide) };
+        unsafe {
+            avx2::lsq_blocks_half_even(
+                &x[..whole],
+                &dy[..whole],
+                &mut dx[..whole],
+                p,
+                &mut ds_wide,
+                &mut dz_wide,
+            );
         }
         // The tail, then the lanes, in the order the portable code below adds them: the two
         // paths give the same bits.
@@ -226,113 +226,6 @@ mod avx2 {
                 // SAFETY: as for the read above, the 8 values from `i` lie in `dx`.
                 unsafe { _mm256_storeu_ps(gp.add(i), g) };
                 i += 8;
-            }
-            ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
-            ds_hi = _mm256_add_pd(ds_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s_acc)));
-            dz_lo = _mm256_add_pd(dz_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(z_acc)));
-            dz_hi = _mm256_add_pd(dz_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(z_acc)));
-        }
-        // SAFETY: `ds` and `dz` hold `LANES` = 8 `f64`s each: the 4 from 0 and the 4 from 4.
-        unsafe {
-            _mm256_storeu_pd(ds.as_mut_ptr(), ds_lo);
-            _mm256_storeu_pd(ds.as_mut_ptr().add(4), ds_hi);
-            _mm256_storeu_pd(dz.as_mut_ptr(), dz_lo);
-            _mm256_storeu_pd(dz.as_mut_ptr().add(4), dz_hi);
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx512 {
-    use super::{Affine, GradOut, BLOCK, LANES};
-    use crate::kernels::round::MAGIC;
-    use std::arch::x86_64::*;
-
-    /// The lower and upper 8 lanes of `v`.
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    fn halves(v: __m512) -> (__m256, __m256) {
-        let upper = _mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v));
-        (_mm512_castps512_ps256(v), _mm256_castpd_ps(upper))
-    }
-
-    /// [`super::avx2::lsq_blocks_half_even`] with its element-wise steps on 16 lanes: each
-    /// block's 32 elements in two 512-bit steps, whose products are added to the block's 8
-    /// `f32` lanes one 8-lane half after the other, in the AVX2 kernel's order (elements
-    /// `i..i + 8`, then `i + 8..i + 16`), so every sum and gradient is the same bits. The
-    /// selections use mask registers; a masked-out lane is `+0.0`, as the AVX2 kernel's
-    /// `and` with a cleared mask gives.
-    ///
-    /// # Safety
-    /// The CPU must support AVX-512 F. `x`, `dy` and `dx` must have the same length, a multiple
-    /// of [`BLOCK`].
-    #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut>(
-        x: &[f32],
-        dy: &[f32],
-        dx: &mut [O],
-        p: &Affine,
-        ds: &mut [f64; LANES],
-        dz: &mut [f64; LANES],
-    ) {
-        let n = x.len().min(dy.len()).min(dx.len());
-        // `O` is `f32` or `MaybeUninit<f32>`, laid out as an `f32`. Fresh storage is only
-        // written, never read.
-        let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr() as *mut f32);
-        let inv = _mm512_set1_ps(p.inv);
-        let zp = _mm512_set1_ps(p.zero_point);
-        let scale = _mm512_set1_ps(p.scale);
-        let (qmin, qmax) = (_mm512_set1_ps(p.quant_min), _mm512_set1_ps(p.quant_max));
-        let magic = _mm512_set1_ps(MAGIC);
-        // SAFETY: `ds` holds `LANES` = 8 `f64`s: the 4 from 0 and the 4 from 4.
-        let (mut ds_lo, mut ds_hi) = unsafe {
-            (
-                _mm256_loadu_pd(ds.as_ptr()),
-                _mm256_loadu_pd(ds.as_ptr().add(4)),
-            )
-        };
-        // SAFETY: `dz` holds `LANES` = 8 `f64`s: the 4 from 0 and the 4 from 4.
-        let (mut dz_lo, mut dz_hi) = unsafe {
-            (
-                _mm256_loadu_pd(dz.as_ptr()),
-                _mm256_loadu_pd(dz.as_ptr().add(4)),
-            )
-        };
-        let mut i = 0;
-        while i + BLOCK <= n {
-            let mut s_acc = _mm256_setzero_ps();
-            let mut z_acc = _mm256_setzero_ps();
-            for _ in 0..BLOCK / 16 {
-                // Every pointer read and write below covers `i..i + 16`, and `i + 16 <= n`
-                // (the block loop keeps `i + BLOCK <= n`), `n` being the shortest slice's length.
-                // SAFETY: `i + 16 <= n <= x.len()`: the 16 `f32`s from `i` lie in `x`.
-                let xv = unsafe { _mm512_loadu_ps(xp.add(i)) };
-                // SAFETY: `i + 16 <= n <= dy.len()`: the 16 `f32`s from `i` lie in `dy`.
-                let dyv = unsafe { _mm512_loadu_ps(yp.add(i)) };
-                // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp` (and AVX2's).
-                let w = _mm512_add_ps(_mm512_mul_ps(xv, inv), zp);
-                let r = _mm512_sub_ps(_mm512_add_ps(w, magic), magic);
-                let rc = _mm512_min_ps(qmax, _mm512_max_ps(qmin, r));
-                let inside = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(r, rc);
-                let k = _mm512_sub_ps(rc, zp);
-                let t_in = _mm512_mul_ps(_mm512_sub_ps(_mm512_mul_ps(k, scale), xv), inv);
-                let term = _mm512_mask_blend_ps(inside, k, t_in);
-                let (s_lo, s_hi) = halves(_mm512_mul_ps(dyv, term));
-                s_acc = _mm256_add_ps(_mm256_add_ps(s_acc, s_lo), s_hi);
-                let (z_lo, z_hi) = halves(_mm512_maskz_mov_ps(!inside, dyv));
-                z_acc = _mm256_add_ps(_mm256_add_ps(z_acc, z_lo), z_hi);
-                let before = if O::ACCUMULATE {
-                    // SAFETY: `i + 16 <= n <= dx.len()`, and `O` is laid out as an `f32`: the
-                    // 16 values from `i` lie in `dx`. Only `f32` accumulates, so they are
-                    // initialised (`MaybeUninit` storage is never read).
-                    unsafe { _mm512_loadu_ps(gp.add(i)) }
-                } else {
-                    _mm512_setzero_ps()
-                };
-                let g = _mm512_add_ps(before, _mm512_maskz_mov_ps(inside, dyv));
-                // SAFETY: as for the read above, the 16 values from `i` lie in `dx`.
-                unsafe { _mm512_storeu_ps(gp.add(i), g) };
-                i += 16;
             }
             ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
             ds_hi = _mm256_add_pd(ds_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s_acc)));

@@ -36,12 +36,13 @@
 //! Rounding uses the `1.5 * 2^23` addition trick, exact round-half-even for `|v| <= 2^22`
 //! (the input is clamped to the grid first, which commutes with rounding because the bounds
 //! are integers), so every loop vectorises on baseline x86-64 (SSE2) without `roundps`. On
-//! x86-64 CPUs with AVX2 or AVX-512 F (detected at run time) the same loops run compiled for
-//! them: more lanes, same results bit for bit (no FMA contraction: Rust never fuses
-//! `a * b + c`). The LSQ backward with round half to even, the training hot spot, has
-//! hand-written AVX2 and AVX-512 loops (LLVM would not keep the sums in registers), lane for
-//! lane the portable arithmetic; the AVX-512 one computes 16 elements at a time and adds them
-//! to the sums as two 8-lane halves, in the portable order.
+//! x86-64 CPUs with AVX2 (detected at run time) the same loops run compiled for AVX2: twice
+//! the lanes, same results bit for bit (no FMA contraction: Rust never fuses `a * b + c`).
+//! The LSQ backward with round half to even, the training hot spot, has a hand-written AVX2
+//! loop (LLVM would not keep the sums in registers), lane for lane the portable arithmetic.
+//! (512-bit forms of both, the LSQ loop adding its 16 lanes to the sums as two 8-lane halves
+//! in the same order, ran the W4A4 QAT steps no faster on an AVX-512 Xeon: these loops wait
+//! on memory, not arithmetic.)
 //! Gradient sums accumulate in `f32` lanes over blocks of at most 4 terms per lane and in
 //! `f64` across blocks, so they stay within about 1e-7 relative of an exact sum of the terms
 //! (relative to the sum of their absolute values, when terms of both signs cancel).
@@ -55,7 +56,7 @@
 //!
 //! # Layout of this module
 //! One element driver (`driver`: the walk over `[outer, channels, inner]` layouts, the
-//! thread-count-independent parallel split, the AVX-512/AVX2/baseline dispatch) runs every kernel
+//! thread-count-independent parallel split, the AVX2/baseline dispatch) runs every kernel
 //! family; each family is a small kernel type plus its public functions, in its own file:
 //! forward fake quantization (`fake_quant`), the straight-through backward (`ste`), LSQ's
 //! backward (`lsq`), PACT and DSQ (`pact`, `dsq`) and integer codes (`codes`). `gelu` is

@@ -298,16 +298,14 @@ fn lsq_int8(
     (dx, ds, dz)
 }
 
-/// Runs `f` on the AVX-512 code, the AVX2 code (each where the CPU has it) and the baseline
-/// code. One caller at a time: the limit is the process's, and another test's call could move
-/// it half-way.
+/// Runs `f` on the AVX2 code (where the CPU has it) and on the baseline code. One caller at a
+/// time: the limit is the process's, and another test's call could move it half-way.
 fn every_path(mut f: impl FnMut(&str)) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
     for (path, label) in [
-        (VectorPath::Avx512, "widest"),
         (VectorPath::Avx2, "avx2"),
         (VectorPath::Baseline, "baseline"),
     ] {
