@@ -218,15 +218,7 @@ pub fn gemm_u8(
     if m == 0 || n == 0 {
         return Ok(());
     }
-    // The zero point folds into one constant per output channel, padded to whole panels.
-    let panels = n.div_ceil(w.lanes);
-    let mut columns: Vec<i32> = (0..panels * w.lanes)
-        .map(|o| match (bias.get(o), w.row_sums.get(o)) {
-            (Some(b), Some(s)) => b.wrapping_sub(a_zero.wrapping_mul(*s)),
-            _ => 0,
-        })
-        .collect();
-    columns.shrink_to_fit();
+    let columns = zero_point_columns(w, a_zero, bias);
     let macs = m.saturating_mul(n).saturating_mul(k.max(1));
     let rows_per_job = if macs < PARALLEL_MACS {
         m
@@ -250,6 +242,19 @@ pub fn gemm_u8(
             .for_each(|(j, out)| run(j * rows_per_job, out));
     }
     Ok(())
+}
+
+/// The zero point folded into one constant per output channel, `bias[o] - a_zero · Σ_i w[o][i]`,
+/// padded with zeros to whole panels of `w`.
+pub(super) fn zero_point_columns(w: &PackedMatrix, a_zero: i32, bias: &[i32]) -> Vec<i32> {
+    let mut columns: Vec<i32> = (0..w.n.div_ceil(w.lanes) * w.lanes)
+        .map(|o| match (bias.get(o), w.row_sums.get(o)) {
+            (Some(b), Some(s)) => b.wrapping_sub(a_zero.wrapping_mul(*s)),
+            _ => 0,
+        })
+        .collect();
+    columns.shrink_to_fit();
+    columns
 }
 
 /// `rows` rows of the product into `out` (`rows · n`), on `w`'s path.

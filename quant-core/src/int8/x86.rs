@@ -576,12 +576,7 @@ pub fn gemm_u8_on_avx_vnni_tiles_in_evex(
     if !(cpu && fits) {
         return None;
     }
-    let columns: Vec<i32> = (0..n.div_ceil(8) * 8)
-        .map(|o| match (bias.get(o), w.row_sums().get(o)) {
-            (Some(b), Some(s)) => b.wrapping_sub(a_zero_point.wrapping_mul(*s)),
-            _ => 0,
-        })
-        .collect();
+    let columns = super::gemm::zero_point_columns(w, a_zero_point, bias);
     // SAFETY: the CPU runs AVX2 and AVX-512 VNNI + VL (checked above); `w` is packed in 8-lane
     // panels (`Isa::Avx2`), and `a`, `columns` (whole panels) and `out` are as long as `run`
     // requires (checked above).
