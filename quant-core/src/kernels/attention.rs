@@ -565,3 +565,400 @@ unsafe fn backward_sequence_fma(
 ) {
     backward_sequence(plan, inputs, softmax, scale, dy, grads)
 }
+
+/// The two matrix products of multi-head attention apart, `scores = q·kᵀ·scale` and
+/// `context = probs·v` per sequence and head, each with its backward pass, for a model that
+/// puts ops of its own between them (the quantized attention: quantizers on `q`, `k`, `v`
+/// and the softmax's output, an integer softmax). The numbers are those of dfdx's ops on the
+/// permuted heads (`matmul`, `mul` by the scale; `matmul`, permute, reshape), computed as
+/// [`Attention`] computes them, without the permuted copies and per-head products.
+///
+/// A plan is for one head width `width`: the queries' and keys' for the scores, the values'
+/// for the context. Layouts: `q` is `[sequences, queries, heads · width]`, `k` and `v`
+/// `[sequences, keys, heads · width]`, the context `[sequences, queries, heads · width]` (as
+/// in [`Attention`]); the scores and probabilities `[sequences, heads, queries, keys]`, as
+/// dfdx's permuted product gives them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AttentionProducts {
+    sequences: usize,
+    queries: usize,
+    keys: usize,
+    heads: usize,
+    width: usize,
+}
+
+impl AttentionProducts {
+    /// The plan for these sizes (`width` one head's), or `None` where dfdx's ops must run:
+    /// no sequence or head, a query or key count or the head width (each some product's
+    /// depth) outside `3..=512`, or a CPU without FMA.
+    pub fn new(
+        sequences: usize,
+        (queries, keys): (usize, usize),
+        heads: usize,
+        width: usize,
+    ) -> Option<AttentionProducts> {
+        let depth = |d: usize| (3..=MAX_DEPTH).contains(&d);
+        let fits = sequences > 0 && heads > 0 && depth(queries) && depth(keys) && depth(width);
+        (fits && fma_available()).then_some(AttentionProducts {
+            sequences,
+            queries,
+            keys,
+            heads,
+            width,
+        })
+    }
+
+    /// One sequence's lengths: queries, keys, values, scores (and probabilities), context.
+    fn lengths(&self) -> [usize; 5] {
+        let row = self.heads * self.width;
+        [
+            self.queries * row,
+            self.keys * row,
+            self.keys * row,
+            self.heads * self.queries * self.keys,
+            self.queries * row,
+        ]
+    }
+
+    /// Whether each slice holds `sequences` times its one-sequence length.
+    fn hold(&self, slices: &[(&[f32], usize)]) -> bool {
+        let lengths = self.lengths();
+        slices
+            .iter()
+            .all(|(s, which)| s.len() == self.sequences * lengths[*which])
+    }
+
+    /// `q·kᵀ·scale` per sequence and head, `[sequences, heads, queries, keys]`; `None` if a
+    /// length does not match.
+    pub fn scores(&self, q: &[f32], k: &[f32], scale: f32) -> Option<Vec<f32>> {
+        if !self.hold(&[(q, QUERIES), (k, KEYS)]) {
+            return None;
+        }
+        let [ql, kl, _, sl, _] = self.lengths();
+        let mut scores = vec![0.0f32; self.sequences * sl];
+        scores
+            .par_chunks_mut(sl)
+            .enumerate()
+            .for_each(|(seq, scores)| {
+                let (q, k) = (&q[seq * ql..][..ql], &k[seq * kl..][..kl]);
+                // SAFETY: a plan exists only where `fma_available()`; the slices are one
+                // sequence's, of the plan's lengths.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    scores_sequence_fma(self, q, k, scale, scores)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                scores_sequence(self, q, k, scale, scores);
+            });
+        Some(scores)
+    }
+
+    /// Adds the queries' gradient for the scores' gradient `d_scores` (from the same `scale`)
+    /// into `dq`; `None` (nothing added) if a length does not match.
+    pub fn scores_backward_queries(
+        &self,
+        k: &[f32],
+        scale: f32,
+        d_scores: &[f32],
+        dq: &mut [f32],
+    ) -> Option<()> {
+        self.scores_backward(k, KEYS, scale, d_scores, (dq, QUERIES))
+    }
+
+    /// Adds the keys' gradient for the scores' gradient `d_scores` (from the same `scale`)
+    /// into `dk`; `None` (nothing added) if a length does not match.
+    pub fn scores_backward_keys(
+        &self,
+        q: &[f32],
+        scale: f32,
+        d_scores: &[f32],
+        dk: &mut [f32],
+    ) -> Option<()> {
+        self.scores_backward(q, QUERIES, scale, d_scores, (dk, KEYS))
+    }
+
+    /// [`Self::scores_backward_queries`] (`other` the keys) or
+    /// [`Self::scores_backward_keys`] (`other` the queries).
+    fn scores_backward(
+        &self,
+        other: &[f32],
+        which_other: usize,
+        scale: f32,
+        d_scores: &[f32],
+        (grad, which): (&mut [f32], usize),
+    ) -> Option<()> {
+        if !self.hold(&[(other, which_other), (d_scores, SCORES), (grad, which)]) {
+            return None;
+        }
+        let lengths = self.lengths();
+        let (ol, gl, sl) = (lengths[which_other], lengths[which], lengths[SCORES]);
+        grad.par_chunks_mut(gl).enumerate().for_each(|(seq, grad)| {
+            let other = &other[seq * ol..][..ol];
+            let d_scores = &d_scores[seq * sl..][..sl];
+            // SAFETY: as in `scores`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                scores_backward_sequence_fma(self, other, which == QUERIES, scale, d_scores, grad)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            scores_backward_sequence(self, other, which == QUERIES, scale, d_scores, grad);
+        });
+        Some(())
+    }
+
+    /// `probs·v` per sequence and head, heads side by side,
+    /// `[sequences, queries, heads · width]`; `None` if a length does not match.
+    pub fn context(&self, probs: &[f32], v: &[f32]) -> Option<Vec<f32>> {
+        if !self.hold(&[(probs, SCORES), (v, VALUES)]) {
+            return None;
+        }
+        let [_, _, vl, sl, cl] = self.lengths();
+        let mut context = vec![0.0f32; self.sequences * cl];
+        context
+            .par_chunks_mut(cl)
+            .enumerate()
+            .for_each(|(seq, context)| {
+                let (p, v) = (&probs[seq * sl..][..sl], &v[seq * vl..][..vl]);
+                // SAFETY: as in `scores`.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    context_sequence_fma(self, p, v, context)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                context_sequence(self, p, v, context);
+            });
+        Some(context)
+    }
+
+    /// Adds the probabilities' gradient for the context's gradient `dy` into `d_probs`;
+    /// `None` (nothing added) if a length does not match.
+    pub fn context_backward_probs(&self, v: &[f32], dy: &[f32], d_probs: &mut [f32]) -> Option<()> {
+        if !self.hold(&[(v, VALUES), (dy, CONTEXT), (d_probs, SCORES)]) {
+            return None;
+        }
+        let [_, _, vl, sl, cl] = self.lengths();
+        d_probs
+            .par_chunks_mut(sl)
+            .enumerate()
+            .for_each(|(seq, d_probs)| {
+                let (v, dy) = (&v[seq * vl..][..vl], &dy[seq * cl..][..cl]);
+                // SAFETY: as in `scores`.
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    context_probs_backward_sequence_fma(self, v, dy, d_probs)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                context_probs_backward_sequence(self, v, dy, d_probs);
+            });
+        Some(())
+    }
+
+    /// Adds the values' gradient for the context's gradient `dy` into `dv`; `None` (nothing
+    /// added) if a length does not match.
+    pub fn context_backward_values(&self, probs: &[f32], dy: &[f32], dv: &mut [f32]) -> Option<()> {
+        if !self.hold(&[(probs, SCORES), (dy, CONTEXT), (dv, VALUES)]) {
+            return None;
+        }
+        let [_, _, vl, sl, cl] = self.lengths();
+        dv.par_chunks_mut(vl).enumerate().for_each(|(seq, dv)| {
+            let (p, dy) = (&probs[seq * sl..][..sl], &dy[seq * cl..][..cl]);
+            // SAFETY: as in `scores`.
+            #[cfg(target_arch = "x86_64")]
+            unsafe {
+                context_values_backward_sequence_fma(self, p, dy, dv)
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            context_values_backward_sequence(self, p, dy, dv);
+        });
+        Some(())
+    }
+}
+
+/// Indices into [`AttentionProducts::lengths`].
+const QUERIES: usize = 0;
+const KEYS: usize = 1;
+const VALUES: usize = 2;
+const SCORES: usize = 3;
+const CONTEXT: usize = 4;
+
+/// One sequence's scores, every head: dfdx's product (one chain per score), then the scale.
+#[inline(always)]
+fn scores_sequence(plan: &AttentionProducts, q: &[f32], k: &[f32], scale: f32, out: &mut [f32]) {
+    let (m, n, kd) = (plan.queries, plan.keys, plan.width);
+    let kw = plan.heads * kd;
+    let mut keys_t = vec![0.0f32; kd * n];
+    for h in 0..plan.heads {
+        transpose_into(&mut keys_t, Columns::of(k, kw, h * kd, kd));
+        let scores = &mut out[h * m * n..][..m * n];
+        product(
+            (m, kd),
+            Strided::of(q, h * kd, (kw, 1)),
+            Columns::of(&keys_t, n, 0, n),
+            &mut ColumnsMut::of(scores, n, 0),
+            Store::Write,
+        );
+        for w in scores.iter_mut() {
+            *w *= scale;
+        }
+    }
+}
+
+/// One sequence's gradient of the queries (`queries`: `other` the keys, `d·k` into `grad`)
+/// or of the keys (`other` the queries, `dᵀ·q`), `d` the scale's backward pass (`scale · g`
+/// added to a zeroed gradient).
+#[inline(always)]
+fn scores_backward_sequence(
+    plan: &AttentionProducts,
+    other: &[f32],
+    queries: bool,
+    scale: f32,
+    d_scores: &[f32],
+    grad: &mut [f32],
+) {
+    let (m, n, kd) = (plan.queries, plan.keys, plan.width);
+    let kw = plan.heads * kd;
+    let mut d = vec![0.0f32; m * n];
+    for h in 0..plan.heads {
+        for (d, g) in d.iter_mut().zip(&d_scores[h * m * n..][..m * n]) {
+            *d = 0.0 + scale * *g;
+        }
+        let (rows, depth, d) = match queries {
+            true => (m, n, Strided::of(&d, 0, (n, 1))),
+            false => (n, m, Strided::of(&d, 0, (1, n))),
+        };
+        product(
+            (rows, depth),
+            d,
+            Columns::of(other, kw, h * kd, kd),
+            &mut ColumnsMut::of(grad, kw, h * kd),
+            Store::Add,
+        );
+    }
+}
+
+/// One sequence's context, every head written to its columns.
+#[inline(always)]
+fn context_sequence(plan: &AttentionProducts, probs: &[f32], v: &[f32], out: &mut [f32]) {
+    let (m, n, vd) = (plan.queries, plan.keys, plan.width);
+    let vw = plan.heads * vd;
+    let mut out = ColumnsMut::of(out, vw, 0);
+    for h in 0..plan.heads {
+        out.offset = h * vd;
+        product(
+            (m, n),
+            Strided::of(&probs[h * m * n..][..m * n], 0, (n, 1)),
+            Columns::of(v, vw, h * vd, vd),
+            &mut out,
+            Store::Write,
+        );
+    }
+}
+
+/// One sequence's probabilities' gradient, `dy·vᵀ` per head.
+#[inline(always)]
+fn context_probs_backward_sequence(
+    plan: &AttentionProducts,
+    v: &[f32],
+    dy: &[f32],
+    d_probs: &mut [f32],
+) {
+    let (m, n, vd) = (plan.queries, plan.keys, plan.width);
+    let vw = plan.heads * vd;
+    let mut values_t = vec![0.0f32; vd * n];
+    for h in 0..plan.heads {
+        transpose_into(&mut values_t, Columns::of(v, vw, h * vd, vd));
+        product(
+            (m, vd),
+            Strided::of(dy, h * vd, (vw, 1)),
+            Columns::of(&values_t, n, 0, n),
+            &mut ColumnsMut::of(&mut d_probs[h * m * n..][..m * n], n, 0),
+            Store::Add,
+        );
+    }
+}
+
+/// One sequence's values' gradient, `probsᵀ·dy` per head.
+#[inline(always)]
+fn context_values_backward_sequence(
+    plan: &AttentionProducts,
+    probs: &[f32],
+    dy: &[f32],
+    dv: &mut [f32],
+) {
+    let (m, n, vd) = (plan.queries, plan.keys, plan.width);
+    let vw = plan.heads * vd;
+    for h in 0..plan.heads {
+        product(
+            (n, m),
+            Strided::of(&probs[h * m * n..][..m * n], 0, (1, n)),
+            Columns::of(dy, vw, h * vd, vd),
+            &mut ColumnsMut::of(dv, vw, h * vd),
+            Store::Add,
+        );
+    }
+}
+
+/// The passes above compiled with FMA (`mul_add` one instruction, vectorised).
+///
+/// # Safety
+/// The CPU has AVX and FMA.
+#[cfg(target_arch = "x86_64")]
+mod fma_passes {
+    use super::*;
+
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn scores_sequence_fma(
+        plan: &AttentionProducts,
+        q: &[f32],
+        k: &[f32],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        scores_sequence(plan, q, k, scale, out)
+    }
+
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn scores_backward_sequence_fma(
+        plan: &AttentionProducts,
+        other: &[f32],
+        queries: bool,
+        scale: f32,
+        d_scores: &[f32],
+        grad: &mut [f32],
+    ) {
+        scores_backward_sequence(plan, other, queries, scale, d_scores, grad)
+    }
+
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn context_sequence_fma(
+        plan: &AttentionProducts,
+        probs: &[f32],
+        v: &[f32],
+        out: &mut [f32],
+    ) {
+        context_sequence(plan, probs, v, out)
+    }
+
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn context_probs_backward_sequence_fma(
+        plan: &AttentionProducts,
+        v: &[f32],
+        dy: &[f32],
+        d_probs: &mut [f32],
+    ) {
+        context_probs_backward_sequence(plan, v, dy, d_probs)
+    }
+
+    #[target_feature(enable = "avx,fma")]
+    pub(super) unsafe fn context_values_backward_sequence_fma(
+        plan: &AttentionProducts,
+        probs: &[f32],
+        dy: &[f32],
+        dv: &mut [f32],
+    ) {
+        context_values_backward_sequence(plan, probs, dy, dv)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+use fma_passes::*;

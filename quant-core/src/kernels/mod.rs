@@ -65,6 +65,7 @@
 //! arithmetic for grids too wide for the fast paths. [`affine`] (with the `dfdx` feature)
 //! holds a fully connected layer's products with the numbers of dfdx's `Linear`, [`attention`]
 //! self-attention's core (scores, softmax, weighted values) with the numbers of dfdx's ops,
+//! fused or (for the quantized attention, with its own ops between them) as two products,
 //! [`pool`] the 2x2 max pooling that halves an image, with PyTorch's choice among ties,
 //! [`channel_sums`] per-channel sums over a batch in dfdx's order (BatchNorm's statistics), `exp`
 //! the vectorised `f64` exponential of the exact softmax's gradient (QAT's attention).

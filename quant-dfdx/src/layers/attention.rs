@@ -241,7 +241,7 @@ macro_rules! attend {
     ($self:ident, $q:expr, $k:expr, $v:expr, $forward:ident, $quantize:ident) => {{
         let (q, k, v) = ($q, $k, $v);
         check_heads(H, K, V)?;
-        let (b, s1) = (q.shape().0, q.shape().1);
+        let b = q.shape().0;
         let s2 = v.shape().1;
         check_len(
             "attention keys (batch size of the queries)",
@@ -261,34 +261,20 @@ macro_rules! attend {
 
         let v = $self.w_v.$forward(v)?;
         let v = $self.matmul_inputs.value.$quantize(v)?;
-        let v = v
-            .try_reshape_like(&(b, s2, H, V / H))?
-            .try_permute::<_, Axes4<0, 2, 1, 3>>()?;
-
         let k = $self.w_k.$forward(k)?;
         let k = $self.matmul_inputs.key.$quantize(k)?;
-        let k = k
-            .try_reshape_like(&(b, s2, H, K / H))?
-            .try_permute::<_, Axes4<0, 2, 3, 1>>()?;
-
         let q = $self.w_q.$forward(q)?;
         let q = $self.matmul_inputs.query.$quantize(q)?;
-        let q = q
-            .try_reshape_like(&(b, s1, H, K / H))?
-            .try_permute::<_, Axes4<0, 2, 1, 3>>()?;
 
-        let scale = 1.0 / ((K / H) as f64).sqrt();
-        let scores = q.try_matmul(k)?.try_mul(scale as f32)?;
+        // The two products are one op each (dfdx's bits, without its permuted copies).
+        let scale = (1.0 / ((K / H) as f64).sqrt()) as f32;
+        let scores = crate::nn::attention_scores::<H, _, _, _, K, _>(q, k, scale)?;
         let probs = match $self.matmul_inputs.softmax_kernel(K / H, s2.size())? {
             Some(kernel) => quant_core::dfdx_ops::int_softmax(scores, &kernel)?,
             None => scores.try_softmax::<Axis<3>>()?,
         };
         let probs = $self.matmul_inputs.probs.$quantize(probs)?;
-
-        let tokens = probs
-            .try_matmul(v)?
-            .try_permute::<_, Axes4<0, 2, 1, 3>>()?
-            .try_reshape_like(&(b, s1, Const::<V>))?;
+        let tokens = crate::nn::attention_context(probs, v)?;
         $self.w_o.$forward(tokens)
     }};
 }

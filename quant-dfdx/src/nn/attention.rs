@@ -7,7 +7,7 @@ use dfdx::shapes::Dtype;
 use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
 
-use quant_core::kernels::attention::Attention;
+use quant_core::kernels::attention::{Attention, AttentionProducts};
 
 use super::tape::{accumulate, read, record};
 use super::Linear;
@@ -187,6 +187,129 @@ where
         accumulate(grads.get_or_alloc_mut(&ghosts.0)?, &dq)?;
         accumulate(grads.get_or_alloc_mut(&ghosts.1)?, &dk)?;
         accumulate(grads.get_or_alloc_mut(&ghosts.2)?, &dv)
+    });
+    Ok(out.put_tape(tape))
+}
+
+/// `(B, H, S1, S2)` scores (or probabilities) on a tape `T`.
+pub type HeadScores<B, const H: usize, S1, S2, T> = Tensor<(B, Const<H>, S1, S2), f32, Cpu, T>;
+
+/// Attention's scores `q·kᵀ·scale` for `H` heads: `(B, S1, K)` queries and `(B, S2, K)` keys,
+/// heads side by side in the last axis (dfdx's reshape to `(.., H, K / H)`), give
+/// `(B, H, S1, S2)` scores, dfdx's bits for its reshape, permute, `matmul` and `mul` by
+/// `scale`. Where [`AttentionProducts`] has a plan, one op without permuted copies; elsewhere
+/// dfdx's ops. For a model that puts ops of its own between the products (the quantized
+/// attention); [`attention_context`] is the second product.
+///
+/// Errors if `H` does not divide `K`.
+///
+/// ```
+/// use dfdx::prelude::*;
+/// use quant_dfdx::nn::{attention_context, attention_scores};
+///
+/// let dev = Cpu::default();
+/// let q: Tensor<(usize, usize, Const<8>), f32, _> = dev.sample_normal_like(&(2, 5, Const));
+/// let k: Tensor<(usize, usize, Const<8>), f32, _> = dev.sample_normal_like(&(2, 4, Const));
+/// let v: Tensor<(usize, usize, Const<6>), f32, _> = dev.sample_normal_like(&(2, 4, Const));
+/// let scores = attention_scores::<2, _, _, _, 8, _>(q, k, 0.5)?;
+/// assert_eq!(scores.shape().concrete(), [2, 2, 5, 4]);
+/// let context = attention_context(scores.softmax::<Axis<3>>(), v)?;
+/// assert_eq!(context.shape().concrete(), [2, 5, 6]);
+/// # Ok::<(), dfdx::tensor::CpuError>(())
+/// ```
+pub fn attention_scores<const H: usize, B, S1, S2, const K: usize, T>(
+    q: Tensor<(B, S1, Const<K>), f32, Cpu, T>,
+    k: Tensor<(B, S2, Const<K>), f32, Cpu, T>,
+    scale: f32,
+) -> Result<HeadScores<B, H, S1, S2, T>, CpuError>
+where
+    B: Dim,
+    S1: Dim,
+    S2: Dim,
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    if H == 0 || !K.is_multiple_of(H) {
+        return Err(CpuError::WrongNumElements);
+    }
+    let (b, s1, _) = *q.shape();
+    let s2 = k.shape().1;
+    let Some(plan) = AttentionProducts::new(b.size(), (s1.size(), s2.size()), H, K / H) else {
+        let q = q
+            .try_reshape_like(&(b, s1, Const::<H>, K / H))?
+            .try_permute::<_, Axes4<0, 2, 1, 3>>()?;
+        let k = k
+            .try_reshape_like(&(b, s2, Const::<H>, K / H))?
+            .try_permute::<_, Axes4<0, 2, 3, 1>>()?;
+        return q.try_matmul(k)?.try_mul(scale);
+    };
+    // Gradient buffers follow physical storage: work on contiguous tensors only.
+    let (q, q_tape) = q.try_contiguous()?.split_tape();
+    let (k, k_tape) = k.try_contiguous()?.split_tape();
+    let mut tape = q_tape.merge(k_tape);
+    let (q_data, k_data) = (read(&q), read(&k));
+    let scores = plan
+        .scores(&q_data, &k_data, scale)
+        .ok_or(CpuError::WrongNumElements)?;
+    let out = q
+        .device()
+        .try_tensor_from_vec(scores, (b, Const::<H>, s1, s2))?;
+    let ghosts = (q.ghost(), k.ghost());
+    record(&out, &mut tape, move |dy, grads| {
+        // Added straight into each gradient, one borrowed at a time.
+        plan.scores_backward_queries(&k_data, scale, dy, grads.get_or_alloc_mut(&ghosts.0)?)
+            .ok_or(CpuError::WrongNumElements)?;
+        plan.scores_backward_keys(&q_data, scale, dy, grads.get_or_alloc_mut(&ghosts.1)?)
+            .ok_or(CpuError::WrongNumElements)
+    });
+    Ok(out.put_tape(tape))
+}
+
+/// Attention's context `probs·v` for `H` heads: `(B, H, S1, S2)` probabilities (as
+/// [`attention_scores`] lays out scores) and `(B, S2, V)` values, heads side by side, give the
+/// `(B, S1, V)` context, heads side by side, dfdx's bits for its reshape, permutes and
+/// `matmul`. Where [`AttentionProducts`] has a plan, one op without permuted copies;
+/// elsewhere dfdx's ops.
+///
+/// Errors if `H` does not divide `V`.
+pub fn attention_context<const H: usize, B, S1, S2, const V: usize, T>(
+    probs: HeadScores<B, H, S1, S2, T>,
+    v: Tensor<(B, S2, Const<V>), f32, Cpu, T>,
+) -> Result<Tokens<B, S1, V, T>, CpuError>
+where
+    B: Dim,
+    S1: Dim,
+    S2: Dim,
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    if H == 0 || !V.is_multiple_of(H) {
+        return Err(CpuError::WrongNumElements);
+    }
+    let (b, _, s1, s2) = *probs.shape();
+    let Some(plan) = AttentionProducts::new(b.size(), (s1.size(), s2.size()), H, V / H) else {
+        let v = v
+            .try_reshape_like(&(b, s2, Const::<H>, V / H))?
+            .try_permute::<_, Axes4<0, 2, 1, 3>>()?;
+        return probs
+            .try_matmul(v)?
+            .try_permute::<_, Axes4<0, 2, 1, 3>>()?
+            .try_reshape_like(&(b, s1, Const::<V>));
+    };
+    let (probs, p_tape) = probs.try_contiguous()?.split_tape();
+    let (v, v_tape) = v.try_contiguous()?.split_tape();
+    let mut tape = p_tape.merge(v_tape);
+    let (p_data, v_data) = (read(&probs), read(&v));
+    let context = plan
+        .context(&p_data, &v_data)
+        .ok_or(CpuError::WrongNumElements)?;
+    let out = v
+        .device()
+        .try_tensor_from_vec(context, (b, s1, Const::<V>))?;
+    let ghosts = (probs.ghost(), v.ghost());
+    record(&out, &mut tape, move |dy, grads| {
+        plan.context_backward_probs(&v_data, dy, grads.get_or_alloc_mut(&ghosts.0)?)
+            .ok_or(CpuError::WrongNumElements)?;
+        plan.context_backward_values(&p_data, dy, grads.get_or_alloc_mut(&ghosts.1)?)
+            .ok_or(CpuError::WrongNumElements)
     });
     Ok(out.put_tape(tape))
 }

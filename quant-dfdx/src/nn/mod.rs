@@ -62,6 +62,7 @@ use dfdx::tensor::CpuError;
 use quant_core::QuantError;
 
 pub use attention::MultiHeadAttention;
+pub use attention::{attention_context, attention_scores, HeadScores};
 pub use batch_norm::{batch_norm2d_inference, batch_norm2d_training, BatchNorm2d};
 pub use conv::{conv2d, conv2d_grouped, Conv2d, DepthwiseConv2d};
 pub use flatten::{flatten, Flatten, ImageBatch};

@@ -2,9 +2,9 @@
 
 use crate::common::all_same;
 use dfdx::prelude::*;
-use quant_core::kernels::attention::Attention;
+use quant_core::kernels::attention::{Attention, AttentionProducts};
 use quant_dfdx::nn::builders as builder;
-use quant_dfdx::nn::{Linear, MultiHeadAttention};
+use quant_dfdx::nn::{attention_context, attention_scores, Linear, MultiHeadAttention};
 
 type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
 
@@ -143,4 +143,116 @@ fn the_fused_core_runs_where_its_bits_are_dfdxs() {
         "600 tokens: two depth blocks"
     );
     assert!(Attention::new(0, 16, 4, 16, 16).is_none(), "no sequence");
+}
+
+type Tokens<const W: usize> = Tensor<(usize, usize, Const<W>), f32, Cpu>;
+
+/// `attention_scores` → softmax → a product with `r` (standing in for a quantizer) →
+/// `attention_context`, or the same through dfdx's reshapes, permutes and products
+/// (`dfdx_ops`): the output and the gradients of `q`, `k`, `v` under a loss weighing every
+/// output by `w`.
+fn products<const H: usize, const K: usize, const V: usize>(
+    (q, k, v): (&Tokens<K>, &Tokens<K>, &Tokens<V>),
+    r: &Tensor<(usize, Const<H>, usize, usize), f32, Cpu>,
+    w: &Tokens<V>,
+    dfdx_ops: bool,
+) -> [Vec<f32>; 4] {
+    let scale = 0.37f32;
+    let grads = Gradients::leaky();
+    let (qt, kt, vt) = (
+        q.clone().trace(grads),
+        k.clone().retaped::<OwnedTape<f32, Cpu>>(),
+        v.clone().retaped::<OwnedTape<f32, Cpu>>(),
+    );
+    let (b, s1, s2) = (q.shape().0, q.shape().1, k.shape().1);
+    let out = if dfdx_ops {
+        let qt = qt
+            .reshape_like(&(b, s1, Const::<H>, K / H))
+            .permute::<_, Axes4<0, 2, 1, 3>>();
+        let kt = kt
+            .reshape_like(&(b, s2, Const::<H>, K / H))
+            .permute::<_, Axes4<0, 2, 3, 1>>();
+        let vt = vt
+            .reshape_like(&(b, s2, Const::<H>, V / H))
+            .permute::<_, Axes4<0, 2, 1, 3>>();
+        let probs = (qt.matmul(kt) * scale).softmax::<Axis<3>>() * r.clone();
+        probs
+            .matmul(vt)
+            .permute::<_, Axes4<0, 2, 1, 3>>()
+            .reshape_like(&(b, s1, Const::<V>))
+    } else {
+        let scores = attention_scores::<H, _, _, _, K, _>(qt, kt, scale).unwrap();
+        let probs = scores.softmax::<Axis<3>>() * r.clone();
+        attention_context(probs, vt).unwrap()
+    };
+    let y = out.as_vec();
+    let grads = (out * w.clone()).sum().backward();
+    [
+        y,
+        grads.get(q).as_vec(),
+        grads.get(k).as_vec(),
+        grads.get(v).as_vec(),
+    ]
+}
+
+/// The two products on batches of 4 sequences of `queries` and `keys` tokens, against dfdx's
+/// ops, bit for bit.
+fn check_products<const H: usize, const K: usize, const V: usize>((queries, keys): (usize, usize)) {
+    let dev = Cpu::seed_from_u64(queries as u64 * 31 + keys as u64);
+    let q: Tokens<K> = dev.sample_normal_like(&(4, queries, Const));
+    let k: Tokens<K> = dev.sample_normal_like(&(4, keys, Const));
+    let v: Tokens<V> = dev.sample_normal_like(&(4, keys, Const));
+    let r = dev.sample_uniform_like(&(4, Const::<H>, queries, keys));
+    let w: Tokens<V> = dev.sample_normal_like(&(4, queries, Const));
+    let ours = products::<H, K, V>((&q, &k, &v), &r, &w, false);
+    let theirs = products::<H, K, V>((&q, &k, &v), &r, &w, true);
+    for (i, what) in [
+        "outputs",
+        "queries' gradient",
+        "keys' gradient",
+        "values' gradient",
+    ]
+    .iter()
+    .enumerate()
+    {
+        assert!(
+            all_same(&ours[i], &theirs[i]),
+            "{what}: {queries} queries, {keys} keys, K {K}, V {V}, {H} heads"
+        );
+    }
+}
+
+/// `attention_scores` and `attention_context` with ops between them (the quantized
+/// attention's form): dfdx's bits where the plan runs (queries and keys of different counts,
+/// head widths of a vector, a masked remainder and several vectors) and where dfdx's ops do
+/// (2 tokens, heads 2 wide), on one thread and on three.
+#[test]
+fn the_separate_products_are_dfdxs_bit_for_bit() {
+    for threads in [1, 3] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        pool.install(|| {
+            check_products::<2, 16, 24>((5, 7));
+            check_products::<3, 36, 12>((17, 3));
+            check_products::<1, 40, 8>((9, 9));
+            check_products::<2, 16, 16>((2, 5));
+            check_products::<4, 8, 8>((6, 6));
+        });
+    }
+    let fma = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx");
+    assert_eq!(AttentionProducts::new(4, (5, 7), 2, 8).is_some(), fma);
+    assert!(
+        AttentionProducts::new(4, (2, 5), 2, 8).is_none(),
+        "2 queries"
+    );
+    assert!(
+        AttentionProducts::new(4, (6, 6), 4, 2).is_none(),
+        "heads 2 wide"
+    );
+    assert!(
+        AttentionProducts::new(4, (6, 600), 4, 8).is_none(),
+        "600 keys"
+    );
 }
