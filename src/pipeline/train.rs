@@ -378,6 +378,8 @@ where
                 }
                 _ => cross_entropy_with_logits_loss(logits, y),
             };
+            // Only the parameters' gradients are read: the layers free the rest once used.
+            let _released = quant_core::dfdx_ops::release_used_gradients();
             Ok((loss.array(), loss.backward()))
         };
         let (value, mut grads) = on_pool(forward_backward)?;

@@ -355,3 +355,52 @@ fn none_tape_matches_owned_tape_and_ops_compose_in_larger_graphs() {
     assert!(dfdx_ops::lsq(x.clone(), &bad, None, Some(1), grid, HALF_EVEN, None).is_err());
     assert!(dfdx_ops::lsq(x.clone(), &bad, None, Some(2), grid, HALF_EVEN, None).is_err());
 }
+
+/// Two fake-quantizations in a row (the first's output an intermediate tensor): the input's
+/// gradient and the step size's, with the used gradients released or kept.
+fn chain_gradients(release: bool) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
+    let dev = Cpu::default();
+    let scale: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([0.3]);
+    let x = dev.tensor([[0.26f32, -1.9, 0.74], [3.0, -0.51, 0.1]]);
+    let grid = IntegerGrid::new(4, true, false).unwrap();
+    let lsq = |t| dfdx_ops::lsq(t, &scale, None, None, grid, HALF_EVEN, None).unwrap();
+    let middle = lsq(x.clone().leaky_trace());
+    let middle_id = middle.with_empty_tape();
+    let y = lsq(middle * 1.5);
+    let w = dev.tensor([[1.0f32, -2.0, 0.5], [0.25, 3.0, -1.0]]);
+    let mut grads = {
+        let _released = release.then(dfdx_ops::release_used_gradients);
+        (y * w).sum().backward()
+    };
+    // Not `get`: a released (empty) gradient does not make a tensor.
+    let middle_grad = grads.get_or_alloc_mut(&middle_id).unwrap().to_vec();
+    (
+        grads.get(&x).as_vec(),
+        grads.get(&scale).as_vec(),
+        middle_grad,
+    )
+}
+
+#[test]
+fn released_gradients_leave_the_leaves_gradients_unchanged() {
+    let kept = chain_gradients(false);
+    assert!(dfdx_ops::keep_used_gradients(), "kept by default");
+    let released = chain_gradients(true);
+    assert!(
+        dfdx_ops::keep_used_gradients(),
+        "the guard's drop restores keeping"
+    );
+    assert_eq!(kept.0, released.0, "the input's gradient");
+    assert_eq!(kept.1, released.1, "the step size's gradient");
+    assert_eq!(kept.2.len(), 6, "kept: the intermediate gradient stays");
+    assert!(
+        released.2.is_empty(),
+        "released: the intermediate gradient was freed"
+    );
+    // Guards nest: the inner one's drop restores the outer one's release.
+    let outer = dfdx_ops::release_used_gradients();
+    drop(dfdx_ops::release_used_gradients());
+    assert!(!dfdx_ops::keep_used_gradients());
+    drop(outer);
+    assert!(dfdx_ops::keep_used_gradients());
+}

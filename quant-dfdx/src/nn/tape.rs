@@ -40,7 +40,9 @@ pub(crate) fn record<S: Shape, T: Tape<f32, Cpu>, F>(
     tape.add_backward_op(move |grads| {
         let dy: Vec<f32> = std::mem::take(&mut **grads.get_or_alloc_mut(&out_ghost)?);
         let result = backward(&dy, grads);
-        **grads.get_or_alloc_mut(&out_ghost)? = dy;
+        if quant_core::dfdx_ops::keep_used_gradients() {
+            **grads.get_or_alloc_mut(&out_ghost)? = dy;
+        }
         result
     });
 }
