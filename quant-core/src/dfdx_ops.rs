@@ -210,7 +210,8 @@ std::thread_local! {
 /// For a backward pass whose caller reads only the leaves' gradients (the parameters' and the
 /// input's), as a training step does: with `alloc_grads` that is all dfdx keeps anyway. Under
 /// the guard, an intermediate tensor's gradient in leaky `Gradients` is left empty (no values:
-/// dfdx's `Gradients::get` would make a tensor without its data).
+/// dfdx's `Gradients::get` would make a tensor without its data). The setting is the
+/// thread's: rayon tasks the thread runs while it waits inside the backward pass see it too.
 ///
 /// ```
 /// use dfdx::prelude::*;

@@ -5,7 +5,8 @@
 //! parameter gradients); convolution, pooling and flattening change the shape, so they use
 //! this helper, which follows the same protocol: the output gradient is taken out of its slot
 //! (so input gradients can be borrowed mutably at the same time), the op adds (never writes)
-//! into its inputs' gradients, and the output gradient is put back.
+//! into its inputs' gradients, and the output gradient is put back (or freed, under
+//! `quant_core::dfdx_ops::release_used_gradients`).
 
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
