@@ -201,7 +201,7 @@ pub type HeadScores<B, const H: usize, S1, S2, T> = Tensor<(B, Const<H>, S1, S2)
 /// dfdx's ops. For a model that puts ops of its own between the products (the quantized
 /// attention); [`attention_context`] is the second product.
 ///
-/// Errors if `H` does not divide `K`.
+/// Errors if `H` does not divide `K` or the keys are not as many sequences as the queries.
 ///
 /// ```
 /// use dfdx::prelude::*;
@@ -228,11 +228,11 @@ where
     S2: Dim,
     T: Tape<f32, Cpu> + Merge<T>,
 {
-    if H == 0 || !K.is_multiple_of(H) {
-        return Err(CpuError::WrongNumElements);
-    }
     let (b, s1, _) = *q.shape();
     let s2 = k.shape().1;
+    if H == 0 || !K.is_multiple_of(H) || k.shape().0.size() != b.size() {
+        return Err(CpuError::WrongNumElements);
+    }
     let Some(plan) = AttentionProducts::new(b.size(), (s1.size(), s2.size()), H, K / H) else {
         let q = q
             .try_reshape_like(&(b, s1, Const::<H>, K / H))?
@@ -270,7 +270,8 @@ where
 /// `matmul`. Where [`AttentionProducts`] has a plan, one op without permuted copies;
 /// elsewhere dfdx's ops.
 ///
-/// Errors if `H` does not divide `V`.
+/// Errors if `H` does not divide `V` or the values are not as many sequences as the
+/// probabilities, each of `S2` tokens.
 pub fn attention_context<const H: usize, B, S1, S2, const V: usize, T>(
     probs: HeadScores<B, H, S1, S2, T>,
     v: Tensor<(B, S2, Const<V>), f32, Cpu, T>,
@@ -281,10 +282,11 @@ where
     S2: Dim,
     T: Tape<f32, Cpu> + Merge<T>,
 {
-    if H == 0 || !V.is_multiple_of(H) {
+    let (b, _, s1, s2) = *probs.shape();
+    let (vb, vs, _) = *v.shape();
+    if H == 0 || !V.is_multiple_of(H) || vb.size() != b.size() || vs.size() != s2.size() {
         return Err(CpuError::WrongNumElements);
     }
-    let (b, _, s1, s2) = *probs.shape();
     let Some(plan) = AttentionProducts::new(b.size(), (s1.size(), s2.size()), H, V / H) else {
         let v = v
             .try_reshape_like(&(b, s2, Const::<H>, V / H))?

@@ -256,3 +256,39 @@ fn the_separate_products_are_dfdxs_bit_for_bit() {
         "600 keys"
     );
 }
+
+/// Operands that do not fit each other are refused with an error, on the fused path and on
+/// dfdx's, not a panic.
+#[test]
+fn the_separate_products_refuse_operands_that_do_not_fit() {
+    let dev = Cpu::default();
+    for tokens in [5, 2] {
+        let q: Tokens<8> = dev.sample_normal_like(&(4, tokens, Const));
+        let k: Tokens<8> = dev.sample_normal_like(&(3, tokens, Const));
+        assert!(
+            attention_scores::<2, _, _, _, 8, _>(q.clone(), k, 1.0).is_err(),
+            "keys of 3 sequences, queries of 4 ({tokens} tokens)"
+        );
+        let k: Tokens<8> = dev.sample_normal_like(&(4, tokens, Const));
+        assert!(
+            attention_scores::<3, _, _, _, 8, _>(q.clone(), k.clone(), 1.0).is_err(),
+            "3 heads of 8"
+        );
+        let probs = attention_scores::<2, _, _, _, 8, _>(q, k, 1.0).unwrap();
+        let v: Tokens<8> = dev.sample_normal_like(&(3, tokens, Const));
+        assert!(
+            attention_context(probs.clone(), v).is_err(),
+            "values of 3 sequences"
+        );
+        let v: Tokens<8> = dev.sample_normal_like(&(4, tokens + 1, Const));
+        assert!(
+            attention_context(probs.clone(), v).is_err(),
+            "values of one token more"
+        );
+        let v: Tokens<6> = dev.sample_normal_like(&(4, tokens, Const));
+        assert!(
+            attention_context::<2, _, _, _, 6, _>(probs, v).is_ok(),
+            "fits"
+        );
+    }
+}
