@@ -662,7 +662,7 @@ impl AttentionProducts {
         d_scores: &[f32],
         dq: &mut [f32],
     ) -> Option<()> {
-        self.scores_backward(k, KEYS, scale, d_scores, (dq, QUERIES))
+        self.scores_backward(true, k, scale, d_scores, dq)
     }
 
     /// Adds the keys' gradient for the scores' gradient `d_scores` (from the same `scale`)
@@ -674,19 +674,23 @@ impl AttentionProducts {
         d_scores: &[f32],
         dk: &mut [f32],
     ) -> Option<()> {
-        self.scores_backward(q, QUERIES, scale, d_scores, (dk, KEYS))
+        self.scores_backward(false, q, scale, d_scores, dk)
     }
 
-    /// [`Self::scores_backward_queries`] (`other` the keys) or
+    /// [`Self::scores_backward_queries`] (`queries`: `other` the keys) or
     /// [`Self::scores_backward_keys`] (`other` the queries).
     fn scores_backward(
         &self,
+        queries: bool,
         other: &[f32],
-        which_other: usize,
         scale: f32,
         d_scores: &[f32],
-        (grad, which): (&mut [f32], usize),
+        grad: &mut [f32],
     ) -> Option<()> {
+        let (which, which_other) = match queries {
+            true => (QUERIES, KEYS),
+            false => (KEYS, QUERIES),
+        };
         if !self.hold(&[(other, which_other), (d_scores, SCORES), (grad, which)]) {
             return None;
         }
@@ -698,10 +702,10 @@ impl AttentionProducts {
             // SAFETY: as in `scores`.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                scores_backward_sequence_fma(self, other, which == QUERIES, scale, d_scores, grad)
+                scores_backward_sequence_fma(self, other, queries, scale, d_scores, grad)
             };
             #[cfg(not(target_arch = "x86_64"))]
-            scores_backward_sequence(self, other, which == QUERIES, scale, d_scores, grad);
+            scores_backward_sequence(self, other, queries, scale, d_scores, grad);
         });
         Some(())
     }
