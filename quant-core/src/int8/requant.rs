@@ -134,9 +134,12 @@ pub struct Requantizer {
     base: Vec<i64>,
     unit: Vec<i64>,
     adjust: Adjust,
-    /// The AVX2 path's constants when every shift is at least 31 (see [`Narrow`]).
+    /// The AVX2 and AVX-512 paths' constants when every shift is at least 31 (see
+    /// [`Narrow`]), for registers of 8 and 16 `i32`s.
     narrow: Option<Narrow>,
-    /// The AVX2 path's constants when the product can be taken in `f64` (see [`Float`]);
+    narrow16: Option<Narrow>,
+    /// The AVX2 and AVX-512 paths' constants when the product can be taken in `f64` (see
+    /// [`Float`]);
     /// boxed, so that a requantizer stays small beside the values that hold one.
     float: Option<Box<Float>>,
     zero_point: i32,
@@ -149,32 +152,34 @@ pub struct Requantizer {
 /// product and the shift need 64-bit lanes, and AVX2's missing arithmetic 64-bit shift is
 /// avoided by biasing the product by `2^62` (non-negative, as `|acc · m| < 2^62`) and shifting
 /// logically: `(p + 2^62 + base + adjust) >> s = r + 2^(62 - s)`, whose low 32 bits less those
-/// of `2^(62 - s)` are `r` exactly. Per 8 channels the 64-bit constants are stored even
-/// channels first, then odd ones, the order in which `vpmuldq` takes them.
+/// of `2^(62 - s)` are `r` exactly. Per register of `i32` lanes (8 channels on AVX2, 16 on
+/// AVX-512) the 64-bit constants are stored even channels first, then odd ones, the order in
+/// which `vpmuldq` takes them.
 #[derive(Debug, Clone)]
 struct Narrow {
     /// `m` per channel, in channel order.
     m: Vec<i32>,
-    /// `s` per channel, even-odd order per 8 channels.
+    /// `s` per channel, even-odd order per register.
     shift: Vec<i64>,
-    /// `2^62 + base` per channel, even-odd order per 8 channels.
+    /// `2^62 + base` per channel, even-odd order per register.
     base: Vec<i64>,
     /// The low 32 bits of `2^(62 - s)` per channel, in channel order.
     bias: Vec<i32>,
 }
 
 impl Narrow {
-    /// The constants for `shift.len()` lanes (whole groups of 8), or `None` when a shift is
-    /// below 31.
-    fn new(m: &[i64], shift: &[i64], base: &[i64]) -> Option<Narrow> {
+    /// The constants for `shift.len()` lanes (whole registers of `lanes` `i32`s), or `None`
+    /// when a shift is below 31.
+    fn new(m: &[i64], shift: &[i64], base: &[i64], lanes: usize) -> Option<Narrow> {
         if shift.iter().any(|s| *s < 31) {
             return None;
         }
-        let whole = shift.len() - shift.len() % 8;
+        let whole = shift.len() - shift.len() % lanes;
         let even_odd = |v: &[i64]| -> Vec<i64> {
             v[..whole]
-                .chunks(8)
-                .flat_map(|g| [g[0], g[2], g[4], g[6], g[1], g[3], g[5], g[7]])
+                .chunks(lanes)
+                .flat_map(|g| g.iter().step_by(2).chain(g.iter().skip(1).step_by(2)))
+                .copied()
                 .collect()
         };
         let biased: Vec<i64> = base.iter().map(|b| b + (1 << 62)).collect();
@@ -190,9 +195,9 @@ impl Narrow {
     }
 }
 
-/// Constants of the AVX2 path that takes the product in `f64`: `x = acc · (m · 2^-s)`,
-/// clamped to `[lo - zero point, hi - zero point]`, then rounded by the policy. It gives the
-/// exact result wherever the policy is half to even, floor or ceiling and every shift is at
+/// Constants of the AVX2 and AVX-512 paths that take the product in `f64`:
+/// `x = acc · (m · 2^-s)`, clamped to `[lo - zero point, hi - zero point]`, then rounded by
+/// the policy. It gives the exact result wherever the policy is half to even, floor or ceiling and every shift is at
 /// most `53 - e`, where `2^e` bounds the clamped range widened by one (`|lo - zp|`,
 /// `|hi - zp|` plus 1): `acc` and `m · 2^-s` are exact in `f64` and the product is correctly
 /// rounded, so an exact result that is an integer or half-integer in that range comes out
@@ -327,7 +332,8 @@ impl Requantizer {
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
-            narrow: Narrow::new(&m, &shift, &base),
+            narrow: Narrow::new(&m, &shift, &base, 8),
+            narrow16: Narrow::new(&m, &shift, &base, 16),
             float: Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new),
             m,
             shift,
@@ -393,11 +399,30 @@ impl Requantizer {
         for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {
             let done = match self.isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Bw | Isa::Avx512Vnni => {
-                    // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW; the
-                    // constants have one entry per channel, as many as `acc` and `out` hold.
-                    unsafe { x86::row_avx512::<ADJUST>(self, acc, out) }
-                }
+                Isa::Avx512Bw | Isa::Avx512Vnni => match (&self.float, &self.narrow16) {
+                    // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW;
+                    // `float`'s scales are one per channel, as many as `acc` and `out` hold.
+                    (Some(float), _) => unsafe {
+                        match float.rounding {
+                            FloatRounding::HalfEven => {
+                                x86::row_avx512_float::<0>(self, float, acc, out)
+                            }
+                            FloatRounding::Floor => {
+                                x86::row_avx512_float::<1>(self, float, acc, out)
+                            }
+                            FloatRounding::Ceil => {
+                                x86::row_avx512_float::<2>(self, float, acc, out)
+                            }
+                        }
+                    },
+                    // SAFETY: as above; `narrow`'s constants cover the whole registers of 16 of
+                    // the repeated channels.
+                    (None, Some(narrow)) => unsafe {
+                        x86::row_avx512_narrow::<ADJUST>(self, narrow, acc, out)
+                    },
+                    // SAFETY: as above; the constants have one entry per channel.
+                    (None, None) => unsafe { x86::row_avx512::<ADJUST>(self, acc, out) },
+                },
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 | Isa::AvxVnni => match (&self.float, &self.narrow) {
                     // SAFETY: as above, for AVX2; `float`'s scales are one per channel.
@@ -528,6 +553,131 @@ mod x86 {
             let c = _mm512_min_epi64(_mm512_max_epi64(_mm512_add_epi64(r, zp), lo), hi);
             _mm512_cvtepi64_epi8(c)
         }
+    }
+
+    /// One row on AVX-512 with [`Float`] constants, 16 channels at a time (two registers of 8
+    /// `f64`, rounded by `vcvtpd2dq` with the rounding mode in the instruction): returns how
+    /// many channels it did. `ROUNDING` is a [`super::FloatRounding`] as a number.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW; `acc` and `out` hold one row of `q.channels()` or fewer;
+    /// `float` is `q`'s.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn row_avx512_float<const ROUNDING: u8>(
+        q: &Requantizer,
+        float: &Float,
+        acc: &[i32],
+        out: &mut [u8],
+    ) -> usize {
+        let n = acc.len().min(out.len()).min(float.scale.len());
+        let whole = n - n % 16;
+        let (lo, hi) = (_mm512_set1_pd(float.lo), _mm512_set1_pd(float.hi));
+        let zp = _mm512_set1_epi32(q.zero_point);
+        let eight = |at: usize| {
+            // SAFETY: the caller guarantees AVX-512 F, and `at + 8 <= whole <= n`, within
+            // `acc` and `float.scale`.
+            unsafe {
+                let a = _mm256_loadu_si256(acc.as_ptr().add(at) as *const __m256i);
+                let x = _mm512_mul_pd(
+                    _mm512_cvtepi32_pd(a),
+                    _mm512_loadu_pd(float.scale.as_ptr().add(at)),
+                );
+                let x = _mm512_min_pd(_mm512_max_pd(x, lo), hi);
+                match ROUNDING {
+                    1 => {
+                        _mm512_cvt_roundpd_epi32::<{ _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC }>(x)
+                    }
+                    2 => {
+                        _mm512_cvt_roundpd_epi32::<{ _MM_FROUND_TO_POS_INF | _MM_FROUND_NO_EXC }>(x)
+                    }
+                    _ => _mm512_cvt_roundpd_epi32::<
+                        { _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC },
+                    >(x),
+                }
+            }
+        };
+        let mut o = 0;
+        while o < whole {
+            // The clamped codes plus the zero point lie in [lo, hi] within [0, 255]: the
+            // truncating narrowing only drops zero bits.
+            let codes = _mm512_add_epi32(
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(eight(o)), eight(o + 8)),
+                zp,
+            );
+            // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
+            unsafe {
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(o) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(codes),
+                )
+            };
+            o += 16;
+        }
+        whole
+    }
+
+    /// One row on AVX-512 with [`Narrow`] constants, 16 channels at a time: returns how many
+    /// channels it did.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW; `acc` and `out` hold one row of `q.channels()` or fewer;
+    /// `narrow` is `q`'s for registers of 16 lanes.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn row_avx512_narrow<const ADJUST: u8>(
+        q: &Requantizer,
+        narrow: &Narrow,
+        acc: &[i32],
+        out: &mut [u8],
+    ) -> usize {
+        let n = acc.len().min(out.len()).min(narrow.m.len());
+        let whole = n - n % 16;
+        // Clamping before adding the zero point keeps every step inside `i32`.
+        let (lo, hi, zp) = (
+            _mm512_set1_epi32(q.lo - q.zero_point),
+            _mm512_set1_epi32(q.hi - q.zero_point),
+            _mm512_set1_epi32(q.zero_point),
+        );
+        let one = _mm512_set1_epi64(1);
+        let mut o = 0;
+        while o < whole {
+            // SAFETY: the caller guarantees AVX-512 F and BW, and `o + 16 <= whole <= n`,
+            // within `acc` and every constant vector of `narrow` (16 `i32`s from `o`, or two
+            // runs of 8 `i64`s, from `o` and from `o + 8`).
+            unsafe {
+                let load = |p: *const i32| _mm512_loadu_si512(p as *const __m512i);
+                let load64 =
+                    |v: &[i64], at: usize| _mm512_loadu_si512(v.as_ptr().add(at) as *const __m512i);
+                let a = load(acc.as_ptr().add(o));
+                let m = load(narrow.m.as_ptr().add(o));
+                // As on AVX2: the even channels' products, then the odd ones'.
+                let even = _mm512_mul_epi32(a, m);
+                let odd = _mm512_mul_epi32(_mm512_srli_epi64::<32>(a), _mm512_srli_epi64::<32>(m));
+                let quotient = |p: __m512i, at: usize| {
+                    let s = load64(&narrow.shift, at);
+                    let adjust = match ADJUST {
+                        1 => _mm512_and_si512(_mm512_srlv_epi64(p, s), one),
+                        2 => _mm512_andnot_si512(_mm512_srli_epi64::<63>(p), one),
+                        3 => _mm512_srli_epi64::<63>(p),
+                        _ => _mm512_setzero_si512(),
+                    };
+                    let biased =
+                        _mm512_add_epi64(_mm512_add_epi64(p, load64(&narrow.base, at)), adjust);
+                    _mm512_srlv_epi64(biased, s)
+                };
+                let (even, odd) = (quotient(even, o), quotient(odd, o + 8));
+                // The low 32 bits of each quotient, back in channel order.
+                let biased = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64::<32>(odd));
+                let r = _mm512_sub_epi32(biased, load(narrow.bias.as_ptr().add(o)));
+                let codes = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(r, lo), hi), zp);
+                // The codes lie in [lo, hi] within [0, 255]: the narrowing drops zeros.
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(o) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(codes),
+                );
+            }
+            o += 16;
+        }
+        whole
     }
 
     /// One row on AVX2 with [`Float`] constants, 16 channels at a time: returns how many

@@ -589,11 +589,12 @@ fn requantization_below_one_ties_and_extremes_on_every_path() {
 
 #[test]
 fn requantization_a_hair_from_ties_and_integers_on_every_path() {
-    // Products of 53 and 54 bits whose quotient lies within 2^-s of a tie or an integer: the
-    // AVX2 path that multiplies in `f64` is exact up to shift 45 for these bounds (a 53-bit
-    // product is exact; a 54-bit one may round onto the tie), so it must hand shifts 46 and 47
-    // to the integer path. For each shift, odd m near 2^(s - 24) and the one accumulator in
-    // [2^30, 2^31) with `acc · m ≡ target (mod 2^s)` where there is one (quotients 64..256).
+    // Products whose quotient lies within 2^-s of a tie or an integer. Products of 53 and 54
+    // bits at shifts 44 to 47: the AVX2 and AVX-512 paths that multiply in `f64` are exact up
+    // to shift 45 for these bounds (a 53-bit product is exact; a 54-bit one may round onto the
+    // tie), so they must hand shifts 46 and 47 to the integer paths. For each shift, odd m
+    // near 2^(s - 24) and the one accumulator in [2^30, 2^31) with `acc · m ≡ target (mod 2^s)`
+    // where there is one (quotients 64..256).
     let mut multipliers = Vec::new();
     let mut acc = Vec::new();
     for shift in 44u32..=47 {
@@ -619,6 +620,22 @@ fn requantization_a_hair_from_ties_and_integers_on_every_path() {
                 }
                 assert_eq!(found, 2, "shift {shift}, offset {offset}");
             }
+        }
+    }
+    // Products of 61 bits, (2^30 + c)(2^30 - c) = 2^60 - c², at shifts 58 to 61 (the W4A4
+    // digits ViT has requantizers at shifts 55 to 58): quotients a hair below 4, 2, 1 and the
+    // tie 0.5 (above -4, -2, -1 and -0.5 with the negative accumulators), which an `f64`
+    // product would round onto.
+    for shift in 58u32..=61 {
+        for c in 1..=3 {
+            let (a, m) = ((1i64 << 30) + c, (1i64 << 30) - c);
+            assert_eq!(
+                a as f64 * (m as f64 * 2f64.powi(-(shift as i32))),
+                2f64.powi(60 - shift as i32),
+                "the f64 product rounds onto the tie or integer"
+            );
+            multipliers.push((m, shift));
+            acc.push(a as i32);
         }
     }
     // One requantizer per case (its channel), for positive and negative accumulators.
