@@ -134,10 +134,8 @@ pub struct Requantizer {
     base: Vec<i64>,
     unit: Vec<i64>,
     adjust: Adjust,
-    /// The AVX2 and AVX-512 paths' constants when every shift is at least 31 (see
-    /// [`Narrow`]), for registers of 8 and 16 `i32`s.
+    /// The AVX2 path's constants when every shift is at least 31 (see [`Narrow`]).
     narrow: Option<Narrow>,
-    narrow16: Option<Narrow>,
     /// The AVX2 and AVX-512 paths' constants when the product can be taken in `f64` (see
     /// [`Float`]);
     /// boxed, so that a requantizer stays small beside the values that hold one.
@@ -152,34 +150,32 @@ pub struct Requantizer {
 /// product and the shift need 64-bit lanes, and AVX2's missing arithmetic 64-bit shift is
 /// avoided by biasing the product by `2^62` (non-negative, as `|acc · m| < 2^62`) and shifting
 /// logically: `(p + 2^62 + base + adjust) >> s = r + 2^(62 - s)`, whose low 32 bits less those
-/// of `2^(62 - s)` are `r` exactly. Per register of `i32` lanes (8 channels on AVX2, 16 on
-/// AVX-512) the 64-bit constants are stored even channels first, then odd ones, the order in
-/// which `vpmuldq` takes them.
+/// of `2^(62 - s)` are `r` exactly. Per 8 channels the 64-bit constants are stored even
+/// channels first, then odd ones, the order in which `vpmuldq` takes them.
 #[derive(Debug, Clone)]
 struct Narrow {
     /// `m` per channel, in channel order.
     m: Vec<i32>,
-    /// `s` per channel, even-odd order per register.
+    /// `s` per channel, even-odd order per 8 channels.
     shift: Vec<i64>,
-    /// `2^62 + base` per channel, even-odd order per register.
+    /// `2^62 + base` per channel, even-odd order per 8 channels.
     base: Vec<i64>,
     /// The low 32 bits of `2^(62 - s)` per channel, in channel order.
     bias: Vec<i32>,
 }
 
 impl Narrow {
-    /// The constants for `shift.len()` lanes (whole registers of `lanes` `i32`s), or `None`
-    /// when a shift is below 31.
-    fn new(m: &[i64], shift: &[i64], base: &[i64], lanes: usize) -> Option<Narrow> {
+    /// The constants for `shift.len()` lanes (whole groups of 8), or `None` when a shift is
+    /// below 31.
+    fn new(m: &[i64], shift: &[i64], base: &[i64]) -> Option<Narrow> {
         if shift.iter().any(|s| *s < 31) {
             return None;
         }
-        let whole = shift.len() - shift.len() % lanes;
+        let whole = shift.len() - shift.len() % 8;
         let even_odd = |v: &[i64]| -> Vec<i64> {
             v[..whole]
-                .chunks(lanes)
-                .flat_map(|g| g.iter().step_by(2).chain(g.iter().skip(1).step_by(2)))
-                .copied()
+                .chunks(8)
+                .flat_map(|g| [g[0], g[2], g[4], g[6], g[1], g[3], g[5], g[7]])
                 .collect()
         };
         let biased: Vec<i64> = base.iter().map(|b| b + (1 << 62)).collect();
@@ -332,8 +328,7 @@ impl Requantizer {
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
-            narrow: Narrow::new(&m, &shift, &base, 8),
-            narrow16: Narrow::new(&m, &shift, &base, 16),
+            narrow: Narrow::new(&m, &shift, &base),
             float: Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new),
             m,
             shift,
@@ -399,10 +394,10 @@ impl Requantizer {
         for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {
             let done = match self.isa {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Bw | Isa::Avx512Vnni => match (&self.float, &self.narrow16) {
+                Isa::Avx512Bw | Isa::Avx512Vnni => match &self.float {
                     // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW;
                     // `float`'s scales are one per channel, as many as `acc` and `out` hold.
-                    (Some(float), _) => unsafe {
+                    Some(float) => unsafe {
                         match float.rounding {
                             FloatRounding::HalfEven => {
                                 x86::row_avx512_float::<0>(self, float, acc, out)
@@ -415,13 +410,8 @@ impl Requantizer {
                             }
                         }
                     },
-                    // SAFETY: as above; `narrow`'s constants cover the whole registers of 16 of
-                    // the repeated channels.
-                    (None, Some(narrow)) => unsafe {
-                        x86::row_avx512_narrow::<ADJUST>(self, narrow, acc, out)
-                    },
                     // SAFETY: as above; the constants have one entry per channel.
-                    (None, None) => unsafe { x86::row_avx512::<ADJUST>(self, acc, out) },
+                    None => unsafe { x86::row_avx512::<ADJUST>(self, acc, out) },
                 },
                 #[cfg(target_arch = "x86_64")]
                 Isa::Avx2 | Isa::AvxVnni => match (&self.float, &self.narrow) {
@@ -611,70 +601,6 @@ mod x86 {
                     _mm512_cvtepi32_epi8(codes),
                 )
             };
-            o += 16;
-        }
-        whole
-    }
-
-    /// One row on AVX-512 with [`Narrow`] constants, 16 channels at a time: returns how many
-    /// channels it did.
-    ///
-    /// # Safety
-    /// The CPU runs AVX-512 F and BW; `acc` and `out` hold one row of `q.channels()` or fewer;
-    /// `narrow` is `q`'s for registers of 16 lanes.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn row_avx512_narrow<const ADJUST: u8>(
-        q: &Requantizer,
-        narrow: &Narrow,
-        acc: &[i32],
-        out: &mut [u8],
-    ) -> usize {
-        let n = acc.len().min(out.len()).min(narrow.m.len());
-        let whole = n - n % 16;
-        // Clamping before adding the zero point keeps every step inside `i32`.
-        let (lo, hi, zp) = (
-            _mm512_set1_epi32(q.lo - q.zero_point),
-            _mm512_set1_epi32(q.hi - q.zero_point),
-            _mm512_set1_epi32(q.zero_point),
-        );
-        let one = _mm512_set1_epi64(1);
-        let mut o = 0;
-        while o < whole {
-            // SAFETY: the caller guarantees AVX-512 F and BW, and `o + 16 <= whole <= n`,
-            // within `acc` and every constant vector of `narrow` (16 `i32`s from `o`, or two
-            // runs of 8 `i64`s, from `o` and from `o + 8`).
-            unsafe {
-                let load = |p: *const i32| _mm512_loadu_si512(p as *const __m512i);
-                let load64 =
-                    |v: &[i64], at: usize| _mm512_loadu_si512(v.as_ptr().add(at) as *const __m512i);
-                let a = load(acc.as_ptr().add(o));
-                let m = load(narrow.m.as_ptr().add(o));
-                // As on AVX2: the even channels' products, then the odd ones'.
-                let even = _mm512_mul_epi32(a, m);
-                let odd = _mm512_mul_epi32(_mm512_srli_epi64::<32>(a), _mm512_srli_epi64::<32>(m));
-                let quotient = |p: __m512i, at: usize| {
-                    let s = load64(&narrow.shift, at);
-                    let adjust = match ADJUST {
-                        1 => _mm512_and_si512(_mm512_srlv_epi64(p, s), one),
-                        2 => _mm512_andnot_si512(_mm512_srli_epi64::<63>(p), one),
-                        3 => _mm512_srli_epi64::<63>(p),
-                        _ => _mm512_setzero_si512(),
-                    };
-                    let biased =
-                        _mm512_add_epi64(_mm512_add_epi64(p, load64(&narrow.base, at)), adjust);
-                    _mm512_srlv_epi64(biased, s)
-                };
-                let (even, odd) = (quotient(even, o), quotient(odd, o + 8));
-                // The low 32 bits of each quotient, back in channel order.
-                let biased = _mm512_mask_blend_epi32(0xaaaa, even, _mm512_slli_epi64::<32>(odd));
-                let r = _mm512_sub_epi32(biased, load(narrow.bias.as_ptr().add(o)));
-                let codes = _mm512_add_epi32(_mm512_min_epi32(_mm512_max_epi32(r, lo), hi), zp);
-                // The codes lie in [lo, hi] within [0, 255]: the narrowing drops zeros.
-                _mm_storeu_si128(
-                    out.as_mut_ptr().add(o) as *mut __m128i,
-                    _mm512_cvtepi32_epi8(codes),
-                );
-            }
             o += 16;
         }
         whole
