@@ -137,8 +137,7 @@ pub struct Requantizer {
     /// The AVX2 path's constants when every shift is at least 31 (see [`Narrow`]).
     narrow: Option<Narrow>,
     /// The AVX2 and AVX-512 paths' constants when the product can be taken in `f64` (see
-    /// [`Float`]);
-    /// boxed, so that a requantizer stays small beside the values that hold one.
+    /// [`Float`]); boxed, so that a requantizer stays small beside the values that hold one.
     float: Option<Box<Float>>,
     zero_point: i32,
     lo: i32,
@@ -193,13 +192,13 @@ impl Narrow {
 
 /// Constants of the AVX2 and AVX-512 paths that take the product in `f64`:
 /// `x = acc · (m · 2^-s)`, clamped to `[lo - zero point, hi - zero point]`, then rounded by
-/// the policy. It gives the exact result wherever the policy is half to even, floor or ceiling and every shift is at
-/// most `53 - e`, where `2^e` bounds the clamped range widened by one (`|lo - zp|`,
-/// `|hi - zp|` plus 1): `acc` and `m · 2^-s` are exact in `f64` and the product is correctly
-/// rounded, so an exact result that is an integer or half-integer in that range comes out
-/// exactly, and any other exact result lies at least `2^-s` from them, more than the
-/// product's rounding error (at most `2^(e - 54)`) can cross. Beyond the range the product
-/// stays beyond it (rounding is monotone) and clamps alike.
+/// the policy. It gives the exact result wherever the policy is half to even, floor or
+/// ceiling and every shift is at most `53 - e`, where `2^e` bounds the clamped range widened
+/// by one (`|lo - zp|`, `|hi - zp|` plus 1): `acc` and `m · 2^-s` are exact in `f64` and the
+/// product is correctly rounded, so an exact result that is an integer or half-integer in
+/// that range comes out exactly, and any other exact result lies at least `2^-s` from them,
+/// more than the product's rounding error (at most `2^(e - 54)`) can cross. Beyond the range
+/// the product stays beyond it (rounding is monotone) and clamps alike.
 #[derive(Debug, Clone)]
 struct Float {
     /// `m · 2^-s` per channel (repeated like the other constants).
