@@ -391,46 +391,43 @@ impl Requantizer {
     fn rows<const ADJUST: u8>(&self, acc: &[i32], out: &mut [u8]) {
         let n = self.m.len();
         for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {
-            let done = match self.isa {
+            // `$kernel::<rounding>` for `float`'s rounding, as a number.
+            #[cfg(target_arch = "x86_64")]
+            macro_rules! by_rounding {
+                ($kernel:ident, $float:expr) => {
+                    match $float.rounding {
+                        FloatRounding::HalfEven => x86::$kernel::<0>(self, $float, acc, out),
+                        FloatRounding::Floor => x86::$kernel::<1>(self, $float, acc, out),
+                        FloatRounding::Ceil => x86::$kernel::<2>(self, $float, acc, out),
+                    }
+                };
+            }
+            let done = match (self.isa, &self.float) {
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx512Bw | Isa::Avx512Vnni => match &self.float {
-                    // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW;
-                    // `float`'s scales are one per channel, as many as `acc` and `out` hold.
-                    Some(float) => unsafe {
-                        match float.rounding {
-                            FloatRounding::HalfEven => {
-                                x86::row_avx512_float::<0>(self, float, acc, out)
-                            }
-                            FloatRounding::Floor => {
-                                x86::row_avx512_float::<1>(self, float, acc, out)
-                            }
-                            FloatRounding::Ceil => {
-                                x86::row_avx512_float::<2>(self, float, acc, out)
-                            }
-                        }
-                    },
-                    // SAFETY: as above; the constants have one entry per channel.
-                    None => unsafe { x86::row_avx512::<ADJUST>(self, acc, out) },
+                // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW; `float`'s
+                // scales are one per channel, as many as `acc` and `out` hold.
+                (Isa::Avx512Bw | Isa::Avx512Vnni, Some(float)) => unsafe {
+                    by_rounding!(row_avx512_float, float)
                 },
                 #[cfg(target_arch = "x86_64")]
-                Isa::Avx2 | Isa::AvxVnni => match (&self.float, &self.narrow) {
-                    // SAFETY: as above, for AVX2; `float`'s scales are one per channel.
-                    (Some(float), _) => unsafe {
-                        match float.rounding {
-                            FloatRounding::HalfEven => {
-                                x86::row_avx2_float::<0>(self, float, acc, out)
-                            }
-                            FloatRounding::Floor => x86::row_avx2_float::<1>(self, float, acc, out),
-                            FloatRounding::Ceil => x86::row_avx2_float::<2>(self, float, acc, out),
-                        }
-                    },
+                // SAFETY: as above; the constants have one entry per channel.
+                (Isa::Avx512Bw | Isa::Avx512Vnni, None) => unsafe {
+                    x86::row_avx512::<ADJUST>(self, acc, out)
+                },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above, for AVX2.
+                (Isa::Avx2 | Isa::AvxVnni, Some(float)) => unsafe {
+                    by_rounding!(row_avx2_float, float)
+                },
+                #[cfg(target_arch = "x86_64")]
+                (Isa::Avx2 | Isa::AvxVnni, None) => match &self.narrow {
                     // SAFETY: as above, for AVX2; `narrow`'s constants cover the whole groups
                     // of 8 of the repeated channels.
-                    (None, Some(narrow)) => unsafe {
+                    Some(narrow) => unsafe {
                         x86::row_avx2_narrow::<ADJUST>(self, narrow, acc, out)
                     },
                     // SAFETY: as above, for AVX2.
-                    (None, None) => unsafe { x86::row_avx2::<ADJUST>(self, acc, out) },
+                    None => unsafe { x86::row_avx2::<ADJUST>(self, acc, out) },
                 },
                 _ => 0,
             };
