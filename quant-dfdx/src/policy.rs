@@ -434,7 +434,9 @@ impl Policy {
     /// [`ConfigError::Invalid`] for combinations no quantizer supports, unknown platforms and
     /// invalid patterns.
     pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, ConfigError> {
-        let de = toml::Deserializer::new(text);
+        // toml 1 parses the whole text here (syntax errors), then deserializes (keys, values).
+        let de = toml::Deserializer::parse(text)
+            .map_err(|e| toml_parse_error(origin, text, ".".into(), &e))?;
         let mut policy: Policy =
             serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, text, e))?;
         policy.validate(origin, "")?;
