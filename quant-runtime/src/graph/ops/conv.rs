@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 
 use super::expect_axes;
-use super::{check_bias, maps, pair_text, taps, OpRules};
+use super::{check_bias, maps, pair_text, OpRules};
 use crate::export::onnx::writer::{int_attr, ints_attr, OnnxNode, Writer};
 use crate::graph::eval::{bias_values, dequantized, EvalNode};
 use crate::graph::params::check_parameter;
@@ -161,7 +161,11 @@ impl OpRules for Conv2d {
         Ok(Axes::Maps)
     }
 
-    /// Direct grouped convolution with zero padding, NCHW.
+    /// Direct grouped convolution with zero padding, NCHW. Each output sums its taps in the
+    /// order (input channel, ky, kx), padding skipped, then adds the bias: the loops run over
+    /// the taps outside and the output positions inside (one weight against a row of inputs)
+    /// and give every output that same sequence of additions, so the same bits as a loop per
+    /// output, without per-output tap bookkeeping.
     fn evaluate(&self, node: &EvalNode<'_>) -> quant_core::Result<Vec<f32>> {
         let g = &self.geometry;
         let w = dequantized(&self.weight, &g.weight_shape())?;
@@ -174,25 +178,33 @@ impl OpRules for Conv2d {
         let cg = g.group_in_channels();
         let og = o / g.groups.max(1);
         let mut y = vec![0f32; n * o * oh * ow];
-        for bi in 0..n {
-            let xs = &x[bi * c * h * wd..(bi + 1) * c * h * wd];
-            for oc in 0..o {
+        if y.is_empty() {
+            return Ok(y);
+        }
+        for (xs, ys) in x.chunks(c * h * wd).zip(y.chunks_mut(o * oh * ow)) {
+            for (oc, plane) in ys.chunks_mut(oh * ow).enumerate() {
                 let group = oc / og;
                 let wk = &w[oc * cg * kh * kw..(oc + 1) * cg * kh * kw];
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        let mut acc = 0f32;
-                        for ci in 0..cg {
-                            let ch = group * cg + ci;
-                            for (ky, iy) in taps(oy, kh, sh, ph, h) {
-                                for (kx, ix) in taps(ox, kw, sw, pw, wd) {
-                                    acc +=
-                                        xs[(ch * h + iy) * wd + ix] * wk[(ci * kh + ky) * kw + kx];
+                for ci in 0..cg {
+                    let ch = group * cg + ci;
+                    let input = &xs[ch * h * wd..(ch + 1) * h * wd];
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            let weight = wk[(ci * kh + ky) * kw + kx];
+                            let columns = tap_outputs(kx, sw, pw, wd, ow);
+                            for oy in tap_outputs(ky, sh, ph, h, oh) {
+                                let iy = oy * sh + ky - ph;
+                                let row = &input[iy * wd..(iy + 1) * wd];
+                                let out = &mut plane[oy * ow..(oy + 1) * ow];
+                                for ox in columns.clone() {
+                                    out[ox] += row[ox * sw + kx - pw] * weight;
                                 }
                             }
                         }
-                        y[((bi * o + oc) * oh + oy) * ow + ox] = acc + b[oc];
                     }
+                }
+                for v in plane {
+                    *v += b[oc];
                 }
             }
         }
@@ -300,4 +312,125 @@ impl OpRules for Conv2d {
     }
 
     weighted_layer_rules!();
+}
+
+/// The outputs (of `outputs` along one axis) that tap `t` of a kernel reaches inside the input
+/// (`len` along that axis): those `o` with `0 <= o·stride + t - padding < len`.
+fn tap_outputs(
+    t: usize,
+    stride: usize,
+    padding: usize,
+    len: usize,
+    outputs: usize,
+) -> std::ops::Range<usize> {
+    let stride = stride.max(1);
+    let first = padding.saturating_sub(t).div_ceil(stride);
+    let end = match (len + padding).checked_sub(t + 1) {
+        Some(last_input) => (last_input / stride + 1).min(outputs),
+        None => 0,
+    };
+    first..end.max(first)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The reference: one sum per output, its taps in (channel, ky, kx) order, then the bias.
+    fn per_output(x: &[f32], w: &[f32], b: &[f32], g: &Conv2dGeometry, hw: [usize; 2]) -> Vec<f32> {
+        let (c, [h, wd]) = (g.in_channels, hw);
+        let [oh, ow] = g.output(hw).unwrap();
+        let (o, cg) = (g.out_channels, g.group_in_channels());
+        let og = o / g.groups;
+        let ([kh, kw], [sh, sw], [ph, pw]) = (g.kernel, g.stride, g.padding);
+        let inside = |o: usize, t: usize, s: usize, p: usize, len: usize| {
+            let i = (o * s + t) as isize - p as isize;
+            (i >= 0 && (i as usize) < len).then_some(i as usize)
+        };
+        let mut y = Vec::new();
+        for xs in x.chunks(c * h * wd) {
+            for oc in 0..o {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        let mut acc = 0f32;
+                        for ci in 0..cg {
+                            let ch = oc / og * cg + ci;
+                            for ky in 0..kh {
+                                for kx in 0..kw {
+                                    let (Some(iy), Some(ix)) =
+                                        (inside(oy, ky, sh, ph, h), inside(ox, kx, sw, pw, wd))
+                                    else {
+                                        continue;
+                                    };
+                                    acc += xs[(ch * h + iy) * wd + ix]
+                                        * w[((oc * cg + ci) * kh + ky) * kw + kx];
+                                }
+                            }
+                        }
+                        y.push(acc + b[oc]);
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// Strides, paddings wider than the kernel's reach, grouped and depthwise channels, kernels
+    /// larger than the input: the evaluation gives the per-output sums' bits.
+    #[test]
+    fn evaluation_gives_the_per_output_sums_bits() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let mut value = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // Mixed magnitudes, so that the order of the additions shows in the bits.
+            ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5)
+                * [1.0, 1e-3, 37.0][state as usize % 3]
+        };
+        let cases = [
+            // (in, out, groups, kernel, stride, padding, [h, w])
+            (3, 4, 1, [3, 3], [1, 1], [1, 1], [5, 6]),
+            (4, 6, 2, [3, 2], [2, 1], [0, 1], [7, 5]),
+            (4, 4, 4, [3, 3], [2, 2], [1, 1], [6, 6]),
+            (2, 3, 1, [5, 5], [3, 2], [3, 2], [4, 3]),
+            (1, 2, 1, [1, 1], [2, 3], [0, 0], [5, 7]),
+            (2, 2, 1, [3, 3], [1, 1], [4, 4], [2, 2]),
+        ];
+        for (i, o, groups, kernel, stride, padding, hw) in cases {
+            let g = Conv2dGeometry {
+                in_channels: i,
+                out_channels: o,
+                kernel,
+                stride,
+                padding,
+                groups,
+            };
+            let w: Vec<f32> = (0..g.weight_shape().iter().product())
+                .map(|_| value())
+                .collect();
+            let b: Vec<f32> = (0..o).map(|_| value()).collect();
+            let samples = 3;
+            let x: Vec<f32> = (0..samples * i * hw[0] * hw[1]).map(|_| value()).collect();
+            let conv = Conv2d {
+                geometry: g,
+                weight: Parameter::float("w", w.clone()),
+                bias: Parameter::float("b", b.clone()),
+            };
+            let [oh, ow] = g.output(hw).unwrap();
+            let got = conv
+                .evaluate(&EvalNode {
+                    name: "conv",
+                    inputs: vec![&x],
+                    shapes: vec![&[i, hw[0], hw[1]]],
+                    output_shape: &[o, oh, ow],
+                    samples,
+                    input_quantizer: None,
+                })
+                .unwrap();
+            let want = per_output(&x, &w, &b, &g, hw);
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&got), bits(&want), "{g:?} on {hw:?}");
+        }
+    }
 }
