@@ -398,29 +398,40 @@ impl Histogram {
                 best = (e, lo, hi);
             }
         }
-        for _ in 0..MAX_DESCENT_ROUNDS {
-            let mut improved = false;
+        // A scan that moves nothing leaves the next scan of the other end with the pairs it
+        // saw last time and the minimum it found then: nothing can beat it strictly, so the
+        // descent has converged. Stopping there skips those repeated scans (a third to a half
+        // of the search) and returns the same range as scanning them would.
+        for round in 0..MAX_DESCENT_ROUNDS {
+            let mut lo_moved = false;
             if lo0 < 0.0 {
                 for j in (0..=steps).rev() {
                     let lo = frac(lo0, j);
                     let e = eval(lo, best.2)?;
                     if e < best.0 {
                         best = (e, lo, best.2);
-                        improved = true;
+                        lo_moved = true;
                     }
                 }
             }
+            // From the second round on, the `hi` scan would repeat the last one from the same
+            // `lo`.
+            if round > 0 && !lo_moved {
+                break;
+            }
+            let mut hi_moved = false;
             if hi0 > 0.0 {
                 for j in (0..=steps).rev() {
                     let hi = frac(hi0, j);
                     let e = eval(best.1, hi)?;
                     if e < best.0 {
                         best = (e, best.1, hi);
-                        improved = true;
+                        hi_moved = true;
                     }
                 }
             }
-            if !improved {
+            // The next `lo` scan would repeat this round's at the same `hi`.
+            if !hi_moved {
                 break;
             }
         }

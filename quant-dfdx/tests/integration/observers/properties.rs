@@ -141,4 +141,77 @@ proptest! {
             }
         }
     }
+
+    /// `mse_range` stops its coordinate descent once a scan moves nothing (the scans after it
+    /// would repeat earlier ones); it returns the range of the documented descent run in full:
+    /// every round scans both ends, until a round improves nothing or 8 have run.
+    #[test]
+    fn mse_range_equals_the_full_descent(
+        x in prop::collection::vec(
+            prop_oneof![-4.0f32..4.0, -0.2f32..0.2, 0.0f32..30.0, -9.0f32..-3.0],
+            1..400,
+        ),
+        hist_bins in 8usize..96,
+        bits in 2u32..=8,
+        signed in any::<bool>(),
+    ) {
+        let mut h = Histogram::new(bins(hist_bins));
+        h.add(&x);
+        let g = grid(bits, signed);
+        for rounding in RoundingPolicy::ALL {
+            let got = h.mse_range(g, rounding).unwrap();
+            let want = full_descent(&h, g, rounding);
+            prop_assert_eq!(got, want, "{:?} {:?} {} bins", g, rounding, hist_bins);
+        }
+    }
+}
+
+/// The Uniform MSE search as `Histogram::mse_range` documents it, every round in full.
+fn full_descent(h: &Histogram, g: IntegerGrid, rounding: RoundingPolicy) -> (f32, f32) {
+    let (min, max) = h.min_max().unwrap();
+    let (lo0, hi0) = (min.min(0.0), max.max(0.0));
+    if lo0 == hi0 {
+        return (lo0, hi0);
+    }
+    let steps = h.bins();
+    let eval = |lo: f32, hi: f32| {
+        let (s, z) = uniform_qparams(lo, hi, g).unwrap();
+        h.quantization_error(s, z, g, rounding).unwrap()
+    };
+    let frac = |v: f32, j: usize| (f64::from(v) * j as f64 / steps as f64) as f32;
+    let mut best = (eval(lo0, hi0), lo0, hi0);
+    for k in (1..steps).rev() {
+        let (lo, hi) = (frac(lo0, k), frac(hi0, k));
+        let e = eval(lo, hi);
+        if e < best.0 {
+            best = (e, lo, hi);
+        }
+    }
+    for _ in 0..8 {
+        let mut improved = false;
+        if lo0 < 0.0 {
+            for j in (0..=steps).rev() {
+                let lo = frac(lo0, j);
+                let e = eval(lo, best.2);
+                if e < best.0 {
+                    best = (e, lo, best.2);
+                    improved = true;
+                }
+            }
+        }
+        if hi0 > 0.0 {
+            for j in (0..=steps).rev() {
+                let hi = frac(hi0, j);
+                let e = eval(best.1, hi);
+                if e < best.0 {
+                    best = (e, best.1, hi);
+                    improved = true;
+                }
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
+    (best.1, best.2)
 }
