@@ -81,13 +81,33 @@ impl OpRules for Linear {
         let (k, outs) = (self.in_features, self.out_features);
         let w = dequantized(&self.weight, &[outs, k])?;
         let b = bias_values(node, &self.bias, &self.weight)?;
-        // `y[r][o] = Σ_i x[r][i]·w[o][i] + b[o]` over rows of `k` values.
+        // `y[r][o] = Σ_i x[r][i]·w[o][i] + b[o]` over rows of `k` values, each sum in order of
+        // `i` from -0.0 (as `Iterator::sum` adds), then the bias. The outputs of a row run side
+        // by side over the transposed weights, each its own sequence of additions: the same
+        // bits as one sum per output, in lanes the compiler can vectorise.
         let x = node.inputs[0];
-        let mut y = Vec::with_capacity(x.len() / k * outs);
-        for row in x.chunks_exact(k) {
-            for (o, wr) in w.chunks_exact(k).enumerate() {
-                let s: f32 = row.iter().zip(wr).map(|(a, c)| a * c).sum();
-                y.push(s + b[o]);
+        let rows = x.len() / k.max(1);
+        let mut transposed = vec![0f32; k * outs];
+        for (o, wr) in w.chunks_exact(k.max(1)).enumerate().take(outs) {
+            for (i, v) in wr.iter().enumerate() {
+                transposed[i * outs + o] = *v;
+            }
+        }
+        let mut y = vec![-0.0f32; rows * outs];
+        if k == 0 || outs == 0 {
+            y.iter_mut()
+                .zip(b.iter().cycle())
+                .for_each(|(v, b)| *v += b);
+            return Ok(y);
+        }
+        for (row, out) in x.chunks_exact(k).zip(y.chunks_exact_mut(outs)) {
+            for (a, wt) in row.iter().zip(transposed.chunks_exact(outs)) {
+                for (acc, c) in out.iter_mut().zip(wt) {
+                    *acc += a * c;
+                }
+            }
+            for (acc, b) in out.iter_mut().zip(&b) {
+                *acc += b;
             }
         }
         Ok(y)
@@ -166,4 +186,61 @@ impl OpRules for Linear {
     }
 
     weighted_layer_rules!();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Zeros against negative weights (a sum of -0.0), a -0.0 bias, mixed magnitudes, one and
+    /// several rows: the evaluation gives the bits of one `Iterator::sum` per output plus the
+    /// bias.
+    #[test]
+    fn evaluation_gives_one_sum_per_outputs_bits() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut value = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
+            [v, v * 1e-3, v * 37.0, 0.0, -0.0][state as usize % 5]
+        };
+        for (k, outs, rows) in [(1, 1, 1), (5, 3, 2), (16, 9, 4), (33, 17, 3)] {
+            let w: Vec<f32> = (0..k * outs).map(|_| value()).collect();
+            let mut b: Vec<f32> = (0..outs).map(|_| value()).collect();
+            b[0] = -0.0;
+            let mut x: Vec<f32> = (0..rows * k).map(|_| value()).collect();
+            x[..k].fill(0.0);
+            let linear = Linear {
+                in_features: k,
+                out_features: outs,
+                weight: Parameter::float("w", w.clone()),
+                bias: Parameter::float("b", b.clone()),
+            };
+            let got = linear
+                .evaluate(&EvalNode {
+                    name: "fc",
+                    inputs: vec![&x],
+                    shapes: vec![&[k]],
+                    output_shape: &[outs],
+                    samples: rows,
+                    input_quantizer: None,
+                })
+                .unwrap();
+            let want: Vec<f32> = x
+                .chunks_exact(k)
+                .flat_map(|row| {
+                    w.chunks_exact(k)
+                        .zip(&b)
+                        .map(move |(wr, b)| row.iter().zip(wr).map(|(a, c)| a * c).sum::<f32>() + b)
+                })
+                .collect();
+            let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+            assert_eq!(
+                bits(&got),
+                bits(&want),
+                "k {k}, {outs} outputs, {rows} rows"
+            );
+        }
+    }
 }
