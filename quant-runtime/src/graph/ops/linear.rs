@@ -86,20 +86,18 @@ impl OpRules for Linear {
         // by side over the transposed weights, each its own sequence of additions: the same
         // bits as one sum per output, in lanes the compiler can vectorise.
         let x = node.inputs[0];
-        let rows = x.len() / k.max(1);
+        // The shape check refuses an empty weight; nothing to compute (or divide by) if one
+        // came through.
+        if k == 0 || outs == 0 {
+            return Ok(Vec::new());
+        }
         let mut transposed = vec![0f32; k * outs];
-        for (o, wr) in w.chunks_exact(k.max(1)).enumerate().take(outs) {
+        for (o, wr) in w.chunks_exact(k).enumerate().take(outs) {
             for (i, v) in wr.iter().enumerate() {
                 transposed[i * outs + o] = *v;
             }
         }
-        let mut y = vec![-0.0f32; rows * outs];
-        if k == 0 || outs == 0 {
-            y.iter_mut()
-                .zip(b.iter().cycle())
-                .for_each(|(v, b)| *v += b);
-            return Ok(y);
-        }
+        let mut y = vec![-0.0f32; x.len() / k * outs];
         for (row, out) in x.chunks_exact(k).zip(y.chunks_exact_mut(outs)) {
             for (a, wt) in row.iter().zip(transposed.chunks_exact(outs)) {
                 for (acc, c) in out.iter_mut().zip(wt) {
