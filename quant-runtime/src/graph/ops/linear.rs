@@ -197,11 +197,9 @@ mod tests {
     fn evaluation_gives_one_sum_per_outputs_bits() {
         let mut state = 0x2545_f491_4f6c_dd1du64;
         let mut value = || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            let v = ((state >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 2.0;
-            [v, v * 1e-3, v * 37.0, 0.0, -0.0][state as usize % 5]
+            let (v, pick) = super::super::next_test_value(&mut state);
+            let v = v * 2.0;
+            [v, v * 1e-3, v * 37.0, 0.0, -0.0][pick % 5]
         };
         for (k, outs, rows) in [(1, 1, 1), (5, 3, 2), (16, 9, 4), (33, 17, 3)] {
             let w: Vec<f32> = (0..k * outs).map(|_| value()).collect();

@@ -331,6 +331,19 @@ pub(crate) fn taps(
     })
 }
 
+/// Reproducible values for the ops' tests: advances `state` (xorshift64) and returns a value in
+/// `[-0.5, 0.5)` from its top bits, and the state itself to pick with.
+#[cfg(test)]
+pub(crate) fn next_test_value(state: &mut u64) -> (f32, usize) {
+    *state ^= *state << 13;
+    *state ^= *state >> 7;
+    *state ^= *state << 17;
+    (
+        (*state >> 40) as f32 / (1u64 << 24) as f32 - 0.5,
+        *state as usize,
+    )
+}
+
 pub(crate) fn maps(inputs: &[&[usize]], what: &str) -> Result<(usize, usize, usize), String> {
     match inputs {
         [[c, h, w]] => Ok((*c, *h, *w)),
