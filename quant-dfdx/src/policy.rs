@@ -434,11 +434,7 @@ impl Policy {
     /// [`ConfigError::Invalid`] for combinations no quantizer supports, unknown platforms and
     /// invalid patterns.
     pub fn from_toml_str(text: &str, origin: &str) -> std::result::Result<Policy, ConfigError> {
-        // toml 1 parses the whole text here (syntax errors), then deserializes (keys, values).
-        let de = toml::Deserializer::parse(text)
-            .map_err(|e| toml_parse_error(origin, text, ".".into(), &e))?;
-        let mut policy: Policy =
-            serde_path_to_error::deserialize(de).map_err(|e| parse_error(origin, text, e))?;
+        let mut policy: Policy = deserialize_toml(text, origin)?;
         policy.validate(origin, "")?;
         policy.set_location(origin, "");
         Ok(policy)
@@ -835,20 +831,30 @@ fn slot_target(kind: LayerKind, name: &str) -> Option<QuantizationTarget> {
         .map(|s| s.target)
 }
 
-fn parse_error(
-    origin: &str,
+/// Deserializes a policy or run file's TOML text, its errors as [`ConfigError::Parse`] with the
+/// key path (see [`toml_parse_error`]); `origin` names the text in them.
+///
+/// # Errors
+/// Syntax errors, unknown keys, wrong types and bad values.
+pub fn deserialize_toml<T: serde::de::DeserializeOwned>(
     text: &str,
-    e: serde_path_to_error::Error<toml::de::Error>,
-) -> ConfigError {
-    let key = e.path().to_string();
-    toml_parse_error(origin, text, key, &e.into_inner())
+    origin: &str,
+) -> std::result::Result<T, ConfigError> {
+    // toml 1 parses the whole text first (syntax errors, at the top level), then deserializes
+    // (keys and values, with their path).
+    let de = toml::Deserializer::parse(text)
+        .map_err(|e| toml_parse_error(origin, text, ".".into(), &e))?;
+    serde_path_to_error::deserialize(de).map_err(|e| {
+        let key = e.path().to_string();
+        toml_parse_error(origin, text, key, &e.into_inner())
+    })
 }
 
 /// A TOML error as a [`ConfigError::Parse`]: the key path serde reported, or, when the TOML
 /// parser failed before any key was known (syntax errors, numbers too large for their type),
 /// the key written on the offending line under its table (`qat.batch_size`,
 /// `overrides[1].pattern`); the message gains the line, column and byte offset. `key` is the
-/// path serde reported (`.` for none). The run file's loader uses it too.
+/// path serde reported (`.` for none). [`deserialize_toml`] maps every error through it.
 pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Error) -> ConfigError {
     let mut message = e.message().to_string();
     let mut key = key;

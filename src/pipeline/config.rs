@@ -359,12 +359,7 @@ impl RunConfig {
     /// [`ConfigError::Parse`] with the key path for syntax errors, unknown keys and bad values;
     /// [`ConfigError::Invalid`] for values out of range and policies no quantizer supports.
     pub fn from_toml_str(text: &str, origin: &str) -> Result<RunConfig, ConfigError> {
-        let de = toml::Deserializer::parse(text)
-            .map_err(|e| quant_dfdx::policy::toml_parse_error(origin, text, ".".into(), &e))?;
-        let mut cfg: RunConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-            let key = e.path().to_string();
-            quant_dfdx::policy::toml_parse_error(origin, text, key, &e.into_inner())
-        })?;
+        let mut cfg: RunConfig = quant_dfdx::policy::deserialize_toml(text, origin)?;
         cfg.origin = origin.to_string();
         cfg.quantization.set_location(origin, "quantization");
         let invalid = |key: &str, expected: &str, value: String| ConfigError::Invalid {
