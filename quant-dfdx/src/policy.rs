@@ -362,7 +362,8 @@ fn steps<'a>(
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Override {
-    /// A glob over dotted layer names (`0`, `encoder.*`, `*.fc?`).
+    /// A glob over dotted layer names (`0`, `encoder.*`, `*.fc?`, `{0,2}`, `![0-3]`; the syntax
+    /// is [`NamePattern`](crate::layers::NamePattern)'s).
     pub pattern: String,
     /// Every weights slot of the matching layers.
     pub weights: Option<SlotSetting>,

@@ -94,16 +94,13 @@ pub fn sqnr_db(float: &[f32], quantized: &[f32]) -> f64 {
 }
 
 /// A glob matching exactly `name` (dotted names hold no glob characters, but a derive's field
-/// names are the user's).
+/// names are the user's): every character a glob gives a meaning to is escaped.
 fn exactly(name: &str) -> String {
     name.chars().fold(String::new(), |mut out, c| {
-        if "*?[]{}\\".contains(c) {
-            out.push('[');
-            out.push(c);
-            out.push(']');
-        } else {
-            out.push(c);
+        if "*?[]{},!\\".contains(c) {
+            out.push('\\');
         }
+        out.push(c);
         out
     })
 }
@@ -1345,8 +1342,16 @@ mod tests {
 
     #[test]
     fn glob_characters_in_names_match_literally() {
+        for name in ["a[0].b*", "!x", "{a,b}.c?", "a\\b", "[!a]"] {
+            let g = quant_dfdx::layers::glob(&exactly(name)).unwrap();
+            assert!(g.is_match(name), "{name}");
+        }
         let g = quant_dfdx::layers::glob(&exactly("a[0].b*")).unwrap();
-        assert!(g.is_match("a[0].b*"));
         assert!(!g.is_match("a0.bx"));
+        assert!(!g.is_match("a[0].bx"));
+        let g = quant_dfdx::layers::glob(&exactly("!x")).unwrap();
+        assert!(!g.is_match("y"));
+        let g = quant_dfdx::layers::glob(&exactly("{a,b}.c?")).unwrap();
+        assert!(!g.is_match("a.cd"));
     }
 }

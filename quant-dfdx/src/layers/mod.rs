@@ -385,7 +385,7 @@ pub trait QuantizedModuleExt: QuantizedModule {
         let matcher = glob(pattern)?;
         let mut n = 0;
         self.visit_slots("", &mut |s| {
-            if s.quantizer.describe().is_some() && matcher.is_match(s.name()) {
+            if s.quantizer.describe().is_some() && matcher.is_match(&s.name()) {
                 s.quantizer.set_mode(mode)?;
                 n += 1;
             }
@@ -423,16 +423,34 @@ pub trait QuantizedModuleExt: QuantizedModule {
 impl<M: QuantizedModule + ?Sized> QuantizedModuleExt for M {}
 
 /// Longest glob pattern [`glob`] accepts, in bytes. Dotted layer names are far shorter, and
-/// globset panics compiling some patterns of hundreds of kilobytes (`*?` repeated, huge
-/// `{a,b,...}` alternations), so longer patterns never reach it.
+/// a bound on the pattern bounds the time of every match against it.
 pub const MAX_PATTERN_BYTES: usize = 512;
+
+/// A glob over dotted quantizer names, checked by [`glob`]: `*` any run of characters, `?`
+/// one, `[a-z]` / `[!0-9]` a character in (or not in) a set, `{a,b}` either pattern, `\`
+/// escapes the next character, and a leading `!` matches every name the rest does not.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamePattern(String);
+
+impl NamePattern {
+    /// Whether `name` matches the whole pattern.
+    pub fn is_match(&self, name: &str) -> bool {
+        fast_glob::glob_match(&self.0, name)
+    }
+
+    /// The pattern as written.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
 
 /// A glob over dotted quantizer names, at most [`MAX_PATTERN_BYTES`] long.
 ///
 /// # Errors
 /// [`QuantError::InvalidValue`] (the pattern cut to a readable length) when the pattern is too
-/// long or not a valid glob.
-pub fn glob(pattern: &str) -> Result<globset::GlobMatcher> {
+/// long or not a valid glob (an unclosed `[` or `{`, a trailing `\`, braces nested deeper than
+/// ten or too many brace groups).
+pub fn glob(pattern: &str) -> Result<NamePattern> {
     let invalid = |why: String| QuantError::InvalidValue {
         what: "name pattern".into(),
         value: quant_runtime::fs::shorten(pattern).into_owned(),
@@ -446,7 +464,7 @@ pub fn glob(pattern: &str) -> Result<globset::GlobMatcher> {
             pattern.len()
         )));
     }
-    globset::Glob::new(pattern)
-        .map(|g| g.compile_matcher())
+    fast_glob::validate(pattern)
+        .map(|()| NamePattern(pattern.to_string()))
         .map_err(|e| invalid(e.to_string()))
 }

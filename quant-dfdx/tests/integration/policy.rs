@@ -317,3 +317,36 @@ fn platforms_say_which_transformer_layers_stay_float() {
             .is_some());
     }
 }
+
+/// Override patterns are globs over whole dotted names; a malformed one is refused with what is
+/// wrong and where, before anything is matched.
+#[test]
+fn name_patterns_match_whole_dotted_names() {
+    use quant_dfdx::layers::glob;
+    let names = ["0", "0.1", "2.weights", "4.1.0.2", "head", "blocks.3.attn"];
+    let matched = |pattern: &str| -> Vec<&str> {
+        let p = glob(pattern).unwrap();
+        names.iter().copied().filter(|n| p.is_match(n)).collect()
+    };
+    assert_eq!(matched("0"), ["0"]);
+    assert_eq!(matched("0*"), ["0", "0.1"]);
+    assert_eq!(matched("*.?"), ["0.1", "4.1.0.2"]);
+    assert_eq!(matched("[0-3]*"), ["0", "0.1", "2.weights"]);
+    assert_eq!(matched("[!0-3]*"), ["4.1.0.2", "head", "blocks.3.attn"]);
+    assert_eq!(matched("{0,head}"), ["0", "head"]);
+    assert_eq!(matched("*.{weights,attn}"), ["2.weights", "blocks.3.attn"]);
+    assert_eq!(matched("!*.*"), ["0", "head"]);
+    assert_eq!(matched("\\*"), Vec::<&str>::new());
+    for (pattern, why) in [
+        ("[0", "unclosed character class at byte 0"),
+        ("0.{a,b", "unclosed brace expansion at byte 2"),
+        ("head\\", "at byte 4"),
+        (
+            "{{{{{{{{{{{a}}}}}}}}}}}",
+            "nests deeper than the supported 10 levels",
+        ),
+    ] {
+        let e = glob(pattern).unwrap_err().to_string();
+        assert!(e.contains(why) && e.contains(pattern), "{pattern}: {e}");
+    }
+}
