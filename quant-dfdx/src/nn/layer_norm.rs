@@ -39,7 +39,7 @@ where
 /// Layer normalisation over the last `M` features, `(x - mean) / sqrt(var + ε) · γ + β`: dfdx's
 /// `LayerNorm1D` bit for bit (outputs, and the gradients of the input, `γ` and `β`, for a
 /// contiguous input), in one pass per row each way: a quarter of the time for a ViT's
-/// LayerNorm (`cargo bench -p quant-dfdx --bench layer_norm`). A drop-in for it: the same
+/// LayerNorm (`cargo bench -p quant-benches --bench layer_norm`). A drop-in for it: the same
 /// parameters under the same names (`gamma`, `beta`, `epsilon`, so safetensors files load
 /// either way), and it converts, quantizes and exports as the same layer kind (`LayerNorm`).
 /// Any rank whose last dimension is `M`.

@@ -34,7 +34,7 @@ where
 /// A fully connected layer, `x · Wᵀ + b`: dfdx's `Linear` bit for bit (outputs, and the
 /// gradients of the input, `weight` and `bias`), with one matrix product for a whole batch of
 /// sequences where dfdx takes one per sequence (about two thirds of the time of a ViT-sized
-/// layer's forward and backward pass: `cargo bench -p quant-dfdx --bench linear`). A drop-in
+/// layer's forward and backward pass: `cargo bench -p quant-benches --bench linear`). A drop-in
 /// for it: the same
 /// parameters under the same names (`weight` `(O, I)`, `bias` `(O)`), initialised from the same
 /// random draws, and it converts, quantizes and exports as the same layer kind (`Linear`).

@@ -1,7 +1,7 @@
 //! Observer throughput on 4M `f32` against a memcpy of the same bytes.
 //!
 //! ```text
-//! cargo bench -p quant-dfdx --bench observers
+//! cargo bench -p quant-benches --bench observers
 //! ```
 //!
 //! Criterion measures memcpy and every observer's `observe` (throughput in bytes, so its

@@ -3,7 +3,7 @@
 //! one thread.
 //!
 //! ```text
-//! cargo bench -p quant-dfdx --bench layer_norm
+//! cargo bench -p quant-benches --bench layer_norm
 //! ```
 //!
 //! Rounds alternate the two layers (`common::compare`).

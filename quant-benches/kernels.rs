@@ -4,7 +4,7 @@
 //! same work into the caller's buffers (one thread).
 //!
 //! ```text
-//! cargo bench -p quant-core --bench kernels              # add `-- LSQ` to filter by name
+//! cargo bench -p quant-benches --bench kernels              # add `-- LSQ` to filter by name
 //! ```
 //!
 //! Criterion measures each kernel beside its baseline in one group; at the end a summary

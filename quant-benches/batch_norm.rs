@@ -3,7 +3,7 @@
 //! (batch 64, 16 channels of 28x28), one thread.
 //!
 //! ```text
-//! cargo bench -p quant-dfdx --bench batch_norm
+//! cargo bench -p quant-benches --bench batch_norm
 //! ```
 //!
 //! Rounds alternate the two layers (`common::compare`), each less the time of the same step

@@ -3,7 +3,7 @@
 //! 128 and back, and 64 to 64) and on a batch of 64 vectors (256 to 256), one thread.
 //!
 //! ```text
-//! cargo bench -p quant-dfdx --bench linear
+//! cargo bench -p quant-benches --bench linear
 //! ```
 //!
 //! Rounds alternate the two layers (`common::compare`).

@@ -2,7 +2,7 @@
 //! path this CPU has:
 //!
 //! ```text
-//! cargo bench -p quant-core --bench int8              # add `-- gemm` or `-- requantize` to filter
+//! cargo bench -p quant-benches --bench int8              # add `-- gemm` or `-- requantize` to filter
 //! ```
 //!
 //! - `gemm_u8` (u8 activations × centered weights + bias → i32) against dfdx's `f32` matmul

@@ -5,7 +5,7 @@
 //! softmax, weighted values) as one op; dfdx's as per-sequence, per-head products and ops.
 //!
 //! ```text
-//! cargo bench -p quant-dfdx --bench attention
+//! cargo bench -p quant-benches --bench attention
 //! ```
 //!
 //! Rounds alternate the two layers (`common::compare`).

@@ -3,7 +3,7 @@
 //! blocks: 147,456 values), one thread.
 //!
 //! ```text
-//! cargo bench -p quant-dfdx --bench gelu
+//! cargo bench -p quant-benches --bench gelu
 //! ```
 //!
 //! The inputs are roughly normal with a spread of 2 (sum of four uniforms), as a trained ViT's
