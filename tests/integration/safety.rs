@@ -691,7 +691,7 @@ fn case_8_huge_glob_patterns_are_typed_errors_not_panics() {
             &e[..300.min(e.len())]
         );
     }
-    // Patterns at the limit reach globset, which compiles them or says why: never a panic.
+    // Patterns at the limit reach fast-glob, which accepts them or says why: never a panic.
     for pattern in [
         "*?".repeat(256),
         "[!a]".repeat(128),
