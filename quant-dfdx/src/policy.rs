@@ -833,7 +833,9 @@ fn slot_target(kind: LayerKind, name: &str) -> Option<QuantizationTarget> {
 }
 
 /// Deserializes a policy or run file's TOML text, its errors as [`ConfigError::Parse`] with the
-/// key path (see [`toml_parse_error`]); `origin` names the text in them.
+/// key path (where the parser failed before any key was known, the key written on the
+/// offending line under its table) and the line, column and byte offset; `origin` names the
+/// text in them.
 ///
 /// # Errors
 /// Syntax errors, unknown keys, wrong types and bad values.
@@ -856,7 +858,7 @@ pub fn deserialize_toml<T: serde::de::DeserializeOwned>(
 /// the key written on the offending line under its table (`qat.batch_size`,
 /// `overrides[1].pattern`); the message gains the line, column and byte offset. `key` is the
 /// path serde reported (`.` for none). [`deserialize_toml`] maps every error through it.
-pub fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Error) -> ConfigError {
+fn toml_parse_error(origin: &str, text: &str, key: String, e: &toml::de::Error) -> ConfigError {
     let mut message = e.message().to_string();
     let mut key = key;
     if let Some(start) = e.span().map(|s| s.start.min(text.len())) {

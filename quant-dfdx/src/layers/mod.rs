@@ -437,11 +437,6 @@ impl NamePattern {
     pub fn is_match(&self, name: &str) -> bool {
         fast_glob::glob_match(&self.0, name)
     }
-
-    /// The pattern as written.
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
 }
 
 /// A glob over dotted quantizer names, at most [`MAX_PATTERN_BYTES`] long.
