@@ -7,7 +7,7 @@ use super::{check_len, checked_size, Isa};
 use crate::error::{QuantError, Result};
 
 /// Products with at least this many multiply-adds (`m · n · k`) are split by rows across
-/// rayon's threads; smaller ones run on the calling thread.
+/// rayon's threads (when its pool has more than one); smaller ones run on the calling thread.
 pub const PARALLEL_MACS: usize = 1 << 22;
 /// Least multiply-adds in one parallel job.
 const JOB_MACS: usize = 1 << 20;
@@ -234,7 +234,9 @@ pub fn gemm_u8(
         let a = &a[first_row * k..(first_row + rows) * k];
         run_rows(a, rows, w, &columns, out);
     };
-    if rows_per_job >= m {
+    // With one thread in the pool the jobs would only be handed to it and waited for (from
+    // outside the pool, a wake-up and a sleep per product): they run here instead.
+    if rows_per_job >= m || rayon::current_num_threads() == 1 {
         run(0, out);
     } else {
         out.par_chunks_mut(rows_per_job * n)
