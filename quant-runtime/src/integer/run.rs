@@ -30,12 +30,20 @@ thread_local! {
     static SPARE: RefCell<Spare> = RefCell::default();
 }
 
-/// A spare buffer of at least `len` elements from `pick` (or a new one), not yet sized.
+/// A spare buffer of at least `len` elements from `pick` (or a new one), not yet sized: the
+/// shortest one already that long if there is one (sizing it down touches nothing, and the
+/// longer ones stay for longer values), else the longest one with room (the least to fill).
 fn spare<T>(len: usize, pick: fn(&mut Spare) -> &mut Vec<Vec<T>>) -> Vec<T> {
     let spare = SPARE.with(|s| {
         let mut s = s.borrow_mut();
         let list = pick(&mut s);
-        let i = list.iter().position(|v| v.capacity() >= len)?;
+        let long_enough = (list.iter().enumerate())
+            .filter(|(_, v)| v.len() >= len)
+            .min_by_key(|(_, v)| v.len());
+        let with_room = (list.iter().enumerate())
+            .filter(|(_, v)| v.capacity() >= len)
+            .max_by_key(|(_, v)| v.len());
+        let (i, _) = long_enough.or(with_room)?;
         Some(list.swap_remove(i))
     });
     spare.unwrap_or_default()
@@ -76,11 +84,18 @@ pub(crate) fn overwritten_i32(len: usize) -> Vec<i32> {
 }
 
 /// Keeps `buf`'s storage for a later [`spare`] on this thread.
-fn recycle(buf: Buf) {
+pub(crate) fn recycle(buf: Buf) {
     fn keep<T>(list: &mut Vec<Vec<T>>, v: Vec<T>) {
         let bytes = v.capacity() * std::mem::size_of::<T>();
-        if list.len() < SPARE_BUFFERS && bytes > 0 && bytes <= SPARE_BYTES {
-            list.push(v);
+        if bytes == 0 || bytes > SPARE_BYTES {
+            return;
+        }
+        list.push(v);
+        // Full: the shortest goes (a long buffer serves any value, a short one only short ones).
+        if list.len() > SPARE_BUFFERS {
+            if let Some((i, _)) = list.iter().enumerate().min_by_key(|(_, v)| v.len()) {
+                list.swap_remove(i);
+            }
         }
     }
     SPARE.with(|s| {

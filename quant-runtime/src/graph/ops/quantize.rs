@@ -9,7 +9,7 @@ use crate::graph::eval::EvalNode;
 use crate::graph::params::check_quantizer;
 use crate::graph::ExportedQuantizer;
 use crate::integer::prepare::{check_bits, requantizer, stored_grid, PrepareNode, Prepared};
-use crate::integer::run::{nchw_to_nhwc, overwritten_u8, Buf, RunNode};
+use crate::integer::run::{nchw_to_nhwc, overwritten_i32, overwritten_u8, recycle, Buf, RunNode};
 use crate::integer::{Layout, Quantize, Rep};
 use crate::GraphError;
 
@@ -80,17 +80,21 @@ impl OpRules for QuantizeDequantize {
                 },
                 Some(buf),
             ) => {
-                let centered;
+                let mut centered = Vec::new();
                 let acc: &[i32] = match (buf, input_zero) {
                     (Buf::I32(v), None) => v,
                     (Buf::U8(v), Some(z)) => {
-                        centered = v.iter().map(|q| *q as i32 - z).collect::<Vec<i32>>();
+                        centered = overwritten_i32(v.len());
+                        for (c, q) in centered.iter_mut().zip(v) {
+                            *c = *q as i32 - z;
+                        }
                         &centered
                     }
                     _ => return Err(node.internal()),
                 };
                 let mut out = overwritten_u8(acc.len());
                 requantizer.run(acc, &mut out)?;
+                recycle(Buf::I32(centered));
                 Ok(Buf::U8(out))
             }
             _ => Err(node.internal()),
