@@ -145,7 +145,7 @@ pub struct Requantizer {
 }
 
 /// Constants of the AVX2 path for requantizers whose every shift is at least 31 (multipliers
-/// below 1, as almost every layer has): the rounded quotient then fits `i32`, so only the
+/// below 1, as almost every layer has) and whose zero point lies within `±2^30`: the rounded quotient then fits `i32`, so only the
 /// product and the shift need 64-bit lanes, and AVX2's missing arithmetic 64-bit shift is
 /// avoided by biasing the product by `2^62` (non-negative, as `|acc · m| < 2^62`) and shifting
 /// logically: `(p + 2^62 + base + adjust) >> s = r + 2^(62 - s)`, whose low 32 bits less those
@@ -327,7 +327,10 @@ impl Requantizer {
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
-            narrow: Narrow::new(&m, &shift, &base),
+            // The narrow path's bounds less the zero point must fit `i32`.
+            narrow: (zero_point.unsigned_abs() < 1 << 30)
+                .then(|| Narrow::new(&m, &shift, &base))
+                .flatten(),
             float: Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new),
             m,
             shift,

@@ -161,7 +161,7 @@ proptest! {
         raw in prop::collection::vec(multiplier(), 40),
         scales in prop::collection::vec(prop_oneof![1e-7f64..20.0, 1e-3f64..1.0], 40),
         from_scales in any::<bool>(),
-        zero_point in prop_oneof![3 => 0i32..=255, 1 => -1000i32..1000],
+        zero_point in prop_oneof![6 => 0i32..=255, 2 => -1000i32..1000, 1 => any::<i32>()],
         bounds in prop_oneof![2 => Just((0i32, 255i32)), 1 => (0i32..=255, 0i32..=255)],
         policy in 0usize..7,
     ) {
@@ -669,7 +669,17 @@ fn requantization_a_hair_from_ties_and_integers_on_every_path() {
 fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
     let n = multipliers.len();
     for rounding in POLICIES {
-        for (zero_point, lo, hi) in [(128, 0, 255), (0, 0, 255), (200, 150, 220)] {
+        // The last four: zero points at the ends of the `f64` paths' range (±(2^30 - 1)) and
+        // of `i32`, beyond it (the scalar path).
+        for (zero_point, lo, hi) in [
+            (128, 0, 255),
+            (0, 0, 255),
+            (200, 150, 220),
+            ((1 << 30) - 1, 0, 255),
+            (1 - (1 << 30), 0, 255),
+            (i32::MAX, 0, 255),
+            (i32::MIN, 0, 255),
+        ] {
             let expected: Vec<u8> = acc
                 .iter()
                 .enumerate()
