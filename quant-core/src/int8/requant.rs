@@ -145,8 +145,9 @@ pub struct Requantizer {
 }
 
 /// Constants of the AVX2 path for requantizers whose every shift is at least 31 (multipliers
-/// below 1, as almost every layer has) and whose zero point lies within `±2^30`: the rounded quotient then fits `i32`, so only the
-/// product and the shift need 64-bit lanes, and AVX2's missing arithmetic 64-bit shift is
+/// below 1, as almost every layer has) and whose zero point lies within `±2^30` (the bounds less
+/// the zero point then fit `i32`): the rounded quotient then fits `i32`, so only the product and
+/// the shift need 64-bit lanes, and AVX2's missing arithmetic 64-bit shift is
 /// avoided by biasing the product by `2^62` (non-negative, as `|acc · m| < 2^62`) and shifting
 /// logically: `(p + 2^62 + base + adjust) >> s = r + 2^(62 - s)`, whose low 32 bits less those
 /// of `2^(62 - s)` are `r` exactly. Per 8 channels the 64-bit constants are stored even
@@ -165,9 +166,9 @@ struct Narrow {
 
 impl Narrow {
     /// The constants for `shift.len()` lanes (whole groups of 8), or `None` when a shift is
-    /// below 31.
-    fn new(m: &[i64], shift: &[i64], base: &[i64]) -> Option<Narrow> {
-        if shift.iter().any(|s| *s < 31) {
+    /// below 31 or the zero point beyond `±2^30`.
+    fn new(m: &[i64], shift: &[i64], base: &[i64], zero_point: i32) -> Option<Narrow> {
+        if shift.iter().any(|s| *s < 31) || zero_point.unsigned_abs() >= 1 << 30 {
             return None;
         }
         let whole = shift.len() - shift.len() % 8;
@@ -327,10 +328,7 @@ impl Requantizer {
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
-            // The narrow path's bounds less the zero point must fit `i32`.
-            narrow: (zero_point.unsigned_abs() < 1 << 30)
-                .then(|| Narrow::new(&m, &shift, &base))
-                .flatten(),
+            narrow: Narrow::new(&m, &shift, &base, zero_point),
             float: Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new),
             m,
             shift,

@@ -669,8 +669,8 @@ fn requantization_a_hair_from_ties_and_integers_on_every_path() {
 fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
     let n = multipliers.len();
     for rounding in POLICIES {
-        // The last four: zero points at the ends of the `f64` paths' range (±(2^30 - 1)) and
-        // of `i32`, beyond it (the scalar path).
+        // The last four: zero points at the ends of the AVX2 32-bit path's range
+        // (±(2^30 - 1)) and of `i32`, beyond it (the 64-bit lanes).
         for (zero_point, lo, hi) in [
             (128, 0, 255),
             (0, 0, 255),
