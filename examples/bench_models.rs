@@ -31,7 +31,7 @@ use quant::layers::{QuantizedModuleExt, QuantizerMode};
 use quant::lower::export_model;
 use quant::pipeline::config::{Optimizer as PipelineOptimizer, Schedule};
 use quant::pipeline::nets;
-use quant::pipeline::train::{input, Logits, Phase, Trainer};
+use quant::pipeline::train::{input, Logits, Phase, Taped, Trainer};
 use quant::pipeline::{
     quantize, BatchShape, DeployModel, FloatModel, Model, QuantizedModel, RunConfig,
 };
@@ -286,7 +286,67 @@ where
             micros(t_qat)
         );
     }
+    // On every core: each step with the pool's other threads kept awake (the default) against
+    // the same step with `QUANT_KEEP_AWAKE=0` (they sleep between kernels).
+    let asleep = |on: bool| {
+        if on {
+            std::env::remove_var("QUANT_KEEP_AWAKE");
+        } else {
+            std::env::set_var("QUANT_KEEP_AWAKE", "0");
+        }
+    };
+    let (t_asleep, t_awake) =
+        awake_against_asleep::<S, C, F>(&dev, &float, &pixels, &labels, asleep)?;
+    let (q_asleep, q_awake) =
+        awake_against_asleep::<S, C, D::Quantized>(&dev, &qat, &pixels, &labels, asleep)?;
+    asleep(true);
+    println!(
+        "   {name:<6} {:>7}  kept awake / asleep: float {:.2}x ({:.1} / {:.1} µs), QAT {:.2}x ({:.1} / {:.1} µs)",
+        rayon::current_num_threads(),
+        ratio(t_awake, t_asleep),
+        micros(t_awake),
+        micros(t_asleep),
+        ratio(q_awake, q_asleep),
+        micros(q_awake),
+        micros(q_asleep),
+    );
     Ok(())
+}
+
+/// The median times of a training step of `model` on rayon's default pool with its other
+/// threads left to sleep between kernels and kept awake (`set(false)` / `set(true)` switches
+/// `QUANT_KEEP_AWAKE` before each block), timed against each other.
+fn awake_against_asleep<S: BatchShape, const C: usize, M>(
+    dev: &Cpu,
+    model: &M,
+    pixels: &[f32],
+    labels: &[usize],
+    set: impl Fn(bool),
+) -> Result<(Duration, Duration), quant::QuantError>
+where
+    M: TensorCollection<f32, Cpu>
+        + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<C, Taped>>
+        + Clone
+        + Send,
+    <M as ModuleMut<Tensor<S, f32, Cpu, Taped>>>::Error: Into<quant::QuantError>,
+{
+    let (mut a, mut b) = (model.clone(), model.clone());
+    let mut a_trainer = Trainer::<M, S, C>::new(dev, &a, &phase(), None)?;
+    let mut b_trainer = Trainer::<M, S, C>::new(dev, &b, &phase(), None)?;
+    Ok(compare(
+        || {
+            set(false);
+            a_trainer
+                .step(&mut a, pixels.to_vec(), labels, 1e-3)
+                .expect("step");
+        },
+        || {
+            set(true);
+            b_trainer
+                .step(&mut b, pixels.to_vec(), labels, 1e-3)
+                .expect("step");
+        },
+    ))
 }
 
 /// Section 2, one network: its float model (deployable form) against its exported integer

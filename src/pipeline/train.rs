@@ -328,7 +328,9 @@ where
     /// `lr`, then the phase's weight decay; returns the batch's loss. The forward and backward
     /// passes run on a thread of rayon's current pool (the calling thread when it is one), so
     /// that the layers' parallel kernels split their work from inside it; the results do not
-    /// depend on the thread.
+    /// depend on the thread. While no other step runs in the process, the pool's other threads
+    /// wait for those kernels spinning rather than asleep, which saves a wake-up per kernel
+    /// (`QUANT_KEEP_AWAKE=0` in the environment turns that off).
     ///
     /// # Errors
     /// A label is not below `C`; the features do not make a batch of `S`; the model's forward
@@ -362,9 +364,11 @@ where
             Some(g) => g,
             None => model.try_alloc_grads()?,
         };
+        let (_running, alone) = StepRunning::start();
         let distillation = self.teacher.as_ref().map(|(_, d)| *d);
         let dev = &self.dev;
         let forward_backward = || -> Result<(f32, dfdx::tensor::Gradients<f32, Cpu>)> {
+            let _awake = KeepAwake::start(alone);
             let logits = model.try_forward_mut(x.traced(grads)).map_err(Into::into)?;
             let loss = match (distillation, teacher_logits) {
                 (Some(d), Some(picked)) => {
@@ -535,6 +539,91 @@ pub fn calibration_inputs<S: BatchShape>(
         .collect()
 }
 
+/// Keeps the current pool's other threads busy-waiting for work while a training step runs,
+/// so that each of the step's parallel kernels finds them awake.
+///
+/// rayon puts a thread to sleep after a short spin without work, and waking it again takes
+/// tens of microseconds on a virtual machine: after the serial stretches of a step (dfdx's
+/// element-wise ops, the loss) every parallel kernel paid that before its second half began.
+/// While the guard lives, each other thread of the pool runs a job that takes pending work
+/// (`rayon::yield_now`, which runs whatever it finds, the step's kernels and anyone else's
+/// jobs alike) and spins between jobs, as OpenMP's threads do; it returns when the guard is
+/// dropped, or after [`KeepAwake::IDLE_LIMIT`] without finding work.
+///
+/// Only while no other step runs in the process: a thread that picks up this job while it
+/// waits inside other work (another seed's step) holds that work's continuation until the job
+/// returns, so two steps keeping each other's threads would each stall until the idle limit.
+/// Which thread runs what never changes a result: every kernel gives the same bits on any
+/// number of threads. `QUANT_KEEP_AWAKE=0` in the environment turns it off (the threads then
+/// sleep between kernels, as rayon has them, and burn no time spinning).
+struct KeepAwake {
+    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+/// Training steps under way in this process (see [`KeepAwake`]).
+static STEPS_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Counts a step as running for as long as it lives.
+struct StepRunning;
+
+impl StepRunning {
+    /// Registers a step; true when it is the only one.
+    fn start() -> (StepRunning, bool) {
+        let before = STEPS_RUNNING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        (StepRunning, before == 0)
+    }
+}
+
+impl Drop for StepRunning {
+    fn drop(&mut self) {
+        STEPS_RUNNING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+impl KeepAwake {
+    /// How long a kept thread spins without finding work before it goes back to rayon's own
+    /// sleep: longer than the serial stretches of a step, short enough to bound what it holds.
+    const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+    /// Starts the other threads' jobs when called from a pool of two or more threads and
+    /// `alone` (no other step runs), unless `QUANT_KEEP_AWAKE=0`; `None` otherwise.
+    fn start(alone: bool) -> Option<KeepAwake> {
+        if !alone || std::env::var_os("QUANT_KEEP_AWAKE").is_some_and(|v| v == "0") {
+            return None;
+        }
+        let caller = rayon::current_thread_index()?;
+        if rayon::current_num_threads() < 2 {
+            return None;
+        }
+        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let flag = done.clone();
+        rayon::spawn_broadcast(move |ctx| {
+            if ctx.index() == caller {
+                return;
+            }
+            let mut idle_since: Option<std::time::Instant> = None;
+            while !flag.load(std::sync::atomic::Ordering::Acquire) {
+                if let Some(rayon::Yield::Executed) = rayon::yield_now() {
+                    idle_since = None;
+                    continue;
+                }
+                let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                if since.elapsed() > KeepAwake::IDLE_LIMIT {
+                    return;
+                }
+                std::hint::spin_loop();
+            }
+        });
+        Some(KeepAwake { done })
+    }
+}
+
+impl Drop for KeepAwake {
+    fn drop(&mut self) {
+        self.done.store(true, std::sync::atomic::Ordering::Release);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -615,6 +704,52 @@ mod tests {
                 assert!((i % 3).abs_diff(j % 3) <= 1 && (i / 3).abs_diff(j / 3) <= 1);
             }
         }
+    }
+
+    #[test]
+    fn steps_side_by_side_on_two_threads_give_the_losses_of_steps_alone() {
+        use rand::{Rng, SeedableRng};
+        type Mlp = super::super::nets::Mlp;
+        let phase = Phase {
+            epochs: 1,
+            batch_size: 64,
+            lr: 1e-3,
+            schedule: super::super::config::Schedule::Constant,
+            warmup_epochs: 0,
+            shift: 0,
+            optimizer: super::super::config::Optimizer::Adam,
+            weight_decay: 0.0,
+            label_smoothing: 0.0,
+        };
+        // Three steps of the MLP with weights drawn from `seed`, on fixed random batches.
+        let losses = |seed: u64| -> Vec<f32> {
+            let dev = Cpu::seed_from_u64(seed);
+            let mut model: Mlp = super::super::nets::mlp().build(&dev);
+            let mut trainer =
+                Trainer::<Mlp, (usize, Const<64>), 10>::new(&dev, &model, &phase, None).unwrap();
+            (0..3u64)
+                .map(|k| {
+                    let mut rng = rand::rngs::StdRng::seed_from_u64(k);
+                    let x = (0..64 * 64).map(|_| rng.gen_range(-1.0f32..1.0)).collect();
+                    let y: Vec<usize> = (0..64).map(|_| rng.gen_range(0..10)).collect();
+                    trainer.step(&mut model, x, &y, 1e-3).unwrap()
+                })
+                .collect()
+        };
+        let pool = |threads| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+        };
+        let (a, b) = pool(1).install(|| (losses(1), losses(2)));
+        // Alone on two threads (the other thread kept awake for each step), and two models'
+        // steps side by side on two threads (each may find the other's step running): the
+        // same losses, and no step waits on the other for good.
+        assert_eq!(pool(2).install(|| losses(1)), a);
+        let (a2, b2) = pool(2).install(|| rayon::join(|| losses(1), || losses(2)));
+        assert_eq!(a2, a);
+        assert_eq!(b2, b);
     }
 
     #[test]
