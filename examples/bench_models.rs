@@ -288,7 +288,7 @@ where
     }
     // On every core: each step with the pool's other threads kept awake (the default) against
     // the same step with `QUANT_KEEP_AWAKE=0` (they sleep between kernels).
-    let asleep = |on: bool| {
+    let keep_awake = |on: bool| {
         if on {
             std::env::remove_var("QUANT_KEEP_AWAKE");
         } else {
@@ -296,10 +296,10 @@ where
         }
     };
     let (t_asleep, t_awake) =
-        awake_against_asleep::<S, C, F>(&dev, &float, &pixels, &labels, asleep)?;
+        awake_against_asleep::<S, C, F>(&dev, &float, &pixels, &labels, keep_awake)?;
     let (q_asleep, q_awake) =
-        awake_against_asleep::<S, C, D::Quantized>(&dev, &qat, &pixels, &labels, asleep)?;
-    asleep(true);
+        awake_against_asleep::<S, C, D::Quantized>(&dev, &qat, &pixels, &labels, keep_awake)?;
+    keep_awake(true);
     println!(
         "   {name:<6} {:>7}  kept awake / asleep: float {:.2}x ({:.1} / {:.1} µs), QAT {:.2}x ({:.1} / {:.1} µs)",
         rayon::current_num_threads(),

@@ -12,6 +12,9 @@ use indicatif::ProgressBar;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use quant_core::{QuantError, Result};
 use quant_dfdx::calibration::BatchPlan;
@@ -557,11 +560,11 @@ pub fn calibration_inputs<S: BatchShape>(
 /// number of threads. `QUANT_KEEP_AWAKE=0` in the environment turns it off (the threads then
 /// sleep between kernels, as rayon has them, and burn no time spinning).
 struct KeepAwake {
-    done: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    done: Arc<AtomicBool>,
 }
 
 /// Training steps under way in this process (see [`KeepAwake`]).
-static STEPS_RUNNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+static STEPS_RUNNING: AtomicUsize = AtomicUsize::new(0);
 
 /// Counts a step as running for as long as it lives.
 struct StepRunning;
@@ -569,21 +572,21 @@ struct StepRunning;
 impl StepRunning {
     /// Registers a step; true when it is the only one.
     fn start() -> (StepRunning, bool) {
-        let before = STEPS_RUNNING.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let before = STEPS_RUNNING.fetch_add(1, Ordering::SeqCst);
         (StepRunning, before == 0)
     }
 }
 
 impl Drop for StepRunning {
     fn drop(&mut self) {
-        STEPS_RUNNING.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        STEPS_RUNNING.fetch_sub(1, Ordering::SeqCst);
     }
 }
 
 impl KeepAwake {
     /// How long a kept thread spins without finding work before it goes back to rayon's own
     /// sleep: longer than the serial stretches of a step, short enough to bound what it holds.
-    const IDLE_LIMIT: std::time::Duration = std::time::Duration::from_millis(1);
+    const IDLE_LIMIT: Duration = Duration::from_millis(1);
 
     /// Starts the other threads' jobs when called from a pool of two or more threads and
     /// `alone` (no other step runs), unless `QUANT_KEEP_AWAKE=0`; `None` otherwise.
@@ -595,19 +598,19 @@ impl KeepAwake {
         if rayon::current_num_threads() < 2 {
             return None;
         }
-        let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let done = Arc::new(AtomicBool::new(false));
         let flag = done.clone();
         rayon::spawn_broadcast(move |ctx| {
             if ctx.index() == caller {
                 return;
             }
-            let mut idle_since: Option<std::time::Instant> = None;
-            while !flag.load(std::sync::atomic::Ordering::Acquire) {
+            let mut idle_since: Option<Instant> = None;
+            while !flag.load(Ordering::Acquire) {
                 if let Some(rayon::Yield::Executed) = rayon::yield_now() {
                     idle_since = None;
                     continue;
                 }
-                let since = *idle_since.get_or_insert_with(std::time::Instant::now);
+                let since = *idle_since.get_or_insert_with(Instant::now);
                 if since.elapsed() > KeepAwake::IDLE_LIMIT {
                     return;
                 }
@@ -620,7 +623,7 @@ impl KeepAwake {
 
 impl Drop for KeepAwake {
     fn drop(&mut self) {
-        self.done.store(true, std::sync::atomic::Ordering::Release);
+        self.done.store(true, Ordering::Release);
     }
 }
 
@@ -708,16 +711,16 @@ mod tests {
 
     #[test]
     fn steps_side_by_side_on_two_threads_give_the_losses_of_steps_alone() {
-        use rand::{Rng, SeedableRng};
+        use rand::Rng;
         type Mlp = super::super::nets::Mlp;
         let phase = Phase {
             epochs: 1,
             batch_size: 64,
             lr: 1e-3,
-            schedule: super::super::config::Schedule::Constant,
+            schedule: Schedule::Constant,
             warmup_epochs: 0,
             shift: 0,
-            optimizer: super::super::config::Optimizer::Adam,
+            optimizer: Optimizer::Adam,
             weight_decay: 0.0,
             label_smoothing: 0.0,
         };
