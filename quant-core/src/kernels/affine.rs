@@ -22,6 +22,9 @@
 
 use rayon::prelude::*;
 
+#[cfg(target_arch = "x86_64")]
+use super::driver::VectorPath;
+
 /// The largest depth `gemm` takes in one block; up to it, each output is one chain.
 pub(crate) const MAX_DEPTH: usize = 512;
 
@@ -37,6 +40,8 @@ pub struct Affine {
     rows: usize,
     inputs: usize,
     outputs: usize,
+    /// Whether the weights' gradient runs the AVX-512 build of its loop ([`avx512_build`]).
+    avx512: bool,
 }
 
 impl Affine {
@@ -62,6 +67,7 @@ impl Affine {
             rows,
             inputs,
             outputs,
+            avx512: avx512_build(),
         })
     }
 
@@ -148,7 +154,14 @@ impl Affine {
                 for s in 0..self.sequences {
                     let x_seq = &x[s * rows * inputs..][..rows * inputs];
                     let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
-                    add_rows(dw_rows, x_seq, dy_seq, first, (inputs, outputs));
+                    add_rows(
+                        dw_rows,
+                        x_seq,
+                        dy_seq,
+                        first,
+                        (inputs, outputs),
+                        self.avx512,
+                    );
                 }
             });
         Some(())
@@ -194,6 +207,24 @@ unsafe fn add_product(
     }
 }
 
+/// Whether the FMA loops here and in [`super::attention`] take their AVX-512 builds: the same
+/// source compiled with AVX-512 F and VL enabled as well, which gives the compiler 32 vector
+/// registers instead of 16 for the blocked loops' accumulators, and 16 lanes for the loops it
+/// vectorises itself. Each output is the same chain of fused multiply-adds, so the bits are
+/// the AVX2 build's. Chosen when a plan is made: where the CPU has AVX-512 F and VL and
+/// [`VectorPath::widest`] allows [`VectorPath::Avx512`] (`limit_kernel_paths`,
+/// `Isa::limit_to`).
+pub(crate) fn avx512_build() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        VectorPath::widest() == VectorPath::Avx512 && std::is_x86_feature_detected!("avx512vl")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether `gemm` multiplies with fused multiply-adds here (what every path above matches).
 /// Not public API (quant-core's tests).
 #[doc(hidden)]
@@ -209,36 +240,80 @@ pub fn fma_available() -> bool {
 }
 
 /// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds up to
-/// [`ROWS_PER_TASK`] rows of the weights' gradient).
+/// [`ROWS_PER_TASK`] rows of the weights' gradient); `avx512`: the plan's [`avx512_build`].
 fn add_rows(
     dw_rows: &mut [f32],
     x: &[f32],
     dy: &[f32],
     first: usize,
     (inputs, outputs): (usize, usize),
+    avx512: bool,
 ) {
-    // SAFETY: an `Affine` exists only where `fma_available()`; `x` holds `dy.len() / outputs`
-    // rows of `inputs`, `dw_rows` whole rows of `inputs`.
+    // SAFETY: an `Affine` exists only where `fma_available()`, and chose `avx512` only where
+    // `avx512_build()`; `x` holds `dy.len() / outputs` rows of `inputs`, `dw_rows` whole rows
+    // of `inputs`.
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        add_rows_fma(dw_rows, x, dy, first, (inputs, outputs))
+        match avx512 {
+            true => add_rows_avx512(dw_rows, x, dy, first, (inputs, outputs)),
+            false => add_rows_fma(dw_rows, x, dy, first, (inputs, outputs)),
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
-    for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
-        add_columns(dw_row, x, dy, (first + j, outputs), 0);
+    {
+        let _ = avx512;
+        for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
+            add_columns(dw_row, x, dy, (first + j, outputs), 0);
+        }
     }
+}
+
+/// [`add_rows_vectors`] compiled with AVX and FMA.
+///
+/// # Safety
+/// As [`add_rows_vectors`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma")]
+unsafe fn add_rows_fma(
+    dw_rows: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    first: usize,
+    (inputs, outputs): (usize, usize),
+) {
+    // SAFETY: the caller's.
+    unsafe { add_rows_vectors(dw_rows, x, dy, first, (inputs, outputs)) }
+}
+
+/// [`add_rows_vectors`] compiled with AVX-512 F and VL as well ([`avx512_build`]).
+///
+/// # Safety
+/// As [`add_rows_vectors`], and the CPU has AVX-512 F and VL.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx,fma,avx512f,avx512vl")]
+unsafe fn add_rows_avx512(
+    dw_rows: &mut [f32],
+    x: &[f32],
+    dy: &[f32],
+    first: usize,
+    (inputs, outputs): (usize, usize),
+) {
+    // SAFETY: the caller's.
+    unsafe { add_rows_vectors(dw_rows, x, dy, first, (inputs, outputs)) }
 }
 
 /// [`add_rows`] with eight columns to a vector: four rows by three vectors at a time, twelve
 /// independent chains (more than two FMA units need through their latency, with the loads of
 /// `x` shared by four rows), then four rows by two vectors and by one for the last columns.
+/// Only inlined into [`add_rows_fma`] and [`add_rows_avx512`], whose target features its
+/// intrinsics need.
 ///
 /// # Safety
 /// The CPU has AVX and FMA; `x` holds `dy.len() / outputs` rows of `inputs`; `dw_rows`
 /// whole rows of `inputs`; `first + dw_rows.len() / inputs <= outputs`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
-unsafe fn add_rows_fma(
+#[inline(always)]
+unsafe fn add_rows_vectors(
     dw_rows: &mut [f32],
     x: &[f32],
     dy: &[f32],
@@ -283,11 +358,10 @@ unsafe fn add_rows_fma(
 /// output one chain over the rows `r` in order, added to the gradient once.
 ///
 /// # Safety
-/// As [`add_rows_fma`], and `i + 8·V <= inputs`, `(j + ROWS_PER_TASK)·inputs <=
-/// dw_rows.len()`.
+/// As [`add_rows_vectors`] (and only inlined into its builds), and `i + 8·V <= inputs`,
+/// `(j + ROWS_PER_TASK)·inputs <= dw_rows.len()`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
-#[inline]
+#[inline(always)]
 unsafe fn add_block_fma<const V: usize>(
     dw_rows: &mut [f32],
     x: &[f32],
@@ -326,9 +400,9 @@ unsafe fn add_block_fma<const V: usize>(
 /// column at a time.
 ///
 /// # Safety
-/// As [`add_rows_fma`], for the one row `dw_row`.
+/// As [`add_rows_vectors`] (and only inlined into its builds), for the one row `dw_row`.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
+#[inline(always)]
 unsafe fn add_row_tail(
     dw_row: &mut [f32],
     x: &[f32],
@@ -357,7 +431,8 @@ unsafe fn add_row_tail(
 }
 
 /// One row of [`add_rows`] (output `o`) from column `first` on, one column at a time
-/// (`mul_add` is fused on every CPU; inlined into [`add_row_tail`] it is one instruction).
+/// (`mul_add` is fused on every CPU; inlined into [`add_rows_vectors`]' builds it is one
+/// instruction).
 #[inline(always)]
 fn add_columns(
     dw_row: &mut [f32],

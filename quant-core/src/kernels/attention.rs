@@ -24,7 +24,7 @@
 
 use rayon::prelude::*;
 
-use super::affine::{fma_available, MAX_DEPTH};
+use super::affine::{avx512_build, fma_available, MAX_DEPTH};
 
 /// The sizes of one attention core over a batch, where the fused path gives dfdx's bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,6 +34,9 @@ pub struct Attention {
     heads: usize,
     key_width: usize,
     value_width: usize,
+    /// Whether the passes run their AVX-512 build (`affine::avx512_build`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    avx512: bool,
 }
 
 /// What the backward pass needs of the forward pass's softmax: the exponentials, their
@@ -65,6 +68,7 @@ impl Attention {
             heads,
             key_width,
             value_width,
+            avx512: avx512_build(),
         })
     }
 
@@ -115,11 +119,11 @@ impl Attention {
                 let k = &k[seq * self.key_len()..][..self.key_len()];
                 let v = &v[seq * self.value_len()..][..self.value_len()];
                 let saved = (&mut *exps, &mut *sums, &mut *probs);
-                // SAFETY: a plan exists only where `fma_available()`; the slices are one
-                // sequence's, of the lengths the plan gives.
+                // SAFETY: a plan exists only where `fma_available()`, its `avx512` only where
+                // `avx512_build()`; the slices are one sequence's, of the lengths the plan gives.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    forward_sequence_fma(self, (q, k, v), scale, out, saved)
+                    forward_sequence_fma(self.avx512, self, (q, k, v), scale, out, saved)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 forward_sequence(self, (q, k, v), scale, out, saved);
@@ -172,7 +176,15 @@ impl Attention {
                 // SAFETY: as in `forward`.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    backward_sequence_fma(self, inputs, softmax, scale, dy, (dq, dk, dv))
+                    backward_sequence_fma(
+                        self.avx512,
+                        self,
+                        inputs,
+                        softmax,
+                        scale,
+                        dy,
+                        (dq, dk, dv),
+                    )
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 backward_sequence(self, inputs, softmax, scale, dy, (dq, dk, dv));
@@ -461,22 +473,6 @@ fn forward_sequence(
     }
 }
 
-/// [`forward_sequence`] compiled with FMA (`mul_add` one instruction, vectorised).
-///
-/// # Safety
-/// The CPU has AVX and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
-unsafe fn forward_sequence_fma(
-    plan: &Attention,
-    inputs: (&[f32], &[f32], &[f32]),
-    scale: f32,
-    out: &mut [f32],
-    saved: Saved,
-) {
-    forward_sequence(plan, inputs, scale, out, saved)
-}
-
 type Grads<'a> = (&'a mut [f32], &'a mut [f32], &'a mut [f32]);
 
 /// One sequence's backward pass, every head (see the module's doc for the numbers).
@@ -549,23 +545,6 @@ fn backward_sequence(
     }
 }
 
-/// [`backward_sequence`] compiled with FMA.
-///
-/// # Safety
-/// The CPU has AVX and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
-unsafe fn backward_sequence_fma(
-    plan: &Attention,
-    inputs: (&[f32], &[f32], &[f32]),
-    softmax: (&[f32], &[f32], &[f32]),
-    scale: f32,
-    dy: &[f32],
-    grads: Grads,
-) {
-    backward_sequence(plan, inputs, softmax, scale, dy, grads)
-}
-
 /// The two matrix products of multi-head attention apart, `scores = q·kᵀ·scale` and
 /// `context = probs·v` per sequence and head, each with its backward pass, for a model that
 /// puts ops of its own between them (the quantized attention: quantizers on `q`, `k`, `v`
@@ -585,6 +564,9 @@ pub struct AttentionProducts {
     keys: usize,
     heads: usize,
     width: usize,
+    /// Whether the passes run their AVX-512 build (`affine::avx512_build`).
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    avx512: bool,
 }
 
 impl AttentionProducts {
@@ -605,6 +587,7 @@ impl AttentionProducts {
             keys,
             heads,
             width,
+            avx512: avx512_build(),
         })
     }
 
@@ -641,11 +624,11 @@ impl AttentionProducts {
             .enumerate()
             .for_each(|(seq, scores)| {
                 let (q, k) = (&q[seq * ql..][..ql], &k[seq * kl..][..kl]);
-                // SAFETY: a plan exists only where `fma_available()`; the slices are one
-                // sequence's, of the plan's lengths.
+                // SAFETY: a plan exists only where `fma_available()`, its `avx512` only where
+                // `avx512_build()`; the slices are one sequence's, of the plan's lengths.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    scores_sequence_fma(self, q, k, scale, scores)
+                    scores_sequence_fma(self.avx512, self, q, k, scale, scores)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 scores_sequence(self, q, k, scale, scores);
@@ -702,7 +685,15 @@ impl AttentionProducts {
             // SAFETY: as in `scores`.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                scores_backward_sequence_fma(self, other, queries, scale, d_scores, grad)
+                scores_backward_sequence_fma(
+                    self.avx512,
+                    self,
+                    other,
+                    queries,
+                    scale,
+                    d_scores,
+                    grad,
+                )
             };
             #[cfg(not(target_arch = "x86_64"))]
             scores_backward_sequence(self, other, queries, scale, d_scores, grad);
@@ -726,7 +717,7 @@ impl AttentionProducts {
                 // SAFETY: as in `scores`.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    context_sequence_fma(self, p, v, context)
+                    context_sequence_fma(self.avx512, self, p, v, context)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 context_sequence(self, p, v, context);
@@ -749,7 +740,7 @@ impl AttentionProducts {
                 // SAFETY: as in `scores`.
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    context_probs_backward_sequence_fma(self, v, dy, d_probs)
+                    context_probs_backward_sequence_fma(self.avx512, self, v, dy, d_probs)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 context_probs_backward_sequence(self, v, dy, d_probs);
@@ -769,7 +760,7 @@ impl AttentionProducts {
             // SAFETY: as in `scores`.
             #[cfg(target_arch = "x86_64")]
             unsafe {
-                context_values_backward_sequence_fma(self, p, dy, dv)
+                context_values_backward_sequence_fma(self.avx512, self, p, dy, dv)
             };
             #[cfg(not(target_arch = "x86_64"))]
             context_values_backward_sequence(self, p, dy, dv);
@@ -902,65 +893,100 @@ fn context_values_backward_sequence(
     }
 }
 
-/// The passes above compiled with FMA (`mul_add` one instruction, vectorised).
+/// The passes compiled twice, with AVX and FMA (`mul_add` one instruction, vectorised), and
+/// with AVX-512 F and VL as well (see `affine::avx512_build`: the same bits; the loops the
+/// compiler vectorises itself, such as the softmax's, take 16 lanes); `pass_fma(avx512, ..)`
+/// runs the build a plan chose.
 ///
 /// # Safety
-/// The CPU has AVX and FMA.
+/// The CPU has AVX and FMA, and AVX-512 F and VL where `avx512` (a plan's choice).
 #[cfg(target_arch = "x86_64")]
 mod fma_passes {
     use super::*;
 
-    #[target_feature(enable = "avx,fma")]
-    pub(super) unsafe fn scores_sequence_fma(
-        plan: &AttentionProducts,
-        q: &[f32],
-        k: &[f32],
-        scale: f32,
-        out: &mut [f32],
-    ) {
-        scores_sequence(plan, q, k, scale, out)
+    macro_rules! builds {
+        ($($pass:ident => $name:ident($($arg:ident: $ty:ty),* $(,)?);)*) => {
+            mod avx2 {
+                use super::*;
+                $(
+                    #[target_feature(enable = "avx,fma")]
+                    pub(super) unsafe fn $name($($arg: $ty),*) {
+                        $pass($($arg),*)
+                    }
+                )*
+            }
+            mod avx512 {
+                use super::*;
+                $(
+                    #[target_feature(enable = "avx,fma,avx512f,avx512vl")]
+                    pub(super) unsafe fn $name($($arg: $ty),*) {
+                        $pass($($arg),*)
+                    }
+                )*
+            }
+            $(
+                pub(in super::super) unsafe fn $name(avx512: bool, $($arg: $ty),*) {
+                    // SAFETY: the caller's.
+                    unsafe {
+                        match avx512 {
+                            true => avx512::$name($($arg),*),
+                            false => avx2::$name($($arg),*),
+                        }
+                    }
+                }
+            )*
+        };
     }
 
-    #[target_feature(enable = "avx,fma")]
-    pub(super) unsafe fn scores_backward_sequence_fma(
-        plan: &AttentionProducts,
-        other: &[f32],
-        queries: bool,
-        scale: f32,
-        d_scores: &[f32],
-        grad: &mut [f32],
-    ) {
-        scores_backward_sequence(plan, other, queries, scale, d_scores, grad)
-    }
-
-    #[target_feature(enable = "avx,fma")]
-    pub(super) unsafe fn context_sequence_fma(
-        plan: &AttentionProducts,
-        probs: &[f32],
-        v: &[f32],
-        out: &mut [f32],
-    ) {
-        context_sequence(plan, probs, v, out)
-    }
-
-    #[target_feature(enable = "avx,fma")]
-    pub(super) unsafe fn context_probs_backward_sequence_fma(
-        plan: &AttentionProducts,
-        v: &[f32],
-        dy: &[f32],
-        d_probs: &mut [f32],
-    ) {
-        context_probs_backward_sequence(plan, v, dy, d_probs)
-    }
-
-    #[target_feature(enable = "avx,fma")]
-    pub(super) unsafe fn context_values_backward_sequence_fma(
-        plan: &AttentionProducts,
-        probs: &[f32],
-        dy: &[f32],
-        dv: &mut [f32],
-    ) {
-        context_values_backward_sequence(plan, probs, dy, dv)
+    builds! {
+        forward_sequence => forward_sequence_fma(
+            plan: &Attention,
+            inputs: (&[f32], &[f32], &[f32]),
+            scale: f32,
+            out: &mut [f32],
+            saved: Saved,
+        );
+        backward_sequence => backward_sequence_fma(
+            plan: &Attention,
+            inputs: (&[f32], &[f32], &[f32]),
+            softmax: (&[f32], &[f32], &[f32]),
+            scale: f32,
+            dy: &[f32],
+            grads: Grads,
+        );
+        scores_sequence => scores_sequence_fma(
+            plan: &AttentionProducts,
+            q: &[f32],
+            k: &[f32],
+            scale: f32,
+            out: &mut [f32],
+        );
+        scores_backward_sequence => scores_backward_sequence_fma(
+            plan: &AttentionProducts,
+            other: &[f32],
+            queries: bool,
+            scale: f32,
+            d_scores: &[f32],
+            grad: &mut [f32],
+        );
+        context_sequence => context_sequence_fma(
+            plan: &AttentionProducts,
+            probs: &[f32],
+            v: &[f32],
+            out: &mut [f32],
+        );
+        context_probs_backward_sequence => context_probs_backward_sequence_fma(
+            plan: &AttentionProducts,
+            v: &[f32],
+            dy: &[f32],
+            d_probs: &mut [f32],
+        );
+        context_values_backward_sequence => context_values_backward_sequence_fma(
+            plan: &AttentionProducts,
+            probs: &[f32],
+            dy: &[f32],
+            dv: &mut [f32],
+        );
     }
 }
 

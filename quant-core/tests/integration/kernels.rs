@@ -298,17 +298,26 @@ fn lsq_int8(
     (dx, ds, dz)
 }
 
-/// Runs `f` on the AVX2 code (where the CPU has it) and on the baseline code. One caller at a
-/// time: the limit is the process's, and another test's call could move it half-way.
-fn every_path(mut f: impl FnMut(&str)) {
+/// Runs `f` on the AVX2 code (where the CPU has it) and on the baseline code.
+fn every_path(f: impl FnMut(&str)) {
+    with_paths(
+        &[
+            (VectorPath::Avx2, "avx2"),
+            (VectorPath::Baseline, "baseline"),
+        ],
+        f,
+    )
+}
+
+/// Runs `f` under each limit of `paths` in turn ([`limit_kernel_paths`]), then lifts the
+/// limit. One caller at a time: the limit is the process's, and another test's call could
+/// move it half-way.
+pub(crate) fn with_paths(paths: &[(VectorPath, &str)], mut f: impl FnMut(&str)) {
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    for (path, label) in [
-        (VectorPath::Avx2, "avx2"),
-        (VectorPath::Baseline, "baseline"),
-    ] {
+    for &(path, label) in paths {
         limit_kernel_paths(path);
         f(label);
     }

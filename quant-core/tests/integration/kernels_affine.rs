@@ -36,9 +36,18 @@ fn plans_only_where_one_chain_per_output_holds() {
 
 /// The vector loop against one chain per output written out plainly, at widths that take
 /// every block (three, two and one vectors of eight columns, single columns) and output
-/// counts with rows left over after the groups of four.
+/// counts with rows left over after the groups of four; its AVX-512 build (where the CPU has
+/// AVX-512 F and VL) and its AVX2 build alike.
 #[test]
 fn weight_gradient_is_one_chain_per_sequence() {
+    let builds = [
+        (VectorPath::Avx512, "avx512 build"),
+        (VectorPath::Avx2, "avx2 build"),
+    ];
+    crate::kernels::with_paths(&builds, weight_gradient_cases);
+}
+
+fn weight_gradient_cases(build: &str) {
     for (sequences, rows, inputs, outputs) in [
         (3, 5, 45, 7),
         (2, 4, 59, 10),
@@ -75,7 +84,7 @@ fn weight_gradient_is_one_chain_per_sequence() {
         assert_eq!(
             bits(&dw),
             bits(&expected),
-            "{inputs} inputs, {outputs} outputs"
+            "{inputs} inputs, {outputs} outputs, {build}"
         );
         assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
     }

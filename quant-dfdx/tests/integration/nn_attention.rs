@@ -1,6 +1,6 @@
 //! `quant_dfdx::nn::MultiHeadAttention`: dfdx's self-attention bit for bit, through the fused core and through dfdx's ops.
 
-use crate::common::all_same;
+use crate::common::{all_same, every_fma_build};
 use dfdx::prelude::*;
 use quant_core::kernels::attention::{Attention, AttentionProducts};
 use quant_dfdx::nn::builders as builder;
@@ -54,7 +54,7 @@ where
 
 /// Ours against dfdx's `MultiHeadAttention<M, H>` built from the same seed, on batches
 /// of 6 sequences of each of `lengths` tokens and on one sequence of 7, on `threads`.
-fn check<const M: usize, const H: usize>(lengths: &[usize], threads: usize)
+fn check<const M: usize, const H: usize>(lengths: &[usize], threads: usize, build: &str)
 where
     builder::MultiHeadAttention<M, H>:
         BuildOnDevice<Cpu, f32, Built = MultiHeadAttention<M, H, M, M, f32, Cpu>>,
@@ -102,7 +102,7 @@ where
             for i in 0..a.len() {
                 assert!(
                     all_same(&a[i], &b[i]),
-                    "{}, {seq} tokens, M {M}, H {H}",
+                    "{}, {seq} tokens, M {M}, H {H}, {build}",
                     what(i)
                 );
             }
@@ -111,7 +111,7 @@ where
         let w = dev.sample_normal_like(x.shape());
         let (a, b) = (run(&ours, &p_ours, &x, &w), run(&theirs, &p_theirs, &x, &w));
         for i in 0..a.len() {
-            assert!(all_same(&a[i], &b[i]), "{}, one sequence", what(i));
+            assert!(all_same(&a[i], &b[i]), "{}, one sequence, {build}", what(i));
         }
     });
 }
@@ -120,12 +120,14 @@ where
 /// remainders) and dfdx's ops (1 or 2 tokens, heads 2 wide), on one thread and on three.
 #[test]
 fn outputs_and_gradients_are_dfdx_attentions_bit_for_bit() {
-    for threads in [1, 3] {
-        check::<12, 3>(&[16, 5, 3, 2, 1], threads);
-        check::<64, 4>(&[16], threads);
-        check::<48, 4>(&[16, 9], threads);
-        check::<8, 4>(&[16], threads);
-    }
+    every_fma_build(|build| {
+        for threads in [1, 3] {
+            check::<12, 3>(&[16, 5, 3, 2, 1], threads, build);
+            check::<64, 4>(&[16], threads, build);
+            check::<48, 4>(&[16, 9], threads, build);
+            check::<8, 4>(&[16], threads, build);
+        }
+    });
 }
 
 #[test]
@@ -197,7 +199,10 @@ fn products<const H: usize, const K: usize, const V: usize>(
 
 /// The two products on batches of 4 sequences of `queries` and `keys` tokens, against dfdx's
 /// ops, bit for bit.
-fn check_products<const H: usize, const K: usize, const V: usize>((queries, keys): (usize, usize)) {
+fn check_products<const H: usize, const K: usize, const V: usize>(
+    (queries, keys): (usize, usize),
+    build: &str,
+) {
     let dev = Cpu::seed_from_u64(queries as u64 * 31 + keys as u64);
     let q: Tokens<K> = dev.sample_normal_like(&(4, queries, Const));
     let k: Tokens<K> = dev.sample_normal_like(&(4, keys, Const));
@@ -217,7 +222,7 @@ fn check_products<const H: usize, const K: usize, const V: usize>((queries, keys
     {
         assert!(
             all_same(&ours[i], &theirs[i]),
-            "{what}: {queries} queries, {keys} keys, K {K}, V {V}, {H} heads"
+            "{what}: {queries} queries, {keys} keys, K {K}, V {V}, {H} heads, {build}"
         );
     }
 }
@@ -228,19 +233,21 @@ fn check_products<const H: usize, const K: usize, const V: usize>((queries, keys
 /// (2 tokens, heads 2 wide), on one thread and on three.
 #[test]
 fn the_separate_products_are_dfdxs_bit_for_bit() {
-    for threads in [1, 3] {
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap();
-        pool.install(|| {
-            check_products::<2, 16, 24>((5, 7));
-            check_products::<3, 36, 12>((17, 3));
-            check_products::<1, 40, 8>((9, 9));
-            check_products::<2, 16, 16>((2, 5));
-            check_products::<4, 8, 8>((6, 6));
-        });
-    }
+    every_fma_build(|build| {
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                check_products::<2, 16, 24>((5, 7), build);
+                check_products::<3, 36, 12>((17, 3), build);
+                check_products::<1, 40, 8>((9, 9), build);
+                check_products::<2, 16, 16>((2, 5), build);
+                check_products::<4, 8, 8>((6, 6), build);
+            });
+        }
+    });
     let fma = std::is_x86_feature_detected!("fma") && std::is_x86_feature_detected!("avx");
     assert_eq!(AttentionProducts::new(4, (5, 7), 2, 8).is_some(), fma);
     assert!(
