@@ -40,7 +40,7 @@ pub struct Affine {
     rows: usize,
     inputs: usize,
     outputs: usize,
-    /// Whether the weights' gradient runs the AVX-512 build of its loop ([`avx512_build`]).
+    /// Whether the products take their AVX-512 paths ([`avx512_build`]).
     avx512: bool,
 }
 
@@ -88,6 +88,17 @@ impl Affine {
         for _ in 0..rows {
             y.extend_from_slice(bias);
         }
+        if self.avx512 {
+            // Wᵀ, `inputs × outputs`: the 16-lane loop reads rows of the right operand.
+            let mut w_t = vec![0.0f32; inputs * outputs];
+            for (o, w_row) in w.chunks_exact(inputs).enumerate() {
+                for (i, v) in w_row.iter().enumerate() {
+                    w_t[i * outputs + o] = *v;
+                }
+            }
+            add_products_avx512(&mut y, x, &w_t, (inputs, outputs));
+            return Some(y);
+        }
         // SAFETY: `x` holds `rows` rows of `inputs`, `w` `outputs` rows of `inputs` (read as
         // the `inputs × outputs` matrix Wᵀ: row stride 1, column stride `inputs`), `y` `rows`
         // rows of `outputs`: every address the strides reach is inside them.
@@ -109,6 +120,10 @@ impl Affine {
         let (inputs, outputs) = (self.inputs, self.outputs);
         if dx.len() != rows * inputs || dy.len() != rows * outputs || w.len() != outputs * inputs {
             return None;
+        }
+        if self.avx512 {
+            add_products_avx512(dx, dy, w, (outputs, inputs));
+            return Some(());
         }
         // SAFETY: lengths checked above; row-major strides within each buffer.
         unsafe {
@@ -207,12 +222,14 @@ unsafe fn add_product(
     }
 }
 
-/// Whether the FMA loops here and in [`super::attention`] take their AVX-512 builds: the same
-/// source compiled with AVX-512 F and VL enabled as well, which gives the compiler 32 vector
-/// registers instead of 16 for the blocked loops' accumulators, and 16 lanes for the loops it
-/// vectorises itself. Each output is the same chain of fused multiply-adds, so the bits are
-/// the AVX2 build's. Chosen when a plan is made: where the CPU has AVX-512 F and VL and
-/// [`VectorPath::widest`] allows [`VectorPath::Avx512`] (`limit_kernel_paths`,
+/// Whether the products here take their AVX-512 paths (the forward pass and the input's
+/// gradient [`add_products_avx512`] instead of `gemm`, whose AVX-512 kernels need a nightly
+/// compiler) and the FMA loops here and in [`super::attention`] their AVX-512 builds: the
+/// same source compiled with AVX-512 F and VL enabled as well, which gives the compiler 32
+/// vector registers instead of 16 for the blocked loops' accumulators, and 16 lanes for the
+/// loops it vectorises itself. Each output is the same chain of fused multiply-adds on every
+/// path, so the bits are the same. Chosen when a plan is made: where the CPU has AVX-512 F
+/// and VL and [`VectorPath::widest`] allows [`VectorPath::Avx512`] (`limit_kernel_paths`,
 /// `Isa::limit_to`).
 pub(crate) fn avx512_build() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -236,6 +253,157 @@ pub fn fma_available() -> bool {
     #[cfg(not(target_arch = "x86_64"))]
     {
         false
+    }
+}
+
+/// Rows of outputs one block of [`add_products_avx512`] computes side by side.
+const BLOCK_ROWS: usize = 8;
+
+/// Vectors of 16 outputs a row that one block of [`add_products_avx512`] computes: with
+/// [`BLOCK_ROWS`], 24 accumulators, the right operand's 3 vectors and a broadcast, of the 32
+/// registers.
+const BLOCK_VECTORS: usize = 3;
+
+/// `out[r][c] += Σ_t a[r][t] · b[t][c]` for `out` of `rows × width`, `a` of `rows × depth`
+/// and `b` of `depth × width` (`(depth, width)`), all row-major: each output one chain of
+/// fused multiply-adds over `t` in order from zero, added to `out` once, as `gemm` computes
+/// it within a plan. Blocks of [`BLOCK_ROWS`] rows are split across rayon's threads, so the
+/// result does not depend on the thread count. Runs only where `avx512_build()` (a plan's
+/// choice); lengths that do not fit leave `out` unchanged (the callers checked them).
+fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (usize, usize)) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if width == 0 || depth == 0 {
+            return;
+        }
+        let rows = out.len() / width;
+        if out.len() != rows * width || a.len() != rows * depth || b.len() != depth * width {
+            return;
+        }
+        // Enough blocks for every thread several times over, whole blocks of rows each.
+        let blocks = rows.div_ceil(BLOCK_ROWS);
+        let per_task = blocks.div_ceil(4 * rayon::current_num_threads()).max(1) * BLOCK_ROWS;
+        out.par_chunks_mut(per_task * width)
+            .zip(a.par_chunks(per_task * depth))
+            .for_each(|(out, a)| {
+                // SAFETY: `avx512_build()` held when the plan chose this path; `out` holds
+                // whole rows of `width`, `a` as many rows of `depth`, `b` `depth` rows of
+                // `width` (checked above).
+                unsafe { add_products_rows_avx512(out, a, b, (depth, width)) }
+            });
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (out, a, b, depth, width);
+}
+
+/// [`add_products_avx512`] on the rows of one task: blocks of [`BLOCK_ROWS`] rows, then of
+/// one row; in each, columns [`BLOCK_VECTORS`] vectors of 16 at a time, then one vector at a
+/// time, the last one masked.
+///
+/// # Safety
+/// The CPU has AVX-512 F; `out` holds whole rows of `width`, `a` as many rows of `depth`,
+/// `b` `depth` rows of `width`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn add_products_rows_avx512(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    (depth, width): (usize, usize),
+) {
+    let rows = out.len() / width;
+    let mut r = 0;
+    // SAFETY: the caller's, for rows `r..r + R` within `rows`.
+    unsafe {
+        while r + BLOCK_ROWS <= rows {
+            product_columns::<BLOCK_ROWS>(out, a, b, r, (depth, width));
+            r += BLOCK_ROWS;
+        }
+        while r < rows {
+            product_columns::<1>(out, a, b, r, (depth, width));
+            r += 1;
+        }
+    }
+}
+
+/// Rows `r..r + R` of [`add_products_rows_avx512`], every column.
+///
+/// # Safety
+/// As [`add_products_rows_avx512`] (only inlined into it), and `r + R` rows within `out`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn product_columns<const R: usize>(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    r: usize,
+    (depth, width): (usize, usize),
+) {
+    let mut c = 0;
+    // SAFETY: the caller's; each block's columns `c..c + 16·V` (the last masked to
+    // `width`).
+    unsafe {
+        while c + 16 * BLOCK_VECTORS <= width {
+            product_block::<R, BLOCK_VECTORS>(
+                out,
+                a,
+                b,
+                (r, c),
+                (depth, width),
+                [u16::MAX; BLOCK_VECTORS],
+            );
+            c += 16 * BLOCK_VECTORS;
+        }
+        while c < width {
+            let lanes = (width - c).min(16);
+            let mask = u16::MAX >> (16 - lanes);
+            product_block::<R, 1>(out, a, b, (r, c), (depth, width), [mask]);
+            c += lanes;
+        }
+    }
+}
+
+/// One block of [`product_columns`]: rows `r..r + R`, `V` vectors of 16 columns from `c`,
+/// vector `v`'s lanes `masks[v]` (the others neither read nor written): `R·V` chains side
+/// by side, each over the whole depth, then added to `out`.
+///
+/// # Safety
+/// As [`product_columns`] (only inlined into it); the lanes `masks` selects lie within
+/// `width`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn product_block<const R: usize, const V: usize>(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    (r, c): (usize, usize),
+    (depth, width): (usize, usize),
+    masks: [u16; V],
+) {
+    use std::arch::x86_64::*;
+    // SAFETY: rows `r..r + R` of `a` (`depth` each) and of `out`, rows `..depth` of `b`,
+    // columns `c..c + 16·V` where the masks allow them: within each buffer.
+    unsafe {
+        let (ap, bp, op) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+        let mut acc = [[_mm512_setzero_ps(); V]; R];
+        for t in 0..depth {
+            let bt = bp.add(t * width + c);
+            let bs: [__m512; V] =
+                std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], bt.add(16 * v)));
+            for (i, acc) in acc.iter_mut().enumerate() {
+                let x = _mm512_set1_ps(*ap.add((r + i) * depth + t));
+                for (acc, b) in acc.iter_mut().zip(&bs) {
+                    *acc = _mm512_fmadd_ps(x, *b, *acc);
+                }
+            }
+        }
+        for (i, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate() {
+                let o = op.add((r + i) * width + c + 16 * v);
+                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(masks[v], o), *acc);
+                _mm512_mask_storeu_ps(o, masks[v], sum);
+            }
+        }
     }
 }
 

@@ -89,3 +89,82 @@ fn weight_gradient_cases(build: &str) {
         assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
     }
 }
+
+/// The forward pass and the input's gradient against one chain per output written out
+/// plainly (the bias, or the gradient already there, plus the chain, rounded once), at
+/// widths with a masked last vector, depths below and above a vector, and row counts with
+/// rows left over after the blocks of eight: `gemm` (the AVX2 build) and the 16-lane loop
+/// (the AVX-512 build, where the CPU has it) alike, on one thread and on three.
+#[test]
+fn forward_and_input_gradient_are_one_chain_per_output() {
+    let builds = [
+        (VectorPath::Avx512, "avx512 build"),
+        (VectorPath::Avx2, "avx2 build"),
+    ];
+    crate::kernels::with_paths(&builds, |build| {
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                forward_and_input_gradient_cases(&format!("{build}, {threads} threads"))
+            });
+        }
+    });
+}
+
+fn forward_and_input_gradient_cases(label: &str) {
+    for (sequences, rows, inputs, outputs) in [
+        (3, 5, 45, 7),
+        (2, 13, 59, 50),
+        (1, 9, 16, 48),
+        (2, 16, 48, 96),
+        (1, 3, 100, 33),
+        (4, 17, 5, 144),
+    ] {
+        let Some(plan) = Affine::new(sequences, rows, inputs, outputs, false) else {
+            assert!(
+                !fma_available(),
+                "{inputs} inputs, {outputs} outputs: no plan"
+            );
+            continue;
+        };
+        let total = sequences * rows;
+        let x = values(total * inputs, 4);
+        let w = values(outputs * inputs, 5);
+        let bias = values(outputs, 6);
+        let y = plan.forward(&x, &w, &bias).unwrap();
+        let mut expected_y = Vec::with_capacity(total * outputs);
+        for r in 0..total {
+            for o in 0..outputs {
+                let mut acc = 0.0f32;
+                for i in 0..inputs {
+                    acc = x[r * inputs + i].mul_add(w[o * inputs + i], acc);
+                }
+                expected_y.push(bias[o] + acc);
+            }
+        }
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let case = format!("{total} rows, {inputs} inputs, {outputs} outputs, {label}");
+        assert_eq!(bits(&y), bits(&expected_y), "forward, {case}");
+
+        let dy = values(total * outputs, 7);
+        let start = values(total * inputs, 8);
+        let mut dx = start.clone();
+        plan.input_gradient(&mut dx, &dy, &w).unwrap();
+        let mut expected_dx = start;
+        for r in 0..total {
+            for i in 0..inputs {
+                let mut acc = 0.0f32;
+                for o in 0..outputs {
+                    acc = dy[r * outputs + o].mul_add(w[o * inputs + i], acc);
+                }
+                expected_dx[r * inputs + i] += acc;
+            }
+        }
+        assert_eq!(bits(&dx), bits(&expected_dx), "input gradient, {case}");
+        assert!(plan.forward(&x[1..], &w, &bias).is_none());
+        assert!(plan.input_gradient(&mut dx, &dy[1..], &w).is_none());
+    }
+}
