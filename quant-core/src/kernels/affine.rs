@@ -17,6 +17,10 @@
 //!   weights' rows, so the result does not depend on the thread count; for a single
 //!   sequence (a batch of vectors), dfdx's own `gemm` call.
 //!
+//! Where the CPU has AVX-512, all three run a 16-lane loop of ours instead (eight rows by
+//! three vectors of outputs at a time) with the same chains, so the same bits: `gemm` 0.15
+//! multiplies in 8-lane vectors on stable Rust.
+//!
 //! Every path needs FMA (`gemm`'s multiply-adds are fused only there); elsewhere
 //! [`Affine::new`] answers `None` and the caller takes dfdx's ops.
 
@@ -147,6 +151,35 @@ impl Affine {
         {
             return None;
         }
+        if self.avx512 {
+            // Blocks of output rows across the threads; in each, the sequences in turn, each
+            // a product `dyᵀ · x` of depth `rows` added into the block.
+            let per_task = outputs.div_ceil(BLOCK_ROWS * 4 * rayon::current_num_threads());
+            let per_task = per_task.max(1) * BLOCK_ROWS;
+            dw.par_chunks_mut(per_task * inputs)
+                .enumerate()
+                .for_each(|(task, dw_rows)| {
+                    let first = task * per_task;
+                    for s in 0..self.sequences {
+                        let x_seq = &x[s * rows * inputs..][..rows * inputs];
+                        let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
+                        // Row `o` of `dyᵀ` from output `first`: `dy[t][first + o]`.
+                        let dy_t = Left::new(&dy_seq[first..], (1, outputs));
+                        // SAFETY: `avx512_build()` held when the plan chose this path;
+                        // `dw_rows` holds whole rows of `inputs`, each an output `first + o
+                        // < outputs`, so `dy_t` reaches `dy_seq[first + o + (rows - 1) ·
+                        // outputs]` at most, within it; `x_seq` holds `rows` rows of
+                        // `inputs`.
+                        #[cfg(target_arch = "x86_64")]
+                        unsafe {
+                            add_products_rows_avx512(dw_rows, dy_t, x_seq, (rows, inputs))
+                        };
+                        #[cfg(not(target_arch = "x86_64"))]
+                        let _ = (dw_rows.len(), dy_t, x_seq);
+                    }
+                });
+            return Some(());
+        }
         if self.sequences == 1 {
             // dfdx's own call for a batch of vectors (one product, depth `rows`): `gemm`'s
             // kernels are faster than the loop below on one long chain.
@@ -169,14 +202,7 @@ impl Affine {
                 for s in 0..self.sequences {
                     let x_seq = &x[s * rows * inputs..][..rows * inputs];
                     let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
-                    add_rows(
-                        dw_rows,
-                        x_seq,
-                        dy_seq,
-                        first,
-                        (inputs, outputs),
-                        self.avx512,
-                    );
+                    add_rows(dw_rows, x_seq, dy_seq, first, (inputs, outputs));
                 }
             });
         Some(())
@@ -222,14 +248,13 @@ unsafe fn add_product(
     }
 }
 
-/// Whether the products here take their AVX-512 paths (the forward pass and the input's
-/// gradient [`add_products_avx512`] instead of `gemm`, whose AVX-512 kernels need a nightly
-/// compiler) and the FMA loops here and in [`super::attention`] their AVX-512 builds: the
-/// same source compiled with AVX-512 F and VL enabled as well, which gives the compiler 32
-/// vector registers instead of 16 for the blocked loops' accumulators, and 16 lanes for the
-/// loops it vectorises itself. Each output is the same chain of fused multiply-adds on every
-/// path, so the bits are the same. Chosen when a plan is made: where the CPU has AVX-512 F
-/// and VL and [`VectorPath::widest`] allows [`VectorPath::Avx512`] (`limit_kernel_paths`,
+/// Whether the products here take their AVX-512 path, [`add_products_avx512`] for all three
+/// (`gemm`'s AVX-512 kernels need a nightly compiler), and the FMA loops of
+/// [`super::attention`] their AVX-512 builds: the same source compiled with AVX-512 F and VL
+/// enabled as well, 16 lanes for the loops the compiler vectorises itself and 32 registers.
+/// Each output is the same chain of fused multiply-adds on every path, so the bits are the
+/// same. Chosen when a plan is made: where the CPU has AVX-512 F and VL and
+/// [`VectorPath::widest`] allows [`VectorPath::Avx512`] (`limit_kernel_paths`,
 /// `Isa::limit_to`).
 pub(crate) fn avx512_build() -> bool {
     #[cfg(target_arch = "x86_64")]
@@ -289,11 +314,32 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
                 // SAFETY: `avx512_build()` held when the plan chose this path; `out` holds
                 // whole rows of `width`, `a` as many rows of `depth`, `b` `depth` rows of
                 // `width` (checked above).
-                unsafe { add_products_rows_avx512(out, a, b, (depth, width)) }
+                unsafe {
+                    add_products_rows_avx512(out, Left::new(a, (depth, 1)), b, (depth, width))
+                }
             });
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (out, a, b, depth, width);
+}
+
+/// The left operand of a product: element `(row, t)` at `data[row · row_stride + t ·
+/// depth_stride]` (a row-major matrix, or the transpose of one).
+#[derive(Debug, Clone, Copy)]
+struct Left<'a> {
+    data: &'a [f32],
+    row_stride: usize,
+    depth_stride: usize,
+}
+
+impl<'a> Left<'a> {
+    fn new(data: &'a [f32], (row_stride, depth_stride): (usize, usize)) -> Left<'a> {
+        Left {
+            data,
+            row_stride,
+            depth_stride,
+        }
+    }
 }
 
 /// [`add_products_avx512`] on the rows of one task: blocks of [`BLOCK_ROWS`] rows, then of
@@ -301,13 +347,13 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
 /// time, the last one masked.
 ///
 /// # Safety
-/// The CPU has AVX-512 F; `out` holds whole rows of `width`, `a` as many rows of `depth`,
-/// `b` `depth` rows of `width`.
+/// The CPU has AVX-512 F; `out` holds whole rows of `width`, `a` as many rows of `depth`
+/// (every element its strides reach within its data), `b` `depth` rows of `width`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 unsafe fn add_products_rows_avx512(
     out: &mut [f32],
-    a: &[f32],
+    a: Left,
     b: &[f32],
     (depth, width): (usize, usize),
 ) {
@@ -334,7 +380,7 @@ unsafe fn add_products_rows_avx512(
 #[inline(always)]
 unsafe fn product_columns<const R: usize>(
     out: &mut [f32],
-    a: &[f32],
+    a: Left,
     b: &[f32],
     r: usize,
     (depth, width): (usize, usize),
@@ -374,7 +420,7 @@ unsafe fn product_columns<const R: usize>(
 #[inline(always)]
 unsafe fn product_block<const R: usize, const V: usize>(
     out: &mut [f32],
-    a: &[f32],
+    a: Left,
     b: &[f32],
     (r, c): (usize, usize),
     (depth, width): (usize, usize),
@@ -384,14 +430,14 @@ unsafe fn product_block<const R: usize, const V: usize>(
     // SAFETY: rows `r..r + R` of `a` (`depth` each) and of `out`, rows `..depth` of `b`,
     // columns `c..c + 16·V` where the masks allow them: within each buffer.
     unsafe {
-        let (ap, bp, op) = (a.as_ptr(), b.as_ptr(), out.as_mut_ptr());
+        let (ap, bp, op) = (a.data.as_ptr(), b.as_ptr(), out.as_mut_ptr());
         let mut acc = [[_mm512_setzero_ps(); V]; R];
         for t in 0..depth {
             let bt = bp.add(t * width + c);
             let bs: [__m512; V] =
                 std::array::from_fn(|v| _mm512_maskz_loadu_ps(masks[v], bt.add(16 * v)));
             for (i, acc) in acc.iter_mut().enumerate() {
-                let x = _mm512_set1_ps(*ap.add((r + i) * depth + t));
+                let x = _mm512_set1_ps(*ap.add((r + i) * a.row_stride + t * a.depth_stride));
                 for (acc, b) in acc.iter_mut().zip(&bs) {
                     *acc = _mm512_fmadd_ps(x, *b, *acc);
                 }
@@ -408,80 +454,36 @@ unsafe fn product_block<const R: usize, const V: usize>(
 }
 
 /// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds up to
-/// [`ROWS_PER_TASK`] rows of the weights' gradient); `avx512`: the plan's [`avx512_build`].
+/// [`ROWS_PER_TASK`] rows of the weights' gradient).
 fn add_rows(
     dw_rows: &mut [f32],
     x: &[f32],
     dy: &[f32],
     first: usize,
     (inputs, outputs): (usize, usize),
-    avx512: bool,
 ) {
-    // SAFETY: an `Affine` exists only where `fma_available()`, and chose `avx512` only where
-    // `avx512_build()`; `x` holds `dy.len() / outputs` rows of `inputs`, `dw_rows` whole rows
-    // of `inputs`.
+    // SAFETY: an `Affine` exists only where `fma_available()`; `x` holds `dy.len() / outputs`
+    // rows of `inputs`, `dw_rows` whole rows of `inputs`.
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        match avx512 {
-            true => add_rows_avx512(dw_rows, x, dy, first, (inputs, outputs)),
-            false => add_rows_fma(dw_rows, x, dy, first, (inputs, outputs)),
-        }
+        add_rows_fma(dw_rows, x, dy, first, (inputs, outputs))
     };
     #[cfg(not(target_arch = "x86_64"))]
-    {
-        let _ = avx512;
-        for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
-            add_columns(dw_row, x, dy, (first + j, outputs), 0);
-        }
+    for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
+        add_columns(dw_row, x, dy, (first + j, outputs), 0);
     }
-}
-
-/// [`add_rows_vectors`] compiled with AVX and FMA.
-///
-/// # Safety
-/// As [`add_rows_vectors`].
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma")]
-unsafe fn add_rows_fma(
-    dw_rows: &mut [f32],
-    x: &[f32],
-    dy: &[f32],
-    first: usize,
-    (inputs, outputs): (usize, usize),
-) {
-    // SAFETY: the caller's.
-    unsafe { add_rows_vectors(dw_rows, x, dy, first, (inputs, outputs)) }
-}
-
-/// [`add_rows_vectors`] compiled with AVX-512 F and VL as well ([`avx512_build`]).
-///
-/// # Safety
-/// As [`add_rows_vectors`], and the CPU has AVX-512 F and VL.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx,fma,avx512f,avx512vl")]
-unsafe fn add_rows_avx512(
-    dw_rows: &mut [f32],
-    x: &[f32],
-    dy: &[f32],
-    first: usize,
-    (inputs, outputs): (usize, usize),
-) {
-    // SAFETY: the caller's.
-    unsafe { add_rows_vectors(dw_rows, x, dy, first, (inputs, outputs)) }
 }
 
 /// [`add_rows`] with eight columns to a vector: four rows by three vectors at a time, twelve
 /// independent chains (more than two FMA units need through their latency, with the loads of
 /// `x` shared by four rows), then four rows by two vectors and by one for the last columns.
-/// Only inlined into [`add_rows_fma`] and [`add_rows_avx512`], whose target features its
-/// intrinsics need.
 ///
 /// # Safety
 /// The CPU has AVX and FMA; `x` holds `dy.len() / outputs` rows of `inputs`; `dw_rows`
 /// whole rows of `inputs`; `first + dw_rows.len() / inputs <= outputs`.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn add_rows_vectors(
+#[target_feature(enable = "avx,fma")]
+unsafe fn add_rows_fma(
     dw_rows: &mut [f32],
     x: &[f32],
     dy: &[f32],
@@ -526,10 +528,11 @@ unsafe fn add_rows_vectors(
 /// output one chain over the rows `r` in order, added to the gradient once.
 ///
 /// # Safety
-/// As [`add_rows_vectors`] (and only inlined into its builds), and `i + 8·V <= inputs`,
-/// `(j + ROWS_PER_TASK)·inputs <= dw_rows.len()`.
+/// As [`add_rows_fma`], and `i + 8·V <= inputs`, `(j + ROWS_PER_TASK)·inputs <=
+/// dw_rows.len()`.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx,fma")]
+#[inline]
 unsafe fn add_block_fma<const V: usize>(
     dw_rows: &mut [f32],
     x: &[f32],
@@ -568,9 +571,9 @@ unsafe fn add_block_fma<const V: usize>(
 /// column at a time.
 ///
 /// # Safety
-/// As [`add_rows_vectors`] (and only inlined into its builds), for the one row `dw_row`.
+/// As [`add_rows_fma`], for the one row `dw_row`.
 #[cfg(target_arch = "x86_64")]
-#[inline(always)]
+#[target_feature(enable = "avx,fma")]
 unsafe fn add_row_tail(
     dw_row: &mut [f32],
     x: &[f32],
@@ -599,8 +602,7 @@ unsafe fn add_row_tail(
 }
 
 /// One row of [`add_rows`] (output `o`) from column `first` on, one column at a time
-/// (`mul_add` is fused on every CPU; inlined into [`add_rows_vectors`]' builds it is one
-/// instruction).
+/// (`mul_add` is fused on every CPU; inlined into [`add_row_tail`] it is one instruction).
 #[inline(always)]
 fn add_columns(
     dw_row: &mut [f32],
