@@ -34,20 +34,23 @@ fn plans_only_where_one_chain_per_output_holds() {
     assert_eq!(Affine::new(1, 600, 64, 64, false).is_some(), fma);
 }
 
-/// The vector loop against one chain per output written out plainly, at widths that take
-/// every block (three, two and one vectors of eight columns, single columns) and output
-/// counts with rows left over after the groups of four; its AVX-512 build (where the CPU has
-/// AVX-512 F and VL) and its AVX2 build alike.
+/// The products' two paths: the 16-lane loop where the CPU has AVX-512 F and VL, and the
+/// AVX2 path (`gemm`, and the 8-lane loop of the weights' gradient).
+const PRODUCT_PATHS: [(VectorPath, &str); 2] = [
+    (VectorPath::Avx512, "avx512 path"),
+    (VectorPath::Avx2, "avx2 path"),
+];
+
+/// The weights' gradient against one chain per output written out plainly, at widths that
+/// take every block of the 8-lane loop (three, two and one vectors of eight columns, single
+/// columns) and of the 16-lane one (masked last vectors), and output counts with rows left
+/// over after the groups of four and of eight; on both paths.
 #[test]
 fn weight_gradient_is_one_chain_per_sequence() {
-    let builds = [
-        (VectorPath::Avx512, "avx512 build"),
-        (VectorPath::Avx2, "avx2 build"),
-    ];
-    crate::kernels::with_paths(&builds, weight_gradient_cases);
+    crate::kernels::with_paths(&PRODUCT_PATHS, weight_gradient_cases);
 }
 
-fn weight_gradient_cases(build: &str) {
+fn weight_gradient_cases(path: &str) {
     for (sequences, rows, inputs, outputs) in [
         (3, 5, 45, 7),
         (2, 4, 59, 10),
@@ -84,7 +87,7 @@ fn weight_gradient_cases(build: &str) {
         assert_eq!(
             bits(&dw),
             bits(&expected),
-            "{inputs} inputs, {outputs} outputs, {build}"
+            "{inputs} inputs, {outputs} outputs, {path}"
         );
         assert!(plan.weight_gradient(&mut dw, &x, &dy[1..]).is_none());
     }
@@ -93,22 +96,17 @@ fn weight_gradient_cases(build: &str) {
 /// The forward pass and the input's gradient against one chain per output written out
 /// plainly (the bias, or the gradient already there, plus the chain, rounded once), at
 /// widths with a masked last vector, depths below and above a vector, and row counts with
-/// rows left over after the blocks of eight: `gemm` (the AVX2 build) and the 16-lane loop
-/// (the AVX-512 build, where the CPU has it) alike, on one thread and on three.
+/// rows left over after the blocks of eight: on both paths, on one thread and on three.
 #[test]
 fn forward_and_input_gradient_are_one_chain_per_output() {
-    let builds = [
-        (VectorPath::Avx512, "avx512 build"),
-        (VectorPath::Avx2, "avx2 build"),
-    ];
-    crate::kernels::with_paths(&builds, |build| {
+    crate::kernels::with_paths(&PRODUCT_PATHS, |path| {
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
             pool.install(|| {
-                forward_and_input_gradient_cases(&format!("{build}, {threads} threads"))
+                forward_and_input_gradient_cases(&format!("{path}, {threads} threads"))
             });
         }
     });

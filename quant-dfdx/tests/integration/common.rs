@@ -28,21 +28,21 @@ pub fn all_same(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same(*a, *b))
 }
 
-/// Runs `f` on the AVX-512 builds of quant-core's FMA kernels (the Linear layers' weight
-/// gradient, the attention's passes; taken where the CPU has AVX-512 F and VL) and on their
-/// AVX2 builds, naming the build. One caller at a time: the limit is the process's.
-pub fn every_fma_build(mut f: impl FnMut(&str)) {
+/// Runs `f` with quant-core's AVX-512 paths of the Linear layers' products and of the
+/// attention's passes (taken where the CPU has AVX-512 F and VL), then with their AVX2 paths,
+/// naming the path. One caller at a time: the limit is the process's.
+pub fn every_fma_path(mut f: impl FnMut(&str)) {
     use quant_core::__internals::{limit_kernel_paths, VectorPath};
     static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
     let _turn = ONE_AT_A_TIME
         .lock()
         .unwrap_or_else(|poisoned| poisoned.into_inner());
-    for (path, build) in [
-        (VectorPath::Avx512, "avx512 build"),
-        (VectorPath::Avx2, "avx2 build"),
+    for (path, label) in [
+        (VectorPath::Avx512, "avx512 path"),
+        (VectorPath::Avx2, "avx2 path"),
     ] {
         limit_kernel_paths(path);
-        f(build);
+        f(label);
     }
     limit_kernel_paths(VectorPath::Avx512);
 }

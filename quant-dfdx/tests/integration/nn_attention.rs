@@ -1,6 +1,6 @@
 //! `quant_dfdx::nn::MultiHeadAttention`: dfdx's self-attention bit for bit, through the fused core and through dfdx's ops.
 
-use crate::common::{all_same, every_fma_build};
+use crate::common::{all_same, every_fma_path};
 use dfdx::prelude::*;
 use quant_core::kernels::attention::{Attention, AttentionProducts};
 use quant_dfdx::nn::builders as builder;
@@ -54,7 +54,7 @@ where
 
 /// Ours against dfdx's `MultiHeadAttention<M, H>` built from the same seed, on batches
 /// of 6 sequences of each of `lengths` tokens and on one sequence of 7, on `threads`.
-fn check<const M: usize, const H: usize>(lengths: &[usize], threads: usize, build: &str)
+fn check<const M: usize, const H: usize>(lengths: &[usize], threads: usize, path: &str)
 where
     builder::MultiHeadAttention<M, H>:
         BuildOnDevice<Cpu, f32, Built = MultiHeadAttention<M, H, M, M, f32, Cpu>>,
@@ -102,7 +102,7 @@ where
             for i in 0..a.len() {
                 assert!(
                     all_same(&a[i], &b[i]),
-                    "{}, {seq} tokens, M {M}, H {H}, {build}",
+                    "{}, {seq} tokens, M {M}, H {H}, {path}",
                     what(i)
                 );
             }
@@ -111,7 +111,7 @@ where
         let w = dev.sample_normal_like(x.shape());
         let (a, b) = (run(&ours, &p_ours, &x, &w), run(&theirs, &p_theirs, &x, &w));
         for i in 0..a.len() {
-            assert!(all_same(&a[i], &b[i]), "{}, one sequence, {build}", what(i));
+            assert!(all_same(&a[i], &b[i]), "{}, one sequence, {path}", what(i));
         }
     });
 }
@@ -120,12 +120,12 @@ where
 /// remainders) and dfdx's ops (1 or 2 tokens, heads 2 wide), on one thread and on three.
 #[test]
 fn outputs_and_gradients_are_dfdx_attentions_bit_for_bit() {
-    every_fma_build(|build| {
+    every_fma_path(|path| {
         for threads in [1, 3] {
-            check::<12, 3>(&[16, 5, 3, 2, 1], threads, build);
-            check::<64, 4>(&[16], threads, build);
-            check::<48, 4>(&[16, 9], threads, build);
-            check::<8, 4>(&[16], threads, build);
+            check::<12, 3>(&[16, 5, 3, 2, 1], threads, path);
+            check::<64, 4>(&[16], threads, path);
+            check::<48, 4>(&[16, 9], threads, path);
+            check::<8, 4>(&[16], threads, path);
         }
     });
 }
@@ -201,7 +201,7 @@ fn products<const H: usize, const K: usize, const V: usize>(
 /// ops, bit for bit.
 fn check_products<const H: usize, const K: usize, const V: usize>(
     (queries, keys): (usize, usize),
-    build: &str,
+    path: &str,
 ) {
     let dev = Cpu::seed_from_u64(queries as u64 * 31 + keys as u64);
     let q: Tokens<K> = dev.sample_normal_like(&(4, queries, Const));
@@ -222,7 +222,7 @@ fn check_products<const H: usize, const K: usize, const V: usize>(
     {
         assert!(
             all_same(&ours[i], &theirs[i]),
-            "{what}: {queries} queries, {keys} keys, K {K}, V {V}, {H} heads, {build}"
+            "{what}: {queries} queries, {keys} keys, K {K}, V {V}, {H} heads, {path}"
         );
     }
 }
@@ -233,18 +233,18 @@ fn check_products<const H: usize, const K: usize, const V: usize>(
 /// (2 tokens, heads 2 wide), on one thread and on three.
 #[test]
 fn the_separate_products_are_dfdxs_bit_for_bit() {
-    every_fma_build(|build| {
+    every_fma_path(|path| {
         for threads in [1, 3] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()
                 .unwrap();
             pool.install(|| {
-                check_products::<2, 16, 24>((5, 7), build);
-                check_products::<3, 36, 12>((17, 3), build);
-                check_products::<1, 40, 8>((9, 9), build);
-                check_products::<2, 16, 16>((2, 5), build);
-                check_products::<4, 8, 8>((6, 6), build);
+                check_products::<2, 16, 24>((5, 7), path);
+                check_products::<3, 36, 12>((17, 3), path);
+                check_products::<1, 40, 8>((9, 9), path);
+                check_products::<2, 16, 16>((2, 5), path);
+                check_products::<4, 8, 8>((6, 6), path);
             });
         }
     });

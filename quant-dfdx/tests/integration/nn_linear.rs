@@ -1,6 +1,6 @@
 //! `quant_dfdx::nn::Linear`: dfdx's `Linear` bit for bit (outputs and every gradient, at every rank, on any number of threads, applied twice).
 
-use crate::common::{all_same, every_fma_build};
+use crate::common::{all_same, every_fma_path};
 use dfdx::prelude::*;
 use quant_dfdx::nn::builders as builder;
 use quant_dfdx::nn::Linear;
@@ -75,10 +75,10 @@ fn initial_parameters_are_dfdx_draws() {
 
 #[test]
 fn outputs_and_gradients_are_dfdx_linears_bit_for_bit() {
-    every_fma_build(bit_for_bit_cases);
+    every_fma_path(bit_for_bit_cases);
 }
 
-fn bit_for_bit_cases(build: &str) {
+fn bit_for_bit_cases(path: &str) {
     let (ours, theirs) = pair(1);
     let dev = Cpu::seed_from_u64(2);
     for spread in [1e-3f32, 1.0, 40.0] {
@@ -92,7 +92,7 @@ fn bit_for_bit_cases(build: &str) {
                 &theirs,
                 &x,
                 &w,
-                &format!("rank 3, {seq} tokens, spread {spread}, {build}"),
+                &format!("rank 3, {seq} tokens, spread {spread}, {path}"),
             );
         }
         for batch in [33, 2, 1] {
@@ -104,12 +104,12 @@ fn bit_for_bit_cases(build: &str) {
                 &theirs,
                 &x,
                 &w,
-                &format!("rank 2, batch {batch}, spread {spread}, {build}"),
+                &format!("rank 2, batch {batch}, spread {spread}, {path}"),
             );
         }
         let x: Tensor<Rank1<45>, f32, Cpu> = dev.sample_normal();
         let w: Tensor<Rank1<16>, f32, Cpu> = dev.sample_normal();
-        check(&ours, &theirs, &x, &w, &format!("rank 1, {build}"));
+        check(&ours, &theirs, &x, &w, &format!("rank 1, {path}"));
     }
 }
 
