@@ -151,36 +151,7 @@ impl Affine {
         {
             return None;
         }
-        if self.avx512 {
-            // Blocks of output rows across the threads; in each, the sequences in turn, each
-            // a product `dyᵀ · x` of depth `rows` added into the block.
-            let per_task = outputs.div_ceil(BLOCK_ROWS * 4 * rayon::current_num_threads());
-            let per_task = per_task.max(1) * BLOCK_ROWS;
-            dw.par_chunks_mut(per_task * inputs)
-                .enumerate()
-                .for_each(|(task, dw_rows)| {
-                    let first = task * per_task;
-                    for s in 0..self.sequences {
-                        let x_seq = &x[s * rows * inputs..][..rows * inputs];
-                        let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
-                        // Row `o` of `dyᵀ` from output `first`: `dy[t][first + o]`.
-                        let dy_t = Left::new(&dy_seq[first..], (1, outputs));
-                        // SAFETY: `avx512_build()` held when the plan chose this path;
-                        // `dw_rows` holds whole rows of `inputs`, each an output `first + o
-                        // < outputs`, so `dy_t` reaches `dy_seq[first + o + (rows - 1) ·
-                        // outputs]` at most, within it; `x_seq` holds `rows` rows of
-                        // `inputs`.
-                        #[cfg(target_arch = "x86_64")]
-                        unsafe {
-                            add_products_rows_avx512(dw_rows, dy_t, x_seq, (rows, inputs))
-                        };
-                        #[cfg(not(target_arch = "x86_64"))]
-                        let _ = (dw_rows.len(), dy_t, x_seq);
-                    }
-                });
-            return Some(());
-        }
-        if self.sequences == 1 {
+        if self.sequences == 1 && !self.avx512 {
             // dfdx's own call for a batch of vectors (one product, depth `rows`): `gemm`'s
             // kernels are faster than the loop below on one long chain.
             // SAFETY: lengths checked above; `dw` is read as the `inputs × outputs` matrix
@@ -195,14 +166,25 @@ impl Affine {
             }
             return Some(());
         }
-        dw.par_chunks_mut(ROWS_PER_TASK * inputs)
+        let per_task = match self.avx512 {
+            true => rows_per_task(outputs),
+            false => ROWS_PER_TASK,
+        };
+        dw.par_chunks_mut(per_task * inputs)
             .enumerate()
             .for_each(|(task, dw_rows)| {
-                let first = task * ROWS_PER_TASK;
+                let first = task * per_task;
                 for s in 0..self.sequences {
                     let x_seq = &x[s * rows * inputs..][..rows * inputs];
                     let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
-                    add_rows(dw_rows, x_seq, dy_seq, first, (inputs, outputs));
+                    add_rows(
+                        dw_rows,
+                        x_seq,
+                        dy_seq,
+                        first,
+                        (inputs, outputs),
+                        self.avx512,
+                    );
                 }
             });
         Some(())
@@ -305,9 +287,7 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
         if out.len() != rows * width || a.len() != rows * depth || b.len() != depth * width {
             return;
         }
-        // Enough blocks for every thread several times over, whole blocks of rows each.
-        let blocks = rows.div_ceil(BLOCK_ROWS);
-        let per_task = blocks.div_ceil(4 * rayon::current_num_threads()).max(1) * BLOCK_ROWS;
+        let per_task = rows_per_task(rows);
         out.par_chunks_mut(per_task * width)
             .zip(a.par_chunks(per_task * depth))
             .for_each(|(out, a)| {
@@ -321,6 +301,14 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
     }
     #[cfg(not(target_arch = "x86_64"))]
     let _ = (out, a, b, depth, width);
+}
+
+/// Rows of `rows` that one task of the 16-lane loop takes: whole blocks of [`BLOCK_ROWS`],
+/// enough tasks for every thread several times over.
+fn rows_per_task(rows: usize) -> usize {
+    rows.div_ceil(BLOCK_ROWS * 4 * rayon::current_num_threads())
+        .max(1)
+        * BLOCK_ROWS
 }
 
 /// The left operand of a product: element `(row, t)` at `data[row · row_stride + t ·
@@ -453,24 +441,38 @@ unsafe fn product_block<const R: usize, const V: usize>(
     }
 }
 
-/// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds up to
-/// [`ROWS_PER_TASK`] rows of the weights' gradient).
+/// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds whole
+/// rows of the weights' gradient, outputs `first..`): with `avx512` (the plan's choice) the
+/// 16-lane loop on `dyᵀ · x`, else the 8-lane one.
 fn add_rows(
     dw_rows: &mut [f32],
     x: &[f32],
     dy: &[f32],
     first: usize,
     (inputs, outputs): (usize, usize),
+    avx512: bool,
 ) {
-    // SAFETY: an `Affine` exists only where `fma_available()`; `x` holds `dy.len() / outputs`
-    // rows of `inputs`, `dw_rows` whole rows of `inputs`.
+    let rows = dy.len() / outputs;
+    // SAFETY: an `Affine` exists only where `fma_available()`, its `avx512` only where
+    // `avx512_build()`; `x` holds `rows` rows of `inputs`, `dw_rows` whole rows of `inputs`,
+    // each an output `first + o < outputs`, so `dyᵀ` (row `o`: `dy[t][first + o]`) reaches
+    // `dy[first + o + (rows - 1) · outputs]` at most, within `dy`.
     #[cfg(target_arch = "x86_64")]
     unsafe {
-        add_rows_fma(dw_rows, x, dy, first, (inputs, outputs))
+        match avx512 {
+            true => {
+                let dy_t = Left::new(&dy[first..], (1, outputs));
+                add_products_rows_avx512(dw_rows, dy_t, x, (rows, inputs))
+            }
+            false => add_rows_fma(dw_rows, x, dy, first, (inputs, outputs)),
+        }
     };
     #[cfg(not(target_arch = "x86_64"))]
-    for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
-        add_columns(dw_row, x, dy, (first + j, outputs), 0);
+    {
+        let _ = (avx512, rows);
+        for (j, dw_row) in dw_rows.chunks_exact_mut(inputs).enumerate() {
+            add_columns(dw_row, x, dy, (first + j, outputs), 0);
+        }
     }
 }
 
