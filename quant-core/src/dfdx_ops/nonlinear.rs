@@ -34,7 +34,9 @@ use super::{custom_op, ParamInput};
 use crate::error::{QuantError, Result};
 use crate::int8::nonlinear::{codes_into, normal_cdf};
 use crate::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
-use crate::kernels::{exp_nonpositive_in_place, round_ties_even_f64, VectorPath};
+use crate::int8::Isa;
+use crate::kernels::{exp_nonpositive_in_place, round_ties_even_f64, rows_per_job, VectorPath};
+use rayon::prelude::*;
 
 /// An error unless the last axis of `shape` is `row_len` long.
 fn check_last_axis<S: Shape>(what: &str, shape: &S, row_len: usize) -> Result<()> {
@@ -75,16 +77,22 @@ pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
 /// `p · (dy - Σ p · dy)` with `p = exp(x - max) / Σ exp(x - max)`. Each row's maximum and
 /// sums are chains of dependent operations in the row's order; `ROWS_SIDE_BY_SIDE` rows'
 /// chains run side by side, which gives the same bits as one row at a time.
+/// Jobs of whole rows run in parallel (rows are independent: the same bits whatever the split).
 pub fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     const R: usize = ROWS_SIDE_BY_SIDE;
-    let mut probs = vec![0.0f64; R * n];
+    let n = n.max(1);
+    let job = rows_per_job(x.len(), n, R) * n;
     let path = VectorPath::widest();
-    by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
-        if rows == R {
-            softmax_rows_backward::<R>(n, x, dy, dx, &mut probs, path);
-        } else {
-            softmax_rows_backward::<1>(n, x, dy, dx, &mut probs, path);
-        }
+    let jobs = x.par_chunks(job).zip(dy.par_chunks(job));
+    jobs.zip(dx.par_chunks_mut(job)).for_each(|((x, dy), dx)| {
+        let mut probs = vec![0.0f64; R * n];
+        by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
+            if rows == R {
+                softmax_rows_backward::<R>(n, x, dy, dx, &mut probs, path);
+            } else {
+                softmax_rows_backward::<1>(n, x, dy, dx, &mut probs, path);
+            }
+        });
     });
 }
 
@@ -161,44 +169,63 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
         Vec::new(),
         Box::new(|x, _, y| kernel.simulate(x, y)),
         Box::new(move |x, _, dy, dx, _| {
-            // Each value's code, as the forward pass found it (which also checked that every
-            // value is finite), a vectorised pass at the kernel's width.
-            let mut codes = vec![0i32; x.len()];
-            codes_into(isa, x, scale, zero_point, &mut codes);
-            // The inputs are a quantizer's outputs: a few hundred distinct values, each the same
-            // f32 wherever it occurs. Each code's slope is computed once, from the first value
-            // with that code, and reused for the values with the same bits (any other value
-            // gets its own): the same slopes as computing each, a fraction of the erf series.
-            let span = hi as i64 - lo as i64 + 1;
-            let memo_len = if span <= MEMO_CODES { span as usize } else { 0 };
-            // No finite value has the bits of this NaN, so an empty slot never matches.
-            let mut memo_bits = vec![u32::MAX; memo_len];
-            let mut memo_slopes = vec![0.0f64; memo_len];
-            for (((x, code), dy), dx) in x.iter().zip(&codes).zip(dy).zip(dx.iter_mut()) {
-                let in_range = if *code == i32::MIN || *code == i32::MAX {
-                    // Saturated: the exact code decides (a range may end at an i32 bound).
-                    let exact = round_ties_even_f64(*x as f64 / scale as f64) + zero_point as f64;
-                    (lo as f64..=hi as f64).contains(&exact)
-                } else {
-                    (lo..=hi).contains(code)
-                };
-                if !in_range {
-                    continue;
-                }
-                let slot = (*code as i64 - lo as i64) as usize;
-                let slope = if slot < memo_len {
-                    if memo_bits[slot] != x.to_bits() {
-                        memo_bits[slot] = x.to_bits();
-                        memo_slopes[slot] = gelu_slope(*x as f64);
-                    }
-                    memo_slopes[slot]
-                } else {
-                    gelu_slope(*x as f64)
-                };
-                *dx += (*dy as f64 * slope) as f32;
-            }
+            // Jobs of values in parallel, each with its own memo: the same slopes.
+            let job = rows_per_job(x.len(), 1, 1);
+            let jobs = x.par_chunks(job).zip(dy.par_chunks(job));
+            jobs.zip(dx.par_chunks_mut(job)).for_each(|((x, dy), dx)| {
+                gelu_backward_job(isa, (scale, zero_point), lo..=hi, x, dy, dx)
+            });
         }),
     )
+}
+
+/// [`int_gelu`]'s backward pass over some values: `dx += dy · slope` where the input's code
+/// lies in `codes` (the kernel's input range; the grid is `scale` and `zero_point`).
+fn gelu_backward_job(
+    isa: Isa,
+    (scale, zero_point): (f32, i32),
+    codes_range: RangeInclusive<i32>,
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+) {
+    let (lo, hi) = (*codes_range.start(), *codes_range.end());
+    // Each value's code, as the forward pass found it (which also checked that every value is
+    // finite), a vectorised pass at the kernel's width.
+    let mut codes = vec![0i32; x.len()];
+    codes_into(isa, x, scale, zero_point, &mut codes);
+    // The inputs are a quantizer's outputs: a few hundred distinct values, each the same f32
+    // wherever it occurs. Each code's slope is computed once, from the first value with that
+    // code, and reused for the values with the same bits (any other value gets its own): the
+    // same slopes as computing each, a fraction of the erf series.
+    let span = hi as i64 - lo as i64 + 1;
+    let memo_len = if span <= MEMO_CODES { span as usize } else { 0 };
+    // No finite value has the bits of this NaN, so an empty slot never matches.
+    let mut memo_bits = vec![u32::MAX; memo_len];
+    let mut memo_slopes = vec![0.0f64; memo_len];
+    for (((x, code), dy), dx) in x.iter().zip(&codes).zip(dy).zip(dx.iter_mut()) {
+        let in_range = if *code == i32::MIN || *code == i32::MAX {
+            // Saturated: the exact code decides (a range may end at an i32 bound).
+            let exact = round_ties_even_f64(*x as f64 / scale as f64) + zero_point as f64;
+            (lo as f64..=hi as f64).contains(&exact)
+        } else {
+            (lo..=hi).contains(code)
+        };
+        if !in_range {
+            continue;
+        }
+        let slot = (*code as i64 - lo as i64) as usize;
+        let slope = if slot < memo_len {
+            if memo_bits[slot] != x.to_bits() {
+                memo_bits[slot] = x.to_bits();
+                memo_slopes[slot] = gelu_slope(*x as f64);
+            }
+            memo_slopes[slot]
+        } else {
+            gelu_slope(*x as f64)
+        };
+        *dx += (*dy as f64 * slope) as f32;
+    }
 }
 
 /// Code ranges up to this wide get [`int_gelu`]'s backward memo of slopes.
@@ -274,6 +301,10 @@ const ROWS_SIDE_BY_SIDE: usize = 4;
 /// chains run side by side (a third of the QAT ViT step's excess over the float step was
 /// their latency), and the rows' contributions to `dgamma` and `dbeta` are added in row order,
 /// so the results are those of one row at a time, bit for bit.
+///
+/// Jobs of whole rows run in parallel. Each writes its rows' `dx` and their terms of `dgamma`
+/// (one per value); the terms are then added one row after another, so the split changes no
+/// bits.
 #[allow(clippy::too_many_arguments)]
 pub fn layer_norm_backward(
     n: usize,
@@ -286,14 +317,116 @@ pub fn layer_norm_backward(
     dbeta: &mut [f32],
 ) {
     const R: usize = ROWS_SIDE_BY_SIDE;
-    let mut scratch = RowScratch::new(n);
-    by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
-        if rows == R {
-            rows_backward::<R>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
-        } else {
-            rows_backward::<1>(n, epsilon, x, gamma, dy, dx, dgamma, dbeta, &mut scratch);
+    let n = n.max(1);
+    let rows = x.len() / n;
+    let job_rows = rows_per_job(x.len(), n, R);
+    if job_rows >= rows {
+        // One job: each group's terms are added as soon as they are computed, from a buffer
+        // of one group that stays in cache.
+        let (mut scratch, mut terms) = (RowScratch::new(n), RowTerms::new(R, n));
+        by_row_groups(n, x, dy, dx, |group, x, dy, dx| {
+            let mut terms = terms.first(group, n);
+            group_backward(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
+            add_row_terms(n, dy, &terms, dgamma, dbeta);
+        });
+        return;
+    }
+    let mut terms = RowTerms::new(rows, n);
+    let job = job_rows * n;
+    let jobs = x.par_chunks(job).zip(dy.par_chunks(job));
+    let jobs = jobs.zip(dx.par_chunks_mut(job));
+    let term_jobs = terms.dgamma.par_chunks_mut(job);
+    let term_jobs = term_jobs.zip(terms.constant.par_chunks_mut(job_rows));
+    jobs.zip(term_jobs)
+        .for_each(|(((x, dy), dx), (dgamma_terms, constant))| {
+            let mut scratch = RowScratch::new(n);
+            let mut row = 0;
+            by_row_groups(n, x, dy, dx, |group, x, dy, dx| {
+                let mut terms = RowTermsMut {
+                    dgamma: &mut dgamma_terms[row * n..(row + group) * n],
+                    constant: &mut constant[row..row + group],
+                };
+                group_backward(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
+                row += group;
+            });
+        });
+    let all = RowTermsMut {
+        dgamma: &mut terms.dgamma,
+        constant: &mut terms.constant,
+    };
+    add_row_terms(n, dy, &all, dgamma, dbeta);
+}
+
+/// What rows of [`layer_norm_backward`] add to `dgamma`, kept until they are added in row
+/// order: each value's term, and whether the row is constant without `ε` (it adds none).
+struct RowTerms {
+    dgamma: Vec<f32>,
+    constant: Vec<bool>,
+}
+
+impl RowTerms {
+    fn new(rows: usize, n: usize) -> RowTerms {
+        RowTerms {
+            dgamma: vec![0.0; rows * n],
+            constant: vec![false; rows],
         }
-    });
+    }
+
+    /// The terms of the first `rows` rows.
+    fn first(&mut self, rows: usize, n: usize) -> RowTermsMut<'_> {
+        RowTermsMut {
+            dgamma: &mut self.dgamma[..rows * n],
+            constant: &mut self.constant[..rows],
+        }
+    }
+}
+
+/// [`RowTerms`] of some consecutive rows.
+struct RowTermsMut<'a> {
+    dgamma: &'a mut [f32],
+    constant: &'a mut [bool],
+}
+
+/// Adds rows' gradients of `β` (`dy`) and their terms of `γ`'s into `dbeta` and `dgamma`, one
+/// row after another.
+fn add_row_terms(
+    n: usize,
+    dy: &[f32],
+    terms: &RowTermsMut<'_>,
+    dgamma: &mut [f32],
+    dbeta: &mut [f32],
+) {
+    let rows = dy.chunks_exact(n).zip(terms.dgamma.chunks_exact(n));
+    for ((dy, dgamma_terms), constant) in rows.zip(terms.constant.iter()) {
+        for (db, d) in dbeta.iter_mut().zip(dy) {
+            *db += *d;
+        }
+        if !constant {
+            for (dg, t) in dgamma.iter_mut().zip(dgamma_terms) {
+                *dg += *t;
+            }
+        }
+    }
+}
+
+/// [`rows_backward`] on a group of [`ROWS_SIDE_BY_SIDE`] rows or on one row (as long as `x`).
+#[allow(clippy::too_many_arguments)]
+fn group_backward(
+    n: usize,
+    epsilon: f32,
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    terms: &mut RowTermsMut<'_>,
+    scratch: &mut RowScratch,
+) {
+    const R: usize = ROWS_SIDE_BY_SIDE;
+    if x.len() == R * n {
+        rows_backward::<R>(n, epsilon, x, gamma, dy, dx, terms, scratch);
+    } else {
+        rows_backward::<1>(n, epsilon, x, gamma, dy, dx, terms, scratch);
+    }
 }
 
 /// Calls `f(rows, x, dy, dx)` on consecutive runs of whole rows of `n` values, in order:
@@ -354,8 +487,7 @@ fn rows_backward<const R: usize>(
     gamma: &[f32],
     dy: &[f32],
     dx: &mut [f32],
-    dgamma: &mut [f32],
-    dbeta: &mut [f32],
+    terms: &mut RowTermsMut<'_>,
     scratch: &mut RowScratch,
 ) {
     let len = R * n;
@@ -413,21 +545,19 @@ fn rows_backward<const R: usize>(
     let (mean_g, mean_gn) = (mean_g.map(|s| s / n as f64), mean_gn.map(|s| s / n as f64));
     for r in 0..R {
         let row = r * n..(r + 1) * n;
-        for (db, d) in dbeta.iter_mut().zip(&dy[row.clone()]) {
-            *db += *d;
-        }
-        if denominator[r] <= 0.0 {
+        terms.constant[r] = denominator[r] <= 0.0;
+        if terms.constant[r] {
             // A constant row without ε gives β whatever x and γ are.
             continue;
         }
-        for (((o, g), h), (dg, d)) in dx[row.clone()]
+        for (((o, g), h), (t, d)) in dx[row.clone()]
             .iter_mut()
             .zip(&g[row.clone()])
             .zip(&norm[row.clone()])
-            .zip(dgamma.iter_mut().zip(&dy[row]))
+            .zip(terms.dgamma[row.clone()].iter_mut().zip(&dy[row]))
         {
             *o += ((g - mean_g[r] - h * mean_gn[r]) * inv[r]) as f32;
-            *dg += (*d as f64 * h) as f32;
+            *t = (*d as f64 * h) as f32;
         }
     }
 }

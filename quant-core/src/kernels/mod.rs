@@ -113,3 +113,26 @@ pub use ste::fake_quantize_affine_backward_into;
 
 /// Element count from which kernels split work across rayon's thread pool.
 pub const PARALLEL_THRESHOLD: usize = 1 << 18;
+
+/// Least number of elements in one parallel job of the row-wise kernels that training runs
+/// (the QAT softmax, GELU and layer normalisation, both ways). Their rows are independent, so
+/// they split from far smaller tensors than the kernels with sums: a QAT transformer's
+/// activations (64 × 16 × 64 values for the MNIST ViT) stay below [`PARALLEL_THRESHOLD`]; left
+/// on one thread, these kernels were much of why its QAT step took about as long on two
+/// threads as on one.
+const ROW_JOB_ELEMENTS: usize = 1 << 14;
+
+/// Rows of `row_len` values per parallel job of a row-wise kernel over `len` values: a
+/// multiple of `group` rows, at least [`ROW_JOB_ELEMENTS`] values, and every row in one job
+/// below two jobs' worth. It depends only on the sizes; the rows being independent, the split
+/// changes which thread computes a row, never its bits.
+pub(crate) fn rows_per_job(len: usize, row_len: usize, group: usize) -> usize {
+    let (row_len, group) = (row_len.max(1), group.max(1));
+    let rows = len / row_len;
+    let per_job = ROW_JOB_ELEMENTS.div_ceil(row_len).next_multiple_of(group);
+    if rows < 2 * per_job {
+        rows.max(1)
+    } else {
+        per_job
+    }
+}

@@ -106,6 +106,133 @@ fn simulate_refuses_what_run_refuses_and_non_finite_values() {
     ));
 }
 
+/// A kernel of [`simulate_split_into_jobs_is_the_kernel_on_the_codes`]: its input codes on
+/// their grid (scale, zero point), and its `simulate` and `run`.
+struct SplitCase<'a> {
+    what: &'static str,
+    codes: Vec<i32>,
+    grid: (f32, i32),
+    output_scale: f32,
+    simulate: Box<Simulate<'a>>,
+    run: Box<Run<'a>>,
+}
+
+/// A kernel's `simulate`: real values in, real values out.
+type Simulate<'a> = dyn Fn(&[f32], &mut [f32]) -> Result<(), QuantError> + Send + Sync + 'a;
+/// A kernel's `run`: codes in, codes out.
+type Run<'a> = dyn Fn(&[i32], &mut [i32]) -> Result<(), QuantError> + 'a;
+
+/// Inputs large enough to be split into parallel jobs of rows: `simulate` is still the kernel
+/// on the codes, on any number of threads; a value that is not finite in a later job is named
+/// by its index (the first of two), and nothing is written.
+#[test]
+fn simulate_split_into_jobs_is_the_kernel_on_the_codes() {
+    let mut next = crate::test_rng::xorshift(0x6a09_e667_f3bc_c909);
+    let mut codes = |len: usize, lo: i32, span: u64| -> Vec<i32> {
+        (0..len).map(|_| lo + (next() % span) as i32).collect()
+    };
+    let softmax = IntSoftmax::new(1.0 / 16.0, 16, 8, Approximation::FixedPoint).unwrap();
+    let gelu = IntGelu::new(1.0 / 16.0, 128, 0..=255, Approximation::FixedPoint).unwrap();
+    let (gamma, beta): (Vec<f32>, Vec<f32>) = (0..64)
+        .map(|i| (0.5 + (i % 9) as f32 * 0.25, (i % 5) as f32 * 0.1 - 0.2))
+        .unzip();
+    let norm = IntLayerNorm::new(0.05, 0..=255, &gamma, &beta, 1e-5).unwrap();
+    let cases = [
+        SplitCase {
+            what: "softmax input",
+            codes: codes(16 * 4103, -200, 400),
+            grid: (1.0 / 16.0, 0),
+            output_scale: softmax.output_scale(),
+            simulate: Box::new(|x, out| softmax.simulate(x, out)),
+            run: Box::new(|q, out| softmax.run(q, out)),
+        },
+        SplitCase {
+            what: "gelu input",
+            codes: codes(70_001, -20, 300),
+            grid: (1.0 / 16.0, 128),
+            output_scale: gelu.output_scale(),
+            simulate: Box::new(|x, out| gelu.simulate(x, out)),
+            run: Box::new(|q, out| gelu.run(q, out)),
+        },
+        SplitCase {
+            what: "layer norm input",
+            codes: codes(64 * 1101, 0, 256),
+            grid: (0.05, 128),
+            output_scale: norm.output_scale(),
+            simulate: Box::new(|x, out| norm.simulate(128, x, out)),
+            run: Box::new(|q, out| norm.run(q, out)),
+        },
+    ];
+    for case in &cases {
+        let (what, simulate) = (case.what, &case.simulate);
+        let x = values(&case.codes, case.grid.0, case.grid.1);
+        let mut out_codes = vec![0i32; x.len()];
+        (case.run)(&case.codes, &mut out_codes).unwrap();
+        let want: Vec<u32> = out_codes
+            .iter()
+            .map(|c| (*c as f32 * case.output_scale).to_bits())
+            .collect();
+        let results = crate::ops_nonlinear_backward::on_one_and_three_threads(|| {
+            let mut out = vec![0f32; x.len()];
+            simulate(&x, &mut out).unwrap();
+            out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
+        });
+        for (threads, got) in [1, 3].iter().zip(results) {
+            assert!(got == want, "{what}, {threads} threads");
+        }
+        let mut bad = x.clone();
+        let (first, second) = (x.len() - 3 * 16 * 64, x.len() - 16);
+        (bad[first], bad[second]) = (f32::NAN, f32::INFINITY);
+        let errors = crate::ops_nonlinear_backward::on_one_and_three_threads(|| {
+            let mut out = vec![7f32; x.len()];
+            let error = simulate(&bad, &mut out).unwrap_err();
+            (error, out.iter().all(|v| *v == 7.0))
+        });
+        for (error, untouched) in errors {
+            match error {
+                QuantError::NonFinite { what: named, .. } => {
+                    assert_eq!(named, format!("{what}[{first}]"))
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+            assert!(untouched, "{what}: nothing written");
+        }
+    }
+}
+
+/// The GELU's gradient of a tensor split into parallel jobs is that of the same values in
+/// pieces below the split, bit for bit, on any number of threads.
+#[test]
+fn int_gelu_gradient_split_into_jobs_is_that_of_its_pieces() {
+    let dev = Cpu::default();
+    let mut next = crate::test_rng::xorshift(0xbb67_ae85_84ca_a73b);
+    let scale = 1.0 / 16.0;
+    // Codes beyond both ends of the range the kernel declares: no gradient there.
+    let codes: Vec<i32> = (0..70_001).map(|_| -20 + (next() % 300) as i32).collect();
+    let x_values = values(&codes, scale, 128);
+    let w_values: Vec<f32> = (0..codes.len())
+        .map(|_| (next() % 2001) as f32 / 1000.0 - 1.0)
+        .collect();
+    let k = IntGelu::new(scale, 128, 0..=255, Approximation::FixedPoint).unwrap();
+    let gradient = |x: &[f32], w: &[f32]| -> Vec<u32> {
+        let x = dev.tensor_from_vec(x.to_vec(), (x.len(),));
+        let w = dev.tensor_from_vec(w.to_vec(), (w.len(),));
+        let y = int_gelu(x.leaky_trace(), &k).unwrap();
+        let grads = (y * w).sum().backward();
+        grads.get(&x).as_vec().iter().map(|v| v.to_bits()).collect()
+    };
+    let pieces: Vec<u32> = x_values
+        .chunks(5000)
+        .zip(w_values.chunks(5000))
+        .flat_map(|(x, w)| gradient(x, w))
+        .collect();
+    let results =
+        crate::ops_nonlinear_backward::on_one_and_three_threads(|| gradient(&x_values, &w_values));
+    for (threads, whole) in [1, 3].iter().zip(results) {
+        assert!(whole == pieces, "{threads} threads");
+    }
+}
+
 // ---------------------------------------------------------------------------------------
 // The dfdx ops
 // ---------------------------------------------------------------------------------------

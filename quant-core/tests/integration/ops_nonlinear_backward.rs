@@ -172,3 +172,83 @@ fn softmax_backward_rows_side_by_side_is_one_row_at_a_time_bit_for_bit() {
         }
     }
 }
+
+/// `f` run on a pool of one thread and on a pool of three: what a result that must not
+/// depend on the number of threads is checked on.
+pub fn on_one_and_three_threads<T: Send>(f: impl Fn() -> T + Send + Sync) -> [T; 2] {
+    [1, 3].map(|threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(&f)
+    })
+}
+
+/// Tensors large enough to be split into parallel jobs of rows (tens of thousands of
+/// values): the gradients are still those of one row at a time, bit for bit, on any number of
+/// threads. A constant row lies in a later job and the rows do not split evenly, so the
+/// rows' terms of `dgamma` must be added in order across jobs.
+#[test]
+fn layer_norm_backward_split_into_jobs_is_one_row_at_a_time_bit_for_bit() {
+    let mut uniform = uniform_from(0x51ed_2701_a3b4_c5d6);
+    for (n, rows) in [(48, 1101), (7, 7103)] {
+        let mut x: Vec<f32> = (0..rows * n)
+            .map(|_| (uniform() * 4.0 - 2.0) as f32)
+            .collect();
+        x[(rows - 5) * n..(rows - 4) * n].fill(0.75);
+        let gamma: Vec<f32> = (0..n).map(|_| (uniform() * 2.0 - 0.5) as f32).collect();
+        let dy: Vec<f32> = (0..rows * n).map(|_| (uniform() - 0.5) as f32).collect();
+        let start = |len: usize, k: f32| (0..len).map(|i| k * (i % 5) as f32).collect::<Vec<_>>();
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let (mut want_dx, mut want_dgamma, mut want_dbeta) =
+            (start(rows * n, 0.3), start(n, 0.7), start(n, -0.2));
+        layer_norm_backward_one_row_at_a_time(
+            n,
+            0.0,
+            &x,
+            &gamma,
+            &dy,
+            &mut want_dx,
+            &mut want_dgamma,
+            &mut want_dbeta,
+        );
+        let results = on_one_and_three_threads(|| {
+            let (mut dx, mut dgamma, mut dbeta) =
+                (start(rows * n, 0.3), start(n, 0.7), start(n, -0.2));
+            layer_norm_backward(n, 0.0, &x, &gamma, &dy, &mut dx, &mut dgamma, &mut dbeta);
+            (bits(&dx), bits(&dgamma), bits(&dbeta))
+        });
+        for (threads, (dx, dgamma, dbeta)) in [1, 3].iter().zip(results) {
+            let case = format!("n {n}, {rows} rows, {threads} threads");
+            assert_eq!(dx, bits(&want_dx), "dx, {case}");
+            assert_eq!(dgamma, bits(&want_dgamma), "dgamma, {case}");
+            assert_eq!(dbeta, bits(&want_dbeta), "dbeta, {case}");
+        }
+    }
+}
+
+/// As for layer normalisation: softmax's gradient of tensors split into parallel jobs is that
+/// of one row at a time, on any number of threads.
+#[test]
+fn softmax_backward_split_into_jobs_is_one_row_at_a_time_bit_for_bit() {
+    let mut uniform = uniform_from(0x0bad_cafe_1234_5679);
+    for (n, rows) in [(16, 4103), (5, 13_001)] {
+        let x: Vec<f32> = (0..rows * n)
+            .map(|_| (8.0 * uniform() - 4.0) as f32)
+            .collect();
+        let dy: Vec<f32> = (0..rows * n).map(|_| (uniform() - 0.5) as f32).collect();
+        let start: Vec<f32> = (0..rows * n).map(|i| 0.3 * (i % 7) as f32).collect();
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        let mut want = start.clone();
+        softmax_backward_one_row_at_a_time(n, &x, &dy, &mut want);
+        let results = on_one_and_three_threads(|| {
+            let mut dx = start.clone();
+            softmax_backward(n, &x, &dy, &mut dx);
+            bits(&dx)
+        });
+        for (threads, dx) in [1, 3].iter().zip(results) {
+            assert_eq!(dx, bits(&want), "n {n}, {rows} rows, {threads} threads");
+        }
+    }
+}

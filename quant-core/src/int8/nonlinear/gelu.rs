@@ -4,7 +4,7 @@
 use std::ops::RangeInclusive;
 use std::sync::OnceLock;
 
-use super::{check_code_range, check_input_scale, codes_of, round_shift, values_of};
+use super::{check_code_range, check_input_scale, round_shift, simulate_rows};
 use super::{Approximation, FixedPointInput};
 use super::{InputCode, FRACTION_BITS, ONE};
 use crate::error::Result;
@@ -249,11 +249,16 @@ impl IntGelu {
     /// nothing is written then.
     pub fn simulate(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         super::super::check_len("gelu output", x.len(), out.len())?;
-        let codes = codes_of("gelu input", x, self.input_scale, self.zero_point, self.isa)?;
-        let mut values = vec![0i32; x.len()];
-        self.run(&codes, &mut values)?;
-        values_of(&values, self.output_scale(), out);
-        Ok(())
+        simulate_rows(
+            "gelu input",
+            self.isa,
+            (self.input_scale, self.zero_point),
+            1,
+            x,
+            self.output_scale(),
+            out,
+            |codes, values| self.run(codes, values),
+        )
     }
 
     #[inline(always)]

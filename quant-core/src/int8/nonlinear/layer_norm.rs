@@ -5,7 +5,7 @@
 use std::ops::RangeInclusive;
 
 use super::InputCode;
-use super::{check_code_range, check_rows, check_scale, codes_of, isqrt, round_shift, values_of};
+use super::{check_code_range, check_rows, check_scale, isqrt, round_shift, simulate_rows};
 use crate::error::{QuantError, Result};
 use crate::int8::widths::{compiled_for_each_width, Width};
 use crate::int8::Isa;
@@ -234,17 +234,16 @@ impl IntLayerNorm {
     /// its index); nothing is written then.
     pub fn simulate(&self, zero_point: i32, x: &[f32], out: &mut [f32]) -> Result<()> {
         check_rows("layer norm", self.row_len(), x.len(), out.len())?;
-        let codes = codes_of(
+        simulate_rows(
             "layer norm input",
-            x,
-            self.input_scale,
-            zero_point,
             self.isa,
-        )?;
-        let mut values = vec![0i32; x.len()];
-        self.run(&codes, &mut values)?;
-        values_of(&values, self.output_scale, out);
-        Ok(())
+            (self.input_scale, zero_point),
+            self.row_len(),
+            x,
+            self.output_scale,
+            out,
+            |codes, values| self.run(codes, values),
+        )
     }
 
     /// `(F, shift)` with `c · F / 2^shift ≈ c / √T · 2^(30 - b)`, `T = W + n² · ε / scale²`,

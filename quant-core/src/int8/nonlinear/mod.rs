@@ -102,6 +102,7 @@ use crate::error::{QuantError, Result};
 use crate::int8::widths::compiled_for_each_width;
 use crate::int8::Isa;
 use crate::kernels::{round_small_f64, small_int_f64};
+use rayon::prelude::*;
 
 /// Which integer approximation of `exp` (softmax) and `erf` (GELU) a kernel evaluates (see the
 /// [module documentation](self)).
@@ -359,6 +360,57 @@ fn codes_into_body(x: &[f32], scale: f32, zero_point: i32, out: &mut [i32]) -> b
         *o = small_int_f64(code.clamp(i32::MIN as f64, i32::MAX as f64));
     }
     non_finite == 0
+}
+
+/// What a kernel's `simulate` computes: the codes of `x` (on the grid of `scale` and
+/// `zero_point`, as [`codes_of`]), `run` on them, and `out` = the output codes times
+/// `output_scale` ([`values_of`]). Jobs of whole rows of `row_len` run in parallel; the rows
+/// being independent, the split changes no bits.
+///
+/// # Errors
+/// A value of `x` that is not finite (named `what[index]`, the first such), or what `run`
+/// returns; nothing is written to `out` then.
+#[allow(clippy::too_many_arguments)]
+fn simulate_rows(
+    what: &str,
+    isa: Isa,
+    (scale, zero_point): (f32, i32),
+    row_len: usize,
+    x: &[f32],
+    output_scale: f32,
+    out: &mut [f32],
+    run: impl Fn(&[i32], &mut [i32]) -> Result<()> + Sync,
+) -> Result<()> {
+    let job = crate::kernels::rows_per_job(x.len(), row_len, 1) * row_len.max(1);
+    let mut codes = vec![0i32; x.len()];
+    let mut values = vec![0i32; x.len()];
+    // Per job: `Ok(false)` where a value is not finite (the job's kernel is not run then).
+    let jobs: Vec<Result<bool>> = x
+        .par_chunks(job)
+        .zip(codes.par_chunks_mut(job))
+        .zip(values.par_chunks_mut(job))
+        .map(|((x, codes), values)| {
+            if !codes_into(isa, x, scale, zero_point, codes) {
+                return Ok(false);
+            }
+            run(codes, values).map(|()| true)
+        })
+        .collect();
+    if jobs.iter().any(|job| matches!(job, Ok(false))) {
+        let i = x.iter().position(|v| !v.is_finite()).unwrap_or_default();
+        return Err(QuantError::NonFinite {
+            what: format!("{what}[{i}]"),
+            value: x[i] as f64,
+        });
+    }
+    for job in jobs {
+        job?;
+    }
+    values
+        .par_chunks(job)
+        .zip(out.par_chunks_mut(job))
+        .for_each(|(codes, out)| values_of(codes, output_scale, out));
+    Ok(())
 }
 
 /// `code · scale` in `f32` for each code: the real values of a kernel's output codes, as the

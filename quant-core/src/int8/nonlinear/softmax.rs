@@ -1,7 +1,7 @@
 //! Integer softmax over rows: `exp` of each code minus the row's largest, approximated in
 //! integers, then one integer division per row for the normalisation.
 
-use super::{check_input_scale, check_rows, codes_of, values_of};
+use super::{check_input_scale, check_rows, simulate_rows};
 use super::{Approximation, FixedPointInput, InputCode, OutputCode};
 use super::{FRACTION_BITS, ONE};
 use crate::error::{QuantError, Result};
@@ -295,11 +295,16 @@ impl IntSoftmax {
     /// its index); nothing is written then.
     pub fn simulate(&self, x: &[f32], out: &mut [f32]) -> Result<()> {
         check_rows("softmax", self.row_len, x.len(), out.len())?;
-        let codes = codes_of("softmax input", x, self.input_scale, 0, self.isa)?;
-        let mut probs = vec![0i32; x.len()];
-        self.run(&codes, &mut probs)?;
-        values_of(&probs, self.output_scale(), out);
-        Ok(())
+        simulate_rows(
+            "softmax input",
+            self.isa,
+            (self.input_scale, 0),
+            self.row_len,
+            x,
+            self.output_scale(),
+            out,
+            |codes, probs| self.run(codes, probs),
+        )
     }
 
     /// A row's factor `⌊(2^bits - 1) · 2^(E - 30 + K) / sum⌋` (`sum ≥ 2^(E-1)`), for
