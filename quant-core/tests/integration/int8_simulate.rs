@@ -172,7 +172,7 @@ fn simulate_split_into_jobs_is_the_kernel_on_the_codes() {
             .iter()
             .map(|c| (*c as f32 * case.output_scale).to_bits())
             .collect();
-        let results = crate::ops_nonlinear_backward::on_one_and_three_threads(|| {
+        let results = crate::threads::on_one_and_three_threads(|| {
             let mut out = vec![0f32; x.len()];
             simulate(&x, &mut out).unwrap();
             out.iter().map(|v| v.to_bits()).collect::<Vec<u32>>()
@@ -183,7 +183,7 @@ fn simulate_split_into_jobs_is_the_kernel_on_the_codes() {
         let mut bad = x.clone();
         let (first, second) = (x.len() - 3 * 16 * 64, x.len() - 16);
         (bad[first], bad[second]) = (f32::NAN, f32::INFINITY);
-        let errors = crate::ops_nonlinear_backward::on_one_and_three_threads(|| {
+        let errors = crate::threads::on_one_and_three_threads(|| {
             let mut out = vec![7f32; x.len()];
             let error = simulate(&bad, &mut out).unwrap_err();
             (error, out.iter().all(|v| *v == 7.0))
@@ -226,8 +226,7 @@ fn int_gelu_gradient_split_into_jobs_is_that_of_its_pieces() {
         .zip(w_values.chunks(5000))
         .flat_map(|(x, w)| gradient(x, w))
         .collect();
-    let results =
-        crate::ops_nonlinear_backward::on_one_and_three_threads(|| gradient(&x_values, &w_values));
+    let results = crate::threads::on_one_and_three_threads(|| gradient(&x_values, &w_values));
     for (threads, whole) in [1, 3].iter().zip(results) {
         assert!(whole == pieces, "{threads} threads");
     }

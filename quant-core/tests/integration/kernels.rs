@@ -5,6 +5,8 @@ use quant_core::__internals::{limit_kernel_paths, VectorPath};
 use quant_core::kernels::*;
 use quant_core::{ChannelLayout, QuantError, RoundingPolicy};
 
+use crate::threads::on_one_and_three_threads;
+
 /// The scalar reference of the forward formula, with any rounding policy.
 fn reference(x: f32, s: f32, z: i32, qmin: i32, qmax: i32, rounding: RoundingPolicy) -> f32 {
     let inv = 1.0 / s;
@@ -467,16 +469,7 @@ fn results_do_not_depend_on_the_number_of_threads() {
         let da = pact_backward_into(&x, &dy, &mut dx, 20.0, grid);
         (per_channel, per_tensor, dx, da)
     };
-    let one = rayon::ThreadPoolBuilder::new()
-        .num_threads(1)
-        .build()
-        .unwrap()
-        .install(run);
-    let three = rayon::ThreadPoolBuilder::new()
-        .num_threads(3)
-        .build()
-        .unwrap()
-        .install(run);
+    let [one, three] = on_one_and_three_threads(run);
     assert_eq!(format!("{one:?}"), format!("{three:?}"));
 }
 

@@ -27,4 +27,5 @@ mod ops_nonlinear_backward;
 mod pytorch_reference;
 mod quantizer;
 mod test_rng;
+mod threads;
 mod vocab;

@@ -1,5 +1,7 @@
 use quant_core::__internals::*;
 
+use crate::threads::on_one_and_three_threads;
+
 /// Uniform draws in `[0, 1)` from a xorshift generator seeded with `state`.
 fn uniform_from(state: u64) -> impl FnMut() -> f64 {
     let mut next = crate::test_rng::xorshift(state);
@@ -171,18 +173,6 @@ fn softmax_backward_rows_side_by_side_is_one_row_at_a_time_bit_for_bit() {
             }
         }
     }
-}
-
-/// `f` run on a pool of one thread and on a pool of three: what a result that must not
-/// depend on the number of threads is checked on.
-pub fn on_one_and_three_threads<T: Send>(f: impl Fn() -> T + Send + Sync) -> [T; 2] {
-    [1, 3].map(|threads| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(&f)
-    })
 }
 
 /// Tensors large enough to be split into parallel jobs of rows (tens of thousands of
