@@ -77,6 +77,7 @@ pub fn int_softmax<S: Shape, T: Tape<f32, Cpu>>(
 /// `p · (dy - Σ p · dy)` with `p = exp(x - max) / Σ exp(x - max)`. Each row's maximum and
 /// sums are chains of dependent operations in the row's order; `ROWS_SIDE_BY_SIDE` rows'
 /// chains run side by side, which gives the same bits as one row at a time.
+///
 /// Jobs of whole rows run in parallel (rows are independent: the same bits whatever the split).
 pub fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     const R: usize = ROWS_SIDE_BY_SIDE;
@@ -180,16 +181,16 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
 }
 
 /// [`int_gelu`]'s backward pass over some values: `dx += dy · slope` where the input's code
-/// lies in `codes` (the kernel's input range; the grid is `scale` and `zero_point`).
+/// (on the grid of `scale` and `zero_point`) lies in `input_codes`, the kernel's input range.
 fn gelu_backward_job(
     isa: Isa,
     (scale, zero_point): (f32, i32),
-    codes_range: RangeInclusive<i32>,
+    input_codes: RangeInclusive<i32>,
     x: &[f32],
     dy: &[f32],
     dx: &mut [f32],
 ) {
-    let (lo, hi) = (*codes_range.start(), *codes_range.end());
+    let (lo, hi) = (*input_codes.start(), *input_codes.end());
     // Each value's code, as the forward pass found it (which also checked that every value is
     // finite), a vectorised pass at the kernel's width.
     let mut codes = vec![0i32; x.len()];
