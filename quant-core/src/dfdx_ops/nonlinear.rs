@@ -321,23 +321,14 @@ pub fn layer_norm_backward(
     let n = n.max(1);
     let rows = x.len() / n;
     let job_rows = rows_per_job(x.len(), n, R);
-    if job_rows >= rows {
-        // One job: each group's terms are added as soon as they are computed, from a buffer
-        // of one group that stays in cache.
-        let (mut scratch, mut terms) = (RowScratch::new(n), RowTerms::new(R, n));
-        by_row_groups(n, x, dy, dx, |group, x, dy, dx| {
-            let mut terms = terms.first(group, n);
-            group_backward(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
-            add_row_terms(n, dy, &terms, dgamma, dbeta);
-        });
-        return;
-    }
-    let mut terms = RowTerms::new(rows, n);
     let job = job_rows * n;
+    // What each row adds to `dgamma`, kept until the rows are added in order: each value's
+    // term, and whether the row is constant without ε (it adds none).
+    let (mut dgamma_terms, mut constant) = (vec![0.0f32; rows * n], vec![false; rows]);
     let jobs = x.par_chunks(job).zip(dy.par_chunks(job));
     let jobs = jobs.zip(dx.par_chunks_mut(job));
-    let term_jobs = terms.dgamma.par_chunks_mut(job);
-    let term_jobs = term_jobs.zip(terms.constant.par_chunks_mut(job_rows));
+    let term_jobs = dgamma_terms.par_chunks_mut(job);
+    let term_jobs = term_jobs.zip(constant.par_chunks_mut(job_rows));
     jobs.zip(term_jobs)
         .for_each(|(((x, dy), dx), (dgamma_terms, constant))| {
             let mut scratch = RowScratch::new(n);
@@ -347,87 +338,33 @@ pub fn layer_norm_backward(
                     dgamma: &mut dgamma_terms[row * n..(row + group) * n],
                     constant: &mut constant[row..row + group],
                 };
-                group_backward(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
+                if group == R {
+                    rows_backward::<R>(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
+                } else {
+                    rows_backward::<1>(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
+                }
                 row += group;
             });
         });
-    let all = RowTermsMut {
-        dgamma: &mut terms.dgamma,
-        constant: &mut terms.constant,
-    };
-    add_row_terms(n, dy, &all, dgamma, dbeta);
-}
-
-/// What rows of [`layer_norm_backward`] add to `dgamma`, kept until they are added in row
-/// order: each value's term, and whether the row is constant without `ε` (it adds none).
-struct RowTerms {
-    dgamma: Vec<f32>,
-    constant: Vec<bool>,
-}
-
-impl RowTerms {
-    fn new(rows: usize, n: usize) -> RowTerms {
-        RowTerms {
-            dgamma: vec![0.0; rows * n],
-            constant: vec![false; rows],
-        }
-    }
-
-    /// The terms of the first `rows` rows.
-    fn first(&mut self, rows: usize, n: usize) -> RowTermsMut<'_> {
-        RowTermsMut {
-            dgamma: &mut self.dgamma[..rows * n],
-            constant: &mut self.constant[..rows],
-        }
-    }
-}
-
-/// [`RowTerms`] of some consecutive rows.
-struct RowTermsMut<'a> {
-    dgamma: &'a mut [f32],
-    constant: &'a mut [bool],
-}
-
-/// Adds rows' gradients of `β` (`dy`) and their terms of `γ`'s into `dbeta` and `dgamma`, one
-/// row after another.
-fn add_row_terms(
-    n: usize,
-    dy: &[f32],
-    terms: &RowTermsMut<'_>,
-    dgamma: &mut [f32],
-    dbeta: &mut [f32],
-) {
-    let rows = dy.chunks_exact(n).zip(terms.dgamma.chunks_exact(n));
-    for ((dy, dgamma_terms), constant) in rows.zip(terms.constant.iter()) {
+    // The rows' gradients of β and terms of γ's, one row after another.
+    let rows = dy.chunks_exact(n).zip(dgamma_terms.chunks_exact(n));
+    for ((dy, row_terms), constant) in rows.zip(&constant) {
         for (db, d) in dbeta.iter_mut().zip(dy) {
             *db += *d;
         }
         if !constant {
-            for (dg, t) in dgamma.iter_mut().zip(dgamma_terms) {
+            for (dg, t) in dgamma.iter_mut().zip(row_terms) {
                 *dg += *t;
             }
         }
     }
 }
 
-/// [`rows_backward`] on a group of [`ROWS_SIDE_BY_SIDE`] rows or on one row (as long as `x`).
-#[allow(clippy::too_many_arguments)]
-fn group_backward(
-    n: usize,
-    epsilon: f32,
-    x: &[f32],
-    gamma: &[f32],
-    dy: &[f32],
-    dx: &mut [f32],
-    terms: &mut RowTermsMut<'_>,
-    scratch: &mut RowScratch,
-) {
-    const R: usize = ROWS_SIDE_BY_SIDE;
-    if x.len() == R * n {
-        rows_backward::<R>(n, epsilon, x, gamma, dy, dx, terms, scratch);
-    } else {
-        rows_backward::<1>(n, epsilon, x, gamma, dy, dx, terms, scratch);
-    }
+/// What some consecutive rows of [`layer_norm_backward`] add to `dgamma`: each value's term,
+/// and whether the row is constant without `ε` (it adds none).
+struct RowTermsMut<'a> {
+    dgamma: &'a mut [f32],
+    constant: &'a mut [bool],
 }
 
 /// Calls `f(rows, x, dy, dx)` on consecutive runs of whole rows of `n` values, in order:
