@@ -335,13 +335,14 @@ impl Rows {
         let group = SIDE_BY_SIDE * m;
         let whole = x.len() / group * group;
         let mut d_centered = vec![0.0f32; group];
+        let mut d_std_terms = vec![0.0f32; group];
         for (k, ((x, dy), dx)) in x[..whole]
             .chunks_exact(group)
             .zip(dy.chunks_exact(group))
             .zip(dx.chunks_exact_mut(group))
             .enumerate()
         {
-            let rows = (x, dy, dx, &mut d_centered[..]);
+            let rows = (x, dy, dx, &mut d_centered[..], &mut d_std_terms[..]);
             self.backward_rows::<SIDE_BY_SIDE>(rows, gamma, sink, k * group);
         }
         for (k, ((x, dy), dx)) in x[whole..]
@@ -350,40 +351,50 @@ impl Rows {
             .zip(dx[whole..].chunks_exact_mut(m))
             .enumerate()
         {
-            let rows = (x, dy, dx, &mut d_centered[..m]);
+            let rows = (x, dy, dx, &mut d_centered[..m], &mut d_std_terms[..m]);
             self.backward_rows::<1>(rows, gamma, sink, whole + k * m);
         }
     }
 
     /// [`Rows::backward`] for `R` consecutive rows (`x`, `dy`, `dx`, and the scratch
-    /// `d_centered`, `R · m` values each): every row's arithmetic as for one row, the rows'
-    /// contributions to `dgamma` and `dbeta` added in row order.
+    /// `d_centered` and `d_std_terms`, `R · m` values each): every row's arithmetic as for one
+    /// row, the rows' contributions to `dgamma` and `dbeta` added in row order. The element-wise
+    /// work (two divisions a value) runs feature by feature within a row, free of the sums'
+    /// chains, which then run across the rows side by side over the kept terms.
     #[inline(always)]
     fn backward_rows<const R: usize>(
         self,
-        (x, dy, dx, d_centered): (&[f32], &[f32], &mut [f32], &mut [f32]),
+        (x, dy, dx, d_centered, d_std_terms): RowsBackward<'_>,
         gamma: &[f32],
         sink: &mut impl Sink,
         first: usize,
     ) {
         let m = gamma.len();
         let (mean, std) = self.stats::<R>(x, m);
-        let inv_std = std.map(f32::recip);
-        let std_sq = std.map(|s| s * s);
-        let mut d_std = [0.0f32; R];
-        for (j, gamma) in gamma.iter().enumerate() {
-            for r in 0..R {
-                let at = r * m + j;
-                let centered = x[at] - mean[r];
+        for r in 0..R {
+            let inv_std = std[r].recip();
+            let std_sq = std[r] * std[r];
+            let row = r * m..(r + 1) * m;
+            let (x, dy) = (&x[row.clone()], &dy[row.clone()]);
+            let d_centered = &mut d_centered[row.clone()];
+            let d_std_terms = &mut d_std_terms[row];
+            for (j, gamma) in gamma.iter().enumerate() {
+                let centered = x[j] - mean[r];
                 let normed = centered / std[r];
                 // `+ β`: both sides get the output gradient.
-                let d_scaled = 0.0 + dy[at];
+                let d_scaled = 0.0 + dy[j];
                 // `· γ`: `dβ += dy`, `dγ += x̂ · dy`, now or (kept) later.
-                sink.take(j, first + at, dy[at], normed * d_scaled);
+                sink.take(j, first + r * m + j, dy[j], normed * d_scaled);
                 let d_normed = 0.0 + *gamma * d_scaled;
                 // `/ σ`: `1/σ` for the numerator, `-c/σ²` for the (broadcast) denominator.
-                d_centered[at] = 0.0 + inv_std[r] * d_normed;
-                d_std[r] += -centered / std_sq[r] * d_normed;
+                d_centered[j] = 0.0 + inv_std * d_normed;
+                d_std_terms[j] = -centered / std_sq * d_normed;
+            }
+        }
+        let mut d_std = [0.0f32; R];
+        for j in 0..m {
+            for r in 0..R {
+                d_std[r] += d_std_terms[r * m + j];
             }
         }
         // sqrt, `+ ε`, `· (1/M)`: the variance's scalar chain.
@@ -394,14 +405,20 @@ impl Rows {
             d_squares[r] = 0.0 + self.inv * d_var;
         }
         // The square, then `x - mean` for both sides, then the mean's sum.
+        for r in 0..R {
+            let d_square = 0.0 + d_squares[r];
+            let row = r * m..(r + 1) * m;
+            let (x, dx, d_centered) = (&x[row.clone()], &mut dx[row.clone()], &mut d_centered[row]);
+            for ((x, dx), d_centered) in x.iter().zip(dx.iter_mut()).zip(d_centered.iter_mut()) {
+                let centered = *x - mean[r];
+                *d_centered += (centered + centered) * d_square;
+                *dx += *d_centered;
+            }
+        }
         let mut d_mean = [0.0f32; R];
         for j in 0..m {
             for r in 0..R {
-                let at = r * m + j;
-                let centered = x[at] - mean[r];
-                d_centered[at] += (centered + centered) * (0.0 + d_squares[r]);
-                dx[at] += d_centered[at];
-                d_mean[r] += -d_centered[at];
+                d_mean[r] += -d_centered[r * m + j];
             }
         }
         for r in 0..R {
@@ -412,3 +429,12 @@ impl Rows {
         }
     }
 }
+
+/// One group of rows for [`Rows::backward_rows`]: `x`, `dy`, `dx`, and two scratch buffers.
+type RowsBackward<'a> = (
+    &'a [f32],
+    &'a [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+    &'a mut [f32],
+);
