@@ -404,3 +404,62 @@ fn released_gradients_leave_the_leaves_gradients_unchanged() {
     drop(outer);
     assert!(dfdx_ops::keep_used_gradients());
 }
+
+/// Output and the gradients of `x` and `w` of `(add(x, x·w) · v).sum()`, a residual add whose
+/// first input also reaches the loss through the other branch, with `add` as given.
+fn residual_gradients(
+    add: impl Fn(
+        Tensor<(usize, Const<5>), f32, Cpu, OwnedTape<f32, Cpu>>,
+        Tensor<(usize, Const<5>), f32, Cpu, OwnedTape<f32, Cpu>>,
+    ) -> Tensor<(usize, Const<5>), f32, Cpu, OwnedTape<f32, Cpu>>,
+    x: &Tensor<(usize, Const<5>), f32, Cpu>,
+    w: &Tensor<(usize, Const<5>), f32, Cpu>,
+    v: &Tensor<(usize, Const<5>), f32, Cpu>,
+) -> [Vec<f32>; 3] {
+    // As dfdx's `Residual` does: the input's tape goes through the branch, then to the add.
+    let (input, tape) = x.clone().leaky_traced().split_tape();
+    let (branch, tape) = (input.clone().put_tape(tape) * w.clone().leaky_traced()).split_tape();
+    let out = add(input.put_tape(tape), branch.retaped());
+    let y = out.as_vec();
+    let grads = (out * v.clone()).sum().backward();
+    [y, grads.get(x).as_vec(), grads.get(w).as_vec()]
+}
+
+#[test]
+fn add_is_dfdx_add_bit_for_bit_and_refuses_other_sizes() {
+    let dev = Cpu::seed_from_u64(7);
+    let x: Tensor<(usize, Const<5>), f32, Cpu> = dev.sample_normal_like(&(9, Const)) * 30.0;
+    // Signed zeros, a NaN, an infinity, values that cancel, and tiny ones beside large ones.
+    let special = [-0.0f32, 0.0, f32::NAN, f32::INFINITY, -1e-30];
+    let mut x_values = x.as_vec();
+    x_values[..5].copy_from_slice(&special);
+    let x = dev.tensor_from_vec(x_values, (9, Const::<5>));
+    let w: Tensor<(usize, Const<5>), f32, Cpu> = dev.sample_normal_like(&(9, Const));
+    let mut v_values = dev
+        .sample_normal_like::<(usize, Const<5>)>(&(9, Const))
+        .as_vec();
+    v_values[5..10].copy_from_slice(&[-0.0, 0.0, 1e30, -1e-30, -0.0]);
+    let v = dev.tensor_from_vec(v_values, (9, Const::<5>));
+    let ours = residual_gradients(|a, b| dfdx_ops::add(a, b).unwrap(), &x, &w, &v);
+    let theirs = residual_gradients(|a, b| a + b, &x, &w, &v);
+    for (what, (ours, theirs)) in ["output", "x's gradient", "w's gradient"]
+        .iter()
+        .zip(ours.iter().zip(&theirs))
+    {
+        let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(ours), bits(theirs), "{what}");
+    }
+    // With the used gradients released, the leaves' gradients are the same.
+    let released = {
+        let _released = dfdx_ops::release_used_gradients();
+        residual_gradients(|a, b| dfdx_ops::add(a, b).unwrap(), &x, &w, &v)
+    };
+    assert_eq!(format!("{:?}", released), format!("{:?}", ours));
+    // Without a tape, the same sum.
+    let untraced = dfdx_ops::add(x.clone(), x.clone() * w.clone()).unwrap();
+    assert_eq!(format!("{:?}", untraced.as_vec()), format!("{:?}", ours[0]));
+    // Shapes of one type but other sizes: an error naming both shapes.
+    let shorter: Tensor<(usize, Const<5>), f32, Cpu> = dev.zeros_like(&(8, Const));
+    let err = dfdx_ops::add(x.clone(), shorter).unwrap_err().to_string();
+    assert!(err.contains("[8, 5]") && err.contains("[9, 5]"), "{err}");
+}

@@ -10,6 +10,7 @@
 use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
 use dfdx::prelude::*;
 
+use quant_core::dfdx_ops::add;
 use quant_core::{QuantError, Result};
 
 use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, TensorQuantizer};
@@ -36,7 +37,8 @@ impl AddQuantizer {
         }
     }
 
-    /// `q(a) + q(b)`, then the output quantizer: the fake-quantized add.
+    /// `q(a) + q(b)`, then the output quantizer: the fake-quantized add (the sum is dfdx's,
+    /// bit for bit, in plain passes: [`quant_core::dfdx_ops::add`]).
     ///
     /// # Errors
     /// The quantizers' errors.
@@ -47,7 +49,7 @@ impl AddQuantizer {
     ) -> Result<Tensor<S, f32, Cpu, T>> {
         let a = self.input_quantizer.fake_quantize(a)?;
         let b = self.input_quantizer.fake_quantize(b)?;
-        self.output_quantizer.fake_quantize(a.try_add(b)?)
+        self.output_quantizer.fake_quantize(add(a, b)?)
     }
 
     /// [`AddQuantizer::add`] for `forward_mut`: calibrating quantizers observe both inputs (one
@@ -62,7 +64,7 @@ impl AddQuantizer {
     ) -> Result<Tensor<S, f32, Cpu, T>> {
         let a = self.input_quantizer.fake_quantize_mut(a)?;
         let b = self.input_quantizer.fake_quantize_mut(b)?;
-        self.output_quantizer.fake_quantize_mut(a.try_add(b)?)
+        self.output_quantizer.fake_quantize_mut(add(a, b)?)
     }
 
     /// Visits the two slots of the add of layer `name` (kind [`LayerKind::Add`]).
