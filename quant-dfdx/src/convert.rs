@@ -394,14 +394,27 @@ impl<const V: usize, const M: usize> Convert for Embedding<V, M, f32, Cpu> {
     }
 }
 
+/// A residual's twin: its branch converted, the add's quantizers unconfigured.
+fn q_residual<F: Convert>(branch: &F) -> QResidual<F::Quantized> {
+    QResidual {
+        module: branch.convert(),
+        add: AddQuantizer::new(&Cpu::default()),
+    }
+}
+
 impl<F: Convert> Convert for Residual<F> {
     type Quantized = QResidual<F::Quantized>;
 
     fn convert(&self) -> Self::Quantized {
-        QResidual {
-            module: self.0.convert(),
-            add: AddQuantizer::new(&Cpu::default()),
-        }
+        q_residual(&self.0)
+    }
+}
+
+impl<F: Convert> Convert for crate::nn::Residual<F> {
+    type Quantized = QResidual<F::Quantized>;
+
+    fn convert(&self) -> Self::Quantized {
+        q_residual(&self.0)
     }
 }
 

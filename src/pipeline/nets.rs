@@ -202,13 +202,14 @@ pub const VIT_HIDDEN: usize = 96;
 /// One pre-norm encoder block of the ViT: LayerNorm, 4-head self-attention and a residual
 /// add; LayerNorm, a GeLU MLP and a residual add. The GeLU is [`quant_dfdx::nn::Gelu`]:
 /// dfdx's `AccurateGeLU` bit for bit, vectorised; the LayerNorm [`quant_dfdx::nn::LayerNorm`],
-/// dfdx's `LayerNorm1D` bit for bit, fused.
+/// dfdx's `LayerNorm1D` bit for bit, fused; the residuals [`quant_dfdx::nn::Residual`], dfdx's
+/// `Residual` bit for bit, in plain passes.
 pub type VitBlockBuilder = (
-    dfdx::nn::builders::Residual<(
+    quant_dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
         quant_dfdx::nn::builders::MultiHeadAttention<VIT_WIDTH, 4>,
     )>,
-    dfdx::nn::builders::Residual<(
+    quant_dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT_WIDTH>,
         quant_dfdx::nn::builders::Linear<VIT_WIDTH, VIT_HIDDEN>,
         quant_dfdx::nn::builders::Gelu,
@@ -454,11 +455,11 @@ pub const VIT28_HIDDEN: usize = 128;
 
 /// One pre-norm encoder block of the 28x28 ViT (4 heads).
 pub type Vit28BlockBuilder = (
-    dfdx::nn::builders::Residual<(
+    quant_dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
         quant_dfdx::nn::builders::MultiHeadAttention<VIT28_WIDTH, 4>,
     )>,
-    dfdx::nn::builders::Residual<(
+    quant_dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::LayerNorm<VIT28_WIDTH>,
         quant_dfdx::nn::builders::Linear<VIT28_WIDTH, VIT28_HIDDEN>,
         quant_dfdx::nn::builders::Gelu,

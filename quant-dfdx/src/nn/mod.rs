@@ -54,6 +54,7 @@ mod gelu;
 mod layer_norm;
 mod linear;
 mod pool;
+mod residual;
 mod tape;
 mod tokens;
 mod window;
@@ -70,6 +71,7 @@ pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, LayerNorm};
 pub use linear::{linear, Linear, LinearInput};
 pub use pool::{avg_pool2d, max_pool2d, AvgPool2d, MaxPool2d};
+pub use residual::Residual;
 pub use tokens::{ImageTokens, MeanTokens, Tokens};
 
 /// A batch of `C`-channel feature maps with run-time height and width, as [`conv2d`] and the
@@ -92,6 +94,7 @@ pub mod builders {
     pub use super::layer_norm::builder::LayerNorm;
     pub use super::linear::builder::Linear;
     pub use super::pool::{AvgPool2d, MaxPool2d};
+    pub use super::residual::Residual;
     pub use super::tokens::builder::ImageTokens;
     pub use super::tokens::MeanTokens;
 }
