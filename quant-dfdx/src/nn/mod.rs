@@ -1,10 +1,11 @@
 //! Float layers dfdx 0.13 only has behind its `nightly` feature: 2-D convolution, max and
 //! average pooling, and flattening, implemented on stable Rust for `f32` on the CPU; and the
 //! two a vision transformer needs around its attention ([`ImageTokens`], [`MeanTokens`]);
-//! and [`Linear`], [`MultiHeadAttention`], [`BatchNorm2d`], [`Gelu`] and [`LayerNorm`],
-//! dfdx's `Linear`, `MultiHeadAttention` (self-attention), `BatchNorm2D`, `AccurateGeLU` and
-//! `LayerNorm1D` bit for bit but batched, fused or vectorised (each takes a sixth or more off
-//! a float ViT's or CNN's training step).
+//! and [`Linear`], [`MultiHeadAttention`], [`BatchNorm2d`], [`Gelu`], [`LayerNorm`] and
+//! [`Residual`], dfdx's `Linear`, `MultiHeadAttention` (self-attention), `BatchNorm2D`,
+//! `AccurateGeLU`, `LayerNorm1D` and `Residual` bit for bit but batched, fused or vectorised
+//! (each of the first five takes a sixth or more off a float ViT's or CNN's training step, the
+//! residual a few percent).
 //!
 //! Two layers of API:
 //!
