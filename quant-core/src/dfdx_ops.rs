@@ -267,8 +267,9 @@ pub type BackwardFn = dyn FnOnce(&[f32], &[&[f32]], &[f32], &mut [f32], &mut [Ve
 /// Builds a differentiable elementwise op with parameters: runs `forward` now and, when `x`
 /// carries an `OwnedTape`, records `backward` on it.
 ///
-/// Every op here and every quantizer chosen at run time goes through [`elementwise_op`], the
-/// one place that talks to dfdx's tape.
+/// Every one-input op here and every quantizer chosen at run time goes through
+/// [`elementwise_op`], the one place that talks to dfdx's tape for them ([`add`], with two
+/// inputs, is the other).
 pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
     x: Tensor<S, f32, Cpu, T>,
     params: Vec<ParamInput>,
@@ -350,7 +351,9 @@ where
 /// `a + b`, element by element: dfdx's `try_add` of two tensors of one shape, the same bits
 /// forward and backward (each input's gradient gets the output's added once, as dfdx's
 /// `+= 1·dy`), in plain passes over contiguous values instead of dfdx's strided indices. The
-/// residual adds of the quantized models take it.
+/// residual adds take it: `quant::nn::Residual`'s and those of the quantized models. With two
+/// traced inputs it records its own backward pass, beside [`elementwise_op`]'s one-input
+/// protocol.
 ///
 /// # Errors
 /// `a` and `b` of different sizes (`LengthMismatch`); the device's (allocation).
