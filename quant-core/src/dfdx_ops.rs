@@ -192,6 +192,78 @@ impl Drop for Scratch {
     }
 }
 
+/// The values of `t` where they lie, without a copy, when `t` is laid out row-major (its
+/// strides those of its shape, as after `try_contiguous`); `None` for any other layout (a
+/// broadcast or permuted view).
+///
+/// dfdx 0.13 keeps a tensor's storage private and offers only copies of it (`as_vec`,
+/// `copy_into`), but its `Index` hands out a reference into the storage: the layout is read
+/// from the addresses of one element per axis, and the whole range from the first and last
+/// elements, which dfdx's `Index` bounds-checks.
+pub fn in_place<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Option<&[f32]> {
+    let numel = t.shape().num_elements();
+    if numel == 0 {
+        return Some(&[]);
+    }
+    let dims = t.shape().concrete();
+    let mut index = S::Concrete::default();
+    let first: *const f32 = &t[index];
+    let offset = |element: &f32| (element as *const f32 as usize).wrapping_sub(first as usize);
+    let mut row_major_stride = 1usize;
+    for axis in (0..S::NUM_DIMS).rev() {
+        if dims[axis] > 1 {
+            index[axis] = 1;
+            if offset(&t[index]) != row_major_stride * std::mem::size_of::<f32>() {
+                return None;
+            }
+            index[axis] = 0;
+        }
+        row_major_stride *= dims[axis];
+    }
+    for axis in 0..S::NUM_DIMS {
+        index[axis] = dims[axis] - 1;
+    }
+    if offset(&t[index]) != (numel - 1) * std::mem::size_of::<f32>() {
+        return None;
+    }
+    // SAFETY: `first` and the last element are elements of one buffer (dfdx's `Index` checks
+    // the last against its length), `numel - 1` elements apart, so the `numel` values from
+    // `first` on are initialised `f32`s of that buffer. dfdx writes a tensor's storage only
+    // through `&mut Tensor` (and only after `Arc::make_mut`, which copies storage that other
+    // tensors share), so nothing writes them while `t` is borrowed.
+    Some(unsafe { std::slice::from_raw_parts(first, numel) })
+}
+
+/// A tensor's values, held for an op (and its backward pass) without copying them where the
+/// layout allows: the tensor's own storage, shared as dfdx's ops share theirs, when it is laid
+/// out row-major ([`in_place`]), else a copy in row-major order.
+pub struct TensorValues<S: Shape> {
+    tensor: Tensor<S, f32, Cpu>,
+    copy: Option<Vec<f32>>,
+}
+
+impl<S: Shape> TensorValues<S> {
+    /// The values of `t`, in row-major order.
+    pub fn of<T>(t: &Tensor<S, f32, Cpu, T>) -> TensorValues<S> {
+        let tensor = t.retaped::<NoneTape>();
+        // Not in place only for a non-empty view (`as_vec` walks its strides).
+        let copy = in_place(&tensor).is_none().then(|| tensor.as_vec());
+        TensorValues { tensor, copy }
+    }
+}
+
+impl<S: Shape> std::ops::Deref for TensorValues<S> {
+    type Target = [f32];
+    #[inline]
+    fn deref(&self) -> &[f32] {
+        match &self.copy {
+            Some(copy) => copy,
+            // `of` found the storage in place; the same tensor gives the same answer.
+            None => in_place(&self.tensor).unwrap_or_default(),
+        }
+    }
+}
+
 std::thread_local! {
     static RELEASE_USED_GRADIENTS: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
@@ -303,8 +375,8 @@ pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
 
 /// Runs an elementwise op and records its backward pass: the protocol every op here follows.
 ///
-/// `forward(x, y)` reads the input (contiguous, copied once into a pooled [`Scratch`] buffer
-/// that the backward pass reuses) and writes the output `y` (same length); what it returns is
+/// `forward(x, y)` reads the input (made contiguous, and read in place: [`TensorValues`], which
+/// the backward pass keeps) and writes the output `y` (same length); what it returns is
 /// handed to `backward`. With an `OwnedTape`, `backward(state, x, dy, dx)` adds the input's
 /// gradient into `dx` and returns what `accumulate(.., grads)` then adds into the parameters'
 /// gradients. The output gradient is taken out of its slot while the input's is borrowed, and
@@ -326,7 +398,7 @@ where
 {
     let x = x.try_contiguous()?;
     let (x, mut tape) = x.split_tape();
-    let x_data = Scratch::copy_of(&x);
+    let x_data = TensorValues::of(&x);
     let mut y = vec![0.0f32; x_data.len()];
     let state = forward(&x_data, &mut y)?;
     let out = x.device().try_tensor_from_vec(y, *x.shape())?;
@@ -377,7 +449,7 @@ pub fn add<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
     let (b, b_tape) = b.try_contiguous()?.split_tape();
     let mut tape = a_tape.merge(b_tape);
     let sum: Vec<f32> = {
-        let (a_data, b_data) = (Scratch::copy_of(&a), Scratch::copy_of(&b));
+        let (a_data, b_data) = (TensorValues::of(&a), TensorValues::of(&b));
         a_data
             .iter()
             .zip(b_data.iter())

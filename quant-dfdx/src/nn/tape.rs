@@ -10,7 +10,7 @@
 
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
-use quant_core::dfdx_ops::Scratch;
+use quant_core::dfdx_ops::TensorValues;
 
 /// Adds `dx` into a gradient buffer (`grads.get_or_alloc_mut(&ghost)?`; dfdx keeps the
 /// ghost-tensor type private, so the caller looks the slot up).
@@ -48,14 +48,11 @@ pub(crate) fn record<S: Shape, T: Tape<f32, Cpu>, F>(
     });
 }
 
-/// The values of a contiguous tensor, in order: one `memcpy`, into a pooled buffer
-/// ([`Scratch`]: no zeroing first, and no fresh pages on every step for the copies that
-/// backward passes keep).
+/// The values of a contiguous tensor, in order, read in place ([`TensorValues`]: no copy; a
+/// backward pass that keeps them keeps the tensor's storage, as dfdx's own ops do).
 ///
 /// dfdx's `as_vec` walks a strided index per element (slow) and panics on an empty tensor, so
-/// the ops read their (contiguous, by `try_contiguous`) inputs with this instead. A tensor
-/// with row-major strides owns exactly `numel` physical elements, which is what `copy_into`
-/// copies.
-pub(crate) fn read<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Scratch {
-    Scratch::copy_of(t)
+/// the ops read their (contiguous, by `try_contiguous`) inputs with this instead.
+pub(crate) fn read<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> TensorValues<S> {
+    TensorValues::of(t)
 }
