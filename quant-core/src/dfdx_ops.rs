@@ -104,13 +104,14 @@ std::thread_local! {
 
 /// A buffer of `f32` from a per-thread pool, given back to the pool when dropped.
 ///
-/// A custom op keeps a copy of its input for the backward pass. Allocated afresh on every
-/// step, such copies (hundreds of kilobytes for a layer's weights) are freed at the end of the
-/// step; the allocator then returns their pages to the system and takes them back, zeroed, on
-/// the next step: for the W4A4 MLP, about 200 page faults per training step, more time than
-/// the quantizers' arithmetic. A pooled buffer is reused from step to step instead, and needs
-/// no zeroing since every use overwrites it whole. The pool keeps at most
-/// [`MAX_SCRATCH_BYTES`] per thread.
+/// For the buffers an op fills and keeps for its backward pass (its inputs it reads in place:
+/// [`TensorValues`]). Allocated afresh on every step, such buffers (hundreds of kilobytes for
+/// a layer) are freed at the end of the step; the allocator then returns their pages to the
+/// system and takes them back, zeroed, on the next step: for the W4A4 MLP's input copies, when
+/// ops still copied their inputs, about 200 page faults per training step, more time than the
+/// quantizers' arithmetic. A pooled buffer is reused from step to step instead, and needs no
+/// zeroing since every use overwrites it whole. The pool keeps at most [`MAX_SCRATCH_BYTES`]
+/// per thread.
 pub struct Scratch {
     /// The storage: every element initialised (a buffer never shrinks, so that reusing it for a
     /// shorter value and then a longer one writes nothing before the caller does).
