@@ -229,9 +229,10 @@ pub fn in_place<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Option<&[f32]> {
     }
     // SAFETY: `first` and the last element are elements of one buffer (dfdx's `Index` checks
     // the last against its length), `numel - 1` elements apart, so the `numel` values from
-    // `first` on are initialised `f32`s of that buffer. dfdx writes a tensor's storage only
-    // through `&mut Tensor` (and only after `Arc::make_mut`, which copies storage that other
-    // tensors share), so nothing writes them while `t` is borrowed.
+    // `first` on are initialised `f32`s of that buffer. dfdx writes a tensor's storage through
+    // `&mut Tensor` after `Arc::make_mut` (which copies storage that other tensors share), or
+    // reuses the storage of a tensor moved into an op when no other tensor shares it; neither
+    // can happen to this storage while `t` is borrowed.
     Some(unsafe { std::slice::from_raw_parts(first, numel) })
 }
 
