@@ -312,33 +312,57 @@ impl Products for NarrowProducts {
     }
 }
 
+/// Rows normalised together: their sums, then their reciprocal square roots, then their
+/// outputs, so that the square roots and divisions of different rows (a chain of dependent
+/// steps within a row) overlap instead of running one row at a time.
+const BLOCK_ROWS: usize = 8;
+
 #[inline(always)]
 fn rows<I: InputCode, P: Products>(kernel: &IntLayerNorm, input: &[I], out: &mut [i32], _: P) {
     let n = kernel.row_len();
     let (lo, hi) = (*kernel.codes.start(), *kernel.codes.end());
     let unit = |q: &I| q.code().clamp(lo, hi) as i64 - lo as i64;
-    for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-        // n · (hi - lo) < 2^31: S < 2^31, n · Σu² < 2^62, |c| < 2^31.
-        let (sum, squares) = row.iter().fold((0i64, 0i64), |(s, q2), q| {
-            let u = unit(q);
-            (s + u, q2 + P::small(u, u))
-        });
-        let w = n as i64 * squares - sum * sum;
-        if w == 0 {
-            for (o, b) in out.iter_mut().zip(&kernel.beta) {
-                *o = *b as i32;
-            }
-            continue;
+    for (block, out) in input
+        .chunks(BLOCK_ROWS * n)
+        .zip(out.chunks_mut(BLOCK_ROWS * n))
+    {
+        // Per row: S, W, then (F, shift) (W = 0: a row of equal values, no root).
+        let mut sums = [(0i64, 0i64); BLOCK_ROWS];
+        for (row, (sum, w)) in block.chunks_exact(n).zip(&mut sums) {
+            // n · (hi - lo) < 2^31: S < 2^31, n · Σu² < 2^62, |c| < 2^31.
+            let (s, squares) = row.iter().fold((0i64, 0i64), |(s, q2), q| {
+                let u = unit(q);
+                (s + u, q2 + P::small(u, u))
+            });
+            (*sum, *w) = (s, n as i64 * squares - s * s);
         }
-        let (reciprocal, shift) = kernel.reciprocal_sqrt(w as u64);
-        for ((o, q), (g, b)) in out
-            .iter_mut()
-            .zip(row)
-            .zip(kernel.gamma.iter().zip(&kernel.beta))
+        let rows = block.len() / n;
+        let mut roots = [(0i64, 0u32); BLOCK_ROWS];
+        for (root, (_, w)) in roots.iter_mut().zip(&sums).take(rows) {
+            if *w != 0 {
+                *root = kernel.reciprocal_sqrt(*w as u64);
+            }
+        }
+        for ((row, out), ((sum, w), (reciprocal, shift))) in block
+            .chunks_exact(n)
+            .zip(out.chunks_exact_mut(n))
+            .zip(sums.iter().zip(&roots))
         {
-            let c = P::small(n as i64, unit(q)) - sum;
-            let norm = round_shift(P::scale(c, reciprocal), shift);
-            *o = (round_shift(norm * g, 31) + b) as i32;
+            if *w == 0 {
+                for (o, b) in out.iter_mut().zip(&kernel.beta) {
+                    *o = *b as i32;
+                }
+                continue;
+            }
+            for ((o, q), (g, b)) in out
+                .iter_mut()
+                .zip(row)
+                .zip(kernel.gamma.iter().zip(&kernel.beta))
+            {
+                let c = P::small(n as i64, unit(q)) - sum;
+                let norm = round_shift(P::scale(c, *reciprocal), *shift);
+                *o = (round_shift(norm * g, 31) + b) as i32;
+            }
         }
     }
 }

@@ -160,6 +160,7 @@ impl std::fmt::Display for Approximation {
 /// assert_eq!(isqrt(100), 10);
 /// assert_eq!(isqrt(u64::MAX), u32::MAX as u64);
 /// ```
+#[inline]
 pub fn isqrt(n: u64) -> u64 {
     // Rounding n to 53 bits and the root to an integer leaves the estimate within a step or two
     // of the answer; the loops fix it in `u128`, where `(r + 1)²` cannot overflow.
