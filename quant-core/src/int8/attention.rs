@@ -416,9 +416,19 @@ mod x86 {
             .chunks_exact(shape.heads * s1 * s2)
             .zip(v.chunks_exact(s2 * f));
         for ((ps, vs), ys) in samples.zip(out.chunks_exact_mut(s1 * f)) {
-            for (j, row) in vs.chunks_exact(f).enumerate() {
-                for (c, x) in row.iter().enumerate() {
-                    vc[((j / 2) * f + c) * 2 + j % 2] = centered(*x, zv);
+            // Two keys' rows interleaved, written in `vc`'s order (the stores in sequence).
+            for (slots, keys) in vc.chunks_exact_mut(2 * f).zip(vs.chunks(2 * f)) {
+                let (first, second) = keys.split_at(f);
+                if second.is_empty() {
+                    // An odd number of keys: the zeros beside the last key's values stay.
+                    for (slot, x) in slots.chunks_exact_mut(2).zip(first) {
+                        slot[0] = centered(*x, zv);
+                    }
+                } else {
+                    for ((slot, x), y) in slots.chunks_exact_mut(2).zip(first).zip(second) {
+                        slot[0] = centered(*x, zv);
+                        slot[1] = centered(*y, zv);
+                    }
                 }
             }
             for (h, probs) in ps.chunks_exact(s1 * s2).enumerate() {
