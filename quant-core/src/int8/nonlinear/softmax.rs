@@ -411,7 +411,9 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
             .zip(stack.chunks_exact_mut(n))
             .zip(&mut sums)
         {
-            let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
+            // A fold of `max` rather than `Iterator::max` (which keeps the last of equal
+            // elements and stayed a scalar loop): the compiler vectorises it. Rows are not empty.
+            let max = row.iter().fold(i32::MIN, |m, q| m.max(q.code())) as i64;
             for (e, q) in e.iter_mut().zip(row) {
                 *e = exp.exp(q.code() as i64 - max);
             }
