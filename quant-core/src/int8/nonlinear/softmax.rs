@@ -385,7 +385,7 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
     let n = kernel.row_len;
     if n > STACK_ROW {
         for (row, out) in input.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
-            let max = row.iter().map(|q| q.code()).max().unwrap_or(0) as i64;
+            let max = row_max(row);
             let delta = |q: &I| q.code() as i64 - max;
             let sum = row.iter().map(|q| exp.exp(delta(q))).sum();
             let normalise = kernel.normaliser(kernel.factor(sum));
@@ -411,9 +411,7 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
             .zip(stack.chunks_exact_mut(n))
             .zip(&mut sums)
         {
-            // A fold of `max` rather than `Iterator::max` (which keeps the last of equal
-            // elements and stayed a scalar loop): the compiler vectorises it. Rows are not empty.
-            let max = row.iter().fold(i32::MIN, |m, q| m.max(q.code())) as i64;
+            let max = row_max(row);
             for (e, q) in e.iter_mut().zip(row) {
                 *e = exp.exp(q.code() as i64 - max);
             }
@@ -434,6 +432,14 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
             }
         }
     }
+}
+
+/// The largest code of a row (not empty). A fold of `max` rather than `Iterator::max`
+/// (which keeps the last of equal elements and stayed a scalar loop): the compiler vectorises
+/// it.
+#[inline(always)]
+fn row_max<I: InputCode>(row: &[I]) -> i64 {
+    row.iter().fold(i32::MIN, |m, q| m.max(q.code())) as i64
 }
 
 /// `exp(Δ · scale) · 2^E` of a difference `Δ ≤ 0` of input codes, by one [`Approximation`].
