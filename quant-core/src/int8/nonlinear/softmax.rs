@@ -6,6 +6,8 @@ use super::{Approximation, FixedPointInput, InputCode, OutputCode};
 use super::{FRACTION_BITS, ONE};
 use crate::error::{QuantError, Result};
 use crate::int8::widths::compiled_for_each_width;
+#[cfg(target_arch = "x86_64")]
+use crate::int8::widths::Width;
 use crate::int8::Isa;
 
 /// The longest row [`IntSoftmax`] accepts. Every `exp` keeps `61 - ⌈log2 n⌉` fraction bits, so
@@ -277,6 +279,13 @@ impl IntSoftmax {
             }
             (_, Exp::IBert(exp)) => softmax_rows(self.isa, self, exp, input, out),
             (_, Exp::FixedPoint(exp)) => match exp.in_32_bits() {
+                #[cfg(target_arch = "x86_64")]
+                Some(exp) if self.isa.width() == Width::Avx2 => {
+                    // The compiler's vectorization of the 32-bit form at AVX2 emulates the
+                    // sign extensions `vpmuldq` does itself; the written kernel has none.
+                    let exp = x86::FixedPointExpAvx2::new(exp);
+                    softmax_rows(self.isa, self, &exp, input, out)
+                }
                 Some(exp) => softmax_rows(self.isa, self, &exp, input, out),
                 None => softmax_rows(self.isa, self, exp, input, out),
             },
@@ -406,15 +415,8 @@ fn rows<I: InputCode, O: OutputCode, E: Exponential>(
         .zip(out.chunks_mut(per_block * n))
     {
         let rows = block.len() / n;
-        for ((row, e), sum) in block
-            .chunks_exact(n)
-            .zip(stack.chunks_exact_mut(n))
-            .zip(&mut sums)
-        {
-            let max = row_max(row);
-            for (e, q) in e.iter_mut().zip(row) {
-                *e = exp.exp(q.code() as i64 - max);
-            }
+        exp.exp_rows(block, n, &mut stack[..block.len()]);
+        for (e, sum) in stack.chunks_exact(n).zip(&mut sums) {
             *sum = e.iter().sum();
         }
         // The divisions, one per row, back to back (they pipeline), then the normalisation.
@@ -445,6 +447,18 @@ fn row_max<I: InputCode>(row: &[I]) -> i64 {
 /// `exp(Δ · scale) · 2^E` of a difference `Δ ≤ 0` of input codes, by one [`Approximation`].
 trait Exponential {
     fn exp(&self, delta: i64) -> u64;
+
+    /// `exp` of each code of `block` (whole rows of `n`, at most [`STACK_ROW`] codes) minus
+    /// its row's largest, into `out`.
+    #[inline(always)]
+    fn exp_rows<I: InputCode>(&self, block: &[I], n: usize, out: &mut [u64]) {
+        for (row, out) in block.chunks_exact(n).zip(out.chunks_exact_mut(n)) {
+            let max = row_max(row);
+            for (e, q) in out.iter_mut().zip(row) {
+                *e = self.exp(q.code() as i64 - max);
+            }
+        }
+    }
 }
 
 /// `⌊n / d⌋` for `d ≥ 1` and a quotient below `2^52` (`n_f64` is `n` as `f64`, exactly),
@@ -707,6 +721,25 @@ impl FixedPointExpForms {
     pub fn exp_in_32_bits(&self, delta: i64) -> Option<u64> {
         Some(self.0.in_32_bits()?.exp(delta))
     }
+
+    /// The 32-bit form's written AVX2 kernel on every difference of `deltas` (each `≤ 0`), or
+    /// `None` where the 32-bit form does not apply or this CPU lacks AVX2.
+    pub fn exp_in_32_bits_avx2(&self, deltas: &[i64]) -> Option<Vec<u64>> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            let exp = self.0.in_32_bits()?;
+            let deltas: Vec<i32> = deltas
+                .iter()
+                .map(|d| (*d).max(exp.delta_floor as i64) as i32)
+                .collect();
+            let mut out = vec![0; deltas.len()];
+            // SAFETY: this CPU runs AVX2 (checked above).
+            unsafe { x86::exp_avx2(&exp, &deltas, &mut out) };
+            return Some(out);
+        }
+        let _ = deltas;
+        None
+    }
 }
 
 impl FixedPointExp {
@@ -727,5 +760,151 @@ impl FixedPointExp {
     /// Every `Δ` below `delta_floor` is evaluated as `delta_floor` (see `table_of`).
     fn saturation(&self) -> Option<u64> {
         Some(self.delta_floor.unsigned_abs())
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Exponential, FixedPointExp32, InputCode, STACK_ROW};
+    use super::{EXP_TAYLOR, FRACTION_BITS, HALF_LN2_FIXED, LN2_FIXED, LN2_RECIPROCAL};
+    use crate::int8::widths::Width;
+    use std::arch::x86_64::*;
+
+    /// [`FixedPointExp32`] with its rows evaluated by [`exp_avx2`]; made only where this CPU
+    /// runs AVX2.
+    pub(super) struct FixedPointExpAvx2<'a>(FixedPointExp32<'a>);
+
+    impl<'a> FixedPointExpAvx2<'a> {
+        /// # Panics
+        /// Where this CPU lacks AVX2 (callers check `Isa::width` first).
+        pub(super) fn new(exp: FixedPointExp32<'a>) -> FixedPointExpAvx2<'a> {
+            assert!(crate::int8::Isa::Avx2.width() == Width::Avx2);
+            FixedPointExpAvx2(exp)
+        }
+    }
+
+    impl Exponential for FixedPointExpAvx2<'_> {
+        #[inline(always)]
+        fn exp(&self, delta: i64) -> u64 {
+            self.0.exp(delta)
+        }
+
+        #[inline(always)]
+        fn exp_rows<I: InputCode>(&self, block: &[I], n: usize, out: &mut [u64]) {
+            let mut deltas = [0i32; STACK_ROW];
+            let floor = self.0.delta_floor as i64;
+            for (row, deltas) in block.chunks_exact(n).zip(deltas.chunks_exact_mut(n)) {
+                let max = super::row_max(row);
+                for (d, q) in deltas.iter_mut().zip(row) {
+                    *d = (q.code() as i64 - max).max(floor) as i32;
+                }
+            }
+            // SAFETY: `new` checked that this CPU runs AVX2.
+            unsafe { exp_avx2(&self.0, &deltas[..block.len()], out) }
+        }
+    }
+
+    /// `vpmuldq`: the products of the low 32 bits of each 64-bit lane, read as signed. Written
+    /// as assembly because the compiler otherwise folds the intrinsic into the shifts around it
+    /// and emits a full 64-bit product (three multiplies and as many shifts each).
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn mul_epi32(a: __m256i, b: __m256i) -> __m256i {
+        let product;
+        // SAFETY: one instruction on registers, which this function's AVX2 makes available.
+        unsafe {
+            std::arch::asm!(
+                "vpmuldq {p}, {a}, {b}",
+                p = lateout(ymm_reg) product,
+                a = in(ymm_reg) a,
+                b = in(ymm_reg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            )
+        };
+        product
+    }
+
+    /// `vpmuludq`: as [`mul_epi32`], the low halves read as unsigned.
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    fn mul_epu32(a: __m256i, b: __m256i) -> __m256i {
+        let product;
+        // SAFETY: as in `mul_epi32`.
+        unsafe {
+            std::arch::asm!(
+                "vpmuludq {p}, {a}, {b}",
+                p = lateout(ymm_reg) product,
+                a = in(ymm_reg) a,
+                b = in(ymm_reg) b,
+                options(pure, nomem, nostack, preserves_flags),
+            )
+        };
+        product
+    }
+
+    /// `FixedPointExp32::exp` of every difference (each already clamped to its `delta_floor`)
+    /// into `out`, four at a time in 64-bit lanes: the same integers, each step one
+    /// instruction (`vpmuldq` reads the low 32 bits of a lane as signed by itself).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn exp_avx2(exp: &FixedPointExp32, deltas: &[i32], out: &mut [u64]) {
+        assert_eq!(deltas.len(), out.len());
+        let e = exp.exp;
+        let mantissa = _mm256_set1_epi64x(exp.mantissa as i64);
+        let biased_half = _mm256_set1_epi64x(exp.biased_half);
+        let bias_quotient = _mm256_set1_epi64x(exp.bias_quotient);
+        let right = _mm_set_epi64x(0, e.input.right as i64);
+        let left = _mm_set_epi64x(0, e.input.left as i64);
+        let up = _mm_set_epi64x(0, e.up as i64);
+        let cap = _mm256_set1_epi64x(64 * LN2_FIXED);
+        let reciprocal = _mm256_set1_epi64x(LN2_RECIPROCAL as i64);
+        let ln2 = _mm256_set1_epi64x(LN2_FIXED);
+        let below_ln2 = _mm256_set1_epi64x(LN2_FIXED - 1);
+        let half_ln2 = _mm256_set1_epi64x(HALF_LN2_FIXED);
+        let product_bias = _mm256_set1_epi64x(1 << 60);
+        let coefficients = EXP_TAYLOR.map(|c| _mm256_set1_epi64x(c));
+        // The last step's `c - 2^30`: the product's bias taken back with the coefficient.
+        let last = _mm256_set1_epi64x(EXP_TAYLOR[0] - (1 << FRACTION_BITS));
+        let (chunks, tail) = deltas.as_chunks::<4>();
+        for (i, d) in chunks.iter().enumerate() {
+            // SAFETY: 4 `i32`s are 16 readable bytes.
+            let d = unsafe { _mm_loadu_si128(d.as_ptr() as *const __m128i) };
+            let d = _mm256_cvtepi32_epi64(d);
+            let n = mul_epi32(d, mantissa);
+            let t = _mm256_srl_epi64(_mm256_add_epi64(n, biased_half), right);
+            let t = _mm256_sll_epi64(_mm256_sub_epi64(t, bias_quotient), left);
+            // -t ≥ 0 and the cap below 2^36: a signed comparison orders them.
+            let a = _mm256_sub_epi64(_mm256_setzero_si256(), t);
+            let a = _mm256_blendv_epi8(a, cap, _mm256_cmpgt_epi64(a, cap));
+            let z = _mm256_srli_epi64(mul_epu32(_mm256_srli_epi64(a, 6), reciprocal), 50);
+            let r = _mm256_sub_epi64(a, mul_epu32(z, ln2));
+            // All ones where r ≥ ln 2: one more for the quotient, one ln 2 less for r.
+            let carry = _mm256_cmpgt_epi64(r, below_ln2);
+            let z = _mm256_sub_epi64(z, carry);
+            let r = _mm256_sub_epi64(r, _mm256_and_si256(carry, ln2));
+            let u = _mm256_sub_epi64(half_ln2, r);
+            // Each step reads only the low 32 bits of the one before (as the scalar form's
+            // `as i32` does), and those are the same whether the shift is arithmetic or
+            // logical: the steps before the last drop the scalar form's bias of 2^60, the last
+            // keeps it, so that all 64 bits of the result are the scalar form's.
+            let mut poly = coefficients[6];
+            for c in coefficients[1..6].iter().rev() {
+                let product = mul_epi32(poly, u);
+                poly = _mm256_add_epi64(_mm256_srli_epi64(product, FRACTION_BITS as i32), *c);
+            }
+            let product = _mm256_add_epi64(mul_epi32(poly, u), product_bias);
+            poly = _mm256_add_epi64(_mm256_srli_epi64(product, FRACTION_BITS as i32), last);
+            // `>> z.min(63)` without the minimum: z ≤ 64, and poly · 2^up < 2^62 (poly < 2^31,
+            // up ≤ 31) gives 0 shifted by 63, as `vpsrlvq` gives for a count of 64.
+            let exp = _mm256_srlv_epi64(_mm256_sll_epi64(poly, up), z);
+            // SAFETY: 4 `u64`s from `4i` lie in `out` (as long as `deltas`).
+            unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(4 * i) as *mut __m256i, exp) };
+        }
+        let done = 4 * chunks.len();
+        for (o, d) in out[done..].iter_mut().zip(tail) {
+            *o = exp.exp(*d as i64);
+        }
     }
 }
