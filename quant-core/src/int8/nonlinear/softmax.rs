@@ -804,42 +804,38 @@ mod x86 {
         }
     }
 
-    /// `vpmuldq`: the products of the low 32 bits of each 64-bit lane, read as signed. Written
-    /// as assembly because the compiler otherwise folds the intrinsic into the shifts around it
-    /// and emits a full 64-bit product (three multiplies and as many shifts each).
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn mul_epi32(a: __m256i, b: __m256i) -> __m256i {
-        let product;
-        // SAFETY: one instruction on registers, which this function's AVX2 makes available.
-        unsafe {
-            std::arch::asm!(
-                "vpmuldq {p}, {a}, {b}",
-                p = lateout(ymm_reg) product,
-                a = in(ymm_reg) a,
-                b = in(ymm_reg) b,
-                options(pure, nomem, nostack, preserves_flags),
-            )
+    /// Defines `$name(a, b)`: the AVX2 instruction `$instruction` on two registers, written as
+    /// assembly because the compiler otherwise folds the multiply intrinsics into the shifts
+    /// around them and emits a full 64-bit product (three multiplies and as many shifts each).
+    macro_rules! one_instruction {
+        ($(#[$doc:meta])* $name:ident = $instruction:literal) => {
+            $(#[$doc])*
+            #[target_feature(enable = "avx2")]
+            #[inline]
+            fn $name(a: __m256i, b: __m256i) -> __m256i {
+                let product;
+                // SAFETY: one instruction on registers, which this function's AVX2 provides.
+                unsafe {
+                    std::arch::asm!(
+                        concat!($instruction, " {p}, {a}, {b}"),
+                        p = lateout(ymm_reg) product,
+                        a = in(ymm_reg) a,
+                        b = in(ymm_reg) b,
+                        options(pure, nomem, nostack, preserves_flags),
+                    )
+                };
+                product
+            }
         };
-        product
     }
 
-    /// `vpmuludq`: as [`mul_epi32`], the low halves read as unsigned.
-    #[target_feature(enable = "avx2")]
-    #[inline]
-    fn mul_epu32(a: __m256i, b: __m256i) -> __m256i {
-        let product;
-        // SAFETY: as in `mul_epi32`.
-        unsafe {
-            std::arch::asm!(
-                "vpmuludq {p}, {a}, {b}",
-                p = lateout(ymm_reg) product,
-                a = in(ymm_reg) a,
-                b = in(ymm_reg) b,
-                options(pure, nomem, nostack, preserves_flags),
-            )
-        };
-        product
+    one_instruction! {
+        /// `vpmuldq`: the products of the low 32 bits of each 64-bit lane, read as signed.
+        mul_epi32 = "vpmuldq"
+    }
+    one_instruction! {
+        /// `vpmuludq`: the same, the low halves read as unsigned.
+        mul_epu32 = "vpmuludq"
     }
 
     /// `FixedPointExp32::exp` of every difference (each already clamped to its `delta_floor`)
