@@ -281,8 +281,8 @@ impl IntSoftmax {
             (_, Exp::FixedPoint(exp)) => match exp.in_32_bits() {
                 #[cfg(target_arch = "x86_64")]
                 Some(exp) if self.isa.width() == Width::Avx2 => {
-                    // The compiler's vectorization of the 32-bit form at AVX2 emulates the
-                    // sign extensions `vpmuldq` does itself; the written kernel has none.
+                    // At AVX2 width the compiler turns the 32-bit form's 32x32-bit products
+                    // into emulated 64-bit ones; the written kernel keeps them one instruction.
                     let exp = x86::FixedPointExpAvx2::new(exp);
                     softmax_rows(self.isa, self, &exp, input, out)
                 }
@@ -628,7 +628,7 @@ impl Exponential for FixedPointExp32<'_> {
     fn exp(&self, delta: i64) -> u64 {
         let e = self.exp;
         // Δ ∈ [delta_floor, 0] and mantissa < 2^24: |n| < 2^55, and n ≤ 0.
-        let d = delta.max(self.delta_floor as i64) as i32;
+        let d = self.clamped(delta);
         // Both factors sign-extended from 32 bits: one `vpmuldq`.
         let n = d as i64 * self.mantissa as i32 as i64;
         // round_shift(n, right) = ⌊(n + half) / 2^right⌋, biased by 2^62 to a logical shift.
@@ -694,6 +694,14 @@ struct FixedPointExp32<'a> {
     bias_quotient: i64,
 }
 
+impl FixedPointExp32<'_> {
+    /// `Δ` raised to `delta_floor`, where it fits `i32`.
+    #[inline(always)]
+    fn clamped(&self, delta: i64) -> i32 {
+        delta.max(self.delta_floor as i64) as i32
+    }
+}
+
 /// Not public API (re-exported in `quant_core::__internals`): the softmax's fixed-point `exp`
 /// at one input scale, in both of its forms, for quant-core's tests to compare them.
 #[doc(hidden)]
@@ -728,10 +736,7 @@ impl FixedPointExpForms {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
             let exp = self.0.in_32_bits()?;
-            let deltas: Vec<i32> = deltas
-                .iter()
-                .map(|d| (*d).max(exp.delta_floor as i64) as i32)
-                .collect();
+            let deltas: Vec<i32> = deltas.iter().map(|d| exp.clamped(*d)).collect();
             let mut out = vec![0; deltas.len()];
             // SAFETY: this CPU runs AVX2 (checked above).
             unsafe { x86::exp_avx2(&exp, &deltas, &mut out) };
@@ -792,11 +797,10 @@ mod x86 {
         #[inline(always)]
         fn exp_rows<I: InputCode>(&self, block: &[I], n: usize, out: &mut [u64]) {
             let mut deltas = [0i32; STACK_ROW];
-            let floor = self.0.delta_floor as i64;
             for (row, deltas) in block.chunks_exact(n).zip(deltas.chunks_exact_mut(n)) {
                 let max = super::row_max(row);
                 for (d, q) in deltas.iter_mut().zip(row) {
-                    *d = (q.code() as i64 - max).max(floor) as i32;
+                    *d = self.0.clamped(q.code() as i64 - max);
                 }
             }
             // SAFETY: `new` checked that this CPU runs AVX2.
