@@ -337,6 +337,7 @@ fn no_graph_op(what: &str) -> std::result::Result<Option<Op>, String> {
 
 stays_float!(
     ReLU => |_m| Ok(Some(Op::Relu));
+    crate::nn::Relu => |_m| Ok(Some(Op::Relu));
     Tanh => |_m| Ok(Some(Op::Tanh));
     Sigmoid => |_m| Ok(Some(Op::Sigmoid));
     FastGeLU => |_m| no_graph_op("FastGeLU");

@@ -59,8 +59,9 @@
 //! thread-count-independent parallel split, the AVX2/baseline dispatch) runs every kernel
 //! family; each family is a small kernel type plus its public functions, in its own file:
 //! forward fake quantization (`fake_quant`), the straight-through backward (`ste`), LSQ's
-//! backward (`lsq`), PACT and DSQ (`pact`, `dsq`) and integer codes (`codes`). `gelu` is
-//! the one float layer here: dfdx's `AccurateGeLU` bit for bit, vectorised. `params` holds
+//! backward (`lsq`), PACT and DSQ (`pact`, `dsq`) and integer codes (`codes`). `gelu` and
+//! `relu` are the float layers here: dfdx's `AccurateGeLU` bit for bit, vectorised, and its
+//! `ReLU` bit for bit, split across threads. `params` holds
 //! the validated per-channel constants, `round` the rounding policies, `torch` PyTorch's exact
 //! arithmetic for grids too wide for the fast paths. [`affine`] (with the `dfdx` feature)
 //! holds a fully connected layer's products with the numbers of dfdx's `Linear`, [`attention`]
@@ -88,6 +89,7 @@ mod lsq;
 mod pact;
 mod params;
 pub mod pool;
+mod relu;
 mod ste;
 mod torch;
 
@@ -106,6 +108,7 @@ pub use lsq::{
     fake_quantize_learnable_per_tensor_affine_backward, round_zero_point, round_zero_points,
 };
 pub use pact::{pact_alpha, pact_backward_into, pact_forward_into};
+pub use relu::{relu_backward_into, relu_forward_into, RELU_PARALLEL};
 #[cfg(feature = "dfdx")]
 pub(crate) use round::round_ties_even_f64;
 pub(crate) use round::{round_small_f64, small_int_f64};

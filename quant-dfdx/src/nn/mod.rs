@@ -1,11 +1,11 @@
 //! Float layers dfdx 0.13 only has behind its `nightly` feature: 2-D convolution, max and
 //! average pooling, and flattening, implemented on stable Rust for `f32` on the CPU; and the
 //! two a vision transformer needs around its attention ([`ImageTokens`], [`MeanTokens`]);
-//! and [`Linear`], [`MultiHeadAttention`], [`BatchNorm2d`], [`Gelu`], [`LayerNorm`] and
-//! [`Residual`], dfdx's `Linear`, `MultiHeadAttention` (self-attention), `BatchNorm2D`,
-//! `AccurateGeLU`, `LayerNorm1D` and `Residual` bit for bit but batched, fused or vectorised
-//! (each of the first five takes a sixth or more off a float ViT's or CNN's training step, the
-//! residual a few percent).
+//! and [`Linear`], [`MultiHeadAttention`], [`BatchNorm2d`], [`Gelu`], [`LayerNorm`],
+//! [`Residual`] and [`Relu`], dfdx's `Linear`, `MultiHeadAttention` (self-attention),
+//! `BatchNorm2D`, `AccurateGeLU`, `LayerNorm1D`, `Residual` and `ReLU` bit for bit but batched,
+//! fused, vectorised or split across threads (each of the first five takes a sixth or more off a
+//! float ViT's or CNN's training step, the last two a few percent).
 //!
 //! Two layers of API:
 //!
@@ -55,6 +55,7 @@ mod gelu;
 mod layer_norm;
 mod linear;
 mod pool;
+mod relu;
 mod residual;
 mod tape;
 mod tokens;
@@ -72,6 +73,7 @@ pub use gelu::{gelu, Gelu};
 pub use layer_norm::{layer_norm, LayerNorm};
 pub use linear::{linear, Linear, LinearInput};
 pub use pool::{avg_pool2d, max_pool2d, AvgPool2d, MaxPool2d};
+pub use relu::{relu, Relu};
 pub use residual::Residual;
 pub use tokens::{ImageTokens, MeanTokens, Tokens};
 
@@ -95,6 +97,7 @@ pub mod builders {
     pub use super::layer_norm::builder::LayerNorm;
     pub use super::linear::builder::Linear;
     pub use super::pool::{AvgPool2d, MaxPool2d};
+    pub use super::relu::Relu;
     pub use super::residual::Residual;
     pub use super::tokens::builder::ImageTokens;
     pub use super::tokens::MeanTokens;

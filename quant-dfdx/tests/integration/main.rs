@@ -17,6 +17,7 @@ mod nn_gelu;
 mod nn_layer_norm;
 mod nn_linear;
 mod nn_pool;
+mod nn_relu;
 mod nn_residual;
 mod nn_tokens;
 mod observers;
