@@ -21,7 +21,8 @@ pub fn compare(
     }
     let ns = |t: f64| t * 1e9 / values as f64;
     let (a, b) = (median(t_theirs), median(t_ours));
-    println!("{title}, {values} values, one thread (median of {rounds} rounds):");
+    let threads = rayon::current_num_threads();
+    println!("{title}, {values} values, {threads} thread(s) (median of {rounds} rounds):");
     println!(
         "  {their_name:<24} {:>9.1} µs  {:>5.2} ns/value",
         a * 1e6,
