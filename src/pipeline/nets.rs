@@ -3,6 +3,7 @@
 //! [`Model`] like any model of your own, run by [`run_model`].
 
 use dfdx::prelude::*;
+use quant_dfdx::nn::Relu;
 
 use quant_dfdx::convert::Convert;
 /// BatchNorm folding, now in the library ([`quant_dfdx::fold`]).
@@ -21,9 +22,9 @@ pub type Images28x28 = (usize, Const<1>, Const<28>, Const<28>);
 /// The MLP, as dfdx builders: 64-256-256-10 with ReLU.
 pub type MlpBuilder = (
     quant_dfdx::nn::builders::Linear<64, 256>,
-    ReLU,
+    Relu,
     quant_dfdx::nn::builders::Linear<256, 256>,
-    ReLU,
+    Relu,
     quant_dfdx::nn::builders::Linear<256, 10>,
 );
 /// The built MLP.
@@ -42,13 +43,13 @@ pub type CnnBuilder = (
     (
         quant_dfdx::nn::builders::Conv2d<1, 16, 3, 1, 1>,
         quant_dfdx::nn::builders::BatchNorm2d<16>,
-        ReLU,
+        Relu,
         quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
         quant_dfdx::nn::builders::Conv2d<16, 32, 3, 1, 1>,
         quant_dfdx::nn::builders::BatchNorm2d<32>,
-        ReLU,
+        Relu,
         quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
@@ -62,12 +63,12 @@ pub type Cnn = <CnnBuilder as BuildOnDevice<Cpu, f32>>::Built;
 pub type FoldedCnn = (
     (
         quant_dfdx::nn::Conv2d<1, 16, 3, 1, 1>,
-        ReLU,
+        Relu,
         quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
         quant_dfdx::nn::Conv2d<16, 32, 3, 1, 1>,
-        ReLU,
+        Relu,
         quant_dfdx::nn::MaxPool2d<2>,
     ),
     (
@@ -98,24 +99,24 @@ pub type ResnetBuilder = (
     (
         quant_dfdx::nn::builders::Conv2d<1, 16, 3, 1, 1>,
         quant_dfdx::nn::builders::BatchNorm2d<16>,
-        ReLU,
+        Relu,
     ),
     (
         dfdx::nn::builders::Residual<(
             quant_dfdx::nn::builders::DepthwiseConv2d<16, 3, 1, 1>,
             quant_dfdx::nn::builders::BatchNorm2d<16>,
-            ReLU,
+            Relu,
             quant_dfdx::nn::builders::Conv2d<16, 16, 1>,
             quant_dfdx::nn::builders::BatchNorm2d<16>,
         )>,
-        ReLU,
+        Relu,
     ),
     (
         dfdx::nn::builders::GeneralizedResidual<
             (
                 quant_dfdx::nn::builders::Conv2d<16, 32, 3, 2, 1>,
                 quant_dfdx::nn::builders::BatchNorm2d<32>,
-                ReLU,
+                Relu,
                 quant_dfdx::nn::builders::Conv2d<32, 32, 3, 1, 1>,
                 quant_dfdx::nn::builders::BatchNorm2d<32>,
             ),
@@ -124,7 +125,7 @@ pub type ResnetBuilder = (
                 quant_dfdx::nn::builders::BatchNorm2d<32>,
             ),
         >,
-        ReLU,
+        Relu,
     ),
     (
         dfdx::nn::builders::AvgPoolGlobal,
@@ -139,21 +140,21 @@ type Conv<const I: usize, const O: usize, const K: usize, const S: usize = 1, co
 
 /// The residual CNN with every BatchNorm folded into its convolution.
 pub type FoldedResnet = (
-    (Conv<1, 16, 3, 1, 1>, ReLU),
+    (Conv<1, 16, 3, 1, 1>, Relu),
     (
         dfdx::nn::modules::Residual<(
             quant_dfdx::nn::DepthwiseConv2d<16, 3, 1, 1>,
-            ReLU,
+            Relu,
             Conv<16, 16, 1>,
         )>,
-        ReLU,
+        Relu,
     ),
     (
         dfdx::nn::modules::GeneralizedResidual<
-            (Conv<16, 32, 3, 2, 1>, ReLU, Conv<32, 32, 3, 1, 1>),
+            (Conv<16, 32, 3, 2, 1>, Relu, Conv<32, 32, 3, 1, 1>),
             Conv<16, 32, 1, 2>,
         >,
-        ReLU,
+        Relu,
     ),
     (
         dfdx::nn::modules::AvgPoolGlobal,
@@ -248,9 +249,9 @@ pub fn vit() -> Model<Digits8x8, 10, Vit> {
 /// The 28x28 MLP, as dfdx builders: 784-256-256-10 with ReLU.
 pub type Mlp784Builder = (
     quant_dfdx::nn::builders::Linear<784, 256>,
-    ReLU,
+    Relu,
     quant_dfdx::nn::builders::Linear<256, 256>,
-    ReLU,
+    Relu,
     quant_dfdx::nn::builders::Linear<256, 10>,
 );
 /// The built 28x28 MLP.
@@ -266,7 +267,7 @@ pub fn mlp_784() -> Model<(usize, Const<784>), 10, Mlp784> {
 pub type ConvStageBuilder<const I: usize, const O: usize> = (
     quant_dfdx::nn::builders::Conv2d<I, O, 3, 1, 1>,
     quant_dfdx::nn::builders::BatchNorm2d<O>,
-    ReLU,
+    Relu,
     quant_dfdx::nn::MaxPool2d<2>,
 );
 /// A built convolution stage.
@@ -274,7 +275,7 @@ pub type ConvStage<const I: usize, const O: usize> =
     <ConvStageBuilder<I, O> as BuildOnDevice<Cpu, f32>>::Built;
 /// A convolution stage with its BatchNorm folded.
 pub type FoldedConvStage<const I: usize, const O: usize> =
-    (Conv<I, O, 3, 1, 1>, ReLU, quant_dfdx::nn::MaxPool2d<2>);
+    (Conv<I, O, 3, 1, 1>, Relu, quant_dfdx::nn::MaxPool2d<2>);
 
 /// Folds a convolution stage's BatchNorm into its convolution.
 pub fn fold_conv_stage<const I: usize, const O: usize>(
@@ -328,18 +329,18 @@ pub type BasicBlockBuilder<const C: usize> = (
     dfdx::nn::builders::Residual<(
         quant_dfdx::nn::builders::Conv2d<C, C, 3, 1, 1>,
         quant_dfdx::nn::builders::BatchNorm2d<C>,
-        ReLU,
+        Relu,
         quant_dfdx::nn::builders::Conv2d<C, C, 3, 1, 1>,
         quant_dfdx::nn::builders::BatchNorm2d<C>,
     )>,
-    ReLU,
+    Relu,
 );
 /// A built basic block.
 pub type BasicBlock<const C: usize> = <BasicBlockBuilder<C> as BuildOnDevice<Cpu, f32>>::Built;
 /// A basic block with its BatchNorms folded.
 pub type FoldedBasicBlock<const C: usize> = (
-    dfdx::nn::modules::Residual<(Conv<C, C, 3, 1, 1>, ReLU, Conv<C, C, 3, 1, 1>)>,
-    ReLU,
+    dfdx::nn::modules::Residual<(Conv<C, C, 3, 1, 1>, Relu, Conv<C, C, 3, 1, 1>)>,
+    Relu,
 );
 
 /// A downsampling residual block as builders: the basic block's branch with a first
@@ -350,7 +351,7 @@ pub type DownBlockBuilder<const I: usize, const O: usize> = (
         (
             quant_dfdx::nn::builders::Conv2d<I, O, 3, 2, 1>,
             quant_dfdx::nn::builders::BatchNorm2d<O>,
-            ReLU,
+            Relu,
             quant_dfdx::nn::builders::Conv2d<O, O, 3, 1, 1>,
             quant_dfdx::nn::builders::BatchNorm2d<O>,
         ),
@@ -359,7 +360,7 @@ pub type DownBlockBuilder<const I: usize, const O: usize> = (
             quant_dfdx::nn::builders::BatchNorm2d<O>,
         ),
     >,
-    ReLU,
+    Relu,
 );
 /// A built downsampling block.
 pub type DownBlock<const I: usize, const O: usize> =
@@ -367,10 +368,10 @@ pub type DownBlock<const I: usize, const O: usize> =
 /// A downsampling block with its BatchNorms folded.
 pub type FoldedDownBlock<const I: usize, const O: usize> = (
     dfdx::nn::modules::GeneralizedResidual<
-        (Conv<I, O, 3, 2, 1>, ReLU, Conv<O, O, 3, 1, 1>),
+        (Conv<I, O, 3, 2, 1>, Relu, Conv<O, O, 3, 1, 1>),
         Conv<I, O, 1, 2>,
     >,
-    ReLU,
+    Relu,
 );
 
 /// Folds a basic block's BatchNorms.
@@ -404,7 +405,7 @@ pub type Resnet28Builder = (
     (
         quant_dfdx::nn::builders::Conv2d<1, 16, 3, 2, 1>,
         quant_dfdx::nn::builders::BatchNorm2d<16>,
-        ReLU,
+        Relu,
     ),
     BasicBlockBuilder<16>,
     BasicBlockBuilder<16>,
@@ -419,7 +420,7 @@ pub type Resnet28Builder = (
 pub type Resnet28 = <Resnet28Builder as BuildOnDevice<Cpu, f32>>::Built;
 /// The 28x28 ResNet with every BatchNorm folded.
 pub type FoldedResnet28 = (
-    (Conv<1, 16, 3, 2, 1>, ReLU),
+    (Conv<1, 16, 3, 2, 1>, Relu),
     FoldedBasicBlock<16>,
     FoldedBasicBlock<16>,
     FoldedDownBlock<16, 32>,
