@@ -12,24 +12,11 @@
 
 mod common;
 
-use std::hint::black_box;
-use std::time::Instant;
-
 use dfdx::prelude::*;
 use quant_dfdx::nn::builders;
 
 const ROUNDS: usize = 101;
 type Input = Tensor<(usize, Const<16>, Const<64>), f32, Cpu>;
-type Traced = Tensor<(usize, Const<16>, Const<64>), f32, Cpu, OwnedTape<f32, Cpu>>;
-
-/// Seconds for one forward and backward pass of `layer` on `x`.
-fn step<M: Module<Traced, Output = Traced>>(layer: &M, x: &Input) -> f64 {
-    let start = Instant::now();
-    let y = layer.forward(x.clone().leaky_traced());
-    let grads = y.sum().backward();
-    black_box(grads.get(x));
-    start.elapsed().as_secs_f64()
-}
 
 fn main() {
     let pool = rayon::ThreadPoolBuilder::new()
@@ -45,8 +32,12 @@ fn main() {
             "MultiHeadAttention<64, 4> forward + backward, input (64, 16, 64)",
             x.shape().num_elements(),
             ROUNDS,
-            ("dfdx MultiHeadAttention", || step(&theirs, &x)),
-            ("quant_dfdx MultiHeadAttention", || step(&ours, &x)),
+            ("dfdx MultiHeadAttention", || {
+                common::step(&x, |x| theirs.forward(x))
+            }),
+            ("quant_dfdx MultiHeadAttention", || {
+                common::step(&x, |x| ours.forward(x))
+            }),
         );
     });
 }

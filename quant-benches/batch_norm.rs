@@ -1,6 +1,7 @@
 //! [`quant_dfdx::nn::BatchNorm2d`] against dfdx's `BatchNorm2D` (the same numbers, bit for
 //! bit): a training-mode forward and backward pass on the MNIST CNN's first BatchNorm input
-//! (batch 64, 16 channels of 28x28), one thread.
+//! (batch 64, 16 channels of 28x28), on rayon's default pool (the summary prints its thread
+//! count).
 //!
 //! ```text
 //! cargo bench -p quant-benches --bench batch_norm
@@ -11,24 +12,11 @@
 
 mod common;
 
-use std::hint::black_box;
-use std::time::Instant;
-
 use dfdx::prelude::*;
 use quant_dfdx::nn::builders;
 
 const ROUNDS: usize = 51;
 type Input = Tensor<(usize, Const<16>, usize, usize), f32, Cpu>;
-type Traced = Tensor<(usize, Const<16>, usize, usize), f32, Cpu, OwnedTape<f32, Cpu>>;
-
-/// Seconds for one training-mode forward and backward pass of `layer` on `x`.
-fn step<M: ModuleMut<Traced, Output = Traced>>(layer: &mut M, x: &Input) -> f64 {
-    let start = Instant::now();
-    let y = layer.forward_mut(x.clone().leaky_traced());
-    let grads = y.sum().backward();
-    black_box(grads.get(x));
-    start.elapsed().as_secs_f64()
-}
 
 fn main() {
     let dev = Cpu::default();
@@ -38,16 +26,18 @@ fn main() {
     // The loss's own forward and backward pass (through an identity layer), taken off each
     // round right after it, in the same state of the allocator (measured once up front, the
     // loss's pass took the first allocations' page faults and came out larger than ours).
-    let without_loss = |layer_step: f64| layer_step - step(&mut (), &x);
-    let loss = common::median((0..ROUNDS).map(|_| step(&mut (), &x)).collect());
+    let without_loss = |layer_step: f64| layer_step - common::step(&x, |x| x);
+    let loss = common::median((0..ROUNDS).map(|_| common::step(&x, |x| x)).collect());
     println!("the loss's own pass: {:.1} µs (first rounds)", loss * 1e6);
     common::compare(
         "BatchNorm training step",
         x.shape().num_elements(),
         ROUNDS,
-        ("dfdx BatchNorm2D", || without_loss(step(&mut theirs, &x))),
+        ("dfdx BatchNorm2D", || {
+            without_loss(common::step(&x, |x| theirs.forward_mut(x)))
+        }),
         ("quant_dfdx BatchNorm2d", || {
-            without_loss(step(&mut ours, &x))
+            without_loss(common::step(&x, |x| ours.forward_mut(x)))
         }),
     );
 }

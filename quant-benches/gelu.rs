@@ -1,6 +1,6 @@
 //! [`quant_dfdx::nn::Gelu`] against dfdx's `AccurateGeLU` (the same numbers, bit for bit):
 //! forward and backward on a float ViT's GELU input (batch 32, 16 tokens, 96 features, three
-//! blocks: 147,456 values), one thread.
+//! blocks: 147,456 values), on rayon's default pool (the summary prints its thread count).
 //!
 //! ```text
 //! cargo bench -p quant-benches --bench gelu
@@ -11,9 +11,6 @@
 //! (`common::compare`).
 
 mod common;
-
-use std::hint::black_box;
-use std::time::Instant;
 
 use dfdx::prelude::*;
 use quant_dfdx::nn::Gelu;
@@ -34,21 +31,6 @@ fn data(n: usize) -> Vec<f32> {
         .collect()
 }
 
-/// Seconds for one forward and backward pass of `layer` on `x`.
-fn step<M>(layer: &M, x: &Tensor<(usize,), f32, Cpu>) -> f64
-where
-    M: Module<
-        Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-        Output = Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-    >,
-{
-    let start = Instant::now();
-    let y = layer.forward(x.clone().leaky_traced());
-    let grads = y.sum().backward();
-    black_box(grads.get(x));
-    start.elapsed().as_secs_f64()
-}
-
 fn main() {
     let dev = Cpu::default();
     let x = dev.tensor_from_vec(data(N), (N,));
@@ -56,7 +38,9 @@ fn main() {
         "GELU forward + backward",
         N,
         ROUNDS,
-        ("dfdx AccurateGeLU", || step(&AccurateGeLU, &x)),
-        ("quant_dfdx Gelu", || step(&Gelu, &x)),
+        ("dfdx AccurateGeLU", || {
+            common::step(&x, |x| AccurateGeLU.forward(x))
+        }),
+        ("quant_dfdx Gelu", || common::step(&x, |x| Gelu.forward(x))),
     );
 }

@@ -10,26 +10,10 @@
 
 mod common;
 
-use std::hint::black_box;
-use std::time::Instant;
-
 use dfdx::prelude::*;
 use quant_dfdx::nn::builders;
 
 const ROUNDS: usize = 201;
-type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
-
-/// Seconds for one forward and backward pass of `layer` on `x`.
-fn step<S: Shape, So: Shape, M>(layer: &M, x: &Tensor<S, f32, Cpu>) -> f64
-where
-    M: Module<Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>, Output = Traced<So>>,
-{
-    let start = Instant::now();
-    let y = layer.forward(x.clone().leaky_traced());
-    let grads = y.sum().backward();
-    black_box(grads.get(x));
-    start.elapsed().as_secs_f64()
-}
 
 fn tokens<const I: usize, const O: usize>(dev: &Cpu) {
     let theirs = dev.build_module::<Linear<I, O>, f32>();
@@ -40,8 +24,10 @@ fn tokens<const I: usize, const O: usize>(dev: &Cpu) {
         &format!("Linear<{I}, {O}> forward + backward, input (64, 16, {I})"),
         x.shape().num_elements(),
         ROUNDS,
-        ("dfdx Linear", || step(&theirs, &x)),
-        ("quant_dfdx Linear", || step(&ours, &x)),
+        ("dfdx Linear", || common::step(&x, |x| theirs.forward(x))),
+        ("quant_dfdx Linear", || {
+            common::step(&x, |x| ours.forward(x))
+        }),
     );
 }
 
@@ -62,8 +48,10 @@ fn main() {
             "Linear<256, 256> forward + backward, input (64, 256)",
             x.shape().num_elements(),
             ROUNDS,
-            ("dfdx Linear", || step(&theirs, &x)),
-            ("quant_dfdx Linear", || step(&ours, &x)),
+            ("dfdx Linear", || common::step(&x, |x| theirs.forward(x))),
+            ("quant_dfdx Linear", || {
+                common::step(&x, |x| ours.forward(x))
+            }),
         );
     });
 }

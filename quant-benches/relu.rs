@@ -14,9 +14,6 @@
 
 mod common;
 
-use std::hint::black_box;
-use std::time::Instant;
-
 use dfdx::prelude::*;
 use quant_dfdx::nn::Relu;
 
@@ -25,21 +22,6 @@ static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 const N: usize = 64 * 16 * 28 * 28;
 const ROUNDS: usize = 101;
-
-/// Seconds for one forward and backward pass of `layer` on `x`.
-fn step<M>(layer: &M, x: &Tensor<(usize,), f32, Cpu>) -> f64
-where
-    M: Module<
-        Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-        Output = Tensor<(usize,), f32, Cpu, OwnedTape<f32, Cpu>>,
-    >,
-{
-    let start = Instant::now();
-    let y = layer.forward(x.clone().leaky_traced());
-    let grads = y.sum().backward();
-    black_box(grads.get(x));
-    start.elapsed().as_secs_f64()
-}
 
 fn main() {
     let dev = Cpu::default();
@@ -59,8 +41,8 @@ fn main() {
             "ReLU forward + backward",
             N,
             ROUNDS,
-            ("dfdx ReLU", || step(&ReLU, &x)),
-            ("quant_dfdx Relu", || step(&Relu, &x)),
+            ("dfdx ReLU", || common::step(&x, |x| ReLU.forward(x))),
+            ("quant_dfdx Relu", || common::step(&x, |x| Relu.forward(x))),
         )
     };
     run();

@@ -1,5 +1,29 @@
-//! What the layer benches (ours against dfdx's) share: interleaved rounds, medians, the
-//! printed summary.
+//! What the layer benches (ours against dfdx's) share: a timed training step, interleaved
+//! rounds, medians, the printed summary.
+
+use std::hint::black_box;
+use std::time::Instant;
+
+use dfdx::prelude::*;
+
+/// A traced `f32` tensor on the CPU.
+pub type Traced<S> = Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>;
+
+/// Seconds for one forward and backward pass of `forward` on `x`, the loss being the output's
+/// sum (so the layer's backward pass gets a gradient of ones).
+pub fn step<S: Shape, So>(
+    x: &Tensor<S, f32, Cpu>,
+    forward: impl FnOnce(Traced<S>) -> Traced<So>,
+) -> f64
+where
+    So: Shape + ReduceShapeTo<(), <So as Shape>::AllAxes>,
+{
+    let start = Instant::now();
+    let y = forward(x.clone().leaky_traced());
+    let grads = y.sum::<Rank0, _>().backward();
+    black_box(grads.get(x));
+    start.elapsed().as_secs_f64()
+}
 
 /// Runs `rounds` rounds, each timing `theirs` then `ours` (seconds); prints the medians as
 /// time per call and per value, and the median over rounds of the ratio (so a noisy
