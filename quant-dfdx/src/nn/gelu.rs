@@ -4,7 +4,6 @@
 //! `gelu_backward_into`.
 
 use dfdx::prelude::*;
-use dfdx::tensor::CpuError;
 use quant_core::dfdx_ops::elementwise_op;
 use quant_core::kernels::{gelu_backward_into, gelu_forward_into};
 use quant_core::QuantError;
@@ -27,17 +26,7 @@ use quant_core::QuantError;
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Gelu;
 
-impl ZeroSizedModule for Gelu {}
-impl NonMutableModule for Gelu {}
-
-impl<S: Shape, T: Tape<f32, Cpu>> Module<Tensor<S, f32, Cpu, T>> for Gelu {
-    type Output = Tensor<S, f32, Cpu, T>;
-    type Error = CpuError;
-
-    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output, CpuError> {
-        gelu(x).map_err(super::to_cpu_error)
-    }
-}
+elementwise_layer!(Gelu, gelu);
 
 /// The [`Gelu`] layer's op, on any shape: records its backward pass on an `OwnedTape`.
 ///

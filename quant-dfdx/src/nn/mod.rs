@@ -47,6 +47,29 @@
 //! opt.update(&mut model, &grads).unwrap();
 //! ```
 
+/// The dfdx module impls of a zero-sized, parameter-free layer `$layer` whose forward pass is
+/// the op `$op` on a tensor of any shape (GELU, ReLU).
+macro_rules! elementwise_layer {
+    ($layer:ty, $op:path) => {
+        impl dfdx::nn::ZeroSizedModule for $layer {}
+        impl dfdx::nn::NonMutableModule for $layer {}
+
+        impl<S: dfdx::shapes::Shape, T: dfdx::tensor::Tape<f32, dfdx::tensor::Cpu>>
+            dfdx::nn::Module<dfdx::tensor::Tensor<S, f32, dfdx::tensor::Cpu, T>> for $layer
+        {
+            type Output = dfdx::tensor::Tensor<S, f32, dfdx::tensor::Cpu, T>;
+            type Error = dfdx::tensor::CpuError;
+
+            fn try_forward(
+                &self,
+                x: dfdx::tensor::Tensor<S, f32, dfdx::tensor::Cpu, T>,
+            ) -> Result<Self::Output, Self::Error> {
+                $op(x).map_err($crate::nn::to_cpu_error)
+            }
+        }
+    };
+}
+
 mod attention;
 mod batch_norm;
 mod conv;

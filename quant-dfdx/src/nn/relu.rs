@@ -2,7 +2,6 @@
 //! are `quant_core::kernels::relu_forward_into` and `relu_backward_into`.
 
 use dfdx::prelude::*;
-use dfdx::tensor::CpuError;
 use quant_core::dfdx_ops::elementwise_op;
 use quant_core::kernels::{relu_backward_into, relu_forward_into};
 
@@ -24,17 +23,7 @@ use quant_core::kernels::{relu_backward_into, relu_forward_into};
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct Relu;
 
-impl ZeroSizedModule for Relu {}
-impl NonMutableModule for Relu {}
-
-impl<S: Shape, T: Tape<f32, Cpu>> Module<Tensor<S, f32, Cpu, T>> for Relu {
-    type Output = Tensor<S, f32, Cpu, T>;
-    type Error = CpuError;
-
-    fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output, CpuError> {
-        relu(x).map_err(super::to_cpu_error)
-    }
-}
+elementwise_layer!(Relu, relu);
 
 /// The [`Relu`] layer's op, on any shape: records its backward pass on an `OwnedTape`.
 ///
