@@ -5,9 +5,9 @@
 //! value, its backward pass is a scalar loop with a bounds check per value. In a CNN's training
 //! step on several threads they were about a twentieth of the samples, all on one thread
 //! beside idle ones. The arithmetic here is dfdx's, element by element, so the bits are the
-//! same (`max(x, 0)` forward, keeping `-0`; `dx += [x > 0]·dy` backward, the product kept so that a `NaN` or
-//! infinite `dy` where `x ≤ 0` gives `NaN`, as dfdx's does); only the split and the loops'
-//! vectorisation differ, and neither changes a value.
+//! same (`max(x, 0)` forward, keeping `-0`; `dx += [x > 0]·dy` backward, the product kept so
+//! that a `NaN` or infinite `dy` where `x ≤ 0` gives `NaN`, as dfdx's does); only the split
+//! and the loops' vectorisation differ, and neither changes a value.
 
 use rayon::prelude::*;
 
@@ -25,9 +25,9 @@ fn parallel(len: usize) -> bool {
 }
 
 /// `y = max(x, 0)` element by element: dfdx's `ReLU` bit for bit. `NaN` becomes 0, as
-/// `f32::max` guarantees; `-0` stays `-0`, as dfdx's compiled loop (`maxss` with the input in
-/// the kept position) gives. Rust leaves the sign there open, so it is written out as a select
-/// rather than left to how `f32::max` happens to compile.
+/// `f32::max` guarantees; `-0` stays `-0`, as dfdx's compiled loop gives (its `f32::max`; a
+/// test compares them). Rust leaves that sign open, so it is written out as a select rather
+/// than left to how `f32::max` happens to compile here.
 ///
 /// # Errors
 /// `y` not as long as `x`.
