@@ -3,11 +3,11 @@
 //! [`Model`] like any model of your own, run by [`run_model`].
 
 use dfdx::prelude::*;
-use quant_dfdx::nn::Relu;
 
 use quant_dfdx::convert::Convert;
 /// BatchNorm folding, now in the library ([`quant_dfdx::fold`]).
 pub use quant_dfdx::fold::fold_batchnorm;
+use quant_dfdx::nn::Relu;
 
 use super::config::{ModelKind, RunConfig};
 use super::model::{BatchShape, DeployModel, FloatModel, Model};

@@ -75,7 +75,7 @@ fn forward_and_backward_are_dfdx_relus_bit_for_bit() {
 }
 
 #[test]
-fn relu_trains_and_converts_as_dfdx_relu() {
+fn relu_runs_and_converts_as_dfdx_relu() {
     let dev = Cpu::default();
     let ours = dev.build_module::<(Linear<4, 8>, Relu, Linear<8, 3>), f32>();
     let theirs: (
