@@ -20,6 +20,11 @@
 //!
 //! Run: `cargo run --release --example bench_models [qat] [mlp] [cnn] [resnet] [vit] [train28]
 //! [vit28] [--max-isa avx2]` (no section named: sections 1 and 2).
+//!
+//! For a profiler: `bench_models --step-only cnn28|vit28 float|qat [--steps N]` runs only that
+//! MNIST model's training step (as in section 3), `N` times (default 150) on rayon's default
+//! pool (`RAYON_NUM_THREADS=1` for one thread), and prints the median, so that `perf record`
+//! sees one model and one kind of step.
 
 use std::time::{Duration, Instant};
 
@@ -313,6 +318,65 @@ where
     Ok(())
 }
 
+/// `--step-only`: `count` training steps of `model`'s float (`side` = `float`) or W4A4 LSQ QAT
+/// (`qat`) model on rayon's default pool, after three to warm up; prints the median.
+fn step_only<S, const C: usize, F, D>(
+    model: &Model<S, C, F, D>,
+    data: &Dataset,
+    side: &str,
+    count: usize,
+) -> Result<(), BoxError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
+    fn repeat<M, S: BatchShape, const C: usize>(
+        dev: &Cpu,
+        mut model: M,
+        (pixels, labels): (&[f32], &[usize]),
+        count: usize,
+    ) -> Result<Duration, BoxError>
+    where
+        M: TensorCollection<f32, Cpu>
+            + ModuleMut<Tensor<S, f32, Cpu, Taped>, Output = Logits<C, Taped>>
+            + Send,
+        <M as ModuleMut<Tensor<S, f32, Cpu, Taped>>>::Error: Into<quant::QuantError>,
+    {
+        let mut trainer = Trainer::<M, S, C>::new(dev, &model, &phase(), None)?;
+        let mut times = Vec::with_capacity(count);
+        for i in 0..count + 3 {
+            let start = Instant::now();
+            trainer.step(&mut model, pixels.to_vec(), labels, 1e-3)?;
+            if i >= 3 {
+                times.push(start.elapsed());
+            }
+        }
+        Ok(median(times))
+    }
+    let Training {
+        dev,
+        float,
+        qat,
+        pixels,
+        labels,
+    } = training(model, data)?;
+    let batch = (pixels.as_slice(), labels.as_slice());
+    let time = match side {
+        "float" => repeat::<F, S, C>(&dev, float, batch, count.max(1))?,
+        "qat" => repeat::<D::Quantized, S, C>(&dev, qat, batch, count.max(1))?,
+        other => return Err(format!("--step-only: no side {other:?} (float, qat)").into()),
+    };
+    println!(
+        "{} {side} step, batch 64, {} thread(s): median of {} steps {:.1} µs",
+        model.name(),
+        rayon::current_num_threads(),
+        count.max(1),
+        micros(time)
+    );
+    Ok(())
+}
+
 /// The median times of a training step of `model` on rayon's default pool with its other
 /// threads left to sleep between kernels and kept awake (`set(false)` / `set(true)` switches
 /// `QUANT_KEEP_AWAKE` before each block), timed against each other.
@@ -429,6 +493,32 @@ fn main() -> Result<(), BoxError> {
         let name = args.get(at + 1).ok_or("--max-isa needs a path name")?;
         quant::int8::Isa::limit_to(quant::int8::Isa::from_name(name)?);
         args.drain(at..at + 2);
+    }
+    if let Some(at) = args.iter().position(|a| a == "--step-only") {
+        let (model, side) = match (args.get(at + 1), args.get(at + 2)) {
+            (Some(model), Some(side)) => (model.clone(), side.clone()),
+            _ => {
+                return Err(
+                    "--step-only needs a model (cnn28, vit28) and a side (float, qat)".into(),
+                )
+            }
+        };
+        let count = match args.iter().position(|a| a == "--steps") {
+            Some(at) => {
+                let count = args.get(at + 1).ok_or("--steps needs a count")?;
+                count
+                    .parse()
+                    .map_err(|e| format!("--steps {count:?}: {e} (a whole number of steps)"))?
+            }
+            None => 150,
+        };
+        let config = RunConfig::from_file(std::path::Path::new("configs/mnist_cnn_w4a4.toml"))?;
+        let mnist = quant::data::load(&config.data)?;
+        return match model.as_str() {
+            "cnn28" => step_only(&nets::cnn_28(), &mnist, &side, count),
+            "vit28" => step_only(&nets::vit_28(), &mnist, &side, count),
+            other => Err(format!("--step-only: no model {other:?} (cnn28, vit28)").into()),
+        };
     }
     let data = digits::bundled()?;
     let single = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
