@@ -318,8 +318,9 @@ where
     Ok(())
 }
 
-/// `--step-only`: `count` training steps of `model`'s float (`side` = `float`) or W4A4 LSQ QAT
-/// (`qat`) model on rayon's default pool, after three to warm up; prints the median.
+/// `--step-only`: `count` (at least 1) training steps of `model`'s float (`side` = `float`) or
+/// W4A4 LSQ QAT (`qat`) model on rayon's default pool, after three to warm up; prints the
+/// median.
 fn step_only<S, const C: usize, F, D>(
     model: &Model<S, C, F, D>,
     data: &Dataset,
@@ -363,15 +364,15 @@ where
     } = training(model, data)?;
     let batch = (pixels.as_slice(), labels.as_slice());
     let time = match side {
-        "float" => repeat::<F, S, C>(&dev, float, batch, count.max(1))?,
-        "qat" => repeat::<D::Quantized, S, C>(&dev, qat, batch, count.max(1))?,
+        "float" => repeat::<F, S, C>(&dev, float, batch, count)?,
+        "qat" => repeat::<D::Quantized, S, C>(&dev, qat, batch, count)?,
         other => return Err(format!("--step-only: no side {other:?} (float, qat)").into()),
     };
     println!(
         "{} {side} step, batch 64, {} thread(s): median of {} steps {:.1} µs",
         model.name(),
         rayon::current_num_threads(),
-        count.max(1),
+        count,
         micros(time)
     );
     Ok(())
@@ -503,12 +504,20 @@ fn main() -> Result<(), BoxError> {
                 )
             }
         };
+        // Checked before the data are loaded and the model calibrated (seconds).
+        if !["cnn28", "vit28"].contains(&model.as_str()) {
+            return Err(format!("--step-only: no model {model:?} (cnn28, vit28)").into());
+        }
+        if !["float", "qat"].contains(&side.as_str()) {
+            return Err(format!("--step-only: no side {side:?} (float, qat)").into());
+        }
         let count = match args.iter().position(|a| a == "--steps") {
             Some(at) => {
                 let count = args.get(at + 1).ok_or("--steps needs a count")?;
-                count
-                    .parse()
-                    .map_err(|e| format!("--steps {count:?}: {e} (a whole number of steps)"))?
+                match count.parse::<usize>() {
+                    Ok(n) if n > 0 => n,
+                    _ => return Err(format!("--steps {count:?}: a whole number from 1").into()),
+                }
             }
             None => 150,
         };
@@ -516,8 +525,7 @@ fn main() -> Result<(), BoxError> {
         let mnist = quant::data::load(&config.data)?;
         return match model.as_str() {
             "cnn28" => step_only(&nets::cnn_28(), &mnist, &side, count),
-            "vit28" => step_only(&nets::vit_28(), &mnist, &side, count),
-            other => Err(format!("--step-only: no model {other:?} (cnn28, vit28)").into()),
+            _ => step_only(&nets::vit_28(), &mnist, &side, count),
         };
     }
     let data = digits::bundled()?;
