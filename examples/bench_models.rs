@@ -528,6 +528,21 @@ fn main() -> Result<(), BoxError> {
             _ => step_only(&nets::vit_28(), &mnist, &side, count),
         };
     }
+    // A name that is no section is an error before anything runs, not an empty run.
+    const SECTIONS: [&str; 8] = [
+        "qat", "qatvit", "mlp", "cnn", "resnet", "vit", "train28", "vit28",
+    ];
+    if let Some(unknown) = args
+        .iter()
+        .find(|a| !SECTIONS.contains(&a.to_lowercase().as_str()))
+    {
+        return Err(format!(
+            "no section or option {unknown:?}: sections {}; options --max-isa NAME, \
+             --step-only MODEL SIDE [--steps N]",
+            SECTIONS.join(", ")
+        )
+        .into());
+    }
     let data = digits::bundled()?;
     let single = rayon::ThreadPoolBuilder::new().num_threads(1).build()?;
     println!(
@@ -536,8 +551,8 @@ fn main() -> Result<(), BoxError> {
         quant::int8::Isa::detected(),
         rayon::current_num_threads()
     );
-    // Optional filter: the section names to run (`qat`, `qatvit`, `mlp`, `cnn`, `resnet`,
-    // `vit`, `train28`, `vit28`; the MNIST sections `train28` and `vit28` run only when named).
+    // Optional filter: the section names to run (the MNIST sections `train28` and `vit28` run
+    // only when named).
     let only: Vec<String> = args.iter().map(|a| a.to_lowercase()).collect();
     let named = |name: &str| only.iter().any(|o| o == name);
     let mnist_section = |name: &str| name == "train28" || name == "vit28";
