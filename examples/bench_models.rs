@@ -318,13 +318,13 @@ where
     Ok(())
 }
 
-/// `--step-only`: `count` (at least 1) training steps of `model`'s float (`side` = `float`) or
-/// W4A4 LSQ QAT (`qat`) model on rayon's default pool, after three to warm up; prints the
+/// `--step-only`: `count` (at least 1) training steps of `model`'s float model, or of its W4A4
+/// LSQ QAT model where `qat`, on rayon's default pool, after three to warm up; prints the
 /// median.
 fn step_only<S, const C: usize, F, D>(
     model: &Model<S, C, F, D>,
     data: &Dataset,
-    side: &str,
+    qat: bool,
     count: usize,
 ) -> Result<(), BoxError>
 where
@@ -355,18 +355,17 @@ where
         }
         Ok(median(times))
     }
-    let Training {
-        dev,
-        float,
-        qat,
-        pixels,
-        labels,
-    } = training(model, data)?;
-    let batch = (pixels.as_slice(), labels.as_slice());
-    let time = match side {
-        "float" => repeat::<F, S, C>(&dev, float, batch, count)?,
-        "qat" => repeat::<D::Quantized, S, C>(&dev, qat, batch, count)?,
-        other => return Err(format!("--step-only: no side {other:?} (float, qat)").into()),
+    let trained = training(model, data)?;
+    let batch = (trained.pixels.as_slice(), trained.labels.as_slice());
+    let (side, time) = match qat {
+        false => (
+            "float",
+            repeat::<F, S, C>(&trained.dev, trained.float, batch, count)?,
+        ),
+        true => (
+            "qat",
+            repeat::<D::Quantized, S, C>(&trained.dev, trained.qat, batch, count)?,
+        ),
     };
     println!(
         "{} {side} step, batch 64, {} thread(s): median of {} steps {:.1} µs",
@@ -504,13 +503,18 @@ fn main() -> Result<(), BoxError> {
                 )
             }
         };
-        // Checked before the data are loaded and the model calibrated (seconds).
-        if !["cnn28", "vit28"].contains(&model.as_str()) {
-            return Err(format!("--step-only: no model {model:?} (cnn28, vit28)").into());
-        }
-        if !["float", "qat"].contains(&side.as_str()) {
-            return Err(format!("--step-only: no side {side:?} (float, qat)").into());
-        }
+        // Both checked before the data are loaded and the model calibrated (seconds).
+        type StepOnly = fn(&Dataset, bool, usize) -> Result<(), BoxError>;
+        let run: StepOnly = match model.as_str() {
+            "cnn28" => |data, qat, count| step_only(&nets::cnn_28(), data, qat, count),
+            "vit28" => |data, qat, count| step_only(&nets::vit_28(), data, qat, count),
+            other => return Err(format!("--step-only: no model {other:?} (cnn28, vit28)").into()),
+        };
+        let qat = match side.as_str() {
+            "float" => false,
+            "qat" => true,
+            other => return Err(format!("--step-only: no side {other:?} (float, qat)").into()),
+        };
         let count = match args.iter().position(|a| a == "--steps") {
             Some(at) => {
                 let count = args.get(at + 1).ok_or("--steps needs a count")?;
@@ -522,11 +526,7 @@ fn main() -> Result<(), BoxError> {
             None => 150,
         };
         let config = RunConfig::from_file(std::path::Path::new("configs/mnist_cnn_w4a4.toml"))?;
-        let mnist = quant::data::load(&config.data)?;
-        return match model.as_str() {
-            "cnn28" => step_only(&nets::cnn_28(), &mnist, &side, count),
-            _ => step_only(&nets::vit_28(), &mnist, &side, count),
-        };
+        return run(&quant::data::load(&config.data)?, qat, count);
     }
     // A name that is no section is an error before anything runs, not an empty run.
     const SECTIONS: [&str; 8] = [
