@@ -3,11 +3,13 @@
 //!
 //! dfdx evaluates `0.5·x·(1 + erf(x/√2))` element by element through `libm::erff` (FreeBSD's
 //! `s_erff.c`: a rational approximation per range of `|x|`, and two `expf` calls from 1.25 on),
-//! a branchy scalar call. Here every range is evaluated for every lane and each lane keeps the
-//! one `erff` would have taken: the same `f32` operations in the same order, so the same bits
-//! (each IEEE operation is exact to its rounding, and Rust never fuses a multiply and an add).
-//! Without branches the loop vectorises: SSE2 on baseline x86-64, AVX2 or AVX-512 where the
-//! CPU has it (chosen at run time; AVX-512's mask registers make the selections cheaper).
+//! a branchy scalar call. Here the ranges are evaluated without branches, several lanes at a
+//! time, and each lane keeps the one `erff` would have taken: the same `f32` operations in the
+//! same order, so the same bits (each IEEE operation is exact to its rounding, and Rust never
+//! fuses a multiply and an add). The far range, the costly one, is computed only for the lanes
+//! in it, gathered apart ([`gelu_forward_lanes`]). The loops vectorise: SSE2 on baseline
+//! x86-64, AVX2 or AVX-512 where the CPU has it (chosen at run time; AVX-512's mask registers
+//! make the selections cheaper).
 //!
 //! The backward pass is dfdx's too: `dx += (0.5·(1 + erf(x/√2)) + 0.5·x·(2/√π)·exp(-x²/2))·dy`,
 //! with the standard library's `exp`. That is not quite the derivative: the chain rule's `1/√2`
@@ -84,19 +86,72 @@ unsafe fn gelu_forward_avx512(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
     gelu_forward_lanes(x, y, erf);
 }
 
+/// Values per piece of [`gelu_forward_lanes`] (its far lanes are gathered per piece).
+const PIECE: usize = 256;
+
+/// GELU of every `x` and its `erf(x/√2)`: dfdx's `0.5 * x * (1 + (x * FRAC_1_SQRT_2).erf())`,
+/// evaluated left to right.
+///
+/// `erf`'s far range (`1.25 ≤ |x/√2| < 6`) costs about three times the rest (two `exp` and a
+/// second rational function), and computing it in every lane, as [`erf_branchless`] does,
+/// spends most of the time on lanes that discard it. So each piece computes the other ranges
+/// in every lane, then gathers the lanes of the far range (a tenth to a half of a trained
+/// ViT's GELU inputs), computes those contiguously and puts them back. Each lane's value is
+/// computed by the same operations either way: the same bits.
+///
+/// The far range is computed in two loops, its quotient and then the rest: one lane's chain
+/// of dependent operations (three divisions, eight-term polynomials, two `exp`) is longer than
+/// the CPU's reordering window holds, and a loop body of half of it lets several vectors'
+/// chains overlap.
 #[inline(always)]
 fn gelu_forward_lanes(x: &[f32], y: &mut [f32], erf: &mut [f32]) {
-    for ((x, y), e) in x.iter().zip(y.iter_mut()).zip(erf.iter_mut()) {
-        (*y, *e) = gelu_value(*x);
+    let mut far_at = [0u16; PIECE];
+    let mut far_x = [0.0f32; PIECE];
+    let mut far_quotient = [0.0f32; PIECE];
+    let mut far_erf = [0.0f32; PIECE];
+    for ((x, y), erf) in x
+        .chunks(PIECE)
+        .zip(y.chunks_mut(PIECE))
+        .zip(erf.chunks_mut(PIECE))
+    {
+        for (e, x) in erf.iter_mut().zip(x) {
+            *e = erf_outside_far_range(*x * FRAC_1_SQRT_2);
+        }
+        // The far lanes, a bit each, 64 to a word.
+        let mut far = 0;
+        for (word, x) in x.chunks(64).enumerate() {
+            let mut far_lanes = 0u64;
+            for (i, x) in x.iter().enumerate() {
+                far_lanes |= u64::from(in_far_range(*x * FRAC_1_SQRT_2)) << i;
+            }
+            while far_lanes != 0 {
+                let i = far_lanes.trailing_zeros() as usize;
+                far_at[far] = (word * 64 + i) as u16;
+                far_x[far] = x[i] * FRAC_1_SQRT_2;
+                far += 1;
+                far_lanes &= far_lanes - 1;
+            }
+        }
+        // Whole vectors only (the lanes past `far` are discarded): a loop's scalar tail
+        // would cost more than the padding.
+        let padded = far.next_multiple_of(16);
+        for (q, x) in far_quotient[..padded].iter_mut().zip(&far_x[..padded]) {
+            *q = far_range_quotient(*x);
+        }
+        for ((e, x), q) in far_erf[..padded]
+            .iter_mut()
+            .zip(&far_x[..padded])
+            .zip(&far_quotient)
+        {
+            *e = erf_in_far_range_given(*x, *q);
+        }
+        for (i, e) in far_at[..far].iter().zip(&far_erf[..far]) {
+            erf[*i as usize] = *e;
+        }
+        for ((y, x), e) in y.iter_mut().zip(x).zip(erf.iter()) {
+            *y = 0.5 * *x * (1.0 + *e);
+        }
     }
-}
-
-/// GELU of `x` and its `erf(x/√2)`: dfdx's `0.5 * x * (1 + (x * FRAC_1_SQRT_2).erf())`,
-/// evaluated left to right.
-#[inline(always)]
-fn gelu_value(x: f32) -> (f32, f32) {
-    let e = erf_branchless(x * FRAC_1_SQRT_2);
-    (0.5 * x * (1.0 + e), e)
 }
 
 /// dfdx's `AccurateGeLU` backward, `dx += df(x) · dy` with its `df` term for term, given the
@@ -221,10 +276,27 @@ const SB: [f32; 8] = [
 /// of it vectorises).
 #[inline(always)]
 pub fn erf_branchless(x: f32) -> f32 {
-    let bits = x.to_bits();
-    let negative = bits >> 31 != 0;
-    let ix = bits & 0x7fff_ffff;
-    let ax = f32::from_bits(ix);
+    let far = erf_in_far_range(x);
+    let other = erf_outside_far_range(x);
+    if in_far_range(x) {
+        far
+    } else {
+        other
+    }
+}
+
+/// `1.25 ≤ |x| < 6`, where `erff` calls `expf` twice (NaN is not).
+#[inline(always)]
+fn in_far_range(x: f32) -> bool {
+    (0x3fa0_0000..0x40c0_0000).contains(&magnitude_bits(x))
+}
+
+/// `libm::erff(x)` where `x` is not [`in_far_range`] (other lanes get a value to discard).
+#[inline(always)]
+fn erf_outside_far_range(x: f32) -> f32 {
+    let negative = x.is_sign_negative();
+    let ix = magnitude_bits(x);
+    let ax = x.abs();
 
     // |x| < 2^-28.
     let tiny = 0.125 * (8.0 * x + EFX8 * x);
@@ -238,31 +310,13 @@ pub fn erf_branchless(x: f32) -> f32 {
         + s1 * (PA[1] + s1 * (PA[2] + s1 * (PA[3] + s1 * (PA[4] + s1 * (PA[5] + s1 * PA[6])))));
     let q =
         1.0 + s1 * (QA[0] + s1 * (QA[1] + s1 * (QA[2] + s1 * (QA[3] + s1 * (QA[4] + s1 * QA[5])))));
-    // |x| < 6: 1 - erfc2(x), erfc2 = expf(-z² - 0.5625)·expf((z - |x|)(z + |x|) + R/S) / |x|.
-    let s2 = 1.0 / (ax * ax);
-    let beyond = ix >= 0x4036_db6d;
-    let r2 = horner8(s2, beyond, &RA, &RB);
-    let big_s = 1.0 + s2 * horner8(s2, beyond, &SA, &SB);
-    // Each lane needs one of the three quotients: one division, of the lane's pair.
-    let (num, den) = if ix < 0x3f58_0000 {
-        (r, s)
-    } else if ix < 0x3fa0_0000 {
-        (p, q)
-    } else {
-        (r2, big_s)
-    };
+    // Each lane needs one of the two quotients: one division, of the lane's pair.
+    let (num, den) = if ix < 0x3f58_0000 { (r, s) } else { (p, q) };
     let quotient = num / den;
     let small = x + x * quotient;
     let erfc_near = 1.0 - ERX - quotient;
-    let zt = f32::from_bits(ix & 0xffff_e000);
-    let erfc_far =
-        expf_reduced(-zt * zt - 0.5625) * expf_reduced((zt - ax) * (zt + ax) + quotient) / ax;
-    let erfc = if ix < 0x3fa0_0000 {
-        erfc_near
-    } else {
-        erfc_far
-    };
-    let mid = 1.0 - erfc;
+    let mid = 1.0 - erfc_near;
+    // |x| ≥ 6: 1 - tiny.
     let far = 1.0 - f32::from_bits(0x0380_0000);
     let y = if ix < 0x40c0_0000 { mid } else { far };
     let signed = if negative { -y } else { y };
@@ -282,6 +336,47 @@ pub fn erf_branchless(x: f32) -> f32 {
     } else {
         signed
     }
+}
+
+/// `libm::erff(x)` where `x` is [`in_far_range`]: `1 - erfc(x)`, with
+/// `erfc = expf(-z² - 0.5625)·expf((z - |x|)(z + |x|) + R/S) / |x|` (other lanes get a value
+/// to discard).
+#[inline(always)]
+fn erf_in_far_range(x: f32) -> f32 {
+    erf_in_far_range_given(x, far_range_quotient(x))
+}
+
+/// `R/S` of [`erf_in_far_range`]: of `[1.25, 1/0.35)` or of `[1/0.35, 6)`.
+#[inline(always)]
+fn far_range_quotient(x: f32) -> f32 {
+    let ax = x.abs();
+    let s2 = 1.0 / (ax * ax);
+    let beyond = magnitude_bits(x) >= 0x4036_db6d;
+    let r2 = horner8(s2, beyond, &RA, &RB);
+    let big_s = 1.0 + s2 * horner8(s2, beyond, &SA, &SB);
+    r2 / big_s
+}
+
+/// [`erf_in_far_range`] given its [`far_range_quotient`].
+#[inline(always)]
+fn erf_in_far_range_given(x: f32, quotient: f32) -> f32 {
+    let ax = x.abs();
+    let zt = f32::from_bits(ax.to_bits() & 0xffff_e000);
+    let erfc =
+        expf_reduced(-zt * zt - 0.5625) * expf_reduced((zt - ax) * (zt + ax) + quotient) / ax;
+    let y = 1.0 - erfc;
+    if x.is_sign_negative() {
+        -y
+    } else {
+        y
+    }
+}
+
+/// The bits of `|x|`, as `i32`: the C code's comparisons of them are unsigned, but with the
+/// sign bit clear a signed comparison is the same, and AVX2 has only signed ones.
+#[inline(always)]
+fn magnitude_bits(x: f32) -> i32 {
+    (x.to_bits() & 0x7fff_ffff) as i32
 }
 
 /// `c[0] + s·(c[1] + s·(… + s·c[7]))` with the coefficients `c` of `b` where `use_b`, of `a`
@@ -304,10 +399,17 @@ pub fn expf_reduced(x: f32) -> f32 {
     const INV_LN2: f32 = 1.4426950216e+00;
     const P1: f32 = 1.6666625440e-1;
     const P2: f32 = -2.7667332906e-3;
-    let hx = x.to_bits() & 0x7fff_ffff;
-    let negative = x.to_bits() >> 31 != 0;
+    let hx = magnitude_bits(x);
+    let negative = x.is_sign_negative();
     let half = if negative { -0.5 } else { 0.5 };
-    let k_far = (INV_LN2 * x + half) as i32;
+    // C's truncating conversion. `as i32` would be scalar code per lane (its saturation and
+    // NaN rules); within ±2^24 (NaN mapped in by `max`) the unchecked one is the same and
+    // vectorises. Lanes with such large values are discarded by the caller.
+    #[allow(clippy::manual_clamp, reason = "`clamp` keeps a NaN, which must not convert")]
+    let k_far_f = (INV_LN2 * x + half).max(-16_777_216.0).min(16_777_216.0);
+    // SAFETY: finite and within ±2^24 (`f32::max` returns the other operand for a NaN), so
+    // representable in `i32`.
+    let k_far: i32 = unsafe { k_far_f.to_int_unchecked() };
     let k_near = if negative { -1 } else { 1 };
     let reduce = hx > 0x3eb1_7218;
     let k = if hx > 0x3f85_1592 {
