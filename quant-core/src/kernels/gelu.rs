@@ -405,7 +405,10 @@ pub fn expf_reduced(x: f32) -> f32 {
     // C's truncating conversion. `as i32` would be scalar code per lane (its saturation and
     // NaN rules); within ±2^24 (NaN mapped in by `max`) the unchecked one is the same and
     // vectorises. Lanes with such large values are discarded by the caller.
-    #[allow(clippy::manual_clamp, reason = "`clamp` keeps a NaN, which must not convert")]
+    #[allow(
+        clippy::manual_clamp,
+        reason = "`clamp` keeps a NaN, which must not convert"
+    )]
     let k_far_f = (INV_LN2 * x + half).max(-16_777_216.0).min(16_777_216.0);
     // SAFETY: finite and within ±2^24 (`f32::max` returns the other operand for a NaN), so
     // representable in `i32`.

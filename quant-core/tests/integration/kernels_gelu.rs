@@ -154,8 +154,9 @@ fn the_parallel_passes_give_the_same_bits_on_any_number_of_threads() {
 
 /// The forward pass, which gathers `erf`'s far range apart from the other ranges, gives
 /// `libm::erff(x/√2)` and dfdx's `0.5·x·(1 + erf)` on every path: on the sweep (pieces with
-/// no far lane and with nothing else) and on the sweep mixed so that far lanes fall anywhere
-/// in a piece, at every offset.
+/// no far lane and with nothing else), on the sweep shuffled so that far lanes fall anywhere
+/// in a piece, and on the shuffle shifted by 17 values (pieces starting elsewhere, a shorter
+/// last one).
 #[test]
 fn every_path_gives_libms_erf_and_dfdxs_gelu() {
     let sweep = inputs();
