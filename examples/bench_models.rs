@@ -21,10 +21,11 @@
 //! Run: `cargo run --release --example bench_models [qat] [mlp] [cnn] [resnet] [vit] [train28]
 //! [vit28] [--max-isa avx2]` (no section named: sections 1 and 2).
 //!
-//! For a profiler: `bench_models --step-only cnn28|vit28 float|qat [--steps N]` runs only that
-//! MNIST model's training step (as in section 3), `N` times (default 150) on rayon's default
-//! pool (`RAYON_NUM_THREADS=1` for one thread), and prints the median, so that `perf record`
-//! sees one model and one kind of step.
+//! For a profiler: `bench_models --step-only MODEL float|qat [--steps N]` runs only that
+//! model's training step (`mlp`, `cnn`, `resnet`, `vit` on the digits as in section 1, but the
+//! float model as trained; `cnn28`, `vit28` on MNIST as in section 3), `N` times (default
+//! 150) on rayon's default pool (`RAYON_NUM_THREADS=1` for one thread), and prints the median,
+//! so that `perf record` sees one model and one kind of step.
 
 use std::time::{Duration, Instant};
 
@@ -137,6 +138,12 @@ fn phase() -> Phase {
         weight_decay: 0.0,
         label_smoothing: 0.0,
     }
+}
+
+/// The MNIST rows of `configs/` (the `train28` section's and `--step-only cnn28|vit28`'s).
+fn mnist() -> Result<Dataset, BoxError> {
+    let config = RunConfig::from_file(std::path::Path::new("configs/mnist_cnn_w4a4.toml"))?;
+    Ok(quant::data::load(&config.data)?)
 }
 
 /// The median times of a training step of `a` and of `b` (a float model and a quantized one),
@@ -495,20 +502,30 @@ fn main() -> Result<(), BoxError> {
         args.drain(at..at + 2);
     }
     if let Some(at) = args.iter().position(|a| a == "--step-only") {
-        let (model, side) = match (args.get(at + 1), args.get(at + 2)) {
-            (Some(model), Some(side)) => (model.clone(), side.clone()),
-            _ => {
-                return Err(
-                    "--step-only needs a model (cnn28, vit28) and a side (float, qat)".into(),
-                )
-            }
-        };
+        let (model, side) =
+            match (args.get(at + 1), args.get(at + 2)) {
+                (Some(model), Some(side)) => (model.clone(), side.clone()),
+                _ => return Err(
+                    "--step-only needs a model (mlp, cnn, resnet, vit, cnn28, vit28) and a side \
+                     (float, qat)"
+                        .into(),
+                ),
+            };
         // Both checked before the data are loaded and the model calibrated (seconds).
-        type StepOnly = fn(&Dataset, bool, usize) -> Result<(), BoxError>;
+        type StepOnly = fn(bool, usize) -> Result<(), BoxError>;
         let run: StepOnly = match model.as_str() {
-            "cnn28" => |data, qat, count| step_only(&nets::cnn_28(), data, qat, count),
-            "vit28" => |data, qat, count| step_only(&nets::vit_28(), data, qat, count),
-            other => return Err(format!("--step-only: no model {other:?} (cnn28, vit28)").into()),
+            "mlp" => |qat, count| step_only(&nets::mlp(), &digits::bundled()?, qat, count),
+            "cnn" => |qat, count| step_only(&nets::cnn(), &digits::bundled()?, qat, count),
+            "resnet" => |qat, count| step_only(&nets::resnet(), &digits::bundled()?, qat, count),
+            "vit" => |qat, count| step_only(&nets::vit(), &digits::bundled()?, qat, count),
+            "cnn28" => |qat, count| step_only(&nets::cnn_28(), &mnist()?, qat, count),
+            "vit28" => |qat, count| step_only(&nets::vit_28(), &mnist()?, qat, count),
+            other => {
+                return Err(format!(
+                    "--step-only: no model {other:?} (mlp, cnn, resnet, vit, cnn28, vit28)"
+                )
+                .into())
+            }
         };
         let qat = match side.as_str() {
             "float" => false,
@@ -525,8 +542,7 @@ fn main() -> Result<(), BoxError> {
             }
             None => 150,
         };
-        let config = RunConfig::from_file(std::path::Path::new("configs/mnist_cnn_w4a4.toml"))?;
-        return run(&quant::data::load(&config.data)?, qat, count);
+        return run(qat, count);
     }
     // A name that is no section is an error before anything runs, not an empty run.
     const SECTIONS: [&str; 8] = [
@@ -582,8 +598,7 @@ fn main() -> Result<(), BoxError> {
         inference("ViT", &nets::vit(), &data, &single)?;
     }
     if wanted("train28") {
-        let config = RunConfig::from_file(std::path::Path::new("configs/mnist_cnn_w4a4.toml"))?;
-        let mnist = quant::data::load(&config.data)?;
+        let mnist = mnist()?;
         println!("\n3. MNIST training steps, batch 64: float (as trained) and W4A4 LSQ QAT");
         println!("   model  threads  float (µs)    QAT (µs)  QAT/float");
         mnist_steps("CNN", &nets::cnn_28(), &mnist, &single)?;
