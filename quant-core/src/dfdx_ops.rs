@@ -92,104 +92,16 @@ pub fn read_contiguous<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Vec<f32> {
     buf
 }
 
-/// Most bytes of scratch buffers one thread keeps for reuse ([`Scratch`]).
-pub const MAX_SCRATCH_BYTES: usize = 64 << 20;
-
-/// Most scratch buffers one thread keeps for reuse.
-const MAX_SCRATCH_BUFFERS: usize = 512;
-
-std::thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
-}
-
-/// A buffer of `f32` from a per-thread pool, given back to the pool when dropped.
-///
-/// For the buffers an op fills and keeps for its backward pass (its inputs it reads in place:
-/// [`TensorValues`]). Allocated afresh on every step, such buffers (hundreds of kilobytes for
-/// a layer) are freed at the end of the step; the allocator then returns their pages to the
-/// system and takes them back, zeroed, on the next step: for the W4A4 MLP's input copies, when
-/// ops still copied their inputs, about 200 page faults per training step, more time than the
-/// quantizers' arithmetic. A pooled buffer is reused from step to step instead, and needs no
-/// zeroing since every use overwrites it whole. The pool keeps at most [`MAX_SCRATCH_BYTES`]
-/// per thread.
-pub struct Scratch {
-    /// The storage: every element initialised (a buffer never shrinks, so that reusing it for a
-    /// shorter value and then a longer one writes nothing before the caller does).
-    buf: Vec<f32>,
-    /// The elements in use, at most `buf.len()`.
-    len: usize,
-}
+pub use crate::scratch::{Scratch, MAX_SCRATCH_BYTES};
 
 impl Scratch {
-    /// A buffer of `len` elements of unspecified (initialised) values.
-    pub fn with_len(len: usize) -> Scratch {
-        let pooled = SCRATCH
-            .try_with(|pool| {
-                let mut pool = pool.borrow_mut();
-                // The smallest buffer that is large enough.
-                let best = pool
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| b.capacity() >= len)
-                    .min_by_key(|(_, b)| b.capacity())
-                    .map(|(i, _)| i)?;
-                Some(pool.swap_remove(best))
-            })
-            .ok()
-            .flatten();
-        let mut buf = pooled.unwrap_or_default();
-        if buf.len() < len {
-            // Within capacity for a pooled buffer: writes only a tail it never had.
-            buf.resize(len, 0.0);
-        }
-        Scratch { buf, len }
-    }
-
     /// The values of a contiguous tensor, as [`read_contiguous`], in a pooled buffer.
     pub fn copy_of<S: Shape, T>(t: &Tensor<S, f32, Cpu, T>) -> Scratch {
         let mut buf = Scratch::with_len(t.shape().num_elements());
-        if buf.len > 0 {
+        if !buf.is_empty() {
             t.copy_into(&mut buf);
         }
         buf
-    }
-}
-
-impl std::ops::Deref for Scratch {
-    type Target = [f32];
-    #[inline]
-    fn deref(&self) -> &[f32] {
-        &self.buf[..self.len]
-    }
-}
-
-impl std::ops::DerefMut for Scratch {
-    #[inline]
-    fn deref_mut(&mut self) -> &mut [f32] {
-        &mut self.buf[..self.len]
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let buf = std::mem::take(&mut self.buf);
-        if buf.capacity() == 0 {
-            return;
-        }
-        // During thread exit the pool may be gone: the buffer is then simply freed.
-        let _ = SCRATCH.try_with(|pool| {
-            let mut pool = pool.borrow_mut();
-            pool.push(buf);
-            let bytes = |p: &Vec<Vec<f32>>| -> usize { p.iter().map(|b| b.capacity() * 4).sum() };
-            // Over the limits: the smallest buffers go first, the large ones are the costly.
-            while pool.len() > MAX_SCRATCH_BUFFERS || bytes(&pool) > MAX_SCRATCH_BYTES {
-                let smallest = (0..pool.len()).min_by_key(|i| pool[*i].capacity());
-                match smallest {
-                    Some(i) => drop(pool.swap_remove(i)),
-                    None => break,
-                }
-            }
-        });
     }
 }
 
@@ -279,7 +191,9 @@ std::thread_local! {
 /// every activation, holds many more such buffers than the float step, each a fresh zeroed
 /// allocation on pages the step has not touched yet. Freed as soon as used, they are reused
 /// by the next op's gradient, still in cache: on the digits ViT (Zen 4) this took the W4A4
-/// QAT step's `memset` and page clearing from 14% to 9% of its time.
+/// QAT step's `memset` and page clearing from 14% to 9% of its time. Those of
+/// [`elementwise_op`]'s ops go to the [`Scratch`] pool instead, as the storage of the next
+/// step's outputs, which then need no zeroing.
 ///
 /// For a backward pass whose caller reads only the leaves' gradients (the parameters' and the
 /// input's), as a training step does: with `alloc_grads` that is all dfdx keeps anyway. Under
@@ -332,7 +246,8 @@ pub fn keep_used_gradients() -> bool {
     !RELEASE_USED_GRADIENTS.with(|r| r.get())
 }
 
-/// The forward half of a custom op: reads the input, the parameters, writes the output.
+/// The forward half of a custom op: reads the input, the parameters, writes every element of
+/// the output (whose values before are unspecified, as in [`elementwise_op`]).
 pub type ForwardFn<'a> = dyn FnOnce(&[f32], &[&[f32]], &mut [f32]) -> Result<()> + 'a;
 /// The backward half of a custom op: given the input, the parameters and the output
 /// gradient, adds into the input gradient and the (zeroed) parameter gradients.
@@ -378,12 +293,14 @@ pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
 /// Runs an elementwise op and records its backward pass: the protocol every op here follows.
 ///
 /// `forward(x, y)` reads the input (made contiguous, and read in place: [`TensorValues`], which
-/// the backward pass keeps) and writes the output `y` (same length); what it returns is
-/// handed to `backward`. With an `OwnedTape`, `backward(state, x, dy, dx)` adds the input's
-/// gradient into `dx` and returns what `accumulate(.., grads)` then adds into the parameters'
-/// gradients. The output gradient is taken out of its slot while the input's is borrowed, and
-/// put back after (dfdx frees it with the other intermediate gradients), or freed under
-/// [`release_used_gradients`].
+/// the backward pass keeps) and writes every element of the output `y` (same length; its
+/// values before are unspecified: `y` is a [`Scratch`] buffer, which may hold an earlier
+/// tensor's values); what it returns is handed to `backward`. With an `OwnedTape`,
+/// `backward(state, x, dy, dx)` adds the input's gradient into `dx` and returns what
+/// `accumulate(.., grads)` then adds into the parameters' gradients. The output gradient is
+/// taken out of its slot while the input's is borrowed, and put back after (dfdx frees it with
+/// the other intermediate gradients), or, under [`release_used_gradients`], given to the
+/// [`Scratch`] pool, where the next step's output of the same op finds it.
 pub fn elementwise_op<S, T, C, G, F, B, A>(
     x: Tensor<S, f32, Cpu, T>,
     forward: F,
@@ -401,7 +318,8 @@ where
     let x = x.try_contiguous()?;
     let (x, mut tape) = x.split_tape();
     let x_data = TensorValues::of(&x);
-    let mut y = vec![0.0f32; x_data.len()];
+    // From the pool (fed by used gradients): no zeroing before `forward` writes it whole.
+    let mut y = Scratch::with_len(x_data.len()).into_vec();
     let state = forward(&x_data, &mut y)?;
     let out = x.device().try_tensor_from_vec(y, *x.shape())?;
     if T::OWNS_TAPE {
@@ -415,6 +333,8 @@ where
             drop(x_data);
             if keep_used_gradients() {
                 **grads.get_or_alloc_mut(&out_ghost)? = dy;
+            } else {
+                Scratch::recycle(dy);
             }
             accumulate(param_grads, grads)
         });

@@ -65,6 +65,7 @@ pub mod int8;
 pub mod kernels;
 pub mod quantizer;
 pub mod registry;
+pub mod scratch;
 pub mod vocab;
 
 pub use config::{ActivationQuantizerConfig, QuantizerConfig, WeightsQuantizerConfig};

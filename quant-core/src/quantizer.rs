@@ -317,7 +317,8 @@ pub trait TrainableQuantizer: Send + Sync + fmt::Debug + 'static {
         self.set_qparams(&q, x.grid, params)
     }
 
-    /// Fake-quantizes `x` into `y` (same length). Training and evaluation use the same
+    /// Fake-quantizes `x` into `y` (same length), writing every element of `y`: its values
+    /// before are unspecified (a reused buffer's). Training and evaluation use the same
     /// numerics; evaluation simply records no backward pass.
     fn forward(&self, x: QuantizerInput<'_>, params: &ParamBank<'_>, y: &mut [f32]) -> Result<()>;
 

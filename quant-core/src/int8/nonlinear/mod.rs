@@ -102,6 +102,7 @@ use crate::error::{QuantError, Result};
 use crate::int8::widths::compiled_for_each_width;
 use crate::int8::Isa;
 use crate::kernels::{round_small_f64, small_int_f64};
+use crate::scratch::Scratch;
 use rayon::prelude::*;
 
 /// Which integer approximation of `exp` (softmax) and `erf` (GELU) a kernel evaluates (see the
@@ -383,8 +384,9 @@ fn simulate_rows(
     run: impl Fn(&[i32], &mut [i32]) -> Result<()> + Sync,
 ) -> Result<()> {
     let job = crate::kernels::rows_per_job(x.len(), row_len, 1) * row_len.max(1);
-    let mut codes = vec![0i32; x.len()];
-    let mut values = vec![0i32; x.len()];
+    // Pooled: no zeroing before the jobs write them whole.
+    let (mut codes, mut values) = (Scratch::with_len(x.len()), Scratch::with_len(x.len()));
+    let (codes, values) = (codes.as_i32_mut(), values.as_i32_mut());
     // Per job: `Ok(false)` where a value is not finite (the job's kernel is not run then).
     let jobs: Vec<Result<bool>> = x
         .par_chunks(job)
