@@ -319,7 +319,7 @@ where
     let (x, mut tape) = x.split_tape();
     let x_data = TensorValues::of(&x);
     // From the pool (fed by used gradients): no zeroing before `forward` writes it whole.
-    let mut y = Scratch::with_len(x_data.len()).into_vec();
+    let mut y = Scratch::output(x_data.len());
     let state = forward(&x_data, &mut y)?;
     let out = x.device().try_tensor_from_vec(y, *x.shape())?;
     if T::OWNS_TAPE {

@@ -22,7 +22,7 @@ std::thread_local! {
 /// since every use overwrites it whole. The pool keeps at most [`MAX_SCRATCH_BYTES`] per
 /// thread.
 ///
-/// An op's output tensor can take its storage from the pool too ([`Scratch::into_vec`]), fed
+/// An op's output tensor can take its storage from the pool too ([`Scratch::output`]), fed
 /// by the gradients the backward passes are done with ([`Scratch::recycle`]): a zeroed
 /// allocation of a few hundred kilobytes is a pass over memory the cache no longer holds, and
 /// the op's own pass over it follows (on the digits ViT's W4A4 QAT step, a tenth of its time
@@ -40,14 +40,29 @@ impl Scratch {
     /// assertions (the tests') they are NaN, so that a caller who reads one before writing
     /// it gets NaN, not the zeros a fresh allocation would happen to hold.
     pub fn with_len(len: usize) -> Scratch {
+        Scratch::taken(len, usize::MAX)
+    }
+
+    /// A vector of `len` elements of unspecified (initialised) values, for good: the storage
+    /// of an op's output tensor, which the op then writes whole. A pooled buffer only where it
+    /// is at most twice as large (a small tensor does not keep a large buffer alive).
+    pub fn output(len: usize) -> Vec<f32> {
+        let mut taken = Scratch::taken(len, len.saturating_mul(2));
+        let mut buf = std::mem::take(&mut taken.buf);
+        buf.truncate(len);
+        buf
+    }
+
+    /// The smallest pooled buffer of at least `len` elements and at most `max_capacity`, or a
+    /// new one.
+    fn taken(len: usize, max_capacity: usize) -> Scratch {
         let pooled = SCRATCH
             .try_with(|pool| {
                 let mut pool = pool.borrow_mut();
-                // The smallest buffer that is large enough.
                 let best = pool
                     .iter()
                     .enumerate()
-                    .filter(|(_, b)| b.capacity() >= len)
+                    .filter(|(_, b)| (len..=max_capacity).contains(&b.capacity()))
                     .min_by_key(|(_, b)| b.capacity())
                     .map(|(i, _)| i)?;
                 Some(pool.swap_remove(best))
@@ -64,15 +79,6 @@ impl Scratch {
             bytemuck::cast_slice_mut::<f32, u8>(&mut buf[..len]).fill(0xff);
         }
         Scratch { buf, len }
-    }
-
-    /// The buffer as a vector of exactly its length, out of the pool for good: the storage of
-    /// an op's output tensor, which the op then writes whole (its values until then are
-    /// unspecified).
-    pub fn into_vec(mut self) -> Vec<f32> {
-        let mut buf = std::mem::take(&mut self.buf);
-        buf.truncate(self.len);
-        buf
     }
 
     /// Gives `buf`, which its owner is done with (a used gradient), to this thread's pool.

@@ -1,4 +1,4 @@
-use quant_core::dfdx_ops::Scratch;
+use quant_core::scratch::Scratch;
 
 /// A pooled buffer serves a shorter value and then a longer one again: each use sees
 /// exactly the length it asked for, and the storage is the same one (the reason for the
@@ -90,4 +90,87 @@ fn held_values_do_not_change_when_the_tensor_is_written_after() {
     weights[[0, 1]] = 20.0;
     assert_eq!(&*held, [1.0, 2.0, 3.0, 4.0].as_slice());
     assert_eq!(weights.array(), [[1.0, 20.0], [3.0, 4.0]]);
+}
+
+/// An op's output takes a used gradient given back to the pool (the same storage: no fresh
+/// zeroed allocation), but never a buffer more than twice its length (a small tensor must
+/// not keep a large buffer alive).
+#[test]
+fn outputs_take_recycled_buffers_of_up_to_twice_their_length() {
+    let gradient = vec![0.5f32; 1000];
+    let storage = gradient.as_ptr();
+    Scratch::recycle(gradient);
+    let output = Scratch::output(1000);
+    assert_eq!(output.len(), 1000);
+    assert_eq!(output.as_ptr(), storage, "not the recycled buffer");
+
+    let large = vec![0.5f32; 5000];
+    let storage = large.as_ptr();
+    Scratch::recycle(large);
+    let small = Scratch::output(1000);
+    assert_eq!(small.len(), 1000);
+    assert_ne!(
+        small.as_ptr(),
+        storage,
+        "a buffer five times the length taken"
+    );
+    let half = Scratch::output(2500);
+    assert_eq!(half.len(), 2500);
+    assert_eq!(half.as_ptr(), storage, "a buffer twice the length refused");
+}
+
+/// Under debug assertions (the tests' build) a pooled buffer comes filled with NaN, so that
+/// an op that reads its output before writing it fails its tests instead of reading zeros.
+#[test]
+fn pooled_buffers_are_nan_under_debug_assertions() {
+    Scratch::recycle(vec![0.0f32; 64]);
+    let output = Scratch::output(64);
+    let scratch = Scratch::with_len(64);
+    if cfg!(debug_assertions) {
+        assert!(output.iter().chain(scratch.iter()).all(|v| v.is_nan()));
+    }
+}
+
+/// Training steps whose ops' outputs live in the buffers of earlier steps' gradients (under
+/// `release_used_gradients`) give the bits of steps that allocate afresh: outputs and
+/// gradients, over steps with different inputs.
+#[test]
+fn recycled_buffers_change_no_bits_over_steps() {
+    use dfdx::prelude::*;
+    use quant_core::{dfdx_ops, IntegerGrid, RoundingPolicy};
+    let dev = Cpu::default();
+    let scale: Tensor<Rank1<1>, f32, Cpu> = dev.tensor([0.25]);
+    let grid = IntegerGrid::new(4, true, false).unwrap();
+    let step = |offset: f32| {
+        let values: Vec<f32> = (0..4096)
+            .map(|i| (i as f32 * 0.37 + offset).sin() * 3.0)
+            .collect();
+        let x: Tensor<Rank1<4096>, f32, Cpu> = dev.tensor(values);
+        let x = x.trace(scale.alloc_grads());
+        let y = dfdx_ops::lsq(x, &scale, None, None, grid, RoundingPolicy::HalfEven, None).unwrap();
+        let z = dfdx_ops::lsq(
+            y * 1.5,
+            &scale,
+            None,
+            None,
+            grid,
+            RoundingPolicy::HalfEven,
+            None,
+        )
+        .unwrap();
+        let out = z.retaped::<NoneTape>().as_vec();
+        let grads = (z * 2.0).sum().backward();
+        (out, grads.get(&scale).array())
+    };
+    let kept: Vec<_> = (0..3).map(|k| step(k as f32)).collect();
+    let _released = dfdx_ops::release_used_gradients();
+    for (k, want) in kept.iter().enumerate() {
+        let got = step(k as f32);
+        assert_eq!(got.0, want.0, "step {k}: outputs");
+        assert_eq!(
+            got.1[0].to_bits(),
+            want.1[0].to_bits(),
+            "step {k}: scale gradient"
+        );
+    }
 }
