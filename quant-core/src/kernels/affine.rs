@@ -167,8 +167,8 @@ impl Affine {
             return Some(());
         }
         let per_task = match self.avx512 {
-            true => rows_per_task(outputs),
-            false => ROWS_PER_TASK,
+            true => rows_per_task(outputs, BLOCK_ROWS),
+            false => rows_per_task(outputs, ROWS_PER_TASK),
         };
         dw.par_chunks_mut(per_task * inputs)
             .enumerate()
@@ -287,7 +287,7 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
         if out.len() != rows * width || a.len() != rows * depth || b.len() != depth * width {
             return;
         }
-        let per_task = rows_per_task(rows);
+        let per_task = rows_per_task(rows, BLOCK_ROWS);
         out.par_chunks_mut(per_task * width)
             .zip(a.par_chunks(per_task * depth))
             .for_each(|(out, a)| {
@@ -303,12 +303,13 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
     let _ = (out, a, b, depth, width);
 }
 
-/// Rows of `rows` that one task of the 16-lane loop takes: whole blocks of [`BLOCK_ROWS`],
-/// enough tasks for every thread several times over.
-fn rows_per_task(rows: usize) -> usize {
-    rows.div_ceil(BLOCK_ROWS * 4 * rayon::current_num_threads())
+/// Rows of `rows` that one task takes: whole blocks of `block` rows, enough tasks for every
+/// thread several times over (and no more: each task of the weight gradient reads every
+/// sequence's inputs once).
+fn rows_per_task(rows: usize, block: usize) -> usize {
+    rows.div_ceil(block * 4 * rayon::current_num_threads())
         .max(1)
-        * BLOCK_ROWS
+        * block
 }
 
 /// The left operand of a product: element `(row, t)` at `data[row · row_stride + t ·
@@ -476,9 +477,12 @@ fn add_rows(
     }
 }
 
-/// [`add_rows`] with eight columns to a vector: four rows by three vectors at a time, twelve
-/// independent chains (more than two FMA units need through their latency, with the loads of
-/// `x` shared by four rows), then four rows by two vectors and by one for the last columns.
+/// [`add_rows`] with eight columns to a vector: four rows by two vectors at a time, eight
+/// independent chains (what two FMA units need through their latency, with the loads of `x`
+/// shared by four rows), then four rows by one vector for the last columns. Not three
+/// vectors: twelve accumulators, three rows of `x` and the broadcast do not fit AVX2's sixteen
+/// registers, and the compiler kept an accumulator on the stack, a chain through memory (the
+/// weight gradient took 1.4 times as long).
 ///
 /// # Safety
 /// The CPU has AVX and FMA; `x` holds `dy.len() / outputs` rows of `inputs`; `dw_rows`
@@ -498,11 +502,7 @@ unsafe fn add_rows_fma(
         // SAFETY: AVX and FMA (this function's); each call's `i + 8·V <= inputs`, its rows
         // `j..j + ROWS_PER_TASK` within `dw_rows`.
         unsafe {
-            while i + 24 <= inputs {
-                add_block_fma::<3>(dw_rows, x, dy, (first, j, i), (inputs, outputs));
-                i += 24;
-            }
-            if i + 16 <= inputs {
+            while i + 16 <= inputs {
                 add_block_fma::<2>(dw_rows, x, dy, (first, j, i), (inputs, outputs));
                 i += 16;
             }
