@@ -34,8 +34,11 @@ use super::{custom_op, ParamInput};
 use crate::error::{QuantError, Result};
 use crate::int8::nonlinear::{codes_into, normal_cdf};
 use crate::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
+#[cfg(target_arch = "x86_64")]
+use crate::int8::widths::Width;
 use crate::int8::Isa;
 use crate::kernels::{exp_nonpositive_in_place, round_ties_even_f64, rows_per_job, VectorPath};
+use crate::scratch::Scratch;
 use rayon::prelude::*;
 
 /// An error unless the last axis of `shape` is `row_len` long.
@@ -184,49 +187,182 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
 /// (on the grid of `scale` and `zero_point`) lies in `input_codes`, the kernel's input range.
 fn gelu_backward_job(
     isa: Isa,
-    (scale, zero_point): (f32, i32),
+    grid: (f32, i32),
     input_codes: RangeInclusive<i32>,
     x: &[f32],
     dy: &[f32],
     dx: &mut [f32],
 ) {
-    let (lo, hi) = (*input_codes.start(), *input_codes.end());
+    let n = x.len().min(dy.len()).min(dx.len());
+    let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
     // Each value's code, as the forward pass found it (which also checked that every value is
-    // finite), a vectorised pass at the kernel's width.
-    let mut codes = vec![0i32; x.len()];
-    codes_into(isa, x, scale, zero_point, &mut codes);
-    // The inputs are a quantizer's outputs: a few hundred distinct values, each the same f32
-    // wherever it occurs. Each code's slope is computed once, from the first value with that
-    // code, and reused for the values with the same bits (any other value gets its own): the
-    // same slopes as computing each, a fraction of the erf series.
-    let span = hi as i64 - lo as i64 + 1;
-    let memo_len = if span <= MEMO_CODES { span as usize } else { 0 };
-    // No finite value has the bits of this NaN, so an empty slot never matches.
-    let mut memo_bits = vec![u32::MAX; memo_len];
-    let mut memo_slopes = vec![0.0f64; memo_len];
-    for (((x, code), dy), dx) in x.iter().zip(&codes).zip(dy).zip(dx.iter_mut()) {
-        let in_range = if *code == i32::MIN || *code == i32::MAX {
-            // Saturated: the exact code decides (a range may end at an i32 bound).
-            let exact = round_ties_even_f64(*x as f64 / scale as f64) + zero_point as f64;
-            (lo as f64..=hi as f64).contains(&exact)
-        } else {
-            (lo..=hi).contains(code)
+    // finite), a vectorised pass at the kernel's width; pooled, as it is written whole.
+    let mut codes = Scratch::with_len(n);
+    let codes = codes.as_i32_mut();
+    codes_into(isa, x, grid.0, grid.1, codes);
+    let mut memo = SlopeMemo::new(input_codes);
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if !memo.slopes.is_empty() && isa.width() != Width::Portable {
+        // SAFETY: `Isa::width` is `Avx2` or `Avx512` only where the CPU runs AVX2; the four
+        // slices are `n` long (cut above).
+        done = unsafe { gelu_backward_avx2(x, codes, dy, dx, &mut memo, grid) };
+    }
+    for i in done..n {
+        gelu_backward_one(x[i], codes[i], dy[i], &mut dx[i], &mut memo, grid);
+    }
+}
+
+/// The slopes of [`gelu_backward_job`] by code, each from the first value with that code and
+/// reused for the values with the same bits (any other value gets its own): the inputs are a
+/// quantizer's outputs, a few hundred distinct values, each the same `f32` wherever it occurs;
+/// the same slopes as computing each, a fraction of the `erf` series.
+struct SlopeMemo {
+    /// The kernel's input range.
+    codes: RangeInclusive<i32>,
+    /// By code from the range's start: the bits of the value whose slope is kept (`u32::MAX`,
+    /// the bits of no finite value, where none is yet). Empty for a range wider than
+    /// [`MEMO_CODES`].
+    bits: Vec<u32>,
+    /// By code from the range's start: the slope of the value `bits` holds.
+    slopes: Vec<f64>,
+}
+
+impl SlopeMemo {
+    fn new(codes: RangeInclusive<i32>) -> Self {
+        let span = *codes.end() as i64 - *codes.start() as i64 + 1;
+        let len = if span <= MEMO_CODES { span as usize } else { 0 };
+        SlopeMemo {
+            codes,
+            bits: vec![u32::MAX; len],
+            slopes: vec![0.0; len],
+        }
+    }
+}
+
+/// One value of [`gelu_backward_job`], `code` its code as `codes_into` gives it.
+#[inline(always)]
+fn gelu_backward_one(
+    x: f32,
+    code: i32,
+    dy: f32,
+    dx: &mut f32,
+    memo: &mut SlopeMemo,
+    (scale, zero_point): (f32, i32),
+) {
+    let (lo, hi) = (*memo.codes.start(), *memo.codes.end());
+    let in_range = if code == i32::MIN || code == i32::MAX {
+        // Saturated: the exact code decides (a range may end at an i32 bound).
+        let exact = round_ties_even_f64(x as f64 / scale as f64) + zero_point as f64;
+        (lo as f64..=hi as f64).contains(&exact)
+    } else {
+        (lo..=hi).contains(&code)
+    };
+    if !in_range {
+        return;
+    }
+    let slot = (code as i64 - lo as i64) as usize;
+    let slope = if slot < memo.slopes.len() {
+        if memo.bits[slot] != x.to_bits() {
+            memo.bits[slot] = x.to_bits();
+            memo.slopes[slot] = gelu_slope(x as f64);
+        }
+        memo.slopes[slot]
+    } else {
+        gelu_slope(x as f64)
+    };
+    *dx += (dy as f64 * slope) as f32;
+}
+
+/// [`gelu_backward_job`] eight values at a time while the memo holds every in-range value's
+/// slope (gathered by code, checked by bits); a group with a value it lacks, or with a
+/// saturated code, goes through [`gelu_backward_one`], which fills the memo. The same
+/// operations on each value as that function (an exact `f32` → `f64` widening, one `f64`
+/// product, one rounding to `f32`, one `f32` sum; out-of-range values left as they are, not
+/// added zero, which would turn `-0.0` into `+0.0`), so the same bits. Returns how many values
+/// from the start it did (whole groups of eight).
+///
+/// # Safety
+/// The CPU runs AVX2; `x`, `codes`, `dy` and `dx` are equally long; `memo` covers its range
+/// (not empty).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn gelu_backward_avx2(
+    x: &[f32],
+    codes: &[i32],
+    dy: &[f32],
+    dx: &mut [f32],
+    memo: &mut SlopeMemo,
+    grid: (f32, i32),
+) -> usize {
+    use std::arch::x86_64::*;
+    let n = x.len();
+    let (lo, hi) = (*memo.codes.start(), *memo.codes.end());
+    let (lo_v, hi_v) = (_mm256_set1_epi32(lo), _mm256_set1_epi32(hi));
+    let (int_min, int_max) = (_mm256_set1_epi32(i32::MIN), _mm256_set1_epi32(i32::MAX));
+    let mut i = 0;
+    while i + 8 <= n {
+        // Every access below reads or writes the eight values from `i`, and `i + 8 <= n`,
+        // the slices' common length; the gathers read only the lanes of `inside`, whose codes
+        // lie in `lo..=hi`, so `code - lo` is below the memo's length (the range's width).
+        // SAFETY: as just said.
+        let (c, inside, ready) = unsafe {
+            let c = _mm256_loadu_si256(codes.as_ptr().add(i).cast());
+            let bits = _mm256_loadu_si256(x.as_ptr().add(i).cast());
+            let saturated = _mm256_or_si256(
+                _mm256_cmpeq_epi32(c, int_min),
+                _mm256_cmpeq_epi32(c, int_max),
+            );
+            let outside = _mm256_or_si256(_mm256_cmpgt_epi32(lo_v, c), _mm256_cmpgt_epi32(c, hi_v));
+            let inside = _mm256_andnot_si256(outside, _mm256_set1_epi32(-1));
+            let kept = _mm256_mask_i32gather_epi32::<4>(
+                _mm256_set1_epi32(-1),
+                memo.bits.as_ptr().cast(),
+                _mm256_sub_epi32(c, lo_v),
+                inside,
+            );
+            let missing = _mm256_andnot_si256(_mm256_cmpeq_epi32(kept, bits), inside);
+            let ready =
+                _mm256_testz_si256(_mm256_or_si256(saturated, missing), _mm256_set1_epi32(-1)) == 1;
+            (c, inside, ready)
         };
-        if !in_range {
+        if !ready {
+            for j in i..i + 8 {
+                gelu_backward_one(x[j], codes[j], dy[j], &mut dx[j], memo, grid);
+            }
+            i += 8;
             continue;
         }
-        let slot = (*code as i64 - lo as i64) as usize;
-        let slope = if slot < memo_len {
-            if memo_bits[slot] != x.to_bits() {
-                memo_bits[slot] = x.to_bits();
-                memo_slopes[slot] = gelu_slope(*x as f64);
-            }
-            memo_slopes[slot]
-        } else {
-            gelu_slope(*x as f64)
-        };
-        *dx += (*dy as f64 * slope) as f32;
+        // SAFETY: as above.
+        unsafe {
+            let slot = _mm256_sub_epi32(c, lo_v);
+            let halves = [
+                _mm256_castsi256_si128(slot),
+                _mm256_extracti128_si256::<1>(slot),
+            ];
+            let masks = [
+                _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_castsi256_si128(inside))),
+                _mm256_castsi256_pd(_mm256_cvtepi32_epi64(_mm256_extracti128_si256::<1>(inside))),
+            ];
+            let g = _mm256_loadu_ps(dy.as_ptr().add(i));
+            let g = [_mm256_castps256_ps128(g), _mm256_extractf128_ps::<1>(g)];
+            let added: [__m128; 2] = std::array::from_fn(|h| {
+                let slope = _mm256_mask_i32gather_pd::<8>(
+                    _mm256_setzero_pd(),
+                    memo.slopes.as_ptr(),
+                    halves[h],
+                    masks[h],
+                );
+                _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(g[h]), slope))
+            });
+            let before = _mm256_loadu_ps(dx.as_ptr().add(i));
+            let sum = _mm256_add_ps(before, _mm256_set_m128(added[1], added[0]));
+            let after = _mm256_blendv_ps(before, sum, _mm256_castsi256_ps(inside));
+            _mm256_storeu_ps(dx.as_mut_ptr().add(i), after);
+        }
+        i += 8;
     }
+    i
 }
 
 /// Code ranges up to this wide get [`int_gelu`]'s backward memo of slopes.

@@ -58,7 +58,7 @@ mod gemm;
 mod nhwc;
 pub mod nonlinear;
 mod requant;
-mod widths;
+pub(crate) mod widths;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
 

@@ -54,6 +54,12 @@ fn int_gelu_input_gradient_is_the_reference_bit_for_bit_on_every_width() {
             x.extend([v, v, v.next_up(), v.next_down(), v]);
         }
         x.extend([1e30, -1e30, 3.0e9 * scale, -3.0e9 * scale]);
+        // Then on-grid values only, across and beyond the range: whole groups of values
+        // whose slopes the memo already holds (the vectorised paths' gathers).
+        for k in 0..4000i64 {
+            let code = lo - 20 + (k * 31) % (hi - lo + 41).min(2000);
+            x.push(((code - zero_point as i64) as f64 * scale as f64) as f32);
+        }
         let dy: Vec<f32> = (0..x.len())
             .map(|i| 0.25 + (i % 13) as f32 * 0.37)
             .collect();
