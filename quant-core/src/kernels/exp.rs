@@ -5,13 +5,13 @@
 //! The standard library's `exp` is one call per value (5% of the digits ViT's QAT step, by
 //! `perf`). Here: `x = k·ln 2 + r` with `k` rounded to the nearest integer (ties to even) and
 //! `|r| ≤ ln 2 / 2` (Cody and Waite's two-part `ln 2`), then `e^r = 1 + r + r²·q(r)` with `q`
-//! the Taylor series from `1/2!` to `1/14!` (its truncation error is below 2⁻⁵⁷ of the
-//! result; evaluated by Estrin's scheme, whose short chain lets the CPU overlap more values
-//! than Horner's rule, which took 1.4 times as long), what `r` and `1 + r` round off added back before the one last rounding, and `2^k`
-//! put in the exponent bits, a product that is exact. Within one unit in the last place of the
-//! correctly rounded result and on it for all but about one value in a hundred; without
-//! branches, so the loop vectorises; each path runs the same IEEE operations (Rust never fuses
-//! a multiply and an add), so each gives the same bits.
+//! the Taylor series from `1/2!` to `1/14!` (its truncation error is below 2⁻⁵⁷ of the result;
+//! evaluated by Estrin's scheme, whose short chain lets the CPU overlap more values than
+//! Horner's rule, which took 1.4 times as long), what `r` and `1 + r` round off added back
+//! before the one last rounding, and `2^k` put in the exponent bits, a product that is exact.
+//! Within one unit in the last place of the correctly rounded result and on it for all but
+//! about one value in a hundred; without branches, so the loop vectorises; each path runs the
+//! same IEEE operations (Rust never fuses a multiply and an add), so each gives the same bits.
 
 use super::VectorPath;
 
