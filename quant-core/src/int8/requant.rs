@@ -821,7 +821,10 @@ mod x86 {
             let even = _mm256_mul_epi32(a, m);
             let odd = _mm256_mul_epi32(_mm256_srli_epi64::<32>(a), _mm256_srli_epi64::<32>(m));
             let quotient = |p: __m256i, at: usize| {
-                let s = load64(&narrow.shift, at);
+                // The shifts lie in 31..=62; masked to 0..=63 all the same, so that the
+                // compiler knows them in range: it otherwise guards each `vpsrlvq` with a
+                // compare and a mask (a shift past 63 gives 0), three more instructions.
+                let s = _mm256_and_si256(load64(&narrow.shift, at), _mm256_set1_epi64x(63));
                 let one = _mm256_set1_epi64x(1);
                 // Bit s of p is the parity of floor(p / 2^s); bit 63 its sign.
                 let adjust = match ADJUST {
