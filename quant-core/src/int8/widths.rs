@@ -92,3 +92,42 @@ macro_rules! compiled_for_each_width {
 }
 
 pub(crate) use compiled_for_each_width;
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::__m256i;
+
+/// Defines `$name(a, b)`: the AVX2 instruction `$instruction` on two registers, written as
+/// assembly because the compiler otherwise folds the multiply intrinsics into the shifts and
+/// sign extensions around them and emits a full 64-bit product (three multiplies and as many
+/// shifts each). For the AVX2 kernels of the softmax's `exp` and the LayerNorm's outputs.
+macro_rules! one_instruction {
+    ($(#[$doc:meta])* $name:ident = $instruction:literal) => {
+        $(#[$doc])*
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2")]
+        #[inline]
+        pub(crate) fn $name(a: __m256i, b: __m256i) -> __m256i {
+            let product;
+            // SAFETY: one instruction on registers, which this function's AVX2 provides.
+            unsafe {
+                std::arch::asm!(
+                    concat!($instruction, " {p}, {a}, {b}"),
+                    p = lateout(ymm_reg) product,
+                    a = in(ymm_reg) a,
+                    b = in(ymm_reg) b,
+                    options(pure, nomem, nostack, preserves_flags),
+                )
+            };
+            product
+        }
+    };
+}
+
+one_instruction! {
+    /// `vpmuldq`: the products of the low 32 bits of each 64-bit lane, read as signed.
+    mul_epi32 = "vpmuldq"
+}
+one_instruction! {
+    /// `vpmuludq`: the same, the low halves read as unsigned.
+    mul_epu32 = "vpmuludq"
+}

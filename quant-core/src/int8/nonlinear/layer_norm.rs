@@ -51,6 +51,11 @@ pub struct IntLayerNorm {
     epsilon_fixed: u128,
     gamma: Vec<i64>,
     beta: Vec<i64>,
+    /// The AVX2 output loop's constants, per value: `G >> 16` and `G mod 2^16` (each fits
+    /// `i32`, as `|G| < 2^32`), and `B` as `i32` plus `2^31` (see `x86::row_out`).
+    gamma_high: Vec<i32>,
+    gamma_low: Vec<i32>,
+    beta_offset: Vec<i32>,
     output_scale: f32,
     isa: Isa,
 }
@@ -135,20 +140,28 @@ impl IntLayerNorm {
         } else {
             0.0
         };
+        let gamma: Vec<i64> = gamma
+            .iter()
+            .map(|g| (*g as f64 / s * gain).round() as i64)
+            .collect();
+        let beta: Vec<i64> = beta
+            .iter()
+            .map(|b| (*b as f64 / s).round() as i64)
+            .collect();
         Ok(IntLayerNorm {
             input_scale,
             epsilon,
             codes,
             norm_bits,
             epsilon_fixed: (epsilon_codes * 2f64.powi(32)).round() as u128,
-            gamma: gamma
+            gamma_high: gamma.iter().map(|g| (g >> 16) as i32).collect(),
+            gamma_low: gamma.iter().map(|g| (g & 0xffff) as i32).collect(),
+            beta_offset: beta
                 .iter()
-                .map(|g| (*g as f64 / s * gain).round() as i64)
+                .map(|b| (*b as i32).wrapping_add(i32::MIN))
                 .collect(),
-            beta: beta
-                .iter()
-                .map(|b| (*b as f64 / s).round() as i64)
-                .collect(),
+            gamma,
+            beta,
             output_scale,
             isa: Isa::detected(),
         })
@@ -275,6 +288,8 @@ compiled_for_each_width! {
 /// The products of a row's loops, in `i64`: of two factors that fit `i32` (`u²`, `n · u`),
 /// and `c · r` (`|c| < 2^31`, `r ∈ (2^30, 2^31]`).
 trait Products: Copy {
+    /// Whether a row's outputs go through the written AVX2 loop (`x86::row_out`).
+    const WRITTEN_AVX2: bool = false;
     fn small(a: i64, b: i64) -> i64;
     fn scale(c: i64, r: i64) -> i64;
 }
@@ -300,6 +315,8 @@ impl Products for WideProducts {
 struct NarrowProducts;
 
 impl Products for NarrowProducts {
+    // `IntLayerNorm::run` takes these products only where `Isa::width` found AVX2.
+    const WRITTEN_AVX2: bool = cfg!(target_arch = "x86_64");
     #[inline(always)]
     fn small(a: i64, b: i64) -> i64 {
         debug_assert!(a == a as i32 as i64 && b == b as i32 as i64);
@@ -322,6 +339,12 @@ fn rows<I: InputCode, P: Products>(kernel: &IntLayerNorm, input: &[I], out: &mut
     let n = kernel.row_len();
     let (lo, hi) = (*kernel.codes.start(), *kernel.codes.end());
     let unit = |q: &I| q.code().clamp(lo, hi) as i64 - lo as i64;
+    // A row's `c = n · u - S` as `i32` (both terms are below 2^31), for the AVX2 loop.
+    let mut centred = if P::WRITTEN_AVX2 {
+        vec![0i32; n]
+    } else {
+        Vec::new()
+    };
     for (block, out) in input
         .chunks(BLOCK_ROWS * n)
         .zip(out.chunks_mut(BLOCK_ROWS * n))
@@ -354,16 +377,112 @@ fn rows<I: InputCode, P: Products>(kernel: &IntLayerNorm, input: &[I], out: &mut
                 }
                 continue;
             }
+            // The AVX2 loop's share of the row (whole groups of 8), the rest below.
+            let done = if P::WRITTEN_AVX2 {
+                for (c, q) in centred.iter_mut().zip(row) {
+                    *c = n as i32 * unit(q) as i32 - *sum as i32;
+                }
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: `WRITTEN_AVX2` products run only where `Isa::width` found AVX2;
+                // `centred`, `out` and the constants hold one row of `n` values.
+                let done = unsafe { x86::row_out(kernel, &centred, (*reciprocal, *shift), out) };
+                #[cfg(not(target_arch = "x86_64"))]
+                let done = 0;
+                done
+            } else {
+                0
+            };
             for ((o, q), (g, b)) in out
                 .iter_mut()
                 .zip(row)
                 .zip(kernel.gamma.iter().zip(&kernel.beta))
+                .skip(done)
             {
                 let c = P::small(n as i64, unit(q)) - sum;
                 let norm = round_shift(P::scale(c, *reciprocal), *shift);
                 *o = (round_shift(norm * g, 31) + b) as i32;
             }
         }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::IntLayerNorm;
+    use crate::int8::widths::mul_epi32;
+    use std::arch::x86_64::*;
+
+    /// The outputs of one row, 8 values at a time, from `c = n · u - S` per value and the
+    /// row's `(F, shift)`: what the portable loop computes, `round_shift(c · F, shift)` times
+    /// `G`, `round_shift(·, 31) + B`, in 64-bit lanes without the 64-bit multiply and
+    /// arithmetic shift AVX2 lacks. `c · F = c · (F - 2^30) + c · 2^30` (`F ∈ (2^30, 2^31]`);
+    /// `|c · F| < 2^62`, so adding `2^62` makes it non-negative and a logical shift gives
+    /// `norm + 2^(62 - shift)`; `|norm| < 2^31` (at most about `2^30`: `|c| / √T ≤ √(n - 1)`,
+    /// `2^b ≥ √(n - 1)`), so `norm · G = (norm · (G >> 16)) · 2^16 + norm · (G mod 2^16)` from
+    /// two 32x32→64-bit products, `|norm · G| < 2^62` (`|G| ≤ 2^(31 + b) / √(n - 1) < 2^32`), and
+    /// the same bias gives `round_shift(norm · G, 31) + 2^31`, whose low 32 bits plus
+    /// `B + 2^31` (`beta_offset`) are the output modulo 2^32, as the portable `as i32`.
+    /// Returns how many values it did (a multiple of 8).
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `centred` and `out` hold one row of `kernel`'s length.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_out(
+        kernel: &IntLayerNorm,
+        centred: &[i32],
+        (reciprocal, shift): (i64, u32),
+        out: &mut [i32],
+    ) -> usize {
+        let n = centred
+            .len()
+            .min(out.len())
+            .min(kernel.gamma_high.len())
+            .min(kernel.gamma_low.len())
+            .min(kernel.beta_offset.len());
+        let whole = n - n % 8;
+        let factor = _mm256_set1_epi64x(reciprocal - (1 << 30));
+        let norm_bias = _mm256_set1_epi64x((1i64 << 62) + ((1i64 << shift) >> 1));
+        let norm_offset = _mm256_set1_epi64x(1i64 << (62 - shift));
+        let count = _mm_cvtsi32_si128(shift as i32);
+        let out_bias = _mm256_set1_epi64x((1i64 << 62) + (1 << 30));
+        // The low 32 bits of the four 64-bit lanes, in order, in the low 128 bits.
+        let low_halves = _mm256_setr_epi32(0, 2, 4, 6, 0, 2, 4, 6);
+        let four = |at: usize| {
+            // SAFETY: the caller guarantees AVX2, and `at + 4 <= whole <= n`, within
+            // `centred` and the constants.
+            unsafe {
+                let load = |v: &[i32]| {
+                    _mm256_cvtepi32_epi64(_mm_loadu_si128(v.as_ptr().add(at) as *const __m128i))
+                };
+                let c = load(centred);
+                let product = _mm256_add_epi64(mul_epi32(c, factor), _mm256_slli_epi64::<30>(c));
+                let norm = _mm256_sub_epi64(
+                    _mm256_srl_epi64(_mm256_add_epi64(product, norm_bias), count),
+                    norm_offset,
+                );
+                let scaled = _mm256_add_epi64(
+                    _mm256_slli_epi64::<16>(mul_epi32(norm, load(&kernel.gamma_high))),
+                    mul_epi32(norm, load(&kernel.gamma_low)),
+                );
+                let biased = _mm256_srli_epi64::<31>(_mm256_add_epi64(scaled, out_bias));
+                let codes = _mm256_castsi256_si128(_mm256_permutevar8x32_epi32(biased, low_halves));
+                let offset = _mm_loadu_si128(kernel.beta_offset.as_ptr().add(at) as *const __m128i);
+                _mm_add_epi32(codes, offset)
+            }
+        };
+        let mut o = 0;
+        while o < whole {
+            let (first, second) = (four(o), four(o + 4));
+            // SAFETY: `o + 8 <= whole <= out.len()`: the 8 `i32`s from `o` lie in `out`.
+            unsafe {
+                _mm256_storeu_si256(
+                    out.as_mut_ptr().add(o) as *mut __m256i,
+                    _mm256_set_m128i(second, first),
+                )
+            };
+            o += 8;
+        }
+        whole
     }
 }
 

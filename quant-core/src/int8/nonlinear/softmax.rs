@@ -772,7 +772,7 @@ impl FixedPointExp {
 mod x86 {
     use super::{Exponential, FixedPointExp32, InputCode, STACK_ROW};
     use super::{EXP_TAYLOR, FRACTION_BITS, HALF_LN2_FIXED, LN2_FIXED, LN2_RECIPROCAL};
-    use crate::int8::widths::Width;
+    use crate::int8::widths::{mul_epi32, mul_epu32, Width};
     use std::arch::x86_64::*;
 
     /// [`FixedPointExp32`] with its rows evaluated by [`exp_avx2`]; made only where this CPU
@@ -806,40 +806,6 @@ mod x86 {
             // SAFETY: `new` checked that this CPU runs AVX2.
             unsafe { exp_avx2(&self.0, &deltas[..block.len()], out) }
         }
-    }
-
-    /// Defines `$name(a, b)`: the AVX2 instruction `$instruction` on two registers, written as
-    /// assembly because the compiler otherwise folds the multiply intrinsics into the shifts
-    /// around them and emits a full 64-bit product (three multiplies and as many shifts each).
-    macro_rules! one_instruction {
-        ($(#[$doc:meta])* $name:ident = $instruction:literal) => {
-            $(#[$doc])*
-            #[target_feature(enable = "avx2")]
-            #[inline]
-            fn $name(a: __m256i, b: __m256i) -> __m256i {
-                let product;
-                // SAFETY: one instruction on registers, which this function's AVX2 provides.
-                unsafe {
-                    std::arch::asm!(
-                        concat!($instruction, " {p}, {a}, {b}"),
-                        p = lateout(ymm_reg) product,
-                        a = in(ymm_reg) a,
-                        b = in(ymm_reg) b,
-                        options(pure, nomem, nostack, preserves_flags),
-                    )
-                };
-                product
-            }
-        };
-    }
-
-    one_instruction! {
-        /// `vpmuldq`: the products of the low 32 bits of each 64-bit lane, read as signed.
-        mul_epi32 = "vpmuldq"
-    }
-    one_instruction! {
-        /// `vpmuludq`: the same, the low halves read as unsigned.
-        mul_epu32 = "vpmuludq"
     }
 
     /// `FixedPointExp32::exp` of every difference (each already clamped to its `delta_floor`)
