@@ -259,19 +259,75 @@ impl IntLayerNorm {
         )
     }
 
-    /// `(F, shift)` with `c · F / 2^shift ≈ c / √T · 2^(30 - b)`, `T = W + n² · ε / scale²`,
-    /// for `W ≥ 1` (so `T ≥ 1`).
-    #[inline]
-    fn reciprocal_sqrt(&self, w: u64) -> (i64, u32) {
+    /// `(x, shift)` for `W ≥ 1`: `x = 2^32 · T / 4^a` in `[2^60, 2^62)`, so that `⌊√x⌋` has 30
+    /// significant bits however small or large `T = W + n² · ε / scale²` is, and the right
+    /// shift that takes `c · ⌊2^61 / ⌊√x⌋⌋` to `c / √T · 2^(30 - b)`.
+    #[inline(always)]
+    fn scaled_square(&self, w: u64) -> (u64, u32) {
         let t = ((w as u128) << 32) + self.epsilon_fixed; // 2^32 · T < 2^95
         let bits = 128 - t.leading_zeros() as i32; // ≥ 33
                                                    // x = t / 4^a in [2^60, 2^62): √x = √T · 2^(16 - a), 30 significant bits.
         let a = (bits - 61).div_euclid(2); // -14 ..= 17
         let x = if a >= 0 { t >> (2 * a) } else { t << (-2 * a) } as u64;
-        let root = isqrt(x); // [2^30, 2^31)
-        let reciprocal = ((1u64 << 61) / root) as i64; // (2^30, 2^31]
-                                                       // c · F · 2^(j - 31 - b) with j = 16 - a: a right shift by 15 + b + a, in 1..=48.
-        (reciprocal, (15 + self.norm_bits as i32 + a) as u32)
+        // c · F · 2^(j - 31 - b) with j = 16 - a: a right shift by 15 + b + a, in 1..=48.
+        (x, (15 + self.norm_bits as i32 + a) as u32)
+    }
+
+    /// `(F, shift)` with `c · F / 2^shift ≈ c / √T · 2^(30 - b)`, for `W ≥ 1` (so `T ≥ 1`):
+    /// `F = ⌊2^61 / ⌊√x⌋⌋ ∈ (2^30, 2^31]` with `x` and `shift` from `scaled_square`.
+    fn reciprocal_sqrt(&self, w: u64) -> (i64, u32) {
+        let (x, shift) = self.scaled_square(w);
+        (((1u64 << 61) / isqrt(x)) as i64, shift)
+    }
+
+    /// [`Self::reciprocal_sqrt`] of the first `rows` of a block's `W`s (left as they are where
+    /// `W` is 0), step by step across the rows: each row's root and division is a chain of
+    /// dependent steps, and the rows' chains then overlap. `⌊√x⌋` from the `f64` root and
+    /// `⌊2^61 / ⌊√x⌋⌋` from the `f64` quotient, each corrected to the exact integer (in `u64`:
+    /// `x < 2^62`, so the root is below 2^31, the quotient at most 2^31; both estimates are
+    /// within one of the answer, as `f64` carries 53 bits).
+    #[inline(always)]
+    fn reciprocal_sqrts(
+        &self,
+        ws: &[(i64, i64); BLOCK_ROWS],
+        rows: usize,
+        out: &mut [(i64, u32); BLOCK_ROWS],
+    ) {
+        let mut squares = [0u64; BLOCK_ROWS];
+        for ((x, (_, w)), (_, shift)) in squares.iter_mut().zip(ws).zip(out.iter_mut()).take(rows) {
+            if *w != 0 {
+                (*x, *shift) = self.scaled_square(*w as u64);
+            }
+        }
+        let mut roots = squares.map(|x| (x as f64).sqrt() as u64);
+        for (r, x) in roots.iter_mut().zip(&squares) {
+            while *r * *r > *x {
+                *r -= 1;
+            }
+            while (*r + 1) * (*r + 1) <= *x {
+                *r += 1;
+            }
+        }
+        const NUMERATOR: u64 = 1 << 61;
+        for ((reciprocal, _), r) in out.iter_mut().zip(&roots).take(rows) {
+            if *r == 0 {
+                continue; // W = 0: no root.
+            }
+            let mut q = (NUMERATOR as f64 / *r as f64) as u64;
+            while q * *r > NUMERATOR {
+                q -= 1;
+            }
+            while (q + 1) * *r <= NUMERATOR {
+                q += 1;
+            }
+            *reciprocal = q as i64;
+        }
+        // The tests' builds check every row against the integer root and division.
+        for ((_, w), root) in ws.iter().zip(out.iter()).take(rows) {
+            if *w != 0 {
+                debug_assert_eq!(*root, self.reciprocal_sqrt(*w as u64), "W = {w}");
+            }
+        }
     }
 }
 
@@ -361,11 +417,7 @@ fn rows<I: InputCode, P: Products>(kernel: &IntLayerNorm, input: &[I], out: &mut
         }
         let rows = block.len() / n;
         let mut roots = [(0i64, 0u32); BLOCK_ROWS];
-        for (root, (_, w)) in roots.iter_mut().zip(&sums).take(rows) {
-            if *w != 0 {
-                *root = kernel.reciprocal_sqrt(*w as u64);
-            }
-        }
+        kernel.reciprocal_sqrts(&sums, rows, &mut roots);
         for ((row, out), ((sum, w), (reciprocal, shift))) in block
             .chunks_exact(n)
             .zip(out.chunks_exact_mut(n))
