@@ -139,6 +139,9 @@ pub struct Requantizer {
     /// The AVX2 and AVX-512 paths' constants when the product can be taken in `f64` (see
     /// [`Float`]); boxed, so that a requantizer stays small beside the values that hold one.
     float: Option<Box<Float>>,
+    /// The AVX-512 path's thresholds for a per-tensor requantizer into at most 16 codes (see
+    /// [`Levels`]); boxed, as `float`.
+    levels: Option<Box<Levels>>,
     zero_point: i32,
     lo: i32,
     hi: i32,
@@ -259,6 +262,61 @@ impl Float {
     }
 }
 
+/// A per-tensor requantizer into at most 16 codes as thresholds: the code is a monotone
+/// (non-decreasing) step function of the accumulator (`m ≥ 0`; every policy rounds
+/// monotonically; clamping keeps it so), so with `c₀` the code of `i32::MIN` and `Tⱼ` the least
+/// accumulator whose code is at least `c₀ + j` (found with the definition itself),
+/// `code(a) = c₀ + #{j : Tⱼ ≤ a}`: exact for every policy, shift and zero point. The count is
+/// a binary search of four steps over the thresholds held in one register (`vpermd`): fewer
+/// operations than the 64-bit products (which LayerNorm's and GELU's outputs into 4-bit grids
+/// need, their shifts being beyond the `f64` path's reach) and than the `f64` path's
+/// conversions.
+#[derive(Debug, Clone, Copy)]
+struct Levels {
+    /// `Tⱼ` at `j` for `j` in `1..=steps`, `i32::MAX` above (`[0]` is never read).
+    thresholds: [i32; 16],
+    /// `c₀`.
+    lowest: i32,
+    /// How many thresholds there are: the code of `i32::MAX` less `c₀`.
+    steps: i32,
+}
+
+impl Levels {
+    /// The thresholds of `code` (one channel's requantization), where its codes span at most
+    /// 16 values.
+    fn new(code: impl Fn(i32) -> i32) -> Option<Levels> {
+        let (lowest, highest) = (code(i32::MIN), code(i32::MAX));
+        let steps = highest - lowest;
+        if !(0..16).contains(&steps) {
+            return None;
+        }
+        let mut thresholds = [i32::MAX; 16];
+        for (j, t) in thresholds
+            .iter_mut()
+            .enumerate()
+            .take(steps as usize + 1)
+            .skip(1)
+        {
+            // The least `a` in (i32::MIN, i32::MAX] with `code(a) >= lowest + j`.
+            let (mut below, mut at) = (i32::MIN as i64, i32::MAX as i64);
+            while at - below > 1 {
+                let mid = below + (at - below) / 2;
+                if code(mid as i32) >= lowest + j as i32 {
+                    at = mid;
+                } else {
+                    below = mid;
+                }
+            }
+            *t = at as i32;
+        }
+        Some(Levels {
+            thresholds,
+            lowest,
+            steps,
+        })
+    }
+}
+
 /// The data-dependent part of a rounding policy (see [`Requantizer`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Adjust {
@@ -325,11 +383,22 @@ impl Requantizer {
         };
         let (m, shift) = (per(&|m, _| m), per(&|_, s| s as i64));
         let base = per(&|_, s| base(half(s), (s > 0) as i64));
+        let float = Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new);
+        let levels = match multipliers {
+            [(m, shift)] => Levels::new(|a| {
+                let r = rounding_shift(a as i64 * m, *shift, rounding);
+                r.saturating_add(zero_point as i64)
+                    .clamp(lo as i64, hi as i64) as i32
+            })
+            .map(Box::new),
+            _ => None,
+        };
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
             narrow: Narrow::new(&m, &shift, &base, zero_point),
-            float: Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new),
+            float,
+            levels,
             m,
             shift,
             base,
@@ -403,25 +472,30 @@ impl Requantizer {
                     }
                 };
             }
-            let done = match (self.isa, &self.float) {
+            let done = match (self.isa, &self.levels, &self.float) {
                 #[cfg(target_arch = "x86_64")]
-                // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW; `float`'s
-                // scales are one per channel, as many as `acc` and `out` hold.
-                (Isa::Avx512Bw | Isa::Avx512Vnni, Some(float)) => unsafe {
+                // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW.
+                (Isa::Avx512Bw | Isa::Avx512Vnni, Some(levels), _) => unsafe {
+                    x86::row_avx512_levels(levels, acc, out)
+                },
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above; `float`'s scales are one per channel, as many as `acc` and
+                // `out` hold.
+                (Isa::Avx512Bw | Isa::Avx512Vnni, None, Some(float)) => unsafe {
                     by_rounding!(row_avx512_float, float)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above; the constants have one entry per channel.
-                (Isa::Avx512Bw | Isa::Avx512Vnni, None) => unsafe {
+                (Isa::Avx512Bw | Isa::Avx512Vnni, None, None) => unsafe {
                     x86::row_avx512::<ADJUST>(self, acc, out)
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above, for AVX2.
-                (Isa::Avx2 | Isa::AvxVnni, Some(float)) => unsafe {
+                (Isa::Avx2 | Isa::AvxVnni, _, Some(float)) => unsafe {
                     by_rounding!(row_avx2_float, float)
                 },
                 #[cfg(target_arch = "x86_64")]
-                (Isa::Avx2 | Isa::AvxVnni, None) => match &self.narrow {
+                (Isa::Avx2 | Isa::AvxVnni, _, None) => match &self.narrow {
                     // SAFETY: as above, for AVX2; `narrow`'s constants cover the whole groups
                     // of 8 of the repeated channels.
                     Some(narrow) => unsafe {
@@ -463,7 +537,49 @@ impl Requantizer {
 mod x86 {
     use std::arch::x86_64::*;
 
-    use super::{Float, Narrow, Requantizer};
+    use super::{Float, Levels, Narrow, Requantizer};
+
+    /// One row on AVX-512 by [`Levels`]' thresholds, 16 values at a time: four steps of a
+    /// binary search, each a `vpermd` of the thresholds at the candidate count and a compare.
+    /// Returns how many values it did.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn row_avx512_levels(levels: &Levels, acc: &[i32], out: &mut [u8]) -> usize {
+        let n = acc.len().min(out.len());
+        let whole = n - n % 16;
+        // SAFETY: `thresholds` holds 16 `i32`s, one register.
+        let table = unsafe { _mm512_loadu_si512(levels.thresholds.as_ptr() as *const __m512i) };
+        let (lowest, steps) = (
+            _mm512_set1_epi32(levels.lowest),
+            _mm512_set1_epi32(levels.steps),
+        );
+        let mut o = 0;
+        while o < whole {
+            // SAFETY: `o + 16 <= whole <= acc.len()`: the 16 `i32`s from `o` lie in `acc`.
+            let a = unsafe { _mm512_loadu_si512(acc.as_ptr().add(o) as *const __m512i) };
+            let mut count = _mm512_setzero_si512();
+            for step in [8, 4, 2, 1] {
+                // `count` is a multiple of `2 · step`: or-ing adds.
+                let candidate = _mm512_or_si512(count, _mm512_set1_epi32(step));
+                let reached =
+                    _mm512_cmpge_epi32_mask(a, _mm512_permutexvar_epi32(candidate, table));
+                count = _mm512_mask_mov_epi32(count, reached, candidate);
+            }
+            // The padding (`i32::MAX`) counts only for `a = i32::MAX`, whose count is `steps`.
+            let codes = _mm512_add_epi32(_mm512_min_epi32(count, steps), lowest);
+            // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
+            unsafe {
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(o) as *mut __m128i,
+                    _mm512_cvtepi32_epi8(codes),
+                )
+            };
+            o += 16;
+        }
+        whole
+    }
 
     /// One row on AVX-512, 16 channels at a time (`vpmuldq` for the exact 64-bit products,
     /// `vpsravq` for the shifts): returns how many channels it did.

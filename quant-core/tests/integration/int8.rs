@@ -664,6 +664,93 @@ fn requantization_a_hair_from_ties_and_integers_on_every_path() {
     }
 }
 
+#[test]
+fn per_tensor_requantization_into_narrow_grids_on_every_path() {
+    // A per-tensor requantizer into at most 16 codes runs by thresholds on AVX-512: every
+    // policy, shifts from 0 to 62 (54 to 57 are LayerNorm's and GELU's outputs into 4-bit
+    // grids), grids of 1 to 16 codes at both ends of `u8` with zero points inside, beside and
+    // far from them, and accumulators at every rounding boundary (integers and halves of the
+    // quotient) and one either side, the extremes and a spread between.
+    let multipliers = [
+        (1i64 << 30, 0u32),
+        (3, 1),
+        ((1i64 << 31) - 1, 31),
+        (1 << 30, 33),
+        (1_234_567_891, 40),
+        ((1i64 << 31) - 1, 49),
+        (1_518_500_250, 54),
+        (1_073_741_825, 55),
+        (2_147_000_001, 56),
+        (1_500_000_001, 57),
+        ((1i64 << 31) - 1, 62),
+        (0, 40),
+    ];
+    let grids = [
+        (0, 15, 7),
+        (0, 15, 8),
+        (240, 255, 248),
+        (100, 100, 100),
+        (3, 4, 0),
+        (0, 1, 255),
+    ];
+    let zero_shifts = [0i64, -9, 9, 1000, i32::MIN as i64, i32::MAX as i64];
+    for (m, shift) in multipliers {
+        for (lo, hi, zero) in grids {
+            for zero_shift in zero_shifts {
+                let zero_point =
+                    (zero as i64 + zero_shift).clamp(i32::MIN as i64, i32::MAX as i64) as i32;
+                // Quotients `j / 2` for every `j` whose code lies in the grid or next to it.
+                let mut acc = vec![i32::MIN, i32::MIN + 1, -1, 0, 1, i32::MAX - 1, i32::MAX];
+                for half_steps in 2 * (lo as i64 - zero_point as i64 - 2)
+                    ..=2 * (hi as i64 - zero_point as i64 + 2)
+                {
+                    if m == 0 {
+                        break;
+                    }
+                    let at = (half_steps as i128) * (1i128 << shift) / 2 / m as i128;
+                    for a in at - 2..=at + 2 {
+                        acc.push(a.clamp(i32::MIN as i128, i32::MAX as i128) as i32);
+                    }
+                }
+                acc.extend(
+                    (0..200).map(|i: i64| ((i * 2_654_435_761) % (1 << 32) - (1 << 31)) as i32),
+                );
+                // Whole vectors of 16 (a per-tensor requantizer runs rows of 256 values).
+                let acc: Vec<i32> = acc
+                    .iter()
+                    .copied()
+                    .cycle()
+                    .take(acc.len().next_multiple_of(256))
+                    .collect();
+                for rounding in POLICIES {
+                    let expected: Vec<u8> = acc
+                        .iter()
+                        .map(|a| {
+                            let r = rounding_reference(*a as i64 * m, shift, rounding);
+                            (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
+                        })
+                        .collect();
+                    for isa in paths() {
+                        let q = Requantizer::new(&[(m, shift)], zero_point, lo, hi, rounding)
+                            .unwrap()
+                            .with_isa(isa)
+                            .unwrap();
+                        let mut out = vec![0u8; acc.len()];
+                        q.run(&acc, &mut out).unwrap();
+                        for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                            assert_eq!(
+                                got, want,
+                                "{isa} {rounding:?}: {} · {m} / 2^{shift}, zero point {zero_point}, grid [{lo}, {hi}]",
+                                acc[i]
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Every rounding policy and a few zero points and bounds on every path against the
 /// definition.
 fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
