@@ -127,6 +127,7 @@ const LONG_ROW: usize = 256;
 pub struct Requantizer {
     isa: Isa,
     multipliers: Vec<(i64, u32)>,
+    rounding: RoundingPolicy,
     /// Per channel, as `i64` lanes: `m`, `s`, `base`, and 1 (0 when `s` is 0) for `adjust`
     /// (repeated, channel after channel, to fill a row of about [`LONG_ROW`] values).
     m: Vec<i64>,
@@ -203,10 +204,17 @@ impl Narrow {
 /// that range comes out exactly, and any other exact result lies at least `2^-s` from them,
 /// more than the product's rounding error (at most `2^(e - 54)`) can cross. Beyond the range
 /// the product stays beyond it (rounding is monotone) and clamps alike.
+///
+/// With larger shifts it is still exact for accumulators within a bound `B` with
+/// `B · max m < 2^53` (see [`Requantizer::with_accumulator_bound`]): the product `acc · m`
+/// then has at most 53 bits, so `x` is exact, and so is its rounding. The kernels check the
+/// bound as they go; a row with an accumulator beyond it takes the integer path.
 #[derive(Debug, Clone)]
 struct Float {
     /// `m · 2^-s` per channel (repeated like the other constants).
     scale: Vec<f64>,
+    /// `Some(B)`: exact only for rows whose accumulators all lie within `±B`.
+    bound: Option<u32>,
     /// The clamping bounds less the zero point.
     lo: f64,
     hi: f64,
@@ -223,14 +231,15 @@ enum FloatRounding {
 }
 
 impl Float {
-    /// The constants, or `None` where the path is not exact (see [`Float`]).
+    /// The constants, or `None` where the path is not exact (see [`Float`]), for accumulators
+    /// within `±accumulator_bound` where one is given.
     fn new(
         m: &[i64],
         shift: &[i64],
         zero_point: i32,
-        lo: i32,
-        hi: i32,
+        [lo, hi]: [i32; 2],
         rounding: RoundingPolicy,
+        accumulator_bound: Option<u64>,
     ) -> Option<Float> {
         let rounding = match rounding {
             RoundingPolicy::HalfEven => FloatRounding::HalfEven,
@@ -246,10 +255,17 @@ impl Float {
         let (lo, hi) = (lo as i64 - zero_point as i64, hi as i64 - zero_point as i64);
         let reach = lo.unsigned_abs().max(hi.unsigned_abs()) + 1;
         let e = 64 - (reach - 1).leading_zeros() as i64; // 2^e >= reach
-        if shift.iter().any(|s| *s > 53 - e) {
-            return None;
-        }
+        let bound = if shift.iter().all(|s| *s <= 53 - e) {
+            None
+        } else {
+            let largest_m = m.iter().copied().max().unwrap_or(0).max(0) as u128;
+            match accumulator_bound {
+                Some(b) if b as u128 * largest_m < 1 << 53 => Some(b.min(u32::MAX as u64) as u32),
+                _ => return None,
+            }
+        };
         Some(Float {
+            bound,
             scale: m
                 .iter()
                 .zip(shift)
@@ -383,7 +399,7 @@ impl Requantizer {
         };
         let (m, shift) = (per(&|m, _| m), per(&|_, s| s as i64));
         let base = per(&|_, s| base(half(s), (s > 0) as i64));
-        let float = Float::new(&m, &shift, zero_point, lo, hi, rounding).map(Box::new);
+        let float = Float::new(&m, &shift, zero_point, [lo, hi], rounding, None).map(Box::new);
         let levels = match multipliers {
             [(m, shift)] => Levels::new(|a| {
                 let r = rounding_shift(a as i64 * m, *shift, rounding);
@@ -396,6 +412,7 @@ impl Requantizer {
         Ok(Requantizer {
             isa: Isa::detected(),
             multipliers: multipliers.to_vec(),
+            rounding,
             narrow: Narrow::new(&m, &shift, &base, zero_point),
             float,
             levels,
@@ -417,6 +434,26 @@ impl Requantizer {
     pub fn with_isa(mut self, isa: Isa) -> Result<Requantizer> {
         self.isa = isa.check_available()?;
         Ok(self)
+    }
+
+    /// The same requantizer for accumulators the caller expects within `±bound` (a layer's
+    /// bound from its weights and input codes): requantizers whose shifts are too large for
+    /// the `f64` paths in general (small multipliers into narrow grids) then take them where
+    /// `bound · m < 2^53`, the product being exact. Never less exact: a row holding an
+    /// accumulator beyond the bound takes the integer path.
+    pub fn with_accumulator_bound(mut self, bound: u64) -> Requantizer {
+        if self.float.as_ref().is_none_or(|f| f.bound.is_some()) {
+            self.float = Float::new(
+                &self.m,
+                &self.shift,
+                self.zero_point,
+                [self.lo, self.hi],
+                self.rounding,
+                Some(bound),
+            )
+            .map(Box::new);
+        }
+        self
     }
 
     /// The path it runs on.
@@ -461,16 +498,36 @@ impl Requantizer {
     fn rows<const ADJUST: u8>(&self, acc: &[i32], out: &mut [u8]) {
         let n = self.m.len();
         for (acc, out) in acc.chunks(n).zip(out.chunks_mut(n)) {
-            // `$kernel::<rounding>` for `float`'s rounding, as a number.
+            // `$kernel::<rounding, bounded>` for `float`'s rounding, as a number, and whether it
+            // has a bound to check; on a row beyond the bound, `$integer` instead.
             #[cfg(target_arch = "x86_64")]
             macro_rules! by_rounding {
-                ($kernel:ident, $float:expr) => {
-                    match $float.rounding {
-                        FloatRounding::HalfEven => x86::$kernel::<0>(self, $float, acc, out),
-                        FloatRounding::Floor => x86::$kernel::<1>(self, $float, acc, out),
-                        FloatRounding::Ceil => x86::$kernel::<2>(self, $float, acc, out),
+                ($kernel:ident, $float:expr, $integer:expr) => {{
+                    let done = match ($float.rounding, $float.bound.is_some()) {
+                        (FloatRounding::HalfEven, false) => {
+                            x86::$kernel::<0, false>(self, $float, acc, out)
+                        }
+                        (FloatRounding::Floor, false) => {
+                            x86::$kernel::<1, false>(self, $float, acc, out)
+                        }
+                        (FloatRounding::Ceil, false) => {
+                            x86::$kernel::<2, false>(self, $float, acc, out)
+                        }
+                        (FloatRounding::HalfEven, true) => {
+                            x86::$kernel::<0, true>(self, $float, acc, out)
+                        }
+                        (FloatRounding::Floor, true) => {
+                            x86::$kernel::<1, true>(self, $float, acc, out)
+                        }
+                        (FloatRounding::Ceil, true) => {
+                            x86::$kernel::<2, true>(self, $float, acc, out)
+                        }
+                    };
+                    match done {
+                        Some(done) => done,
+                        None => $integer,
                     }
-                };
+                }};
             }
             let done = match (self.isa, &self.levels, &self.float) {
                 #[cfg(target_arch = "x86_64")]
@@ -482,7 +539,11 @@ impl Requantizer {
                 // SAFETY: as above; `float`'s scales are one per channel, as many as `acc` and
                 // `out` hold.
                 (Isa::Avx512Bw | Isa::Avx512Vnni, None, Some(float)) => unsafe {
-                    by_rounding!(row_avx512_float, float)
+                    by_rounding!(
+                        row_avx512_float,
+                        float,
+                        x86::row_avx512::<ADJUST>(self, acc, out)
+                    )
                 },
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above; the constants have one entry per channel.
@@ -492,7 +553,14 @@ impl Requantizer {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: as above, for AVX2.
                 (Isa::Avx2 | Isa::AvxVnni, _, Some(float)) => unsafe {
-                    by_rounding!(row_avx2_float, float)
+                    by_rounding!(
+                        row_avx2_float,
+                        float,
+                        match &self.narrow {
+                            Some(narrow) => x86::row_avx2_narrow::<ADJUST>(self, narrow, acc, out),
+                            None => x86::row_avx2::<ADJUST>(self, acc, out),
+                        }
+                    )
                 },
                 #[cfg(target_arch = "x86_64")]
                 (Isa::Avx2 | Isa::AvxVnni, _, None) => match &self.narrow {
@@ -660,20 +728,24 @@ mod x86 {
 
     /// One row on AVX-512 with [`Float`] constants, 16 channels at a time (two registers of 8
     /// `f64`, rounded by `vcvtpd2dq` with the rounding mode in the instruction): returns how
-    /// many channels it did. `ROUNDING` is a [`super::FloatRounding`] as a number.
+    /// many channels it did, or `None` where `BOUNDED` and an accumulator lies beyond
+    /// `float`'s bound (the codes written are then to be replaced). `ROUNDING` is a
+    /// [`super::FloatRounding`] as a number.
     ///
     /// # Safety
     /// The CPU runs AVX-512 F and BW; `acc` and `out` hold one row of `q.channels()` or fewer;
     /// `float` is `q`'s.
     #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn row_avx512_float<const ROUNDING: u8>(
+    pub(super) unsafe fn row_avx512_float<const ROUNDING: u8, const BOUNDED: bool>(
         q: &Requantizer,
         float: &Float,
         acc: &[i32],
         out: &mut [u8],
-    ) -> usize {
+    ) -> Option<usize> {
         let n = acc.len().min(out.len()).min(float.scale.len());
         let whole = n - n % 16;
+        // The largest magnitude seen, unsigned (`|i32::MIN|` is 2^31).
+        let mut largest = _mm512_setzero_si512();
         let (lo, hi) = (_mm512_set1_pd(float.lo), _mm512_set1_pd(float.hi));
         let zp = _mm512_set1_epi32(q.zero_point);
         let eight = |at: usize| {
@@ -701,6 +773,11 @@ mod x86 {
         };
         let mut o = 0;
         while o < whole {
+            if BOUNDED {
+                // SAFETY: `o + 16 <= whole <= acc.len()`: the 16 `i32`s from `o` lie in `acc`.
+                let a = unsafe { _mm512_loadu_si512(acc.as_ptr().add(o) as *const __m512i) };
+                largest = _mm512_max_epu32(largest, _mm512_abs_epi32(a));
+            }
             // The clamped codes plus the zero point lie in [lo, hi] within [0, 255]: the
             // truncating narrowing only drops zero bits.
             let codes = _mm512_add_epi32(
@@ -716,24 +793,28 @@ mod x86 {
             };
             o += 16;
         }
-        whole
+        let bound = float.bound.unwrap_or(u32::MAX);
+        (!BOUNDED || _mm512_reduce_max_epu32(largest) <= bound).then_some(whole)
     }
 
     /// One row on AVX2 with [`Float`] constants, 16 channels at a time: returns how many
-    /// channels it did. `ROUNDING` is a [`super::FloatRounding`] as a number.
+    /// channels it did, or `None` as [`row_avx512_float`]. `ROUNDING` is a
+    /// [`super::FloatRounding`] as a number.
     ///
     /// # Safety
     /// The CPU runs AVX2; `acc` and `out` hold one row of `q.channels()` or fewer; `float` is
     /// `q`'s.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn row_avx2_float<const ROUNDING: u8>(
+    pub(super) unsafe fn row_avx2_float<const ROUNDING: u8, const BOUNDED: bool>(
         q: &Requantizer,
         float: &Float,
         acc: &[i32],
         out: &mut [u8],
-    ) -> usize {
+    ) -> Option<usize> {
         let n = acc.len().min(out.len()).min(float.scale.len());
         let whole = n - n % 16;
+        // The largest magnitude seen, unsigned (`|i32::MIN|` is 2^31).
+        let mut largest = _mm256_setzero_si256();
         let (lo, hi) = (_mm256_set1_pd(float.lo), _mm256_set1_pd(float.hi));
         // |zero point| < 2^14 (`Float::new`), so it, the clamped codes (within 2^14 + 255 of
         // 0) and their sums fit `i16`.
@@ -760,6 +841,14 @@ mod x86 {
         };
         let mut o = 0;
         while o < whole {
+            if BOUNDED {
+                for at in [o, o + 8] {
+                    // SAFETY: `at + 8 <= whole <= acc.len()`: the 8 `i32`s from `at` lie in
+                    // `acc`.
+                    let a = unsafe { _mm256_loadu_si256(acc.as_ptr().add(at) as *const __m256i) };
+                    largest = _mm256_max_epu32(largest, _mm256_abs_epi32(a));
+                }
+            }
             // The clamped codes fit `i16`: the signed pack only narrows; plus the zero point
             // they lie in [lo, hi] within [0, 255].
             let words = |at: usize| _mm_add_epi16(_mm_packs_epi32(four(at), four(at + 4)), zp);
@@ -768,7 +857,11 @@ mod x86 {
             unsafe { _mm_storeu_si128(out.as_mut_ptr().add(o) as *mut __m128i, bytes) };
             o += 16;
         }
-        whole
+        let mut lanes = [0u32; 8];
+        // SAFETY: `lanes` holds 8 `u32`s, one register.
+        unsafe { _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, largest) };
+        let bound = float.bound.unwrap_or(u32::MAX);
+        (!BOUNDED || lanes.iter().all(|l| *l <= bound)).then_some(whole)
     }
 
     /// `a >> s` per 64-bit lane, arithmetic (AVX2 has only the logical `vpsrlvq`).

@@ -751,6 +751,85 @@ fn per_tensor_requantization_into_narrow_grids_on_every_path() {
     }
 }
 
+#[test]
+fn requantization_within_an_accumulator_bound_on_every_path() {
+    // Shifts from 50 to 62, beyond the `f64` paths' general reach, which a bound of 2^22 - 1
+    // (times m < 2^31: products below 2^53) brings within it: m = 2^30 at shifts 50 to 52
+    // puts exact ties at multiples of 2^19 to 2^21. Accumulators within the bound, at it,
+    // then rows with one beyond it (which the `f64` paths would get wrong: they must hand the
+    // row to the integer paths), and a bound too large to qualify.
+    let bound: i32 = (1 << 22) - 1;
+    let multipliers: Vec<(i64, u32)> = (0..24u32)
+        .map(|o| match o % 3 {
+            0 => (1i64 << 30, 50 + o / 3 % 3),
+            1 => ((1i64 << 31) - 1 - 2 * o as i64, 53 + o / 3),
+            _ => (1_518_500_249 + 2 * o as i64, 50 + o / 2),
+        })
+        // m = 2^30 - c at shifts 58 to 61: with the accumulator 2^30 + c beyond the bound,
+        // quotients a hair below 4, 2, 1 and the tie 0.5, which an `f64` product rounds onto.
+        .chain((1..=3).flat_map(|c| (58..=61).map(move |s| ((1i64 << 30) - c, s))))
+        .collect();
+    let n = multipliers.len();
+    let mut within: Vec<i32> = vec![0, 1, -1, bound, -bound, bound - 1, 1 - bound];
+    for j in 17..=21 {
+        for odd in [1, 3, 5, 7] {
+            for d in -1..=1 {
+                let a = (odd << j) + d;
+                within.extend([a, -a]);
+            }
+        }
+    }
+    within.extend(
+        (0..40).map(|i: i64| ((i * 2_654_435_761) % (2 * bound as i64) - bound as i64) as i32),
+    );
+    let hairs = (1..=3).flat_map(|c| [(1 << 30) + c, -(1 << 30) - c]);
+    let beyond: Vec<i32> = [bound + 1, -bound - 1, i32::MAX, i32::MIN]
+        .into_iter()
+        .chain(hairs)
+        .collect();
+    for rounding in POLICIES {
+        for (zero_point, lo, hi) in [(8, 0, 15), (128, 0, 255), (0, 0, 255)] {
+            let cases: [(Vec<i32>, u64); 3] = [
+                (within.clone(), bound as u64),
+                (
+                    within.iter().chain(&beyond).copied().collect(),
+                    bound as u64,
+                ),
+                (within.iter().chain(&beyond).copied().collect(), 1 << 23),
+            ];
+            for (values, claimed) in cases {
+                let acc: Vec<i32> = values.iter().flat_map(|a| vec![*a; n]).collect();
+                let expected: Vec<u8> = acc
+                    .iter()
+                    .enumerate()
+                    .map(|(i, a)| {
+                        let (m, shift) = multipliers[i % n];
+                        let r = rounding_reference(*a as i64 * m, shift, rounding);
+                        (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
+                    })
+                    .collect();
+                for isa in paths() {
+                    let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding)
+                        .unwrap()
+                        .with_isa(isa)
+                        .unwrap()
+                        .with_accumulator_bound(claimed);
+                    let mut out = vec![0u8; acc.len()];
+                    q.run(&acc, &mut out).unwrap();
+                    for (i, (got, want)) in out.iter().zip(&expected).enumerate() {
+                        let (m, shift) = multipliers[i % n];
+                        assert_eq!(
+                            got, want,
+                            "{isa} {rounding:?} bound {claimed}: {} · {m} / 2^{shift}, zero point {zero_point}",
+                            acc[i]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// Every rounding policy and a few zero points and bounds on every path against the
 /// definition.
 fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {

@@ -357,10 +357,12 @@ pub(crate) fn codes_in(node: &str, rep: &Rep, what: &str) -> Result<StoredGrid, 
     }
 }
 
-/// The requantization of values at `scales` (per channel, or one) into `grid`.
+/// The requantization of values at `scales` (per channel, or one) into `grid`, for
+/// accumulators within `±bound` where that is known (faster paths, never other codes).
 pub(crate) fn requantizer(
     node: &str,
     scales: &[f64],
+    bound: Option<i64>,
     grid: &StoredGrid,
 ) -> Result<Requantizer, GraphError> {
     let multipliers = scales
@@ -368,13 +370,11 @@ pub(crate) fn requantizer(
         .map(|s| fixed_point_multiplier(s / grid.scale))
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| unsupported(node, format!("requantizing into this grid: {e}")))?;
-    Ok(Requantizer::new(
-        &multipliers,
-        grid.zero,
-        grid.lo,
-        grid.hi,
-        grid.rounding,
-    )?)
+    let requantizer = Requantizer::new(&multipliers, grid.zero, grid.lo, grid.hi, grid.rounding)?;
+    Ok(match bound {
+        Some(b) => requantizer.with_accumulator_bound(b.unsigned_abs()),
+        None => requantizer,
+    })
 }
 
 /// A weight's codes, their zero points (one, or one per output channel) and scales.

@@ -46,12 +46,12 @@ impl OpRules for QuantizeDequantize {
                 quantizer: q.clone(),
                 offset,
             },
-            Rep::Acc { scales, .. } => Quantize::Requantize {
-                requantizer: requantizer(node.name, scales, &grid)?,
+            Rep::Acc { scales, bound } => Quantize::Requantize {
+                requantizer: requantizer(node.name, scales, Some(*bound), &grid)?,
                 input_zero: None,
             },
             Rep::Codes(g) => Quantize::Requantize {
-                requantizer: requantizer(node.name, &[g.scale], &grid)?,
+                requantizer: requantizer(node.name, &[g.scale], None, &grid)?,
                 input_zero: Some(g.zero),
             },
         });
