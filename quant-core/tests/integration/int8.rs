@@ -61,6 +61,25 @@ fn gemm_reference(
     out
 }
 
+/// Accumulators (rows of `multipliers.len()` channels) requantized by the definition.
+fn requantized_reference(
+    acc: &[i32],
+    multipliers: &[(i64, u32)],
+    zero_point: i32,
+    lo: i32,
+    hi: i32,
+    rounding: RoundingPolicy,
+) -> Vec<u8> {
+    acc.iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let (m, shift) = multipliers[i % multipliers.len()];
+            let r = rounding_reference(*a as i64 * m, shift, rounding);
+            (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
+        })
+        .collect()
+}
+
 /// `round(n / 2^shift)` by `policy` in i128, from the definition of each policy.
 fn rounding_reference(n: i64, shift: u32, policy: RoundingPolicy) -> i64 {
     let d = 1i128 << shift;
@@ -173,15 +192,7 @@ proptest! {
         } else {
             raw[..n].to_vec()
         };
-        let expected: Vec<u8> = acc
-            .iter()
-            .enumerate()
-            .map(|(i, a)| {
-                let (m, shift) = multipliers[i % n];
-                let r = rounding_reference(*a as i64 * m, shift, rounding);
-                (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
-            })
-            .collect();
+        let expected = requantized_reference(&acc, &multipliers, zero_point, lo, hi, rounding);
         for isa in paths() {
             let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding).unwrap().with_isa(isa).unwrap();
             let mut out = vec![7u8; acc.len()];
@@ -723,13 +734,8 @@ fn per_tensor_requantization_into_narrow_grids_on_every_path() {
                     .take(acc.len().next_multiple_of(256))
                     .collect();
                 for rounding in POLICIES {
-                    let expected: Vec<u8> = acc
-                        .iter()
-                        .map(|a| {
-                            let r = rounding_reference(*a as i64 * m, shift, rounding);
-                            (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
-                        })
-                        .collect();
+                    let expected =
+                        requantized_reference(&acc, &[(m, shift)], zero_point, lo, hi, rounding);
                     for isa in paths() {
                         let q = Requantizer::new(&[(m, shift)], zero_point, lo, hi, rounding)
                             .unwrap()
@@ -799,15 +805,8 @@ fn requantization_within_an_accumulator_bound_on_every_path() {
             ];
             for (values, claimed) in cases {
                 let acc: Vec<i32> = values.iter().flat_map(|a| vec![*a; n]).collect();
-                let expected: Vec<u8> = acc
-                    .iter()
-                    .enumerate()
-                    .map(|(i, a)| {
-                        let (m, shift) = multipliers[i % n];
-                        let r = rounding_reference(*a as i64 * m, shift, rounding);
-                        (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
-                    })
-                    .collect();
+                let expected =
+                    requantized_reference(&acc, &multipliers, zero_point, lo, hi, rounding);
                 for isa in paths() {
                     let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding)
                         .unwrap()
@@ -833,7 +832,6 @@ fn requantization_within_an_accumulator_bound_on_every_path() {
 /// Every rounding policy and a few zero points and bounds on every path against the
 /// definition.
 fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
-    let n = multipliers.len();
     for rounding in POLICIES {
         // The last four: zero points at the ends of the AVX2 32-bit path's range
         // (±(2^30 - 1)) and of `i32`, beyond it (the 64-bit lanes).
@@ -846,15 +844,7 @@ fn ties_on_every_path(multipliers: &[(i64, u32)], acc: &[i32]) {
             (i32::MAX, 0, 255),
             (i32::MIN, 0, 255),
         ] {
-            let expected: Vec<u8> = acc
-                .iter()
-                .enumerate()
-                .map(|(i, a)| {
-                    let (m, shift) = multipliers[i % n];
-                    let r = rounding_reference(*a as i64 * m, shift, rounding);
-                    (r + zero_point as i64).clamp(lo as i64, hi as i64) as u8
-                })
-                .collect();
+            let expected = requantized_reference(acc, multipliers, zero_point, lo, hi, rounding);
             for isa in paths() {
                 let q = Requantizer::new(multipliers, zero_point, lo, hi, rounding)
                     .unwrap()
