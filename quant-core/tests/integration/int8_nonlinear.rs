@@ -536,6 +536,22 @@ fn layer_norm_edge_cases() {
     k.run(&codes, &mut out).unwrap();
     assert!((out[0] as f64 * k.output_scale() as f64 - 63f64.sqrt()).abs() < 1e-6);
     assert!((out[1] as f64 * k.output_scale() as f64 + 1.0 / 63f64.sqrt()).abs() < 1e-6);
+    // Rows at the limit of the 32-bit sums of squares: 33 025 codes of 0..=255 (the most
+    // they take) and 33 027 (every code at the top but one: 33 026 · 255² > 2^31), with
+    // every code at the top but one, or half and half, on every path.
+    for n in [33_025usize, 33_027] {
+        let (gamma, beta) = (vec![1.0f32; n], vec![0.25f32; n]);
+        let k = IntLayerNorm::new(0.5, 0..=255, &gamma, &beta, 1e-5).unwrap();
+        let mut one_low = vec![255i32; n];
+        one_low[n / 3] = 0;
+        let halves: Vec<i32> = (0..n).map(|i| if i % 2 == 0 { 255 } else { 0 }).collect();
+        for row in [one_low, halves] {
+            for isa in Isa::available() {
+                let k = k.clone().with_isa(isa).unwrap();
+                check_layer_norm(&k, &row, &gamma, &beta).unwrap();
+            }
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------

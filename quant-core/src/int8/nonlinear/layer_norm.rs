@@ -49,6 +49,9 @@ pub struct IntLayerNorm {
     norm_bits: u32,
     /// `round(n² · ε / scale² · 2^32)`.
     epsilon_fixed: u128,
+    /// Whether a row's `Σu²` fits `i32` (`n · (hi - lo)² < 2^31`; 4- and 8-bit codes in rows
+    /// of up to 33 025 values).
+    narrow_squares: bool,
     gamma: Vec<i64>,
     beta: Vec<i64>,
     /// The AVX2 output loop's constants, per value: `G >> 16` and `G mod 2^16` (each fits
@@ -154,6 +157,7 @@ impl IntLayerNorm {
             codes,
             norm_bits,
             epsilon_fixed: (epsilon_codes * 2f64.powi(32)).round() as u128,
+            narrow_squares: (n as u128) * (span as u128) * (span as u128) < 1 << 31,
             gamma_high: gamma.iter().map(|g| (g >> 16) as i32).collect(),
             gamma_low: gamma.iter().map(|g| (g & 0xffff) as i32).collect(),
             beta_offset: beta
@@ -409,10 +413,19 @@ fn rows<I: InputCode, P: Products>(kernel: &IntLayerNorm, input: &[I], out: &mut
         let mut sums = [(0i64, 0i64); BLOCK_ROWS];
         for (row, (sum, w)) in block.chunks_exact(n).zip(&mut sums) {
             // n · (hi - lo) < 2^31: S < 2^31, n · Σu² < 2^62, |c| < 2^31.
-            let (s, squares) = row.iter().fold((0i64, 0i64), |(s, q2), q| {
-                let u = unit(q);
-                (s + u, q2 + P::small(u, u))
-            });
+            let (s, squares) = if kernel.narrow_squares {
+                // Σu² < 2^31: twice the values to a vector register, and 32-bit products.
+                let (s, q2) = row.iter().fold((0i32, 0i32), |(s, q2), q| {
+                    let u = unit(q) as i32;
+                    (s + u, q2 + u * u)
+                });
+                (s as i64, q2 as i64)
+            } else {
+                row.iter().fold((0i64, 0i64), |(s, q2), q| {
+                    let u = unit(q);
+                    (s + u, q2 + P::small(u, u))
+                })
+            };
             (*sum, *w) = (s, n as i64 * squares - s * s);
         }
         let rows = block.len() / n;
