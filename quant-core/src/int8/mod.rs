@@ -70,6 +70,35 @@ pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};
 pub use requant::{fixed_point_multiplier, requantize_u8, rounding_shift, Requantizer, MAX_SHIFT};
 
+/// The sums `x + y + offset` of two tensors of `u8` codes, as `i32` (a residual add of two
+/// tensors on one grid: `offset = -2 · zero_point`), vectorized for the widest path this CPU
+/// runs. The sums wrap modulo 2^32 as `i32::wrapping_add` where `offset` is within 510 of an
+/// end of `i32`.
+///
+/// ```
+/// let sums = quant_core::int8::add_u8(&[0, 10, 255], &[7, 10, 255], -2 * 8)?;
+/// assert_eq!(sums, [-9, 4, 494]);
+/// # Ok::<(), quant_core::QuantError>(())
+/// ```
+///
+/// # Errors
+/// `y` not as long as `x`.
+pub fn add_u8(x: &[u8], y: &[u8], offset: i32) -> crate::Result<Vec<i32>> {
+    check_len("add: second input", x.len(), y.len())?;
+    widths::compiled_for_each_width! {
+        fn add_by_width<>(x: &[u8], y: &[u8], offset: i32) -> Vec<i32> => add_codes;
+    }
+    // Collected (not written into a zeroed buffer): one pass over the output.
+    #[inline(always)]
+    fn add_codes(x: &[u8], y: &[u8], offset: i32) -> Vec<i32> {
+        x.iter()
+            .zip(y)
+            .map(|(p, q)| (*p as i32 + *q as i32).wrapping_add(offset))
+            .collect()
+    }
+    Ok(add_by_width(Isa::detected(), x, y, offset))
+}
+
 /// The widest path [`Isa::detected`] may pick, as an [`Isa`]'s discriminant; `u8::MAX`: no
 /// limit.
 static WIDEST_PATH: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(u8::MAX);

@@ -8,7 +8,7 @@ use std::sync::Once;
 
 use proptest::prelude::*;
 use quant_core::int8::{
-    attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, im2col_u8,
+    add_u8, attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, im2col_u8,
     max_pool_u8, requantize_u8, rounding_shift, AttentionShape, DepthwiseFilter, Isa, PackedMatrix,
     Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
 };
@@ -530,6 +530,42 @@ fn bad_arguments_are_errors_that_write_nothing() {
     .is_err());
     assert_eq!(rows, [0; 4]);
     assert!(max_pool_u8(&[1, 2, 3, 4], [2, 2, 1], Window::square(2, 2, 2), &mut rows).is_err());
+}
+
+/// The residual add's sums, on the widest path this CPU runs (vectorized by the compiler;
+/// lengths around the vector widths, so tails are covered), against their definition, with
+/// the extreme codes and offsets near the ends of `i32` (where the sums wrap).
+#[test]
+fn residual_add_of_codes_is_the_definition() {
+    let codes: Vec<u8> = (0..=255u8).chain([0, 255, 255, 0, 1, 254]).collect();
+    for offset in [
+        0,
+        -2 * 128,
+        -510,
+        510,
+        i32::MAX - 255,
+        i32::MIN + 3,
+        i32::MAX,
+    ] {
+        for len in [0, 1, 7, 8, 15, 16, 31, 33, 63, 64, 65, 129, codes.len()] {
+            let x = &codes[..len];
+            let y: Vec<u8> = x.iter().rev().map(|c| c.wrapping_mul(7)).collect();
+            let expected: Vec<i32> = x
+                .iter()
+                .zip(&y)
+                .map(|(p, q)| (*p as i32 + *q as i32).wrapping_add(offset))
+                .collect();
+            assert_eq!(
+                add_u8(x, &y, offset).unwrap(),
+                expected,
+                "{len} codes, {offset}"
+            );
+        }
+    }
+    assert!(matches!(
+        add_u8(&[1, 2], &[1], 0),
+        Err(QuantError::LengthMismatch { .. })
+    ));
 }
 
 #[test]

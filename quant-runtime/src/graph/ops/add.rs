@@ -68,12 +68,9 @@ impl OpRules for Add {
 
     fn run(&self, node: &mut RunNode<'_>) -> quant_core::Result<Buf> {
         match (node.input(0), node.input(1), node.rep(0)) {
-            (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(g)) => Ok(Buf::I32(
-                x.iter()
-                    .zip(y)
-                    .map(|(p, q)| *p as i32 + *q as i32 - 2 * g.zero)
-                    .collect(),
-            )),
+            (Some(Buf::U8(x)), Some(Buf::U8(y)), Rep::Codes(g)) => {
+                Ok(Buf::I32(quant_core::int8::add_u8(x, y, -2 * g.zero)?))
+            }
             _ => Err(node.internal()),
         }
     }
