@@ -233,12 +233,14 @@ impl OpRules for MeanTokens {
             // Prepare bounds the sum of centered codes within i32.
             (Some(Buf::U8(v)), Rep::Codes(g)) => Ok(Buf::I32(
                 token_sums(v, c, tokens, |q| i64::from(*q) - i64::from(g.zero))
+                    .into_iter()
                     .map(|s| s as i32)
                     .collect(),
             )),
             // The mean, rounded to nearest (ties to even) at the accumulators' scale.
             (Some(Buf::I32(v)), _) => Ok(Buf::I32(
                 token_sums(v, c, tokens, |q| i64::from(*q))
+                    .into_iter()
                     .map(|s| rounded_div(s, tokens as i64))
                     .collect(),
             )),
@@ -257,28 +259,72 @@ impl OpRules for MeanTokens {
 
 /// Per sample, the sum over `tokens` rows of each of `c` features, in `i64` (`2^31` tokens of
 /// `i32` values fit).
-fn token_sums<'a, T>(
-    x: &'a [T],
-    c: usize,
-    tokens: usize,
-    value: impl Fn(&T) -> i64 + 'a,
-) -> impl Iterator<Item = i64> + 'a {
-    x.chunks(c * tokens).flat_map(move |sample| {
-        let mut sums = vec![0i64; c];
-        for row in sample.chunks(c) {
+fn token_sums<T>(x: &[T], c: usize, tokens: usize, value: impl Fn(&T) -> i64) -> Vec<i64> {
+    // One pass into one buffer, so that the compiler vectorizes the row loop.
+    let (c, sample) = (c.max(1), (c * tokens).max(1));
+    let mut sums = vec![0i64; x.len() / sample * c];
+    for (sample, sums) in x.chunks_exact(sample).zip(sums.chunks_exact_mut(c)) {
+        for row in sample.chunks_exact(c) {
             sums.iter_mut().zip(row).for_each(|(s, q)| *s += value(q));
         }
-        sums
-    })
+    }
+    sums
 }
 
 /// `a / b` rounded to nearest, ties to even, for `b > 0` (a mean of `i32` values fits).
 fn rounded_div(a: i64, b: i64) -> i32 {
-    let (q, r) = (a.div_euclid(b), a.rem_euclid(b));
+    const EXACT: i64 = 1 << 53;
+    let (q, r) = if a.abs() < EXACT && b < EXACT {
+        // Both exact in `f64`, so the rounded quotient's floor is within one of the exact
+        // one, and the remainder settles it: a division in `f64` is several times faster
+        // than one in `i64` (this runs once per feature of every sample).
+        let q = (a as f64 / b as f64).floor() as i64;
+        match a - q * b {
+            r if r < 0 => (q - 1, r + b),
+            r if r >= b => (q + 1, r - b),
+            r => (q, r),
+        }
+    } else {
+        (a.div_euclid(b), a.rem_euclid(b))
+    };
     let up = match (2 * r).cmp(&b) {
         std::cmp::Ordering::Greater => true,
         std::cmp::Ordering::Equal => q % 2 != 0,
         std::cmp::Ordering::Less => false,
     };
     (q + i64::from(up)) as i32
+}
+
+#[cfg(test)]
+mod tests {
+    use super::rounded_div;
+
+    /// The mean's rounding against the exact quotient in `i128`: ties, neighbours of ties and
+    /// of multiples, negative sums, quotients that `f64` rounds up onto an integer (just
+    /// below 2^33 over 2^20), and sums beyond `f64`'s integers.
+    #[test]
+    fn rounded_division_is_to_nearest_ties_to_even() {
+        let reference = |a: i64, b: i64| -> i64 {
+            let (a, b) = (a as i128, b as i128);
+            let (q, r) = (a.div_euclid(b), a.rem_euclid(b));
+            (q + i128::from(2 * r > b || (2 * r == b && q % 2 != 0))) as i64
+        };
+        let divisors = [1i64, 2, 3, 7, 16, 17, 196, 197, 1 << 20];
+        let quotients = [-5i64, -2, -1, 0, 1, 2, 3, 1 << 30, -(1 << 30), 1 << 33];
+        let mut sums = vec![0, 1, -1, i64::from(i32::MAX), i64::from(i32::MIN)];
+        for (b, q) in divisors.iter().flat_map(|b| quotients.map(|q| (*b, q))) {
+            for r in [-1, 0, 1, b / 2 - 1, b / 2, b / 2 + 1, b - 1, b] {
+                sums.push(q * b + r);
+            }
+        }
+        for (b, a) in divisors.iter().flat_map(|b| sums.iter().map(|a| (*b, *a))) {
+            // Modulo 2^32, as the function's `as i32`.
+            assert_eq!(rounded_div(a, b), reference(a, b) as i32, "{a} / {b}");
+        }
+        // Beyond 2^53: the exact division.
+        for a in [(1i64 << 53) + 3, -(1i64 << 53) - 5, (1 << 60) + 1] {
+            let b = 1 << 31;
+            assert_eq!(rounded_div(a, b), reference(a, b) as i32, "{a} / {b}");
+        }
+    }
 }
