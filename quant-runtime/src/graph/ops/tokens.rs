@@ -273,15 +273,15 @@ fn token_sums<T>(x: &[T], c: usize, tokens: usize, value: impl Fn(&T) -> i64) ->
 
 /// `a / b` rounded to nearest, ties to even, for `b > 0` (a mean of `i32` values fits).
 fn rounded_div(a: i64, b: i64) -> i32 {
-    const EXACT: i64 = 1 << 53;
-    let (q, r) = if a.abs() < EXACT && b < EXACT {
-        // Both exact in `f64`, so the rounded quotient's floor is within one of the exact
-        // one, and the remainder settles it: a division in `f64` is several times faster
-        // than one in `i64` (this runs once per feature of every sample).
+    const EXACT: u64 = 1 << 53;
+    let (q, r) = if a.unsigned_abs() < EXACT && b.unsigned_abs() < EXACT {
+        // Both exact in `f64`, so the rounded quotient is at least the exact floor (rounding
+        // is monotone and integers are exact) and at most one above it; the remainder's sign
+        // settles it. A division in `f64` is several times faster than one in `i64` (this
+        // runs once per feature of every sample).
         let q = (a as f64 / b as f64).floor() as i64;
         match a - q * b {
             r if r < 0 => (q - 1, r + b),
-            r if r >= b => (q + 1, r - b),
             r => (q, r),
         }
     } else {
