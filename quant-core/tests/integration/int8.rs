@@ -9,8 +9,8 @@ use std::sync::Once;
 use proptest::prelude::*;
 use quant_core::int8::{
     add_u8, attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, im2col_u8,
-    max_pool_u8, requantize_u8, rounding_shift, AttentionShape, DepthwiseFilter, Isa, PackedMatrix,
-    Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
+    max_pool_u8, requantize_u8, rounding_shift, AttentionShape, CodeMap, DepthwiseFilter, Isa,
+    PackedMatrix, Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
 };
 use quant_core::{QuantError, RoundingPolicy};
 
@@ -566,6 +566,57 @@ fn residual_add_of_codes_is_the_definition() {
         add_u8(&[1, 2], &[1], 0),
         Err(QuantError::LengthMismatch { .. })
     ));
+}
+
+/// A code map on every path gives its table's value for every byte (codes outside its input
+/// range as the nearest end): input ranges of one code, of 16 (the widest the byte shuffle
+/// holds, at both ends of the bytes), of 17 and of all 256 (the table read code by code), each
+/// byte in lengths around the vector widths so that the tails are covered.
+#[test]
+fn code_maps_give_their_table_on_every_path() {
+    let codes: Vec<u8> = (0..=255u8).rev().chain((0..=255u8).step_by(3)).collect();
+    for (lo, hi) in [
+        (0u8, 0u8),
+        (7, 7),
+        (0, 15),
+        (120, 135),
+        (240, 255),
+        (3, 19),
+        (0, 255),
+    ] {
+        let outputs: Vec<u8> = (lo..=hi)
+            .map(|c| c.wrapping_mul(37).wrapping_add(11))
+            .collect();
+        let at = |c: u8| outputs[(c.clamp(lo, hi) - lo) as usize];
+        for isa in paths() {
+            let map = CodeMap::new(lo..=hi, &outputs)
+                .unwrap()
+                .with_isa(isa)
+                .unwrap();
+            for len in [0, 1, 15, 31, 32, 33, 63, 64, 65, 127, 129, codes.len()] {
+                let x = &codes[..len];
+                let mut out = vec![0u8; len];
+                map.run(x, &mut out).unwrap();
+                let expected: Vec<u8> = x.iter().map(|c| at(*c)).collect();
+                assert_eq!(out, expected, "{isa:?}, inputs {lo}..={hi}, {len} codes");
+            }
+            assert_eq!(map.get(255), at(255));
+        }
+    }
+    assert!(matches!(
+        CodeMap::new(0..=3, &[1, 2, 3]),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+    #[allow(clippy::reversed_empty_ranges)]
+    let empty = CodeMap::new(4..=3, &[]);
+    assert!(matches!(empty, Err(QuantError::InvalidRange { .. })));
+    let map = CodeMap::new(0..=1, &[5, 6]).unwrap();
+    let mut short = [0u8; 1];
+    assert!(matches!(
+        map.run(&[0, 1], &mut short),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+    assert_eq!(short, [0], "nothing written");
 }
 
 #[test]

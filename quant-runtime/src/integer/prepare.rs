@@ -10,7 +10,9 @@ use super::{
 };
 use crate::graph::{Axes, Conv2dGeometry, Graph, Op, ParamValues, Parameter};
 use crate::GraphError;
-use quant_core::int8::{fixed_point_multiplier, DepthwiseFilter, PackedMatrix, Requantizer};
+use quant_core::int8::{
+    fixed_point_multiplier, CodeMap, DepthwiseFilter, PackedMatrix, Requantizer,
+};
 
 /// What the runtime prepared for one node.
 #[derive(Debug, Clone, Default)]
@@ -28,6 +30,9 @@ pub(crate) struct Step {
     pub position: Vec<i32>,
     /// The shift that refines an ImageTokens node's input before the embedding joins it.
     pub position_shift: u32,
+    /// The node's work is part of its one reader's [`Quantize::Map`] ([`compose_code_maps`]):
+    /// it does not run, and its output is never held.
+    pub composed: bool,
 }
 
 /// The integer kernels of the ops without an exact integer form, from
@@ -54,6 +59,9 @@ pub(crate) enum Quantize {
         /// The stored zero point of codes read (subtracted first); `None` for accumulators.
         input_zero: Option<i32>,
     },
+    /// Codes onto codes by table: a per-tensor requantization of codes, or of a GELU's output
+    /// composed with the GELU ([`compose_code_maps`]).
+    Map(CodeMap),
 }
 
 /// One node being prepared: what its inputs are (value numbers as
@@ -178,9 +186,18 @@ pub(crate) fn reach(g: &StoredGrid) -> i64 {
 }
 
 pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, GraphError> {
+    prepare_with(graph, budget, true)
+}
+
+/// [`prepare`], composing code maps ([`compose_code_maps`]) or not (tests compare the two).
+pub(super) fn prepare_with(
+    graph: &Graph,
+    budget: Budget,
+    compose: bool,
+) -> Result<IntegerModel, GraphError> {
     let shapes = graph.check()?;
     let n_values = graph.nodes.len() + 1;
-    let (inputs, output) = graph.value_numbers();
+    let (mut inputs, output) = graph.value_numbers();
     let numels: Vec<usize> = (0..n_values)
         .map(|v| shapes.of_value(v).iter().product())
         .collect();
@@ -275,6 +292,9 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
             ))
         }
     }
+    if compose {
+        compose_code_maps(graph, &mut inputs, &reps, &mut steps, output)?;
+    }
     // Each value is freed once its last reader has run; a value nothing reads (nor returns) as
     // soon as it is written.
     let mut frees = vec![Vec::new(); graph.nodes.len()];
@@ -297,7 +317,9 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
     // The working memory of one sample: the peak of the values alive at once (i32
     // accumulators, u8 codes, the f32 input) plus the running node's patches.
     let bytes_of = |v: usize| {
-        numels[v]
+        let held = v.checked_sub(1).is_none_or(|i| !steps[i].composed);
+        usize::from(held)
+            * numels[v]
             * if matches!(reps[v], Rep::Codes(_)) {
                 1
             } else {
@@ -333,6 +355,75 @@ pub(super) fn prepare(graph: &Graph, budget: Budget) -> Result<IntegerModel, Gra
         sample_bytes,
         budget,
     })
+}
+
+/// Turns per-tensor requantizations whose input is a function of one code into
+/// [`Quantize::Map`]s: a requantization of codes, and one whose input is a GELU's output that
+/// nothing else reads (GELU of a code depends on that code alone), which then reads the GELU's
+/// input codes while the GELU does not run. The tables come from the kernels themselves, run
+/// on every input code once, so the model computes the same codes as without them.
+fn compose_code_maps(
+    graph: &Graph,
+    inputs: &mut [Vec<usize>],
+    reps: &[Rep],
+    steps: &mut [Step],
+    output: usize,
+) -> Result<(), GraphError> {
+    let mut readers = vec![0usize; reps.len()];
+    for v in inputs.iter().flatten() {
+        readers[*v] += 1;
+    }
+    for i in 0..steps.len() {
+        let Some(Quantize::Requantize {
+            requantizer,
+            input_zero,
+        }) = &steps[i].quantize
+        else {
+            continue;
+        };
+        if requantizer.channels() != 1 {
+            continue;
+        }
+        let v = inputs[i][0];
+        // The value read, the grid of the codes it is a function of, and its GELU if any.
+        let (source, gelu) = match (input_zero, v.checked_sub(1)) {
+            (Some(_), _) => (v, None),
+            (None, Some(j)) if readers[v] == 1 && v != output => match &steps[j].nonlinear {
+                Some(Nonlinear::Gelu(k)) => (inputs[j][0], Some((j, k))),
+                _ => continue,
+            },
+            (None, _) => continue,
+        };
+        let Rep::Codes(grid) = &reps[source] else {
+            continue;
+        };
+        let name = graph.nodes[i].name.as_str();
+        let failed = |e: quant_core::QuantError| unsupported(name, format!("code map: {e}"));
+        let codes: Vec<u8> = (grid.lo..=grid.hi).map(|c| c as u8).collect();
+        let mut acc: Vec<i32> = match (gelu, input_zero) {
+            (Some((_, k)), _) => {
+                let mut acc = vec![0; codes.len()];
+                k.run(&codes, &mut acc).map_err(failed)?;
+                acc
+            }
+            (None, Some(zero)) => codes.iter().map(|c| *c as i32 - zero).collect(),
+            (None, None) => continue,
+        };
+        let mut mapped = vec![0u8; acc.len()];
+        requantizer.run(&acc, &mut mapped).map_err(failed)?;
+        acc.clear();
+        let map = CodeMap::new(grid.lo as u8..=grid.hi as u8, &mapped).map_err(failed)?;
+        if let Some((j, _)) = gelu {
+            inputs[i] = vec![source];
+            inputs[j].clear();
+            steps[j] = Step {
+                composed: true,
+                ..Step::default()
+            };
+        }
+        steps[i].quantize = Some(Quantize::Map(map));
+    }
+    Ok(())
 }
 
 /// An error unless values up to `bound` (`what` they are) fit an `i32` accumulator.
@@ -435,4 +526,87 @@ pub(crate) fn accumulator_bound(
         worst = worst.max(bound);
     }
     Ok(worst)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use quant_core::{
+        InferableQuantizer, IntegerGrid, QParams, QuantizationMethod, RoundingPolicy,
+    };
+
+    use super::{prepare_with, Quantize};
+    use crate::graph::{ExportedQuantizer, GraphBuilder, Op, QuantizeDequantize, QuantizerOrigin};
+    use crate::integer::Budget;
+
+    fn qdq(bits: u32, signed: bool, scale: f32, zero: i32) -> Op {
+        let method = if signed {
+            QuantizationMethod::Symmetric
+        } else {
+            QuantizationMethod::Uniform
+        };
+        let grid = IntegerGrid::new(bits, signed, false).unwrap();
+        let qparams = QParams::per_tensor(scale, zero).unwrap();
+        let inferable =
+            InferableQuantizer::new(method, grid, RoundingPolicy::HalfEven, qparams).unwrap();
+        Op::QuantizeDequantize(QuantizeDequantize {
+            quantizer: ExportedQuantizer {
+                inferable,
+                origin: QuantizerOrigin {
+                    training_method: "Ste".into(),
+                    quantizer: None,
+                    bits,
+                    method,
+                },
+            },
+        })
+    }
+
+    /// GELUs read by one per-tensor requantization (of 8-bit and of 4-bit codes, the table
+    /// read code by code and the byte shuffle), a requantization of codes, and a GELU read
+    /// twice (left as it is): the model with code maps gives the bits of the one without, and
+    /// never holds more at once.
+    #[test]
+    fn code_maps_give_the_same_bits() {
+        let mut g = GraphBuilder::new(&[4, 24]).unwrap();
+        let x = g.input();
+        let codes = g.add("in", qdq(8, false, 0.05, 128), &[x]).unwrap();
+        let g1 = g.add("g1", Op::Gelu, &[codes]).unwrap();
+        let q1 = g.add("q1", qdq(4, true, 0.4, 0), &[g1]).unwrap();
+        let g2 = g.add("g2", Op::Gelu, &[q1]).unwrap();
+        let q2 = g.add("q2", qdq(8, false, 0.02, 20), &[g2]).unwrap();
+        let q3 = g.add("q3", qdq(4, false, 0.3, 2), &[q2]).unwrap();
+        let g3 = g.add("g3", Op::Gelu, &[q3]).unwrap();
+        let a = g.add("a", qdq(4, true, 0.25, 0), &[g3]).unwrap();
+        let b = g.add("b", qdq(4, true, 0.25, 0), &[g3]).unwrap();
+        let sum = g.add("sum", Op::Add, &[a, b]).unwrap();
+        let graph = g.finish(sum, BTreeMap::new()).unwrap();
+
+        let plain = prepare_with(&graph, Budget::default(), false).unwrap();
+        let mapped = prepare_with(&graph, Budget::default(), true).unwrap();
+        let node = |name: &str| graph.nodes.iter().position(|n| n.name == name).unwrap();
+        let composed: Vec<&str> = (graph.nodes.iter().zip(&mapped.steps))
+            .filter(|(_, s)| s.composed)
+            .map(|(n, _)| n.name.as_str())
+            .collect();
+        assert_eq!(composed, ["g1", "g2"]);
+        for (name, is_map) in [("q1", true), ("q2", true), ("q3", true), ("a", false)] {
+            let map = matches!(mapped.steps[node(name)].quantize, Some(Quantize::Map(_)));
+            assert_eq!(map, is_map, "{name}");
+        }
+        assert!(plain.steps.iter().all(|s| !s.composed));
+        assert!(mapped.working_bytes_per_sample() <= plain.working_bytes_per_sample());
+
+        // Values over the input grid's range and beyond it (±8 against ±6.4).
+        let xs: Vec<f32> = (0..37 * 96u32)
+            .map(|i| ((i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 16.0)
+            .collect();
+        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        let expected = bits(plain.forward(&xs).unwrap());
+        assert_eq!(bits(mapped.forward(&xs).unwrap()), expected);
+        // Not a model that ignores its input.
+        let ys: Vec<f32> = xs.iter().map(|v| -v).collect();
+        assert_ne!(bits(plain.forward(&ys).unwrap()), expected);
+    }
 }

@@ -201,6 +201,9 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
     let mut values: Vec<Option<Buf>> = vec![None; m.numels.len()];
     values[0] = Some(Buf::F32(x.to_vec()));
     for (i, node) in m.graph.nodes.iter().enumerate() {
+        if m.steps[i].composed {
+            continue;
+        }
         let mut run = RunNode {
             name: &node.name,
             model: m,

@@ -97,6 +97,11 @@ impl OpRules for QuantizeDequantize {
                 recycle(Buf::I32(centered));
                 Ok(Buf::U8(out))
             }
+            (Quantize::Map(map), Some(Buf::U8(codes))) => {
+                let mut out = overwritten_u8(codes.len());
+                map.run(codes, &mut out)?;
+                Ok(Buf::U8(out))
+            }
             _ => Err(node.internal()),
         }
     }
