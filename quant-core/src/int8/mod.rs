@@ -66,7 +66,7 @@ pub(crate) mod x86;
 use crate::error::check_len;
 
 pub use attention::{attention_context_u8, attention_scores_u8, AttentionShape};
-pub use code_map::CodeMap;
+pub use code_map::{CodeMap, SumMap};
 pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
 pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};

@@ -10,7 +10,7 @@ use proptest::prelude::*;
 use quant_core::int8::{
     add_u8, attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, im2col_u8,
     max_pool_u8, requantize_u8, rounding_shift, AttentionShape, CodeMap, DepthwiseFilter, Isa,
-    PackedMatrix, Requantizer, Window, MAX_SHIFT, PARALLEL_MACS,
+    PackedMatrix, Requantizer, SumMap, Window, MAX_SHIFT, PARALLEL_MACS,
 };
 use quant_core::{QuantError, RoundingPolicy};
 
@@ -617,6 +617,58 @@ fn code_maps_give_their_table_on_every_path() {
         Err(QuantError::LengthMismatch { .. })
     ));
     assert_eq!(short, [0], "nothing written");
+}
+
+/// A sum map on every path gives its table's value at the sum of the two codes, each clamped
+/// into its grid: grids of one code, of 16 (the byte shuffles, at both ends of the bytes,
+/// where the stored sums would not fit a byte), of 17 and of 256, lengths around the vector
+/// widths.
+#[test]
+fn sum_maps_give_their_table_on_every_path() {
+    let x: Vec<u8> = (0..=255u8).chain((0..=255u8).step_by(5)).collect();
+    let y: Vec<u8> = x
+        .iter()
+        .map(|c| c.wrapping_mul(91).wrapping_add(7))
+        .collect();
+    for (lo, hi) in [
+        (0u8, 0u8),
+        (0, 15),
+        (120, 135),
+        (240, 255),
+        (3, 19),
+        (0, 255),
+    ] {
+        let sums = 2 * (hi - lo) as usize + 1;
+        let outputs: Vec<u8> = (0..sums)
+            .map(|k| (k as u8).wrapping_mul(53).wrapping_add(lo))
+            .collect();
+        let at = |p: u8, q: u8| {
+            outputs[(p.clamp(lo, hi) - lo) as usize + (q.clamp(lo, hi) - lo) as usize]
+        };
+        for isa in paths() {
+            let map = SumMap::new(lo..=hi, &outputs)
+                .unwrap()
+                .with_isa(isa)
+                .unwrap();
+            for len in [0, 1, 31, 32, 33, 63, 64, 65, 129, x.len()] {
+                let mut out = vec![0u8; len];
+                map.run(&x[..len], &y[..len], &mut out).unwrap();
+                let expected: Vec<u8> = x[..len].iter().zip(&y).map(|(p, q)| at(*p, *q)).collect();
+                assert_eq!(out, expected, "{isa:?}, codes {lo}..={hi}, {len} codes");
+            }
+        }
+    }
+    assert!(matches!(
+        SumMap::new(0..=3, &[1, 2, 3, 4]),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+    let map = SumMap::new(0..=1, &[5, 6, 7]).unwrap();
+    let mut out = [0u8; 2];
+    assert!(matches!(
+        map.run(&[0, 1], &[1], &mut out),
+        Err(QuantError::LengthMismatch { .. })
+    ));
+    assert_eq!(out, [0, 0], "nothing written");
 }
 
 #[test]

@@ -102,6 +102,14 @@ impl OpRules for QuantizeDequantize {
                 map.run(codes, &mut out)?;
                 Ok(Buf::U8(out))
             }
+            (Quantize::SumMap(map), Some(Buf::U8(x))) => {
+                let Some(Buf::U8(y)) = node.input(1) else {
+                    return Err(node.internal());
+                };
+                let mut out = overwritten_u8(x.len());
+                map.run(x, y, &mut out)?;
+                Ok(Buf::U8(out))
+            }
             _ => Err(node.internal()),
         }
     }
