@@ -24,6 +24,11 @@
 //! requantized by the next quantizer). The fake-quantized model runs the same kernels on the
 //! same codes (`quant_core::dfdx_ops::int_softmax` and the others), so the two agree as they do
 //! for the MLP. The mean of the tokens sums them in `i64` and rounds to the accumulators' step.
+//! Where a per-tensor requantization reads a function of one code of a grid of at most 16
+//! codes (a GELU read by nothing else, or codes) or of the sum of two (a residual add read
+//! only by such requantizations), the two are one table of the input codes, computed once by
+//! the kernels themselves ([`quant_core::int8::CodeMap`], [`quant_core::int8::SumMap`]): the
+//! same codes, one lookup per value, and the GELU or the add does not run.
 //!
 //! Feature maps are stored channels-last (NHWC) so that a convolution's im2col rows and its
 //! output rows are contiguous; flattened maps keep that order and the next layer's weight
