@@ -250,165 +250,241 @@ impl SumMap {
 mod x86 {
     use std::arch::x86_64::*;
 
-    /// `out = table[clamp(x, lo, hi) - lo]`, 32 codes at a time; returns how many it did.
+    /// The byte operations of one register width the maps need. Each is an `unsafe fn` whose
+    /// callers guarantee the width's instruction set (AVX2 for `__m256i`, AVX-512 F + BW for
+    /// `__m512i`); the `#[target_feature]` entries below inline them.
+    trait Bytes: Copy {
+        /// Bytes per register.
+        const LANES: usize;
+        /// A 16-byte table in every 128-bit lane.
+        unsafe fn table(t: &[u8; 16]) -> Self;
+        /// Every byte `v`.
+        unsafe fn splat(v: u8) -> Self;
+        /// `LANES` bytes from `p`, which points to that many readable bytes.
+        unsafe fn load(p: *const u8) -> Self;
+        /// Stores every byte at `p`, which points to `LANES` writable bytes.
+        unsafe fn store(p: *mut u8, v: Self);
+        /// `clamp(v, lo, hi) - lo`, unsigned.
+        unsafe fn unit(v: Self, lo: Self, hi: Self) -> Self;
+        /// Wrapping byte sums.
+        unsafe fn add(a: Self, b: Self) -> Self;
+        /// `vpshufb`: each byte below 128 picks the byte of its low four bits in its lane.
+        unsafe fn shuffle(table: Self, index: Self) -> Self;
+        /// `if v > 15 { upper } else { lower }` per byte, for `v` below 128.
+        unsafe fn above_15(v: Self, lower: Self, upper: Self) -> Self;
+    }
+
+    impl Bytes for __m256i {
+        const LANES: usize = 32;
+        #[inline(always)]
+        unsafe fn table(t: &[u8; 16]) -> Self {
+            // SAFETY: `t` holds 16 bytes; the caller guarantees AVX2.
+            unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(t.as_ptr() as *const __m128i)) }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: u8) -> Self {
+            // SAFETY: the caller guarantees AVX2.
+            unsafe { _mm256_set1_epi8(v as i8) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> Self {
+            // SAFETY: the caller guarantees AVX2 and 32 readable bytes at `p`.
+            unsafe { _mm256_loadu_si256(p as *const __m256i) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut u8, v: Self) {
+            // SAFETY: the caller guarantees AVX2 and 32 writable bytes at `p`.
+            unsafe { _mm256_storeu_si256(p as *mut __m256i, v) }
+        }
+        #[inline(always)]
+        unsafe fn unit(v: Self, lo: Self, hi: Self) -> Self {
+            // SAFETY: the caller guarantees AVX2.
+            unsafe { _mm256_sub_epi8(_mm256_min_epu8(_mm256_max_epu8(v, lo), hi), lo) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            // SAFETY: the caller guarantees AVX2.
+            unsafe { _mm256_add_epi8(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn shuffle(table: Self, index: Self) -> Self {
+            // SAFETY: the caller guarantees AVX2.
+            unsafe { _mm256_shuffle_epi8(table, index) }
+        }
+        #[inline(always)]
+        unsafe fn above_15(v: Self, lower: Self, upper: Self) -> Self {
+            // SAFETY: the caller guarantees AVX2.
+            unsafe {
+                let upper_half = _mm256_cmpgt_epi8(v, _mm256_set1_epi8(15));
+                _mm256_blendv_epi8(lower, upper, upper_half)
+            }
+        }
+    }
+
+    impl Bytes for __m512i {
+        const LANES: usize = 64;
+        #[inline(always)]
+        unsafe fn table(t: &[u8; 16]) -> Self {
+            // SAFETY: `t` holds 16 bytes; the caller guarantees AVX-512 F.
+            unsafe { _mm512_broadcast_i32x4(_mm_loadu_si128(t.as_ptr() as *const __m128i)) }
+        }
+        #[inline(always)]
+        unsafe fn splat(v: u8) -> Self {
+            // SAFETY: the caller guarantees AVX-512 F.
+            unsafe { _mm512_set1_epi8(v as i8) }
+        }
+        #[inline(always)]
+        unsafe fn load(p: *const u8) -> Self {
+            // SAFETY: the caller guarantees AVX-512 F and 64 readable bytes at `p`.
+            unsafe { _mm512_loadu_si512(p as *const __m512i) }
+        }
+        #[inline(always)]
+        unsafe fn store(p: *mut u8, v: Self) {
+            // SAFETY: the caller guarantees AVX-512 F and 64 writable bytes at `p`.
+            unsafe { _mm512_storeu_si512(p as *mut __m512i, v) }
+        }
+        #[inline(always)]
+        unsafe fn unit(v: Self, lo: Self, hi: Self) -> Self {
+            // SAFETY: the caller guarantees AVX-512 BW.
+            unsafe { _mm512_sub_epi8(_mm512_min_epu8(_mm512_max_epu8(v, lo), hi), lo) }
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            // SAFETY: the caller guarantees AVX-512 BW.
+            unsafe { _mm512_add_epi8(a, b) }
+        }
+        #[inline(always)]
+        unsafe fn shuffle(table: Self, index: Self) -> Self {
+            // SAFETY: the caller guarantees AVX-512 BW.
+            unsafe { _mm512_shuffle_epi8(table, index) }
+        }
+        #[inline(always)]
+        unsafe fn above_15(v: Self, lower: Self, upper: Self) -> Self {
+            // SAFETY: the caller guarantees AVX-512 BW.
+            unsafe {
+                let upper_half = _mm512_cmpgt_epu8_mask(v, _mm512_set1_epi8(15));
+                _mm512_mask_blend_epi8(upper_half, lower, upper)
+            }
+        }
+    }
+
+    /// `out = table[clamp(x, lo, hi) - lo]`, a register at a time; returns how many it did.
     ///
     /// # Safety
-    /// The CPU runs AVX2.
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn shuffle_avx2(
+    /// The CPU runs `R`'s instruction set; `hi - lo < 16`.
+    #[inline(always)]
+    unsafe fn codes<R: Bytes>(
         table: [u8; 16],
         [lo, hi]: [u8; 2],
         x: &[u8],
         out: &mut [u8],
     ) -> usize {
         let n = x.len().min(out.len());
-        let whole = n - n % 32;
-        // SAFETY: `table` holds 16 bytes.
-        let table = _mm256_broadcastsi128_si256(unsafe {
-            _mm_loadu_si128(table.as_ptr() as *const __m128i)
-        });
-        let (lo, hi) = (_mm256_set1_epi8(lo as i8), _mm256_set1_epi8(hi as i8));
+        let whole = n - n % R::LANES;
+        // SAFETY: the caller guarantees the instruction set.
+        let (table, lo, hi) = unsafe { (R::table(&table), R::splat(lo), R::splat(hi)) };
         let mut o = 0;
         while o < whole {
-            // SAFETY: `o + 32 <= whole <= x.len()`: the 32 bytes from `o` lie in `x`.
-            let v = unsafe { _mm256_loadu_si256(x.as_ptr().add(o) as *const __m256i) };
-            // Clamped and less `lo`: an index in 0..16, which the shuffle reads in each lane.
-            let index = _mm256_sub_epi8(_mm256_min_epu8(_mm256_max_epu8(v, lo), hi), lo);
-            // SAFETY: `o + 32 <= whole <= out.len()`.
+            // SAFETY: `o + LANES <= whole`, within `x` and `out`; the instruction set as above.
+            // Clamped and less `lo`: an index in 0..16, which the shuffle reads.
             unsafe {
-                _mm256_storeu_si256(
-                    out.as_mut_ptr().add(o) as *mut __m256i,
-                    _mm256_shuffle_epi8(table, index),
-                )
-            };
-            o += 32;
+                let index = R::unit(R::load(x.as_ptr().add(o)), lo, hi);
+                R::store(out.as_mut_ptr().add(o), R::shuffle(table, index));
+            }
+            o += R::LANES;
         }
         whole
     }
 
-    /// `out = table[clamp(x) - lo + clamp(y) - lo]` for sums in `0..31`, 32 codes at a time,
-    /// from the table's halves; returns how many it did.
+    /// `out = table[clamp(x) - lo + clamp(y) - lo]` for sums in `0..31`, from the table's two
+    /// halves, a register at a time; returns how many it did.
+    ///
+    /// # Safety
+    /// The CPU runs `R`'s instruction set; `hi - lo < 16`.
+    #[inline(always)]
+    unsafe fn sums<R: Bytes>(
+        [low, high]: [[u8; 16]; 2],
+        [lo, hi]: [u8; 2],
+        x: &[u8],
+        y: &[u8],
+        out: &mut [u8],
+    ) -> usize {
+        let n = x.len().min(y.len()).min(out.len());
+        let whole = n - n % R::LANES;
+        // SAFETY: the caller guarantees the instruction set.
+        let (low, high, lo, hi) =
+            unsafe { (R::table(&low), R::table(&high), R::splat(lo), R::splat(hi)) };
+        let mut o = 0;
+        while o < whole {
+            // SAFETY: `o + LANES <= whole`, within `x`, `y` and `out`; the instruction set as
+            // above. The sum is in 0..31: the shuffles read its low four bits, the compare
+            // picks the half.
+            unsafe {
+                let p = R::unit(R::load(x.as_ptr().add(o)), lo, hi);
+                let q = R::unit(R::load(y.as_ptr().add(o)), lo, hi);
+                let sum = R::add(p, q);
+                let mapped = R::above_15(sum, R::shuffle(low, sum), R::shuffle(high, sum));
+                R::store(out.as_mut_ptr().add(o), mapped);
+            }
+            o += R::LANES;
+        }
+        whole
+    }
+
+    /// [`codes`] on AVX2.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2; `hi - lo < 16`.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn shuffle_avx2(t: [u8; 16], r: [u8; 2], x: &[u8], out: &mut [u8]) -> usize {
+        // SAFETY: as the caller guarantees.
+        unsafe { codes::<__m256i>(t, r, x, out) }
+    }
+
+    /// [`codes`] on AVX-512.
+    ///
+    /// # Safety
+    /// The CPU runs AVX-512 F and BW; `hi - lo < 16`.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn shuffle_avx512(
+        t: [u8; 16],
+        r: [u8; 2],
+        x: &[u8],
+        out: &mut [u8],
+    ) -> usize {
+        // SAFETY: as the caller guarantees.
+        unsafe { codes::<__m512i>(t, r, x, out) }
+    }
+
+    /// [`sums`] on AVX2.
     ///
     /// # Safety
     /// The CPU runs AVX2; `hi - lo < 16`.
     #[target_feature(enable = "avx2")]
     pub(super) unsafe fn sum_shuffle_avx2(
-        tables: [[u8; 16]; 2],
-        [lo, hi]: [u8; 2],
+        t: [[u8; 16]; 2],
+        r: [u8; 2],
         x: &[u8],
         y: &[u8],
         out: &mut [u8],
     ) -> usize {
-        let n = x.len().min(y.len()).min(out.len());
-        let whole = n - n % 32;
-        let [low, high] = tables.map(|t| {
-            // SAFETY: each half holds 16 bytes.
-            let half = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
-            _mm256_broadcastsi128_si256(half)
-        });
-        let (lo, hi) = (_mm256_set1_epi8(lo as i8), _mm256_set1_epi8(hi as i8));
-        let fifteen = _mm256_set1_epi8(15);
-        let mut o = 0;
-        while o < whole {
-            // SAFETY: `o + 32 <= whole`, within `x`, `y` and `out`.
-            let (p, q) = unsafe {
-                (
-                    _mm256_loadu_si256(x.as_ptr().add(o) as *const __m256i),
-                    _mm256_loadu_si256(y.as_ptr().add(o) as *const __m256i),
-                )
-            };
-            let unit = |v| _mm256_sub_epi8(_mm256_min_epu8(_mm256_max_epu8(v, lo), hi), lo);
-            // In 0..31: the shuffles read its low four bits, the compare picks the half.
-            let sum = _mm256_add_epi8(unit(p), unit(q));
-            let upper = _mm256_cmpgt_epi8(sum, fifteen);
-            let mapped = _mm256_blendv_epi8(
-                _mm256_shuffle_epi8(low, sum),
-                _mm256_shuffle_epi8(high, sum),
-                upper,
-            );
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_si256(out.as_mut_ptr().add(o) as *mut __m256i, mapped) };
-            o += 32;
-        }
-        whole
+        // SAFETY: as the caller guarantees.
+        unsafe { sums::<__m256i>(t, r, x, y, out) }
     }
 
-    /// As [`sum_shuffle_avx2`], 64 codes at a time.
+    /// [`sums`] on AVX-512.
     ///
     /// # Safety
     /// The CPU runs AVX-512 F and BW; `hi - lo < 16`.
     #[target_feature(enable = "avx512f,avx512bw")]
     pub(super) unsafe fn sum_shuffle_avx512(
-        tables: [[u8; 16]; 2],
-        [lo, hi]: [u8; 2],
+        t: [[u8; 16]; 2],
+        r: [u8; 2],
         x: &[u8],
         y: &[u8],
         out: &mut [u8],
     ) -> usize {
-        let n = x.len().min(y.len()).min(out.len());
-        let whole = n - n % 64;
-        let [low, high] = tables.map(|t| {
-            // SAFETY: each half holds 16 bytes.
-            let half = unsafe { _mm_loadu_si128(t.as_ptr() as *const __m128i) };
-            _mm512_broadcast_i32x4(half)
-        });
-        let (lo, hi) = (_mm512_set1_epi8(lo as i8), _mm512_set1_epi8(hi as i8));
-        let fifteen = _mm512_set1_epi8(15);
-        let mut o = 0;
-        while o < whole {
-            // SAFETY: `o + 64 <= whole`, within `x`, `y` and `out`.
-            let (p, q) = unsafe {
-                (
-                    _mm512_loadu_si512(x.as_ptr().add(o) as *const __m512i),
-                    _mm512_loadu_si512(y.as_ptr().add(o) as *const __m512i),
-                )
-            };
-            let unit = |v| _mm512_sub_epi8(_mm512_min_epu8(_mm512_max_epu8(v, lo), hi), lo);
-            let sum = _mm512_add_epi8(unit(p), unit(q));
-            let upper = _mm512_cmpgt_epu8_mask(sum, fifteen);
-            let mapped = _mm512_mask_blend_epi8(
-                upper,
-                _mm512_shuffle_epi8(low, sum),
-                _mm512_shuffle_epi8(high, sum),
-            );
-            // SAFETY: as above.
-            unsafe { _mm512_storeu_si512(out.as_mut_ptr().add(o) as *mut __m512i, mapped) };
-            o += 64;
-        }
-        whole
-    }
-
-    /// As [`shuffle_avx2`], 64 codes at a time.
-    ///
-    /// # Safety
-    /// The CPU runs AVX-512 F and BW.
-    #[target_feature(enable = "avx512f,avx512bw")]
-    pub(super) unsafe fn shuffle_avx512(
-        table: [u8; 16],
-        [lo, hi]: [u8; 2],
-        x: &[u8],
-        out: &mut [u8],
-    ) -> usize {
-        let n = x.len().min(out.len());
-        let whole = n - n % 64;
-        // SAFETY: `table` holds 16 bytes.
-        let table =
-            _mm512_broadcast_i32x4(unsafe { _mm_loadu_si128(table.as_ptr() as *const __m128i) });
-        let (lo, hi) = (_mm512_set1_epi8(lo as i8), _mm512_set1_epi8(hi as i8));
-        let mut o = 0;
-        while o < whole {
-            // SAFETY: `o + 64 <= whole <= x.len()`: the 64 bytes from `o` lie in `x`.
-            let v = unsafe { _mm512_loadu_si512(x.as_ptr().add(o) as *const __m512i) };
-            let index = _mm512_sub_epi8(_mm512_min_epu8(_mm512_max_epu8(v, lo), hi), lo);
-            // SAFETY: `o + 64 <= whole <= out.len()`.
-            unsafe {
-                _mm512_storeu_si512(
-                    out.as_mut_ptr().add(o) as *mut __m512i,
-                    _mm512_shuffle_epi8(table, index),
-                )
-            };
-            o += 64;
-        }
-        whole
+        // SAFETY: as the caller guarantees.
+        unsafe { sums::<__m512i>(t, r, x, y, out) }
     }
 }
