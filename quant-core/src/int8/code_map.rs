@@ -110,7 +110,8 @@ impl CodeMap {
         let narrow = ((hi - lo) as usize) < SHUFFLE_CODES;
         let done = match self.isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW.
+            // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW; `narrow`:
+            // `hi - lo < 16`.
             Isa::Avx512Bw | Isa::Avx512Vnni if narrow => unsafe {
                 x86::shuffle_avx512(self.shuffle_table(), [lo, hi], x, out)
             },
@@ -219,7 +220,8 @@ impl SumMap {
         let narrow = ((hi - lo) as usize) < SHUFFLE_CODES;
         let done = match self.isa {
             #[cfg(target_arch = "x86_64")]
-            // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW.
+            // SAFETY: `new`/`with_isa` checked that this CPU runs AVX-512 F + BW; `narrow`:
+            // `hi - lo < 16`.
             Isa::Avx512Bw | Isa::Avx512Vnni if narrow => unsafe {
                 x86::sum_shuffle_avx512(self.shuffle_tables(), [lo, hi], x, y, out)
             },

@@ -30,8 +30,8 @@ pub(crate) struct Step {
     pub position: Vec<i32>,
     /// The shift that refines an ImageTokens node's input before the embedding joins it.
     pub position_shift: u32,
-    /// The node's work is part of its one reader's [`Quantize::Map`] ([`compose_code_maps`]):
-    /// it does not run, and its output is never held.
+    /// The node's work is part of its readers' tables ([`Quantize::Map`], [`Quantize::SumMap`],
+    /// [`compose_code_maps`]): it does not run, and its output is never held.
     pub composed: bool,
 }
 
