@@ -54,6 +54,8 @@ pub struct PackedMatrix {
     /// The codes of `Quads`.
     bytes: Vec<i8>,
     row_sums: Vec<i32>,
+    /// The largest `|w - z_w|`: how far products may be summed in `i16` lanes.
+    max_abs: u32,
 }
 
 impl PackedMatrix {
@@ -124,6 +126,7 @@ impl PackedMatrix {
             wide: Vec::new(),
             bytes: Vec::new(),
             row_sums,
+            max_abs,
         };
         let per_group = form.group();
         match form {
@@ -171,6 +174,9 @@ impl PackedMatrix {
         &self.row_sums
     }
 
+    pub(super) fn max_abs(&self) -> u32 {
+        self.max_abs
+    }
     pub(super) fn form(&self) -> Form {
         self.form
     }

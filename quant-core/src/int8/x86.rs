@@ -6,7 +6,9 @@
 //! add the dot products. [`Register`] says how one register width does each step, [`Simd`]
 //! how one instruction set forms the dot products; the generic code is inlined into one
 //! `#[target_feature]` entry per instruction set and weight form, so every intrinsic compiles
-//! to its instruction in place.
+//! to its instruction in place. Without VNNI, where the activations' largest code and the
+//! weights' largest magnitude allow it, the `vpmaddubsw` pair sums are added in `i16` lanes
+//! and widened once per chunk of groups ([`Quads16`]).
 
 use std::arch::x86_64::*;
 use std::marker::PhantomData;
@@ -50,6 +52,11 @@ trait Register: Copy {
     /// # Safety
     /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
     unsafe fn add(a: Self, b: Self) -> Self;
+    /// Lane-wise wrapping `i16` sums.
+    ///
+    /// # Safety
+    /// The CPU runs this width's instruction set (checked with `is_x86_feature_detected!`).
+    unsafe fn add_i16(a: Self, b: Self) -> Self;
     /// Stores every lane at `p`.
     ///
     /// # Safety
@@ -85,7 +92,8 @@ trait Register: Copy {
 macro_rules! register {
     (
         $v:ty, features: $features:literal, lanes: $lanes:literal, zero: $zero:ident,
-        splat: $splat:ident, loadu: $loadu:ident, add: $add:ident, storeu: $storeu:ident,
+        splat: $splat:ident, loadu: $loadu:ident, add: $add:ident, add_i16: $add_i16:ident,
+        storeu: $storeu:ident,
         maddubs: $maddubs:ident, madd: $madd:ident, set1_i16: $set1_i16:ident,
         store_first: |$p:ident, $x:ident, $count:ident| $store_first:expr
     ) => {
@@ -135,6 +143,15 @@ macro_rules! register {
                 // SAFETY: the caller guarantees that the CPU runs this width's instruction
                 // set, the only requirement of the intrinsic.
                 unsafe { $add(a, b) }
+            }
+            /// # Safety
+            #[doc = concat!("The CPU runs ", $features, " (checked with")]
+            /// `is_x86_feature_detected!`).
+            #[inline(always)]
+            unsafe fn add_i16(a: $v, b: $v) -> $v {
+                // SAFETY: the caller guarantees that the CPU runs this width's instruction
+                // set, the only requirement of the intrinsic.
+                unsafe { $add_i16(a, b) }
             }
             /// # Safety
             #[doc = concat!("The CPU runs ", $features, ", and `p` points to")]
@@ -194,6 +211,7 @@ register!(
     splat: _mm256_set1_epi32,
     loadu: _mm256_loadu_si256,
     add: _mm256_add_epi32,
+    add_i16: _mm256_add_epi16,
     storeu: _mm256_storeu_si256,
     maddubs: _mm256_maddubs_epi16,
     madd: _mm256_madd_epi16,
@@ -212,6 +230,7 @@ register!(
     splat: _mm512_set1_epi32,
     loadu: _mm512_loadu_si512,
     add: _mm512_add_epi32,
+    add_i16: _mm512_add_epi16,
     storeu: _mm512_storeu_si512,
     maddubs: _mm512_maddubs_epi16,
     madd: _mm512_madd_epi16,
@@ -233,6 +252,17 @@ trait Simd {
     /// The CPU runs this instruction set (the implementing type's doc names it; checked with
     /// `is_x86_feature_detected!`).
     unsafe fn dot(acc: Self::V, a: Self::V, w: Self::V) -> Self::V;
+    /// Whether `dot` sums into narrower lanes that [`Simd::widen`] turns into `i32` sums, at
+    /// most [`Tile::chunk`] groups at a time.
+    const WIDENS: bool = false;
+    /// The `i32` sums of what `dot` summed (the identity where it sums `i32`s).
+    ///
+    /// # Safety
+    /// As [`Simd::dot`].
+    #[inline(always)]
+    unsafe fn widen(acc: Self::V) -> Self::V {
+        acc
+    }
 }
 
 /// AVX2 or AVX-512 BW, weights within ±64: `vpmaddubsw` (exact: `2 · 255 · 64 < 2^15`), then
@@ -249,6 +279,34 @@ impl<V: Register> Simd for Quads<V> {
         // SAFETY: the caller guarantees `V`'s instruction set, all that these `Register`
         // operations (no memory access) require.
         unsafe { V::add(acc, V::madd(V::maddubs(a, w), V::ones_i16())) }
+    }
+}
+
+/// [`Quads`] with the pair sums of `vpmaddubsw` added in `i16` lanes, one instruction per
+/// group where `Quads` takes three, and widened into `i32` by one `vpmaddwd` per
+/// [`Tile::chunk`] groups: exact where a chunk's sums cannot leave `i16` (see
+/// [`i16_chunk`]), which narrow grids allow (4-bit codes and weights: over 150 groups).
+struct Quads16<V>(PhantomData<V>);
+
+impl<V: Register> Simd for Quads16<V> {
+    type V = V;
+    const WIDENS: bool = true;
+    /// # Safety
+    /// The CPU runs `V`'s instruction set: AVX2 for `__m256i`, AVX-512 F and BW for
+    /// `__m512i`.
+    #[inline(always)]
+    unsafe fn dot(acc: V, a: V, w: V) -> V {
+        // SAFETY: the caller guarantees `V`'s instruction set, all that these `Register`
+        // operations (no memory access) require.
+        unsafe { V::add_i16(acc, V::maddubs(a, w)) }
+    }
+    /// # Safety
+    /// As [`Simd::dot`].
+    #[inline(always)]
+    unsafe fn widen(acc: V) -> V {
+        // SAFETY: the caller guarantees `V`'s instruction set, all that these `Register`
+        // operations (no memory access) require.
+        unsafe { V::madd(acc, V::ones_i16()) }
     }
 }
 
@@ -316,6 +374,43 @@ struct Tile {
     out_stride: usize,
     /// Output channels the tile writes (the last panel may be partly padding).
     cols: usize,
+    /// Groups summed before each widening, where the form widens ([`Simd::WIDENS`]).
+    chunk: usize,
+}
+
+/// The dot products of `groups` by [`Simd::dot`], from zero (taken and returned by value,
+/// so that they stay in registers).
+///
+/// # Safety
+/// As [`tile`], and `groups` lies within `0..t.groups`.
+#[inline(always)]
+unsafe fn accumulate<S: Simd, const R: usize, const B: usize>(
+    t: &Tile,
+    groups: std::ops::Range<usize>,
+) -> [[S::V; B]; R] {
+    // SAFETY: the caller guarantees that the CPU runs `S`.
+    let zero = unsafe { S::V::zero() };
+    let mut acc = [[zero; B]; R];
+    for g in groups {
+        let mut w = [zero; B];
+        for (b, w) in w.iter_mut().enumerate() {
+            // SAFETY: the CPU runs `S` (the caller's guarantee). A panel is `t.groups` groups
+            // of `4 · LANES` bytes, and `t.w` addresses `B` of them: group `g < t.groups` of
+            // panel `b < B` lies inside.
+            *w = unsafe { S::V::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4)) };
+        }
+        for (r, acc) in acc.iter_mut().enumerate() {
+            // SAFETY: the CPU runs `S`; `t.a` addresses `R` rows, `a_stride` apart, of
+            // `t.groups` `i32` groups (read unaligned), so group `g` of row `r < R` lies
+            // inside.
+            let a = unsafe { S::V::splat(t.a.add(r * t.a_stride + g).read_unaligned()) };
+            for (acc, w) in acc.iter_mut().zip(&w) {
+                // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is accessed.
+                *acc = unsafe { S::dot(*acc, a, *w) };
+            }
+        }
+    }
+    acc
 }
 
 /// `R` rows × `B` panels of outputs.
@@ -327,25 +422,26 @@ struct Tile {
 unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
     // SAFETY: the caller guarantees that the CPU runs `S`.
     let zero = unsafe { S::V::zero() };
-    let mut acc = [[zero; B]; R];
-    for g in 0..t.groups {
-        let mut w = [zero; B];
-        for (b, w) in w.iter_mut().enumerate() {
-            // SAFETY: the CPU runs `S` (the caller's guarantee). A panel is `groups` groups of
-            // `4 · LANES` bytes, and `t.w` addresses `B` of them: group `g < groups` of panel
-            // `b < B` lies inside.
-            *w = unsafe { S::V::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4)) };
-        }
-        for (r, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: the CPU runs `S`; `t.a` addresses `R` rows, `a_stride` apart, of
-            // `groups` `i32` groups (read unaligned), so group `g` of row `r < R` lies inside.
-            let a = unsafe { S::V::splat(t.a.add(r * t.a_stride + g).read_unaligned()) };
-            for (acc, w) in acc.iter_mut().zip(&w) {
-                // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is accessed.
-                *acc = unsafe { S::dot(*acc, a, *w) };
+    let acc = if S::WIDENS {
+        let mut acc = [[zero; B]; R];
+        let mut first = 0;
+        while first < t.groups {
+            let end = t.groups.min(first.saturating_add(t.chunk.max(1)));
+            // SAFETY: the caller's guarantees, for groups `first..end` within `groups`.
+            let part = unsafe { accumulate::<S, R, B>(t, first..end) };
+            for r in 0..R {
+                for b in 0..B {
+                    // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is accessed.
+                    acc[r][b] = unsafe { S::V::add(acc[r][b], S::widen(part[r][b])) };
+                }
             }
+            first = end;
         }
-    }
+        acc
+    } else {
+        // SAFETY: the caller's guarantees, for all `groups` groups.
+        unsafe { accumulate::<S, R, B>(t, 0..t.groups) }
+    };
     for (r, acc) in acc.iter().enumerate() {
         for (b, acc) in acc.iter().enumerate() {
             let first = b * S::LANES;
@@ -431,7 +527,8 @@ fn pack_row(a: &[u8], form: Form, out: &mut [i32]) {
     }
 }
 
-/// `rows` rows of the product on `S` with tiles of up to `MR` rows × `NB` panels.
+/// `rows` rows of the product on `S` with tiles of up to `MR` rows × `NB` panels, `chunk`
+/// groups summed before each widening where `S` widens.
 ///
 /// # Safety
 /// The CPU runs `S`, and `w` is packed for it (`w.lanes() == S::LANES`); `a` holds `rows`
@@ -444,6 +541,7 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
     w: &PackedMatrix,
     columns: &[i32],
     out: &mut [i32],
+    chunk: usize,
 ) {
     let (n, k, groups) = (w.n(), w.k(), w.groups());
     debug_assert_eq!(w.lanes(), S::LANES);
@@ -488,6 +586,7 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
                     out: out.as_mut_ptr().add(r0 * n + p * S::LANES),
                     out_stride: n,
                     cols: (n - p * S::LANES).min(nb * S::LANES),
+                    chunk,
                 }
             };
             // SAFETY: the caller guarantees `S`. `t` covers `mr <= MR` rows of `groups`
@@ -511,22 +610,32 @@ macro_rules! entry {
         #[doc = concat!("The CPU supports ", $features, " (checked with")]
         /// `is_x86_feature_detected!`),
         /// and `w` is packed for this entry's register width and form; `a`, `columns` and
-        /// `out` are as long as [`run`] requires.
+        /// `out` are as long as [`run`] requires; where the form widens, no `chunk` groups
+        /// of products leave its narrow lanes (see [`i16_chunk`]).
         #[target_feature(enable = $features)]
-        unsafe fn $name(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
+        unsafe fn $name(
+            a: &[u8],
+            rows: usize,
+            w: &PackedMatrix,
+            columns: &[i32],
+            out: &mut [i32],
+            chunk: usize,
+        ) {
             // SAFETY: the caller guarantees the CPU features enabled here, which include
             // the instruction set of the tiles' intrinsics, and `run`'s other requirements
             // (packing and lengths).
-            unsafe { run::<$simd, $mr, 2>(a, rows, w, columns, out) }
+            unsafe { run::<$simd, $mr, 2>(a, rows, w, columns, out, chunk) }
         }
     };
 }
 
 entry!(avx2_quads, "avx2", Quads<__m256i>, 4);
+entry!(avx2_quads16, "avx2", Quads16<__m256i>, 4);
 entry!(avx2_pairs, "avx2", Pairs<__m256i>, 4);
 entry!(avxvnni_quads, "avx2,avxvnni", AvxVnniQuads, 6);
 entry!(avxvnni_pairs, "avx2,avxvnni", AvxVnniPairs, 6);
 entry!(avx512_quads, "avx512f,avx512bw", Quads<__m512i>, 8);
+entry!(avx512_quads16, "avx512f,avx512bw", Quads16<__m512i>, 8);
 entry!(avx512_pairs, "avx512f,avx512bw", Pairs<__m512i>, 8);
 entry!(
     vnni512_quads,
@@ -582,28 +691,46 @@ pub fn gemm_u8_on_avx_vnni_tiles_in_evex(
     // requires (checked above).
     unsafe {
         match w.form() {
-            Form::Quads => evex_quads(a, rows, w, &columns, out),
-            _ => evex_pairs(a, rows, w, &columns, out),
+            Form::Quads => evex_quads(a, rows, w, &columns, out, usize::MAX),
+            _ => evex_pairs(a, rows, w, &columns, out, usize::MAX),
         }
     }
     Some(())
 }
 
+/// How many groups of `vpmaddubsw` pair sums of `a` and `w` an `i16` lane can add up without
+/// leaving `i16`: each pair sum is within `±2 · max(a) · max|w|`. `None` below 2 (no gain
+/// over widening every group).
+fn i16_chunk(a: &[u8], w: &PackedMatrix) -> Option<usize> {
+    let top = a.iter().fold(0u8, |top, a| top.max(*a));
+    let pair = 2 * top as usize * w.max_abs() as usize;
+    let chunk = (i16::MAX as usize).checked_div(pair).unwrap_or(usize::MAX);
+    (chunk >= 2).then_some(chunk)
+}
+
 /// `rows` rows of the product on the path `w` is packed for (not [`Isa::Portable`]).
 pub(super) fn run_rows(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
+    // Where the pair sums of `vpmaddubsw` may be summed in `i16` (narrow grids), they are.
+    let chunk = match (w.isa(), w.form()) {
+        (Isa::Avx2 | Isa::Avx512Bw, Form::Quads) => i16_chunk(a, w),
+        _ => None,
+    };
     // SAFETY: `PackedMatrix::with_isa` checked that this CPU runs `w.isa()` and packed `w` for
-    // it; `gemm_u8` checked the lengths of `a` and `out` and padded `columns` to whole panels.
+    // it; `gemm_u8` checked the lengths of `a` and `out` and padded `columns` to whole panels;
+    // `i16_chunk` gives the widening forms their chunk; the others ignore it.
     unsafe {
-        match (w.isa(), w.form()) {
-            (Isa::Avx2, Form::Quads) => avx2_quads(a, rows, w, columns, out),
-            (Isa::Avx2, _) => avx2_pairs(a, rows, w, columns, out),
-            (Isa::AvxVnni, Form::Quads) => avxvnni_quads(a, rows, w, columns, out),
-            (Isa::AvxVnni, _) => avxvnni_pairs(a, rows, w, columns, out),
-            (Isa::Avx512Bw, Form::Quads) => avx512_quads(a, rows, w, columns, out),
-            (Isa::Avx512Bw, _) => avx512_pairs(a, rows, w, columns, out),
-            (Isa::Avx512Vnni, Form::Quads) => vnni512_quads(a, rows, w, columns, out),
-            (Isa::Avx512Vnni, _) => vnni512_pairs(a, rows, w, columns, out),
-            (Isa::Portable, _) => unreachable!("the portable path has its own kernel"),
+        match (w.isa(), w.form(), chunk) {
+            (Isa::Avx2, Form::Quads, Some(c)) => avx2_quads16(a, rows, w, columns, out, c),
+            (Isa::Avx2, Form::Quads, None) => avx2_quads(a, rows, w, columns, out, 0),
+            (Isa::Avx2, _, _) => avx2_pairs(a, rows, w, columns, out, 0),
+            (Isa::AvxVnni, Form::Quads, _) => avxvnni_quads(a, rows, w, columns, out, 0),
+            (Isa::AvxVnni, _, _) => avxvnni_pairs(a, rows, w, columns, out, 0),
+            (Isa::Avx512Bw, Form::Quads, Some(c)) => avx512_quads16(a, rows, w, columns, out, c),
+            (Isa::Avx512Bw, Form::Quads, None) => avx512_quads(a, rows, w, columns, out, 0),
+            (Isa::Avx512Bw, _, _) => avx512_pairs(a, rows, w, columns, out, 0),
+            (Isa::Avx512Vnni, Form::Quads, _) => vnni512_quads(a, rows, w, columns, out, 0),
+            (Isa::Avx512Vnni, _, _) => vnni512_pairs(a, rows, w, columns, out, 0),
+            (Isa::Portable, _, _) => unreachable!("the portable path has its own kernel"),
         }
     }
 }

@@ -354,6 +354,40 @@ fn saturating_pairs_stay_exact_on_every_path() {
 }
 
 #[test]
+fn narrow_products_summed_in_i16_stay_exact_on_every_path() {
+    // `vpmaddubsw`'s pair sums are added in `i16` for as many groups of 4 as cannot leave it:
+    // `32767 / (2 · top code · max |w|)`. Every activation at the top and every weight at the
+    // largest magnitude reach that bound at each chunk's end (15 · 7: 156 groups; 255 · 8: 8;
+    // 129 · 63: 2), so one group more per chunk would wrap; 1 group (200 · 64, 255 · 64) is
+    // summed in `i32` as before. Fan-ins span several chunks, some not whole groups of 4.
+    for (top, w, k) in [
+        (15u8, 7, 4 * (2 * 156 + 3)),
+        (15, -7, 4 * 157 + 2),
+        (255, 8, 4 * 27 + 1),
+        (255, -8, 4 * 24),
+        (129, 63, 4 * 7 + 2),
+        (16, -64, 4 * 31 + 3),
+        (200, -64, 4 * 3),
+        (255, 64, 4 * 5 + 1),
+        (0, 64, 4 * 9),
+    ] {
+        let (m, n) = (5, 19);
+        let weights = vec![w; n * k];
+        let a = vec![top; m * k];
+        let bias: Vec<i32> = (0..n as i32).map(|o| o * 1000 - 7000).collect();
+        for a_zero in [0, top as i32] {
+            let expected = gemm_reference(&a, m, a_zero, &weights, n, k, &bias);
+            for isa in paths() {
+                let packed = PackedMatrix::with_isa(&weights, n, k, isa).unwrap();
+                let mut out = vec![i32::MIN; m * n];
+                gemm_u8(&a, m, a_zero, &packed, &bias, &mut out).unwrap();
+                assert_eq!(out, expected, "{isa} top = {top}, w = {w}, k = {k}");
+            }
+        }
+    }
+}
+
+#[test]
 fn large_products_split_across_threads_give_the_same_integers() {
     // The shapes of the benchmarks: the digits MLP's hidden layer and a CNN's im2col rows.
     for (m, n, k) in [(360, 256, 256), (64 * 64, 32, 144), (333, 70, 199)] {
