@@ -286,7 +286,8 @@ impl Float {
 /// a binary search of four steps over the thresholds held in one register (`vpermd`): fewer
 /// operations than the 64-bit products (which LayerNorm's and GELU's outputs into 4-bit grids
 /// need, their shifts being beyond the `f64` path's reach) and than the `f64` path's
-/// conversions.
+/// conversions. On AVX2 the same search (over two registers' worth of thresholds) takes more
+/// operations than the `f64` path, so it runs only where that path is not exact.
 #[derive(Debug, Clone, Copy)]
 struct Levels {
     /// `Tⱼ` at `j` for `j` in `1..=steps`, `i32::MAX` above (`[0]` is never read).
@@ -562,6 +563,12 @@ impl Requantizer {
                         }
                     )
                 },
+                // The `f64` path, where it is exact, takes fewer operations than the search.
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above, for AVX2.
+                (Isa::Avx2 | Isa::AvxVnni, Some(levels), None) => unsafe {
+                    x86::row_avx2_levels(levels, acc, out)
+                },
                 #[cfg(target_arch = "x86_64")]
                 (Isa::Avx2 | Isa::AvxVnni, _, None) => match &self.narrow {
                     // SAFETY: as above, for AVX2; `narrow`'s constants cover the whole groups
@@ -642,6 +649,83 @@ mod x86 {
                 _mm_storeu_si128(
                     out.as_mut_ptr().add(o) as *mut __m128i,
                     _mm512_cvtepi32_epi8(codes),
+                )
+            };
+            o += 16;
+        }
+        whole
+    }
+
+    /// One row on AVX2 by [`Levels`]' thresholds, 16 values at a time as two registers of 8:
+    /// the same four-step search as [`row_avx512_levels`], whose 16 thresholds do not fit one
+    /// 256-bit register, over the thresholds each step can reach laid out by its candidate
+    /// (the middle one, then 2, 4 and 8 by the count so far, `vpermd`). Returns how many
+    /// values it did.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row_avx2_levels(levels: &Levels, acc: &[i32], out: &mut [u8]) -> usize {
+        let n = acc.len().min(out.len());
+        let whole = n - n % 16;
+        // `a >= Tⱼ` as `a > Tⱼ - 1`: thresholds lie in (i32::MIN, i32::MAX], so no wrap.
+        let below = |j: usize| levels.thresholds[j] - 1;
+        let middle = _mm256_set1_epi32(below(8));
+        let quarters = _mm256_setr_epi32(below(4), below(12), 0, 0, 0, 0, 0, 0);
+        let eighths = _mm256_setr_epi32(below(2), below(6), below(10), below(14), 0, 0, 0, 0);
+        let odd = _mm256_setr_epi32(
+            below(1),
+            below(3),
+            below(5),
+            below(7),
+            below(9),
+            below(11),
+            below(13),
+            below(15),
+        );
+        let (lowest, steps) = (
+            _mm256_set1_epi32(levels.lowest),
+            _mm256_set1_epi32(levels.steps),
+        );
+        let eight = |at: usize| {
+            // SAFETY: `at + 8 <= whole <= acc.len()`: the 8 `i32`s from `at` lie in `acc`.
+            let a = unsafe { _mm256_loadu_si256(acc.as_ptr().add(at) as *const __m256i) };
+            let step = |count: __m256i, threshold: __m256i, bit: i32| {
+                let reached = _mm256_cmpgt_epi32(a, threshold);
+                _mm256_or_si256(count, _mm256_and_si256(reached, _mm256_set1_epi32(bit)))
+            };
+            let count = step(_mm256_setzero_si256(), middle, 8);
+            // The count so far, shifted, indexes the thresholds of the next candidates.
+            let count = step(
+                count,
+                _mm256_permutevar8x32_epi32(quarters, _mm256_srli_epi32::<3>(count)),
+                4,
+            );
+            let count = step(
+                count,
+                _mm256_permutevar8x32_epi32(eighths, _mm256_srli_epi32::<2>(count)),
+                2,
+            );
+            let count = step(
+                count,
+                _mm256_permutevar8x32_epi32(odd, _mm256_srli_epi32::<1>(count)),
+                1,
+            );
+            // The padding (`i32::MAX`) counts only for `a = i32::MAX`, whose count is `steps`.
+            _mm256_add_epi32(_mm256_min_epi32(count, steps), lowest)
+        };
+        // Bytes of dword i of the two 128-bit halves, back in order (as `row_avx2_narrow`).
+        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let mut o = 0;
+        while o < whole {
+            // Codes lie in [0, 255]: the saturating packs only narrow.
+            let words = _mm256_packus_epi32(eight(o), eight(o + 8));
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
+            // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
+            unsafe {
+                _mm_storeu_si128(
+                    out.as_mut_ptr().add(o) as *mut __m128i,
+                    _mm256_castsi256_si128(bytes),
                 )
             };
             o += 16;

@@ -850,9 +850,10 @@ fn requantization_a_hair_from_ties_and_integers_on_every_path() {
 
 #[test]
 fn per_tensor_requantization_into_narrow_grids_on_every_path() {
-    // A per-tensor requantizer into at most 16 codes runs by thresholds on AVX-512: every
-    // policy, shifts from 0 to 62 (54 to 57 are LayerNorm's and GELU's outputs into 4-bit
-    // grids), grids of 1 to 16 codes at both ends of `u8` with zero points inside, beside and
+    // A per-tensor requantizer into at most 16 codes runs by thresholds on AVX-512, and on
+    // AVX2 where the `f64` path is not exact (large shifts, far zero points): every policy,
+    // shifts from 0 to 62 (54 to 57 are LayerNorm's and GELU's outputs into 4-bit grids),
+    // grids of 1 to 16 codes at both ends of `u8` with zero points inside, beside and
     // far from them, and accumulators at every rounding boundary (integers and halves of the
     // quotient) and one either side, the extremes and a spread between.
     let multipliers = [
