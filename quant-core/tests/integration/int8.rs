@@ -849,6 +849,68 @@ fn requantization_a_hair_from_ties_and_integers_on_every_path() {
 }
 
 #[test]
+fn per_channel_requantization_with_a_few_tiny_multipliers_on_every_path() {
+    // A channel of a tiny weight scale has a shift beyond the `f64` path's reach, which the
+    // other channels' requantization must not take it onto, with or without a bound on the
+    // accumulators: `1_263_665_316 · 1_824_726_041 = 2^61 + 4`, so at a shift of 62 the
+    // quotient is `0.5 + 2^-60`, which rounds up, but its `f64` product is `0.5`, which rounds
+    // to even.
+    let tiny = (1_824_726_041i64, 62u32);
+    let hard = 1_263_665_316i32;
+    let normal = |c: usize| (1_073_741_824 + 40_000_000 * c as i64, 30 + (c % 8) as u32);
+    for tiny_channels in [vec![5], vec![0, 15], vec![1, 2, 3]] {
+        let multipliers: Vec<(i64, u32)> = (0..16)
+            .map(|c| {
+                if tiny_channels.contains(&c) {
+                    tiny
+                } else {
+                    normal(c)
+                }
+            })
+            .collect();
+        // Rows of 16 channels: the hard values and their neighbours in every channel, then
+        // a spread.
+        let mut acc = Vec::new();
+        for a in [
+            hard,
+            -hard,
+            hard - 1,
+            hard + 1,
+            -hard + 1,
+            0,
+            1,
+            -1,
+            i32::MAX,
+            i32::MIN,
+        ] {
+            acc.extend(std::iter::repeat_n(a, 16));
+        }
+        acc.extend((0..16 * 40).map(|i: i64| ((i * 2_654_435_761) % (1 << 32) - (1 << 31)) as i32));
+        for rounding in POLICIES {
+            let expected = requantized_reference(&acc, &multipliers, 7, 0, 15, rounding);
+            for isa in paths() {
+                for bound in [None, Some(1000u64), Some(1 << 31)] {
+                    let q = Requantizer::new(&multipliers, 7, 0, 15, rounding)
+                        .unwrap()
+                        .with_isa(isa)
+                        .unwrap();
+                    let q = match bound {
+                        Some(b) => q.with_accumulator_bound(b),
+                        None => q,
+                    };
+                    let mut out = vec![0u8; acc.len()];
+                    q.run(&acc, &mut out).unwrap();
+                    assert_eq!(
+                        out, expected,
+                        "{isa} {rounding:?}, tiny channels {tiny_channels:?}, bound {bound:?}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn per_tensor_requantization_into_narrow_grids_on_every_path() {
     // A per-tensor requantizer into at most 16 codes runs by thresholds on AVX-512, and on
     // AVX2 where the `f64` path is not exact (large shifts, far zero points): every policy,
