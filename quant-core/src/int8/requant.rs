@@ -714,23 +714,32 @@ mod x86 {
             // The padding (`i32::MAX`) counts only for `a = i32::MAX`, whose count is `steps`.
             _mm256_add_epi32(_mm256_min_epi32(count, steps), lowest)
         };
-        // Bytes of dword i of the two 128-bit halves, back in order (as `row_avx2_narrow`).
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let mut o = 0;
         while o < whole {
-            // Codes lie in [0, 255]: the saturating packs only narrow.
-            let words = _mm256_packus_epi32(eight(o), eight(o + 8));
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
+            // SAFETY: the caller guarantees AVX2; codes lie in [0, 255].
+            let bytes = unsafe { sixteen_codes(eight(o), eight(o + 8)) };
             // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
-            unsafe {
-                _mm_storeu_si128(
-                    out.as_mut_ptr().add(o) as *mut __m128i,
-                    _mm256_castsi256_si128(bytes),
-                )
-            };
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(o) as *mut __m128i, bytes) };
             o += 16;
         }
         whole
+    }
+
+    /// Two registers of 8 codes (`i32` within [0, 255]) as 16 bytes in order.
+    ///
+    /// # Safety
+    /// The CPU runs AVX2 (checked with `is_x86_feature_detected!`).
+    #[inline(always)]
+    unsafe fn sixteen_codes(first: __m256i, second: __m256i) -> __m128i {
+        // SAFETY: the caller guarantees AVX2, all that these register-only intrinsics require.
+        unsafe {
+            // The saturating packs only narrow. They work within 128-bit halves, so the dwords
+            // come out interleaved; `order` takes dword i of each half back in order.
+            let words = _mm256_packus_epi32(first, second);
+            let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
+            _mm256_castsi256_si128(bytes)
+        }
     }
 
     /// One row on AVX-512, 16 channels at a time (`vpmuldq` for the exact 64-bit products,
@@ -1058,30 +1067,19 @@ mod x86 {
             _mm256_set1_epi32(q.hi - q.zero_point),
             _mm256_set1_epi32(q.zero_point),
         ];
-        // Bytes of dword i of the two 128-bit halves, back in channel order.
-        let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let mut o = 0;
         while o < whole {
             // SAFETY: the caller guarantees AVX2, and `o + 16 <= whole <= n`, within `acc`
             // and every constant vector of `narrow` (`eight_narrow` reads 8 lanes from `o`
-            // and from `o + 8`).
-            let (first, second) = unsafe {
-                (
+            // and from `o + 8`); every code is in [0, 255].
+            let bytes = unsafe {
+                sixteen_codes(
                     eight_narrow::<ADJUST>(narrow, o, acc, bounds),
                     eight_narrow::<ADJUST>(narrow, o + 8, acc, bounds),
                 )
             };
-            // Every value is in [0, 255]: the saturating packs only narrow. The packs work
-            // within 128-bit halves, so the dwords come out interleaved; `order` undoes it.
-            let words = _mm256_packus_epi32(first, second);
-            let bytes = _mm256_permutevar8x32_epi32(_mm256_packus_epi16(words, words), order);
             // SAFETY: `o + 16 <= whole <= out.len()`: the 16 bytes from `o` lie in `out`.
-            unsafe {
-                _mm_storeu_si128(
-                    out.as_mut_ptr().add(o) as *mut __m128i,
-                    _mm256_castsi256_si128(bytes),
-                )
-            };
+            unsafe { _mm_storeu_si128(out.as_mut_ptr().add(o) as *mut __m128i, bytes) };
             o += 16;
         }
         whole
