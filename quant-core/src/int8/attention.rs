@@ -119,6 +119,9 @@ pub fn attention_scores_u8(
     match isa.width() {
         Width::Portable => scores(q, k, &shape, zeros, out),
         #[cfg(target_arch = "x86_64")]
+        #[cfg(target_arch = "x86_64")]
+        _ if x86::scores_on_tiles(isa, q, k, &shape, zeros, out) => {}
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::width` gives a width other than `Portable` only after checking that
         // this CPU runs AVX2.
         _ => unsafe { x86::scores(q, k, &shape, zeros, out) },
@@ -221,6 +224,9 @@ pub fn attention_context_u8(
     match isa.width() {
         Width::Portable => context(p, v, &shape, zeros, out),
         #[cfg(target_arch = "x86_64")]
+        #[cfg(target_arch = "x86_64")]
+        _ if x86::context_on_tiles(isa, p, v, &shape, zeros, out) => {}
+        #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::width` gives a width other than `Portable` only after checking that
         // this CPU runs AVX2.
         _ => unsafe { x86::context(p, v, &shape, zeros, out) },
@@ -257,7 +263,255 @@ fn context(p: &[u8], v: &[u8], shape: &AttentionShape, [zp, zv]: [i32; 2], out: 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::AttentionShape;
+    use crate::int8::x86::{i16_chunk, quads_lanes, run_quads, QuadsOperands};
+    use crate::int8::Isa;
     use std::arch::x86_64::*;
+
+    /// The largest `|code - zero|` of `codes` where every centered code suits the weights of
+    /// `isa`'s quads tiles (within `i8` with VNNI, within ±64 without: `vpmaddubsw` saturates
+    /// its pair sums beyond), and `isa` runs here; `None` otherwise.
+    fn quads_weights(isa: Isa, codes: &[u8], zero: i32) -> Option<u32> {
+        let (lo, hi) = codes
+            .iter()
+            .fold((u8::MAX, 0u8), |(lo, hi), c| (lo.min(*c), hi.max(*c)));
+        let (lo, hi) = (lo as i32 - zero, hi as i32 - zero);
+        let fits = match isa {
+            Isa::Portable => false,
+            Isa::AvxVnni | Isa::Avx512Vnni => lo >= -128 && hi <= 127,
+            Isa::Avx2 | Isa::Avx512Bw => lo >= -64 && hi <= 64,
+        };
+        (fits && isa.is_available()).then(|| lo.unsigned_abs().max(hi.unsigned_abs()))
+    }
+
+    /// Groups summed in `i16` lanes for activations `a` against weights of largest magnitude
+    /// `max_abs` on `isa` (paths without VNNI only).
+    fn chunk(isa: Isa, a: &[u8], max_abs: u32) -> Option<usize> {
+        match isa {
+            Isa::Avx2 | Isa::Avx512Bw => i16_chunk(a, max_abs),
+            _ => None,
+        }
+    }
+
+    /// `codes - zero` as the bytes of `i8` codes, into `out` (the caller checked that they
+    /// fit `i8`).
+    fn center(codes: &[u8], zero: i32, out: &mut [u8]) {
+        for (o, c) in out.iter_mut().zip(codes) {
+            *o = c.wrapping_sub(zero as u8);
+        }
+    }
+
+    /// [`super::attention_scores_u8`] on the int8 product's tiles (`vpdpbusd`, or
+    /// `vpmaddubsw`), where the keys' centered codes suit them (narrow grids): per sample and
+    /// head, the keys are packed as weights (one output channel per key), the queries' codes
+    /// are read in place as the activations (copied, zero-padded, where a head's features are
+    /// not whole groups of 4), and `-z_q · Σ_c (k - z_k)` per key is each channel's constant.
+    /// `false`, with nothing written, where they do not suit or `isa` does not run here.
+    pub(super) fn scores_on_tiles(
+        isa: Isa,
+        q: &[u8],
+        k: &[u8],
+        shape: &AttentionShape,
+        [zq, zk]: [i32; 2],
+        out: &mut [i32],
+    ) -> bool {
+        let Some(max_abs) = quads_weights(isa, k, zk) else {
+            return false;
+        };
+        let chunk = chunk(isa, q, max_abs);
+        let run = |o: QuadsOperands<'_>| run_quads(isa, chunk, o);
+        match quads_lanes(isa) {
+            8 => scores_in_panels::<8>(q, k, shape, [zq, zk], out, run),
+            _ => scores_in_panels::<16>(q, k, shape, [zq, zk], out, run),
+        }
+        true
+    }
+
+    /// [`scores_on_tiles`] with the keys packed in panels of `LANES` channels, each product
+    /// run by `run`.
+    fn scores_in_panels<const LANES: usize>(
+        q: &[u8],
+        k: &[u8],
+        shape: &AttentionShape,
+        [zq, zk]: [i32; 2],
+        out: &mut [i32],
+        run: impl Fn(QuadsOperands<'_>),
+    ) {
+        let (s1, s2, f, d) = (
+            shape.queries,
+            shape.keys,
+            shape.features,
+            shape.head_features(),
+        );
+        let (lanes, groups) = (LANES, d.div_ceil(4));
+        let panel = groups * lanes * 4;
+        let mut w = vec![0u8; s2.div_ceil(lanes) * panel];
+        let mut columns = vec![0i32; s2.div_ceil(lanes) * lanes];
+        let mut kc = vec![0u8; s2 * f];
+        let in_place = d.is_multiple_of(4) && f.is_multiple_of(4);
+        // The padding of the last group (and of the last panel) stays zero throughout.
+        let mut rows = vec![0u8; if in_place { 0 } else { s1 * groups * 4 }];
+        let samples = q.chunks_exact(s1 * f).zip(k.chunks_exact(s2 * f));
+        for ((qs, ks), ys) in samples.zip(out.chunks_exact_mut(shape.heads * s1 * s2)) {
+            center(ks, zk, &mut kc);
+            for (h, ys) in ys.chunks_exact_mut(s1 * s2).enumerate() {
+                for (j, key) in kc.chunks_exact(f).enumerate() {
+                    let key = &key[h * d..(h + 1) * d];
+                    let slots = w[(j / lanes) * panel + (j % lanes) * 4..].chunks_mut(lanes * 4);
+                    let (quads, rest) = key.as_chunks::<4>();
+                    let mut slots = slots.map(|slot| &mut slot[..4]);
+                    for (quad, slot) in quads.iter().zip(slots.by_ref()) {
+                        slot.copy_from_slice(quad);
+                    }
+                    if let Some(slot) = slots.next().filter(|_| !rest.is_empty()) {
+                        slot[..rest.len()].copy_from_slice(rest);
+                    }
+                    let sum: i32 = key.iter().map(|c| *c as i8 as i32).sum();
+                    columns[j] = -zq * sum;
+                }
+                let (a, a_stride) = if in_place {
+                    (&qs[h * d..], f)
+                } else {
+                    let queries = rows.chunks_exact_mut(groups * 4).zip(qs.chunks_exact(f));
+                    for (row, query) in queries {
+                        row[..d].copy_from_slice(&query[h * d..(h + 1) * d]);
+                    }
+                    (&rows[..], groups * 4)
+                };
+                let operands = QuadsOperands {
+                    a,
+                    a_stride,
+                    rows: s1,
+                    groups,
+                    w: &w,
+                    columns: &columns,
+                    out: ys,
+                    out_stride: s2,
+                    cols: s2,
+                };
+                run(operands);
+            }
+        }
+    }
+
+    /// [`super::attention_context_u8`] on the int8 product's tiles, where the values' centered
+    /// codes suit them: per sample and head, the values are packed as weights (one output
+    /// channel per feature of the head, the keys as fan-in), the probabilities' codes are read
+    /// in place as the activations (copied, zero-padded, where the keys are not whole groups
+    /// of 4), and `-z_p · Σ_j (v - z_v)` per feature is each channel's constant. `false`, with
+    /// nothing written, where they do not suit or `isa` does not run here.
+    pub(super) fn context_on_tiles(
+        isa: Isa,
+        p: &[u8],
+        v: &[u8],
+        shape: &AttentionShape,
+        [zp, zv]: [i32; 2],
+        out: &mut [i32],
+    ) -> bool {
+        let Some(max_abs) = quads_weights(isa, v, zv) else {
+            return false;
+        };
+        let chunk = chunk(isa, p, max_abs);
+        let run = |o: QuadsOperands<'_>| run_quads(isa, chunk, o);
+        match quads_lanes(isa) {
+            8 => context_in_panels::<8>(p, v, shape, [zp, zv], out, run),
+            _ => context_in_panels::<16>(p, v, shape, [zp, zv], out, run),
+        }
+        true
+    }
+
+    /// [`context_on_tiles`] with the values packed in panels of `LANES` channels, each
+    /// product run by `run`.
+    fn context_in_panels<const LANES: usize>(
+        p: &[u8],
+        v: &[u8],
+        shape: &AttentionShape,
+        [zp, zv]: [i32; 2],
+        out: &mut [i32],
+        run: impl Fn(QuadsOperands<'_>),
+    ) {
+        let (s1, s2, f, d) = (
+            shape.queries,
+            shape.keys,
+            shape.features,
+            shape.head_features(),
+        );
+        let (lanes, groups) = (LANES, s2.div_ceil(4));
+        let panel = groups * lanes * 4;
+        let head_bytes = d.div_ceil(lanes) * panel;
+        // Every head's weight panels, the padding of the last group and panel zero throughout.
+        let mut packed = vec![0u8; shape.heads * head_bytes];
+        let mut columns = vec![0i32; d.div_ceil(lanes) * lanes];
+        // The centered values with whole groups of 4 keys (the padding keys stay zero), their
+        // sums per feature, and one group's 4 keys interleaved per feature.
+        let mut vc = vec![0u8; groups * 4 * f];
+        let mut sums = vec![0i32; f];
+        let mut quads = vec![[0u8; 4]; f];
+        let in_place = s2.is_multiple_of(4);
+        // The padding of the last group (and of the last panel) stays zero throughout.
+        let mut rows = vec![0u8; if in_place { 0 } else { s1 * groups * 4 }];
+        let samples = p
+            .chunks_exact(shape.heads * s1 * s2)
+            .zip(v.chunks_exact(s2 * f));
+        for ((ps, vs), ys) in samples.zip(out.chunks_exact_mut(s1 * f)) {
+            center(vs, zv, &mut vc);
+            sums.fill(0);
+            for key in vc.chunks_exact(f) {
+                for (sum, c) in sums.iter_mut().zip(key) {
+                    *sum += *c as i8 as i32;
+                }
+            }
+            // Every head's panels at once, one group of keys at a time: per feature, the four
+            // keys' codes side by side, then a head's channels copied a panel at a time.
+            for (g, four) in vc.chunks_exact(4 * f).enumerate() {
+                let (k0, rest) = four.split_at(f);
+                let (k1, rest) = rest.split_at(f);
+                let (k2, k3) = rest.split_at(f);
+                for ((((quad, a), b), c), e) in quads.iter_mut().zip(k0).zip(k1).zip(k2).zip(k3) {
+                    *quad = [*a, *b, *c, *e];
+                }
+                for (head, quads) in packed
+                    .chunks_exact_mut(head_bytes)
+                    .zip(quads.chunks_exact(d))
+                {
+                    let panels = head.chunks_exact_mut(panel).zip(quads.chunks(lanes));
+                    for (dst, quads) in panels {
+                        let (slots, _) = dst[g * lanes * 4..][..lanes * 4].as_chunks_mut::<4>();
+                        for (slot, quad) in slots.iter_mut().zip(quads) {
+                            *slot = *quad;
+                        }
+                    }
+                }
+            }
+            for (h, probs) in ps.chunks_exact(s1 * s2).enumerate() {
+                for (column, sum) in columns.iter_mut().zip(&sums[h * d..(h + 1) * d]) {
+                    *column = -zp * sum;
+                }
+                let (a, a_stride) = if in_place {
+                    (probs, s2)
+                } else {
+                    let weights = rows
+                        .chunks_exact_mut(groups * 4)
+                        .zip(probs.chunks_exact(s2));
+                    for (row, weights) in weights {
+                        row[..s2].copy_from_slice(weights);
+                    }
+                    (&rows[..], groups * 4)
+                };
+                let operands = QuadsOperands {
+                    a,
+                    a_stride,
+                    rows: s1,
+                    groups,
+                    w: &packed[h * head_bytes..(h + 1) * head_bytes],
+                    columns: &columns,
+                    out: &mut ys[h * d..],
+                    out_stride: f,
+                    cols: d,
+                };
+                run(operands);
+            }
+        }
+    }
 
     /// `out[l] = Σ_t weights[t] · row_t[l]` over `weights.len()` (even) rows, stored in pairs:
     /// pair `p` (rows `2p` and `2p + 1`) at `pairs[2p · stride..]`, its element `l` at `2l`

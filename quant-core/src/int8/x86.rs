@@ -527,6 +527,44 @@ fn pack_row(a: &[u8], form: Form, out: &mut [i32]) {
     }
 }
 
+/// `rows` rows of tiles from the template `t` (whose `a` and `out` address the first row),
+/// `MR` rows × `NB` panels at a time over its `cols` outputs.
+///
+/// # Safety
+/// The CPU runs `S`; `t` addresses `rows` rows of `t.groups` activation groups (`a_stride`
+/// apart), `cols.div_ceil(LANES)` weight panels and as many panels of constants, and `rows`
+/// rows of `cols` outputs (`out_stride` apart).
+#[inline(always)]
+unsafe fn tiles<S: Simd, const MR: usize, const NB: usize>(t: &Tile, rows: usize) {
+    let panels = t.cols.div_ceil(S::LANES);
+    let mut r0 = 0;
+    while r0 < rows {
+        let mr = (rows - r0).min(MR);
+        let mut p = 0;
+        while p < panels {
+            let nb = (panels - p).min(NB);
+            // SAFETY: `r0 < rows` and `p < panels`, so the offsets stay inside what the
+            // caller guarantees: row `r0` of the activations and of the outputs, panel `p` of
+            // the weights and constant `p · LANES` (one per packed channel).
+            let sub = unsafe {
+                Tile {
+                    a: t.a.add(r0 * t.a_stride),
+                    w: t.w.add(p * t.panel_bytes),
+                    columns: t.columns.add(p * S::LANES),
+                    out: t.out.add(r0 * t.out_stride + p * S::LANES),
+                    cols: (t.cols - p * S::LANES).min(nb * S::LANES),
+                    ..*t
+                }
+            };
+            // SAFETY: the caller guarantees `S`; `sub` covers `mr <= MR` rows and panels
+            // `p..p + nb` (`nb <= NB`), within what the caller guarantees for `t`.
+            unsafe { dispatch::<S, MR, NB>(mr, nb, &sub) };
+            p += nb;
+        }
+        r0 += mr;
+    }
+}
+
 /// `rows` rows of the product on `S` with tiles of up to `MR` rows × `NB` panels, `chunk`
 /// groups summed before each widening where `S` widens.
 ///
@@ -545,86 +583,98 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
 ) {
     let (n, k, groups) = (w.n(), w.k(), w.groups());
     debug_assert_eq!(w.lanes(), S::LANES);
-    let panels = n.div_ceil(S::LANES);
-    debug_assert!(columns.len() >= panels * S::LANES && a.len() >= rows * k);
+    debug_assert!(columns.len() >= n.div_ceil(S::LANES) * S::LANES && a.len() >= rows * k);
     debug_assert!(out.len() >= rows * n);
+    let template = Tile {
+        a: a.as_ptr() as *const i32,
+        a_stride: groups,
+        groups,
+        w: w.packed_bytes(),
+        panel_bytes: w.panel_bytes(),
+        columns: columns.as_ptr(),
+        out: out.as_mut_ptr(),
+        out_stride: n,
+        cols: n,
+        chunk,
+    };
     // Whole groups of bytes are read where they lie; anything else is packed a tile of rows
     // at a time.
-    let in_place = w.form() == Form::Quads && k % 4 == 0;
-    let mut packed = if in_place {
-        Vec::new()
-    } else {
-        vec![0i32; MR * groups]
-    };
+    if w.form() == Form::Quads && k % 4 == 0 {
+        // SAFETY: the caller guarantees `S` and the lengths: `a` holds `rows` rows of
+        // `k = 4 · groups` bytes, read in place; `w`, `columns` and `out` as `tiles` needs.
+        unsafe { tiles::<S, MR, NB>(&template, rows) };
+        return;
+    }
+    let mut packed = vec![0i32; MR * groups];
     let mut r0 = 0;
     while r0 < rows {
         let mr = (rows - r0).min(MR);
-        let a_tile = if in_place {
-            // SAFETY: `r0 < rows` and `a` holds `rows · k` codes: the offset is inside `a`.
-            unsafe { a.as_ptr().add(r0 * k) as *const i32 }
-        } else {
-            for (r, row) in packed.chunks_mut(groups.max(1)).take(mr).enumerate() {
-                pack_row(&a[(r0 + r) * k..(r0 + r + 1) * k], w.form(), row);
-            }
-            packed.as_ptr()
-        };
-        let mut p = 0;
-        while p < panels {
-            let nb = (panels - p).min(NB);
-            // SAFETY: `p < panels`, so the offsets stay inside what the caller guarantees:
-            // panel `p` of the `panels` panels `w` packs, constant `p · LANES` of `columns`
-            // (one per packed channel), and output `r0 · n + p · LANES < rows · n` of `out`
-            // (`r0 < rows`, `p · LANES < n`).
-            let t = unsafe {
-                Tile {
-                    a: a_tile,
-                    a_stride: groups,
-                    groups,
-                    w: w.packed_bytes().add(p * w.panel_bytes()),
-                    panel_bytes: w.panel_bytes(),
-                    columns: columns.as_ptr().add(p * S::LANES),
-                    out: out.as_mut_ptr().add(r0 * n + p * S::LANES),
-                    out_stride: n,
-                    cols: (n - p * S::LANES).min(nb * S::LANES),
-                    chunk,
-                }
-            };
-            // SAFETY: the caller guarantees `S`. `t` covers `mr <= MR` rows of `groups`
-            // groups (rows `r0..r0 + mr` of `a`, read in place as `k = 4 · groups` bytes each,
-            // or the `mr` rows packed into `packed`, `MR · groups` long), panels `p..p + nb`
-            // (`nb <= NB`) of the weights and of `columns`, and `cols` outputs of each of
-            // those rows of `out` (`n` apart).
-            unsafe { dispatch::<S, MR, NB>(mr, nb, &t) };
-            p += nb;
+        for (r, row) in packed.chunks_mut(groups.max(1)).take(mr).enumerate() {
+            pack_row(&a[(r0 + r) * k..(r0 + r + 1) * k], w.form(), row);
         }
+        // SAFETY: `r0 < rows`: output row `r0` lies inside `out`.
+        let out = unsafe { out.as_mut_ptr().add(r0 * n) };
+        let t = Tile {
+            a: packed.as_ptr(),
+            out,
+            ..template
+        };
+        // SAFETY: the caller guarantees `S`; `t` covers the `mr` rows packed into `packed`
+        // (`MR · groups` long), all of `w`'s panels and `columns`, and rows `r0..r0 + mr` of
+        // `out`.
+        unsafe { tiles::<S, MR, NB>(&t, mr) };
         r0 += mr;
     }
 }
 
-/// One `#[target_feature]` entry: [`run`] on `$simd` with tiles of `$mr` rows × 2 panels.
+/// What an entry runs: a product on packed weights, or tiles over operands that the caller
+/// laid out itself ([`run_quads`]).
+enum Job<'a> {
+    Gemm {
+        a: &'a [u8],
+        rows: usize,
+        w: &'a PackedMatrix,
+        columns: &'a [i32],
+        out: &'a mut [i32],
+    },
+    Tiles {
+        template: &'a Tile,
+        rows: usize,
+    },
+}
+
+/// One `#[target_feature]` entry: [`run`] or [`tiles`] on `$simd` with tiles of `$mr` rows ×
+/// 2 panels.
 macro_rules! entry {
     ($name:ident, $features:literal, $simd:ty, $mr:literal) => {
-        #[doc = concat!("[`run`] on `", stringify!($simd), "`, compiled for ", $features, ".")]
+        #[doc = concat!("[`run`] or [`tiles`] on `", stringify!($simd), "`, compiled for ")]
+        #[doc = concat!($features, ".")]
         ///
         /// # Safety
         #[doc = concat!("The CPU supports ", $features, " (checked with")]
         /// `is_x86_feature_detected!`),
-        /// and `w` is packed for this entry's register width and form; `a`, `columns` and
-        /// `out` are as long as [`run`] requires; where the form widens, no `chunk` groups
-        /// of products leave its narrow lanes (see [`i16_chunk`]).
+        /// and the weights are packed for this entry's register width and form; the buffers
+        /// are as long as [`run`] or [`tiles`] requires; where the form widens, no `chunk`
+        /// groups of products leave its narrow lanes (see [`i16_chunk`]).
         #[target_feature(enable = $features)]
-        unsafe fn $name(
-            a: &[u8],
-            rows: usize,
-            w: &PackedMatrix,
-            columns: &[i32],
-            out: &mut [i32],
-            chunk: usize,
-        ) {
+        unsafe fn $name(job: Job<'_>, chunk: usize) {
             // SAFETY: the caller guarantees the CPU features enabled here, which include
-            // the instruction set of the tiles' intrinsics, and `run`'s other requirements
-            // (packing and lengths).
-            unsafe { run::<$simd, $mr, 2>(a, rows, w, columns, out, chunk) }
+            // the instruction set of the tiles' intrinsics, and the other requirements of
+            // `run` and `tiles` (packing and lengths).
+            unsafe {
+                match job {
+                    Job::Gemm {
+                        a,
+                        rows,
+                        w,
+                        columns,
+                        out,
+                    } => run::<$simd, $mr, 2>(a, rows, w, columns, out, chunk),
+                    Job::Tiles { template, rows } => {
+                        tiles::<$simd, $mr, 2>(&Tile { chunk, ..*template }, rows)
+                    }
+                }
+            }
         }
     };
 }
@@ -686,51 +736,147 @@ pub fn gemm_u8_on_avx_vnni_tiles_in_evex(
         return None;
     }
     let columns = super::gemm::zero_point_columns(w, a_zero_point, bias);
+    let job = Job::Gemm {
+        a,
+        rows,
+        w,
+        columns: &columns,
+        out,
+    };
     // SAFETY: the CPU runs AVX2 and AVX-512 VNNI + VL (checked above); `w` is packed in 8-lane
     // panels (`Isa::Avx2`), and `a`, `columns` (whole panels) and `out` are as long as `run`
     // requires (checked above).
     unsafe {
         match w.form() {
-            Form::Quads => evex_quads(a, rows, w, &columns, out, usize::MAX),
-            _ => evex_pairs(a, rows, w, &columns, out, usize::MAX),
+            Form::Quads => evex_quads(job, usize::MAX),
+            _ => evex_pairs(job, usize::MAX),
         }
     }
     Some(())
 }
 
-/// How many groups of `vpmaddubsw` pair sums of `a` and `w` an `i16` lane can add up without
-/// leaving `i16`: each pair sum is within `±2 · max(a) · max|w|`. `None` below 2 (no gain
-/// over widening every group).
-fn i16_chunk(a: &[u8], w: &PackedMatrix) -> Option<usize> {
+/// How many groups of `vpmaddubsw` pair sums of activations `a` and weights of largest
+/// magnitude `max_abs` an `i16` lane can add up without leaving `i16`: each pair sum is within
+/// `±2 · max(a) · max_abs`. `None` below 2 (no gain over widening every group).
+pub(super) fn i16_chunk(a: &[u8], max_abs: u32) -> Option<usize> {
     let top = a.iter().fold(0u8, |top, a| top.max(*a));
-    let pair = 2 * top as usize * w.max_abs() as usize;
+    let pair = 2 * top as usize * max_abs as usize;
     let chunk = (i16::MAX as usize).checked_div(pair).unwrap_or(usize::MAX);
     (chunk >= 2).then_some(chunk)
+}
+
+/// Runs `job` on the entry for `isa` and `form`, summing `chunk` groups in `i16` lanes where
+/// it is given and the path has no VNNI.
+///
+/// # Safety
+/// The CPU runs `isa` (not [`Isa::Portable`]); the job's weights are packed for `isa` in
+/// `form` and its buffers are as long as [`run`] or [`tiles`] requires; a `chunk` is one
+/// [`i16_chunk`] allows for the job's activations and weights.
+unsafe fn run_job(isa: Isa, form: Form, chunk: Option<usize>, job: Job<'_>) {
+    // SAFETY: the caller's guarantees, which are each entry's.
+    unsafe {
+        match (isa, form, chunk) {
+            (Isa::Avx2, Form::Quads, Some(c)) => avx2_quads16(job, c),
+            (Isa::Avx2, Form::Quads, None) => avx2_quads(job, 0),
+            (Isa::Avx2, _, _) => avx2_pairs(job, 0),
+            (Isa::AvxVnni, Form::Quads, _) => avxvnni_quads(job, 0),
+            (Isa::AvxVnni, _, _) => avxvnni_pairs(job, 0),
+            (Isa::Avx512Bw, Form::Quads, Some(c)) => avx512_quads16(job, c),
+            (Isa::Avx512Bw, Form::Quads, None) => avx512_quads(job, 0),
+            (Isa::Avx512Bw, _, _) => avx512_pairs(job, 0),
+            (Isa::Avx512Vnni, Form::Quads, _) => vnni512_quads(job, 0),
+            (Isa::Avx512Vnni, _, _) => vnni512_pairs(job, 0),
+            (Isa::Portable, _, _) => unreachable!("the portable path has its own kernel"),
+        }
+    }
 }
 
 /// `rows` rows of the product on the path `w` is packed for (not [`Isa::Portable`]).
 pub(super) fn run_rows(a: &[u8], rows: usize, w: &PackedMatrix, columns: &[i32], out: &mut [i32]) {
     // Where the pair sums of `vpmaddubsw` may be summed in `i16` (narrow grids), they are.
     let chunk = match (w.isa(), w.form()) {
-        (Isa::Avx2 | Isa::Avx512Bw, Form::Quads) => i16_chunk(a, w),
+        (Isa::Avx2 | Isa::Avx512Bw, Form::Quads) => i16_chunk(a, w.max_abs()),
         _ => None,
+    };
+    let job = Job::Gemm {
+        a,
+        rows,
+        w,
+        columns,
+        out,
     };
     // SAFETY: `PackedMatrix::with_isa` checked that this CPU runs `w.isa()` and packed `w` for
     // it; `gemm_u8` checked the lengths of `a` and `out` and padded `columns` to whole panels;
-    // `i16_chunk` gives the widening forms their chunk; the others ignore it.
-    unsafe {
-        match (w.isa(), w.form(), chunk) {
-            (Isa::Avx2, Form::Quads, Some(c)) => avx2_quads16(a, rows, w, columns, out, c),
-            (Isa::Avx2, Form::Quads, None) => avx2_quads(a, rows, w, columns, out, 0),
-            (Isa::Avx2, _, _) => avx2_pairs(a, rows, w, columns, out, 0),
-            (Isa::AvxVnni, Form::Quads, _) => avxvnni_quads(a, rows, w, columns, out, 0),
-            (Isa::AvxVnni, _, _) => avxvnni_pairs(a, rows, w, columns, out, 0),
-            (Isa::Avx512Bw, Form::Quads, Some(c)) => avx512_quads16(a, rows, w, columns, out, c),
-            (Isa::Avx512Bw, Form::Quads, None) => avx512_quads(a, rows, w, columns, out, 0),
-            (Isa::Avx512Bw, _, _) => avx512_pairs(a, rows, w, columns, out, 0),
-            (Isa::Avx512Vnni, Form::Quads, _) => vnni512_quads(a, rows, w, columns, out, 0),
-            (Isa::Avx512Vnni, _, _) => vnni512_pairs(a, rows, w, columns, out, 0),
-            (Isa::Portable, _, _) => unreachable!("the portable path has its own kernel"),
-        }
+    // `i16_chunk` gives the widening forms their chunk.
+    unsafe { run_job(w.isa(), w.form(), chunk, job) }
+}
+
+/// The `i32` lanes of the quads form's panels on `isa`: output channels per panel.
+pub(super) fn quads_lanes(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512Bw | Isa::Avx512Vnni => 16,
+        _ => 8,
     }
+}
+
+/// Operands that a caller laid out for the tiles itself (attention's products, whose weights
+/// change with every sample): `rows` rows of `groups` groups of 4 activation codes, the rows
+/// `a_stride` bytes apart; weights in panels of [`quads_lanes`] output channels, each holding,
+/// for every group, 4 `i8` codes (stored as their bytes) per channel
+/// (`[panel][group][lane][position]`); one constant
+/// per packed channel, added to its outputs; `rows` rows of `cols` outputs, `out_stride`
+/// apart.
+pub(super) struct QuadsOperands<'a> {
+    pub a: &'a [u8],
+    pub a_stride: usize,
+    pub rows: usize,
+    pub groups: usize,
+    pub w: &'a [u8],
+    pub columns: &'a [i32],
+    pub out: &'a mut [i32],
+    pub out_stride: usize,
+    pub cols: usize,
+}
+
+/// `out[r][o] = columns[o] + Σ a[r][i] · w[o][i]` over the laid-out operands, on `isa`'s
+/// tiles, exact (wrapping `i32`) where the weights suit the path: within `i8` with VNNI,
+/// within ±64 without, and `chunk` (if given, without VNNI) one that [`i16_chunk`] allows.
+///
+/// # Panics
+/// Where `isa` is the portable path or this CPU cannot run it, or a buffer is shorter than
+/// the operands' sizes say (the caller's layout, not user input).
+pub(super) fn run_quads(isa: Isa, chunk: Option<usize>, o: QuadsOperands<'_>) {
+    let lanes = quads_lanes(isa);
+    let panels = o.cols.div_ceil(lanes);
+    assert!(
+        isa != Isa::Portable && isa.is_available(),
+        "{isa} cannot run here"
+    );
+    assert!(o.a_stride.is_multiple_of(4) && o.out_stride >= o.cols);
+    assert!(o.w.len() >= panels * o.groups * lanes * 4 && o.columns.len() >= panels * lanes);
+    if o.rows == 0 || o.cols == 0 {
+        return;
+    }
+    assert!(o.a.len() >= (o.rows - 1) * o.a_stride + 4 * o.groups);
+    assert!(o.out.len() >= (o.rows - 1) * o.out_stride + o.cols);
+    let template = Tile {
+        a: o.a.as_ptr() as *const i32,
+        a_stride: o.a_stride / 4,
+        groups: o.groups,
+        w: o.w.as_ptr(),
+        panel_bytes: o.groups * lanes * 4,
+        columns: o.columns.as_ptr(),
+        out: o.out.as_mut_ptr(),
+        out_stride: o.out_stride,
+        cols: o.cols,
+        chunk: 0,
+    };
+    let job = Job::Tiles {
+        template: &template,
+        rows: o.rows,
+    };
+    // SAFETY: this CPU runs `isa` (checked above); the weights are packed in `isa`'s quads
+    // panels (the caller's layout) and every buffer is as long as `tiles` reads or writes
+    // (checked above); the caller gives a chunk `i16_chunk` allows.
+    unsafe { run_job(isa, Form::Quads, chunk, job) }
 }

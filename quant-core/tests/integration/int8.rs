@@ -1212,6 +1212,80 @@ fn attention_products_at_the_extreme_codes_on_every_path() {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Both products on narrow grids, whose centered codes the int8 product's tiles take
+    /// (`width` codes from `lo`, zero points inside the grid: 16 codes always fit, 65 fit the
+    /// paths without VNNI, 129 and 256 only sometimes), against the definition on every path;
+    /// the queries' and probabilities' codes span the bytes.
+    #[test]
+    fn attention_products_on_narrow_grids_match_the_definition_on_every_path(
+        (shape, q, k, p, zeros) in (1usize..=3, 1usize..=20, 1usize..=20, 1usize..=4, 1usize..=24,
+                                    prop_oneof![Just(16usize), Just(65), Just(129), Just(256)])
+            .prop_flat_map(|(n, s1, s2, heads, d, width)| {
+                let shape = AttentionShape { queries: s1, keys: s2, features: heads * d, heads };
+                (0..=256 - width).prop_flat_map(move |lo| {
+                    let grid = lo as u8..=(lo + width - 1) as u8;
+                    let zero = lo as i32..=(lo + width - 1) as i32;
+                    (
+                        Just(shape),
+                        proptest::collection::vec(code(), n * s1 * heads * d),
+                        proptest::collection::vec(grid, n * s2 * heads * d),
+                        proptest::collection::vec(code(), n * heads * s1 * s2),
+                        (0i32..=255, zero.clone(), 0i32..=255, zero)
+                            .prop_map(|(a, b, c, d)| [a, b, c, d]),
+                    )
+                })
+            }),
+    ) {
+        let (scores, context) = attention_reference(&q, &k, &p, shape, zeros);
+        for isa in paths() {
+            let mut got = vec![7i32; scores.len()];
+            attention_scores_u8(isa, &q, &k, shape, [zeros[0], zeros[1]], &mut got).unwrap();
+            prop_assert_eq!(&got, &scores, "scores on {}", isa);
+            let mut got = vec![7i32; context.len()];
+            attention_context_u8(isa, &p, &k, shape, [zeros[2], zeros[3]], &mut got).unwrap();
+            prop_assert_eq!(&got, &context, "context on {}", isa);
+        }
+    }
+}
+
+/// Queries and probabilities all at the top code against keys and values all at one
+/// centered magnitude, so that on the paths without VNNI each run of `i16` sums ends exactly
+/// at the `i16` bound (magnitude 32: runs of 2 groups, 21: 3, 8: 8; 64: every group widened),
+/// over head widths and key counts of several runs, not whole groups of 4; magnitudes 127 and
+/// 128 reach the ends of `i8` on the VNNI paths.
+#[test]
+fn attention_products_at_the_i16_bound_on_every_path() {
+    for magnitude in [1, 8, 21, 32, 64, 65, 127, 128] {
+        for (queries, keys, heads, d) in [(3, 70, 2, 70), (9, 33, 1, 45), (5, 8, 3, 8)] {
+            let shape = AttentionShape {
+                queries,
+                keys,
+                features: heads * d,
+                heads,
+            };
+            let q = vec![255u8; queries * heads * d];
+            let p = vec![255u8; heads * queries * keys];
+            // Keys at `zero - magnitude` (codes 0) and at `zero + magnitude`.
+            for (code, zero) in [(0u8, magnitude), (magnitude as u8, 0)] {
+                let k = vec![code; keys * heads * d];
+                let zeros = [1, zero, 2, zero];
+                let (scores, context) = attention_reference(&q, &k, &p, shape, zeros);
+                for isa in paths() {
+                    let mut got = vec![7i32; scores.len()];
+                    attention_scores_u8(isa, &q, &k, shape, [1, zero], &mut got).unwrap();
+                    assert_eq!(got, scores, "scores on {isa}, {shape:?}, {code} - {zero}");
+                    let mut got = vec![7i32; context.len()];
+                    attention_context_u8(isa, &p, &k, shape, [2, zero], &mut got).unwrap();
+                    assert_eq!(got, context, "context on {isa}, {shape:?}, {code} - {zero}");
+                }
+            }
+        }
+    }
+}
+
 #[test]
 fn attention_products_refuse_bad_shapes_and_write_nothing() {
     let shape = AttentionShape {
