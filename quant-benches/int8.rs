@@ -210,7 +210,7 @@ fn transformer_cases() -> Vec<Case> {
             Box::new(move || k.run(black_box(&x), &mut out).expect("whole rows"))
         })),
     };
-    vec![
+    let mut cases = vec![
         softmax_case("softmax", softmax, scores),
         softmax_case("softmax, 4-bit scale", coarse_softmax, coarse_scores),
         Case {
@@ -249,32 +249,53 @@ fn transformer_cases() -> Vec<Case> {
                 Box::new(move || k.run(black_box(&x), &mut out).expect("same lengths"))
             })),
         },
-        Case {
-            group: format!("attention scores {n} x {shape:?}"),
+    ];
+    // Both products on 8-bit codes (zero points 128: on the VNNI paths the keys and values fit
+    // `i8`, so the products run on the int8 GEMM's tiles; without VNNI, on `i16` pairs) and on
+    // 4-bit codes (zero points 8: the tiles on every path).
+    let narrow = |len: usize, seed: u64| -> Vec<u8> {
+        codes(len, seed, 0, 15).iter().map(|c| *c as u8).collect()
+    };
+    let inputs = [
+        ("8-bit", (q, k, p), 128),
+        (
+            "4-bit",
+            (
+                narrow(n * tokens * width, 9),
+                narrow(n * tokens * width, 10),
+                narrow(scores_len, 11),
+            ),
+            8,
+        ),
+    ];
+    for (bits, (q, k, p), zero) in inputs {
+        cases.push(Case {
+            group: format!("attention scores {bits} codes {n} x {shape:?}"),
             baseline: memcpy(scores_len),
             kernels: per_path(Box::new({
                 let (q, k) = (q.clone(), k.clone());
                 move |isa| {
                     let (q, k, mut out) = (q.clone(), k.clone(), vec![0i32; scores_len]);
                     Box::new(move || {
-                        attention_scores_u8(isa, black_box(&q), &k, shape, [128, 128], &mut out)
+                        attention_scores_u8(isa, black_box(&q), &k, shape, [zero, zero], &mut out)
                             .expect("valid shape")
                     })
                 }
             })),
-        },
-        Case {
-            group: format!("attention context {n} x {shape:?}"),
+        });
+        cases.push(Case {
+            group: format!("attention context {bits} codes {n} x {shape:?}"),
             baseline: memcpy(n * tokens * width),
             kernels: per_path(Box::new(move |isa| {
                 let (p, v, mut out) = (p.clone(), k.clone(), vec![0i32; n * tokens * width]);
                 Box::new(move || {
-                    attention_context_u8(isa, black_box(&p), &v, shape, [0, 128], &mut out)
+                    attention_context_u8(isa, black_box(&p), &v, shape, [0, zero], &mut out)
                         .expect("valid shape")
                 })
             })),
-        },
-    ]
+        });
+    }
+    cases
 }
 
 /// The detected path on rayon's default pool against the same on one thread (the baseline).

@@ -300,6 +300,36 @@ mod x86 {
         }
     }
 
+    /// `quads[c] = [k0[c], k1[c], k2[c], k3[c]]` for the four rows of `rows` (each
+    /// `quads.len()` long): SSE2 unpacks, 16 features at a time (a byte at a time took most of
+    /// the context's packing).
+    fn interleave(rows: &[u8], quads: &mut [[u8; 4]]) {
+        let n = quads.len();
+        assert_eq!(rows.len(), 4 * n);
+        let mut c = 0;
+        while c + 16 <= n {
+            // SAFETY: SSE2 is part of x86-64; `c + 16 <= n`, so 16 bytes from `t · n + c` lie in
+            // `rows` (`4 · n` long) for each row `t < 4`, and 64 bytes from `quads[c]` in
+            // `quads`; loads and stores take any alignment.
+            unsafe {
+                let load =
+                    |t: usize| _mm_loadu_si128(rows.as_ptr().add(t * n + c) as *const __m128i);
+                let (a, b, x, y) = (load(0), load(1), load(2), load(3));
+                let (ab_low, ab_high) = (_mm_unpacklo_epi8(a, b), _mm_unpackhi_epi8(a, b));
+                let (xy_low, xy_high) = (_mm_unpacklo_epi8(x, y), _mm_unpackhi_epi8(x, y));
+                let out = quads.as_mut_ptr().add(c) as *mut __m128i;
+                _mm_storeu_si128(out, _mm_unpacklo_epi16(ab_low, xy_low));
+                _mm_storeu_si128(out.add(1), _mm_unpackhi_epi16(ab_low, xy_low));
+                _mm_storeu_si128(out.add(2), _mm_unpacklo_epi16(ab_high, xy_high));
+                _mm_storeu_si128(out.add(3), _mm_unpackhi_epi16(ab_high, xy_high));
+            }
+            c += 16;
+        }
+        for (i, quad) in quads.iter_mut().enumerate().skip(c) {
+            *quad = [rows[i], rows[n + i], rows[2 * n + i], rows[3 * n + i]];
+        }
+    }
+
     /// [`super::attention_scores_u8`] on the int8 product's tiles (`vpdpbusd`, or
     /// `vpmaddubsw`), where the keys' centered codes suit them (narrow grids): per sample and
     /// head, the keys are packed as weights (one output channel per key), the queries' codes
@@ -463,12 +493,7 @@ mod x86 {
             // Every head's panels at once, one group of keys at a time: per feature, the four
             // keys' codes side by side, then a head's channels copied a panel at a time.
             for (g, four) in vc.chunks_exact(4 * f).enumerate() {
-                let (k0, rest) = four.split_at(f);
-                let (k1, rest) = rest.split_at(f);
-                let (k2, k3) = rest.split_at(f);
-                for ((((quad, a), b), c), e) in quads.iter_mut().zip(k0).zip(k1).zip(k2).zip(k3) {
-                    *quad = [*a, *b, *c, *e];
-                }
+                interleave(four, &mut quads);
                 for (head, quads) in packed
                     .chunks_exact_mut(head_bytes)
                     .zip(quads.chunks_exact(d))
