@@ -386,14 +386,16 @@ mod x86 {
             for (h, ys) in ys.chunks_exact_mut(s1 * s2).enumerate() {
                 for (j, key) in kc.chunks_exact(f).enumerate() {
                     let key = &key[h * d..(h + 1) * d];
-                    let slots = w[(j / lanes) * panel + (j % lanes) * 4..].chunks_mut(lanes * 4);
+                    // Group `g` of key `j` at `[j / lanes][g][j % lanes]` of the panels.
+                    let first = (j / lanes) * panel + (j % lanes) * 4;
                     let (quads, rest) = key.as_chunks::<4>();
-                    let mut slots = slots.map(|slot| &mut slot[..4]);
-                    for (quad, slot) in quads.iter().zip(slots.by_ref()) {
-                        slot.copy_from_slice(quad);
+                    for (g, quad) in quads.iter().enumerate() {
+                        let at = first + g * lanes * 4;
+                        w[at..at + 4].copy_from_slice(quad);
                     }
-                    if let Some(slot) = slots.next().filter(|_| !rest.is_empty()) {
-                        slot[..rest.len()].copy_from_slice(rest);
+                    if !rest.is_empty() {
+                        let at = first + quads.len() * lanes * 4;
+                        w[at..at + rest.len()].copy_from_slice(rest);
                     }
                     let sum: i32 = key.iter().map(|c| *c as i8 as i32).sum();
                     columns[j] = -zq * sum;
