@@ -119,7 +119,6 @@ pub fn attention_scores_u8(
     match isa.width() {
         Width::Portable => scores(q, k, &shape, zeros, out),
         #[cfg(target_arch = "x86_64")]
-        #[cfg(target_arch = "x86_64")]
         _ if x86::scores_on_tiles(isa, q, k, &shape, zeros, out) => {}
         #[cfg(target_arch = "x86_64")]
         // SAFETY: `Isa::width` gives a width other than `Portable` only after checking that
@@ -223,7 +222,6 @@ pub fn attention_context_u8(
     let zeros = [p_zero, v_zero];
     match isa.width() {
         Width::Portable => context(p, v, &shape, zeros, out),
-        #[cfg(target_arch = "x86_64")]
         #[cfg(target_arch = "x86_64")]
         _ if x86::context_on_tiles(isa, p, v, &shape, zeros, out) => {}
         #[cfg(target_arch = "x86_64")]
@@ -378,7 +376,8 @@ mod x86 {
         let mut columns = vec![0i32; s2.div_ceil(lanes) * lanes];
         let mut kc = vec![0u8; s2 * f];
         let in_place = d.is_multiple_of(4) && f.is_multiple_of(4);
-        // The padding of the last group (and of the last panel) stays zero throughout.
+        // The panels' padding (the last group's features, the last panel's keys) and the
+        // copied rows' stay zero throughout.
         let mut rows = vec![0u8; if in_place { 0 } else { s1 * groups * 4 }];
         let samples = q.chunks_exact(s1 * f).zip(k.chunks_exact(s2 * f));
         for ((qs, ks), ys) in samples.zip(out.chunks_exact_mut(shape.heads * s1 * s2)) {
@@ -479,7 +478,7 @@ mod x86 {
         let mut sums = vec![0i32; f];
         let mut quads = vec![[0u8; 4]; f];
         let in_place = s2.is_multiple_of(4);
-        // The padding of the last group (and of the last panel) stays zero throughout.
+        // The copied rows' padding (the last group's keys) stays zero throughout.
         let mut rows = vec![0u8; if in_place { 0 } else { s1 * groups * 4 }];
         let samples = p
             .chunks_exact(shape.heads * s1 * s2)

@@ -26,7 +26,15 @@
 //! `vpmaddubsw` adds two `u8 × i8` products into a saturating `i16`: exact only while
 //! `2 · 255 · |w| ≤ 32767`, that is `|w| ≤ 64`; wider weights take the `i16` products of
 //! `vpmaddwd`, which never saturate. VNNI's `vpdpbusd` adds four `u8 × i8` products straight
-//! into `i32`.
+//! into `i32`. Without VNNI, where the activations' largest code and the weights' largest
+//! magnitude keep a run of `vpmaddubsw` pair sums within `i16`, they are added in `i16` lanes
+//! and widened once per run.
+//!
+//! The attention products ([`attention_scores_u8`], [`attention_context_u8`]) run on the same
+//! tiles where the keys' (values') centered codes suit its `i8` weights (within ±64 without
+//! VNNI, within `i8` with it; any 4-bit grid): each sample's keys or values are packed as the
+//! weights of one small product per head. Otherwise they take `vpmaddwd` on centered `i16`
+//! codes.
 //!
 //! The micro-kernel keeps a tile of rows × output channels in registers (8 × 32 on AVX-512,
 //! 4 × 16 or 6 × 16 on 256-bit paths) and streams the weights in the order it reads them:
