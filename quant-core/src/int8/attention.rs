@@ -281,13 +281,23 @@ mod x86 {
         (fits && isa.is_available()).then(|| lo.unsigned_abs().max(hi.unsigned_abs()))
     }
 
-    /// Groups summed in `i16` lanes for activations `a` against weights of largest magnitude
-    /// `max_abs` on `isa` (paths without VNNI only).
-    fn chunk(isa: Isa, a: &[u8], max_abs: u32) -> Option<usize> {
-        match isa {
-            Isa::Avx2 | Isa::Avx512Bw => i16_chunk(a, max_abs),
+    /// Where `weights` centered on `zero` suit `isa`'s tiles ([`quads_weights`]): the lanes of
+    /// its panels, and one product on them, with the `i16` runs that `activations` allow on
+    /// the paths without VNNI.
+    fn tiles_for(
+        isa: Isa,
+        activations: &[u8],
+        weights: &[u8],
+        zero: i32,
+    ) -> Option<(usize, impl Fn(QuadsOperands<'_>))> {
+        let max_abs = quads_weights(isa, weights, zero)?;
+        let chunk = match isa {
+            Isa::Avx2 | Isa::Avx512Bw => i16_chunk(activations, max_abs),
             _ => None,
-        }
+        };
+        Some((quads_lanes(isa), move |o: QuadsOperands<'_>| {
+            run_quads(isa, chunk, o)
+        }))
     }
 
     /// `codes - zero` as the bytes of `i8` codes, into `out` (the caller checked that they
@@ -342,12 +352,10 @@ mod x86 {
         [zq, zk]: [i32; 2],
         out: &mut [i32],
     ) -> bool {
-        let Some(max_abs) = quads_weights(isa, k, zk) else {
+        let Some((lanes, run)) = tiles_for(isa, q, k, zk) else {
             return false;
         };
-        let chunk = chunk(isa, q, max_abs);
-        let run = |o: QuadsOperands<'_>| run_quads(isa, chunk, o);
-        match quads_lanes(isa) {
+        match lanes {
             8 => scores_in_panels::<8>(q, k, shape, [zq, zk], out, run),
             _ => scores_in_panels::<16>(q, k, shape, [zq, zk], out, run),
         }
@@ -438,12 +446,10 @@ mod x86 {
         [zp, zv]: [i32; 2],
         out: &mut [i32],
     ) -> bool {
-        let Some(max_abs) = quads_weights(isa, v, zv) else {
+        let Some((lanes, run)) = tiles_for(isa, p, v, zv) else {
             return false;
         };
-        let chunk = chunk(isa, p, max_abs);
-        let run = |o: QuadsOperands<'_>| run_quads(isa, chunk, o);
-        match quads_lanes(isa) {
+        match lanes {
             8 => context_in_panels::<8>(p, v, shape, [zp, zv], out, run),
             _ => context_in_panels::<16>(p, v, shape, [zp, zv], out, run),
         }

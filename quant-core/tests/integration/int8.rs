@@ -1141,6 +1141,27 @@ fn attention_reference(
     (scores, context)
 }
 
+/// Both products of attention (the keys serve as values) on every path against
+/// [`attention_reference`].
+fn attention_on_every_path(
+    q: &[u8],
+    k: &[u8],
+    p: &[u8],
+    shape: AttentionShape,
+    zeros: [i32; 4],
+) -> Result<(), TestCaseError> {
+    let (scores, context) = attention_reference(q, k, p, shape, zeros);
+    for isa in paths() {
+        let mut got = vec![7i32; scores.len()];
+        attention_scores_u8(isa, q, k, shape, [zeros[0], zeros[1]], &mut got).unwrap();
+        prop_assert_eq!(&got, &scores, "scores on {}", isa);
+        let mut got = vec![7i32; context.len()];
+        attention_context_u8(isa, p, k, shape, [zeros[2], zeros[3]], &mut got).unwrap();
+        prop_assert_eq!(&got, &context, "context on {}", isa);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 256, failure_persistence: None, ..ProptestConfig::default() })]
 
@@ -1159,15 +1180,7 @@ proptest! {
             }),
         zeros in proptest::array::uniform4(0i32..=255),
     ) {
-        let (scores, context) = attention_reference(&q, &k, &p, shape, zeros);
-        for isa in paths() {
-            let mut got = vec![7i32; scores.len()];
-            attention_scores_u8(isa, &q, &k, shape, [zeros[0], zeros[1]], &mut got).unwrap();
-            prop_assert_eq!(&got, &scores, "scores on {}", isa);
-            let mut got = vec![7i32; context.len()];
-            attention_context_u8(isa, &p, &k, shape, [zeros[2], zeros[3]], &mut got).unwrap();
-            prop_assert_eq!(&got, &context, "context on {}", isa);
-        }
+        attention_on_every_path(&q, &k, &p, shape, zeros)?;
     }
 }
 
@@ -1239,15 +1252,7 @@ proptest! {
                 })
             }),
     ) {
-        let (scores, context) = attention_reference(&q, &k, &p, shape, zeros);
-        for isa in paths() {
-            let mut got = vec![7i32; scores.len()];
-            attention_scores_u8(isa, &q, &k, shape, [zeros[0], zeros[1]], &mut got).unwrap();
-            prop_assert_eq!(&got, &scores, "scores on {}", isa);
-            let mut got = vec![7i32; context.len()];
-            attention_context_u8(isa, &p, &k, shape, [zeros[2], zeros[3]], &mut got).unwrap();
-            prop_assert_eq!(&got, &context, "context on {}", isa);
-        }
+        attention_on_every_path(&q, &k, &p, shape, zeros)?;
     }
 }
 
