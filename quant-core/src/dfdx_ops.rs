@@ -372,11 +372,10 @@ pub fn add<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
     let mut tape = a_tape.merge(b_tape);
     let sum: Vec<f32> = {
         let (a_data, b_data) = (TensorValues::of(&a), TensorValues::of(&b));
-        a_data
-            .iter()
-            .zip(b_data.iter())
-            .map(|(a, b)| a + b)
-            .collect()
+        // Written whole: from the pool, not zeroed.
+        let mut sum = Scratch::output(a_data.len());
+        kernels::passes::sum_into(&mut sum, &a_data, &b_data);
+        sum
     };
     let out = a.device().try_tensor_from_vec(sum, *a.shape())?;
     if T::OWNS_TAPE {
@@ -387,12 +386,12 @@ pub fn add<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
             // Taken out of its slot so the inputs' can be borrowed, as in `elementwise_op`.
             let dy: Vec<f32> = std::mem::take(&mut **grads.get_or_alloc_mut(&out_ghost)?);
             for input in [&a_ghost, &b_ghost] {
-                for (g, d) in grads.get_or_alloc_mut(input)?.iter_mut().zip(&dy) {
-                    *g += *d;
-                }
+                kernels::passes::add_into(grads.get_or_alloc_mut(input)?, &dy);
             }
             if keep_used_gradients() {
                 **grads.get_or_alloc_mut(&out_ghost)? = dy;
+            } else {
+                Scratch::recycle(dy);
             }
             Ok(())
         });

@@ -1,6 +1,8 @@
 //! Buffers reused from a per-thread pool instead of allocated (and zeroed) afresh: an op's
 //! temporaries, and the storage of its output tensor.
 
+use crate::kernels::passes;
+
 /// Most bytes of scratch buffers one thread keeps for reuse ([`Scratch`]).
 pub const MAX_SCRATCH_BYTES: usize = 64 << 20;
 
@@ -53,10 +55,25 @@ impl Scratch {
         buf
     }
 
-    /// The smallest pooled buffer of at least `len` elements and at most `max_capacity`, or a
-    /// new one.
-    fn taken(len: usize, max_capacity: usize) -> Scratch {
-        let pooled = SCRATCH
+    /// A vector of `len` zeros for good, like [`Scratch::output`] from the pool where it can
+    /// be, zeroed on rayon's threads when long: a zeroed allocation is one thread's `memset`,
+    /// a serial section in an otherwise parallel training step.
+    pub fn zeros(len: usize) -> Vec<f32> {
+        match Scratch::pooled(len, len.saturating_mul(2)) {
+            Some(mut buf) => {
+                buf.truncate(len);
+                passes::fill(&mut buf, 0.0);
+                // A pooled buffer holds `len` values at most; the rest, if any, within capacity.
+                buf.resize(len, 0.0);
+                buf
+            }
+            None => fresh_zeros(len),
+        }
+    }
+
+    /// The smallest pooled buffer of at least `len` elements and at most `max_capacity`.
+    fn pooled(len: usize, max_capacity: usize) -> Option<Vec<f32>> {
+        SCRATCH
             .try_with(|pool| {
                 let mut pool = pool.borrow_mut();
                 let best = pool
@@ -68,8 +85,13 @@ impl Scratch {
                 Some(pool.swap_remove(best))
             })
             .ok()
-            .flatten();
-        let mut buf = pooled.unwrap_or_default();
+            .flatten()
+    }
+
+    /// The smallest pooled buffer of at least `len` elements and at most `max_capacity`, or a
+    /// new one.
+    fn taken(len: usize, max_capacity: usize) -> Scratch {
+        let mut buf = Scratch::pooled(len, max_capacity).unwrap_or_else(|| fresh_zeros(len));
         if buf.len() < len {
             // Within capacity for a pooled buffer: writes only a tail it never had.
             buf.resize(len, 0.0);
@@ -129,4 +151,17 @@ impl Drop for Scratch {
             }
         });
     }
+}
+
+/// A new vector of `len` zeros, written on rayon's threads when long (not `vec![0.0; len]`:
+/// where the allocator reuses memory, that is one thread's `memset`).
+fn fresh_zeros(len: usize) -> Vec<f32> {
+    if len < passes::PASSES_PARALLEL {
+        return vec![0.0; len];
+    }
+    let mut buf = Vec::with_capacity(len);
+    passes::fill_zeros_uninit(&mut buf.spare_capacity_mut()[..len]);
+    // SAFETY: the capacity is at least `len`, and every element of `0..len` was written above.
+    unsafe { buf.set_len(len) };
+    buf
 }

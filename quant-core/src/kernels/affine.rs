@@ -28,6 +28,8 @@ use rayon::prelude::*;
 
 #[cfg(target_arch = "x86_64")]
 use super::driver::VectorPath;
+use super::passes;
+use crate::scratch::Scratch;
 
 /// The largest depth `gemm` takes in one block; up to it, each output is one chain.
 pub(crate) const MAX_DEPTH: usize = 512;
@@ -88,18 +90,13 @@ impl Affine {
         if x.len() != rows * inputs || w.len() != outputs * inputs || bias.len() != outputs {
             return None;
         }
-        let mut y = Vec::with_capacity(rows * outputs);
-        for _ in 0..rows {
-            y.extend_from_slice(bias);
-        }
+        // The bias in every row, written on every thread (from the pool: not zeroed first).
+        let mut y = Scratch::output(rows * outputs);
+        passes::fill_rows(&mut y, bias);
         if self.avx512 {
             // Wᵀ, `inputs × outputs`: the 16-lane loop reads rows of the right operand.
-            let mut w_t = vec![0.0f32; inputs * outputs];
-            for (o, w_row) in w.chunks_exact(inputs).enumerate() {
-                for (i, v) in w_row.iter().enumerate() {
-                    w_t[i * outputs + o] = *v;
-                }
-            }
+            let mut w_t = Scratch::with_len(inputs * outputs);
+            passes::transpose(w, &mut w_t, (outputs, inputs));
             add_products_avx512(&mut y, x, &w_t, (inputs, outputs));
             return Some(y);
         }

@@ -25,6 +25,7 @@
 use rayon::prelude::*;
 
 use super::affine::{avx512_build, fma_available, MAX_DEPTH};
+use crate::scratch::Scratch;
 
 /// The sizes of one attention core over a batch, where the fused path gives dfdx's bits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,6 +47,15 @@ pub struct SoftmaxSaved {
     exps: Vec<f32>,
     sums: Vec<f32>,
     probs: Vec<f32>,
+}
+
+impl Drop for SoftmaxSaved {
+    /// The buffers go back to the pool, for the next step's forward pass.
+    fn drop(&mut self) {
+        for buf in [&mut self.exps, &mut self.sums, &mut self.probs] {
+            Scratch::recycle(std::mem::take(buf));
+        }
+    }
 }
 
 impl Attention {
@@ -105,10 +115,12 @@ impl Attention {
             return None;
         }
         let n = self.sequences;
-        let mut out = vec![0.0f32; n * self.value_len()];
-        let mut exps = vec![0.0f32; n * self.weights_len()];
-        let mut probs = vec![0.0f32; n * self.weights_len()];
-        let mut sums = vec![0.0f32; n * self.heads * self.tokens];
+        // Written whole below, so from the pool, not zeroed (a zeroed allocation is a pass on
+        // one thread before the parallel ones).
+        let mut out = Scratch::output(n * self.value_len());
+        let mut exps = Scratch::output(n * self.weights_len());
+        let mut probs = Scratch::output(n * self.weights_len());
+        let mut sums = Scratch::output(n * self.heads * self.tokens);
         out.par_chunks_mut(self.value_len())
             .zip(exps.par_chunks_mut(self.weights_len()))
             .zip(probs.par_chunks_mut(self.weights_len()))
@@ -618,7 +630,8 @@ impl AttentionProducts {
             return None;
         }
         let [ql, kl, _, sl, _] = self.lengths();
-        let mut scores = vec![0.0f32; self.sequences * sl];
+        // Written whole (each sequence's products), so not zeroed first.
+        let mut scores = Scratch::output(self.sequences * sl);
         scores
             .par_chunks_mut(sl)
             .enumerate()
@@ -708,7 +721,8 @@ impl AttentionProducts {
             return None;
         }
         let [_, _, vl, sl, cl] = self.lengths();
-        let mut context = vec![0.0f32; self.sequences * cl];
+        // Written whole, as in `scores`.
+        let mut context = Scratch::output(self.sequences * cl);
         context
             .par_chunks_mut(cl)
             .enumerate()

@@ -69,7 +69,8 @@
 //! fused or (for the quantized attention, with its own ops between them) as two products,
 //! [`pool`] the 2x2 max pooling that halves an image, with PyTorch's choice among ties,
 //! [`channel_sums`] per-channel sums over a batch in dfdx's order (BatchNorm's statistics), `exp`
-//! the vectorised `f64` exponential of the exact softmax's gradient (QAT's attention).
+//! the vectorised `f64` exponential of the exact softmax's gradient (QAT's attention),
+//! [`passes`] plain fills and adds split across threads.
 
 #[macro_use]
 pub(crate) mod round;
@@ -88,6 +89,7 @@ pub(crate) mod gelu;
 mod lsq;
 mod pact;
 mod params;
+pub mod passes;
 pub mod pool;
 mod relu;
 mod ste;

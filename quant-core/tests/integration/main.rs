@@ -19,6 +19,7 @@ mod kernels_channel_sums;
 mod kernels_exp;
 mod kernels_gelu;
 mod kernels_hostile;
+mod kernels_passes;
 mod kernels_pool;
 mod nonlinear_reference;
 mod ops;

@@ -8,6 +8,7 @@ use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
 
 use quant_core::kernels::attention::{Attention, AttentionProducts};
+use quant_core::scratch::Scratch;
 
 use super::tape::{accumulate, read, record};
 use super::Linear;
@@ -178,15 +179,18 @@ where
     let ghosts = (q.ghost(), k.ghost(), v.ghost());
     record(&out, &mut tape, move |dy, grads| {
         // Each of the three gradients is borrowed alone: computed apart, then added.
-        let mut dq = vec![0.0f32; q_data.len()];
-        let mut dk = vec![0.0f32; k_data.len()];
-        let mut dv = vec![0.0f32; v_data.len()];
+        // Zeroed on every thread, from the pool, and given back to it after.
+        let mut dq = Scratch::zeros(q_data.len());
+        let mut dk = Scratch::zeros(k_data.len());
+        let mut dv = Scratch::zeros(v_data.len());
         let inputs = (&q_data[..], &k_data[..], &v_data[..]);
         plan.backward(&softmax, inputs, scale, dy, &mut dq, &mut dk, &mut dv)
             .ok_or(CpuError::WrongNumElements)?;
         accumulate(grads.get_or_alloc_mut(&ghosts.0)?, &dq)?;
         accumulate(grads.get_or_alloc_mut(&ghosts.1)?, &dk)?;
-        accumulate(grads.get_or_alloc_mut(&ghosts.2)?, &dv)
+        accumulate(grads.get_or_alloc_mut(&ghosts.2)?, &dv)?;
+        [dq, dk, dv].into_iter().for_each(Scratch::recycle);
+        Ok(())
     });
     Ok(out.put_tape(tape))
 }

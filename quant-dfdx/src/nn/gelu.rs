@@ -6,6 +6,7 @@
 use dfdx::prelude::*;
 use quant_core::dfdx_ops::elementwise_op;
 use quant_core::kernels::{gelu_backward_into, gelu_forward_into};
+use quant_core::scratch::Scratch;
 use quant_core::QuantError;
 
 /// GELU, `0.5·x·(1 + erf(x/√2))`: dfdx's `AccurateGeLU` bit for bit, forward and backward
@@ -38,12 +39,17 @@ pub fn gelu<S: Shape, T: Tape<f32, Cpu>>(
     elementwise_op(
         x,
         |x, y| {
-            // The erf values, kept for the backward pass (dfdx computes them twice).
-            let mut erf = vec![0.0f32; x.len()];
+            // The erf values, kept for the backward pass (dfdx computes them twice); written
+            // whole, so from the pool and not zeroed, and given back after.
+            let mut erf = Scratch::output(x.len());
             gelu_forward_into(x, y, &mut erf)?;
             Ok::<_, QuantError>(erf)
         },
-        |erf, x, dy, dx| gelu_backward_into(x, &erf, dy, dx),
+        |erf, x, dy, dx| {
+            let done = gelu_backward_into(x, &erf, dy, dx);
+            Scratch::recycle(erf);
+            done
+        },
         // The slices are the op's own, of one length: the checks cannot fail here.
         |checked, _| checked.map_err(super::to_cpu_error),
     )

@@ -199,6 +199,10 @@ impl Sink for KeepTerms<'_> {
     }
 }
 
+/// Columns of `dγ` and `dβ` whose sums over the rows one parallel piece takes: a cache line of
+/// each row.
+const COLUMNS_PER_PIECE: usize = 16;
+
 /// Values in each parallel piece of a pass over rows of `m` values (whole groups of
 /// [`SIDE_BY_SIDE`] rows), or `len` itself when the pass is not worth splitting.
 fn pieces(len: usize, m: usize) -> usize {
@@ -315,12 +319,25 @@ impl Rows {
             .for_each(|(((x, dy), dx), terms)| {
                 self.backward_serial(x, gamma, dy, dx, &mut KeepTerms(terms))
             });
-        for (dy, terms) in dy.chunks_exact(m).zip(terms.chunks_exact(m)) {
-            for (((b, g), dy), t) in dbeta.iter_mut().zip(dgamma.iter_mut()).zip(dy).zip(terms) {
-                *b += *dy;
-                *g += *t;
-            }
-        }
+        // Each column summed over the rows in order, as before; the columns split across the
+        // threads (a pass over every row on one thread was a serial section).
+        let columns = COLUMNS_PER_PIECE.min(m);
+        dbeta
+            .par_chunks_mut(columns)
+            .zip(dgamma.par_chunks_mut(columns))
+            .enumerate()
+            .for_each(|(k, (dbeta, dgamma))| {
+                let first = k * columns;
+                for (dy, terms) in dy.chunks_exact(m).zip(terms.chunks_exact(m)) {
+                    let (dy, terms) = (&dy[first..], &terms[first..]);
+                    for (((b, g), dy), t) in
+                        dbeta.iter_mut().zip(dgamma.iter_mut()).zip(dy).zip(terms)
+                    {
+                        *b += *dy;
+                        *g += *t;
+                    }
+                }
+            });
     }
 
     fn backward_serial(

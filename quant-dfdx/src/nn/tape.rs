@@ -18,9 +18,7 @@ pub(crate) fn accumulate(slot: &mut [f32], dx: &[f32]) -> Result<(), CpuError> {
     if slot.len() != dx.len() {
         return Err(CpuError::WrongNumElements);
     }
-    for (g, d) in slot.iter_mut().zip(dx) {
-        *g += *d;
-    }
+    quant_core::kernels::passes::add_into(slot, dx);
     Ok(())
 }
 

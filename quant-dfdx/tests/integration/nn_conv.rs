@@ -197,6 +197,45 @@ fn forward_and_backward_match_naive_convolution() {
     // 3), which run in parallel and add up their weight gradients.
     check_against_naive::<8, 4, 3>(&dev, case(7, 12, 12, 1, 1));
     check_against_naive::<16, 2, 3>(&dev, case(11, 13, 11, 2, 1));
+    // An output of 65,536 values: the bias gradient's channels split across the threads.
+    check_against_naive::<2, 8, 3>(&dev, case(32, 16, 16, 1, 1));
+}
+
+/// The outputs and all three gradients are the same bits on one thread and on three, with the
+/// output large enough for the bias gradient to split its channels across the threads.
+#[test]
+fn outputs_and_gradients_do_not_depend_on_the_thread_count() {
+    let dev = Cpu::seed_from_u64(5);
+    let x = dev.sample_normal_like(&(32, Const::<2>, 16, 16));
+    let wt: Tensor<Rank4<8, 2, 3, 3>, f32, _> = dev.sample_normal();
+    let b: Tensor<Rank1<8>, f32, _> = dev.sample_normal();
+    let r = dev.sample_normal_like(&(32, Const::<8>, 16, 16));
+    let run = || {
+        let y = conv2d(x.trace(Gradients::leaky()), wt.retaped(), b.retaped(), 1, 1).unwrap();
+        let out = y.as_vec();
+        let grads = (y * r.clone()).sum().backward();
+        [
+            out,
+            grads.get(&x).as_vec(),
+            grads.get(&wt).as_vec(),
+            grads.get(&b).as_vec(),
+        ]
+    };
+    let on = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(run)
+    };
+    let (one, three) = (on(1), on(3));
+    for (what, (a, b)) in ["outputs", "dx", "dw", "db"]
+        .iter()
+        .zip(one.iter().zip(&three))
+    {
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(a), bits(b), "{what}: 1 vs 3 threads");
+    }
 }
 
 /// Central differences of `loss = sum(r * conv2d(..))`, accumulated in f64, for one element
