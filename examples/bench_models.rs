@@ -54,9 +54,20 @@ const BLOCK: usize = 8;
 /// Time spent measuring each side of a comparison (beyond warm-up).
 const BUDGET: Duration = Duration::from_millis(800);
 
+/// Blocks per side that training steps are timed over: a fixed count, not [`BUDGET`]'s. Each
+/// step trains its model further on the same batch, and after about a thousand steps they slow
+/// down (values fading into subnormals: the digits MLP's float step took 2x its early time by
+/// step 3,000), so a count that grew with the speed timed a faster build on slower steps.
+const TRAINING_BLOCKS: usize = 24;
+
 /// Medians of the run times of `a` and of `b`, timed in alternating blocks of [`BLOCK`] runs
-/// (after one warm-up block each), for about [`BUDGET`] per side and at least 8 blocks each.
-fn compare(mut a: impl FnMut(), mut b: impl FnMut()) -> (Duration, Duration) {
+/// (after one warm-up block each): `blocks` of them per side, or (`None`) as many as take
+/// about [`BUDGET`] per side, at least 8.
+fn compare(
+    mut a: impl FnMut(),
+    mut b: impl FnMut(),
+    blocks: Option<usize>,
+) -> (Duration, Duration) {
     fn block(f: &mut dyn FnMut(), times: &mut Vec<Duration>) {
         for _ in 0..BLOCK {
             let start = Instant::now();
@@ -68,10 +79,12 @@ fn compare(mut a: impl FnMut(), mut b: impl FnMut()) -> (Duration, Duration) {
     block(&mut a, &mut ta);
     block(&mut b, &mut tb);
     let per_block = ta.iter().chain(&tb).sum::<Duration>() / 2;
-    let blocks = (BUDGET.as_secs_f64() / per_block.as_secs_f64().max(1e-9)).clamp(8.0, 500.0);
+    let blocks = blocks.unwrap_or_else(|| {
+        (BUDGET.as_secs_f64() / per_block.as_secs_f64().max(1e-9)).clamp(8.0, 500.0) as usize
+    });
     ta.clear();
     tb.clear();
-    for _ in 0..blocks as usize {
+    for _ in 0..blocks {
         block(&mut a, &mut ta);
         block(&mut b, &mut tb);
     }
@@ -171,6 +184,7 @@ where
                 .step(&mut b, pixels.to_vec(), labels, 1e-3)
                 .expect("QAT step");
         },
+        Some(TRAINING_BLOCKS),
     ))
 }
 
@@ -417,6 +431,7 @@ where
                 .step(&mut b, pixels.to_vec(), labels, 1e-3)
                 .expect("step");
         },
+        Some(TRAINING_BLOCKS),
     ))
 }
 
@@ -458,6 +473,7 @@ where
                 || {
                     let _ = integer.forward(&images).expect("integer forward");
                 },
+                None,
             )
         };
         let (t_float, t_integer, threads) = match pool {
