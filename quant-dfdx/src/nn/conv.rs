@@ -3,8 +3,6 @@
 
 use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
-use quant_core::kernels::passes::PASSES_PARALLEL;
-use quant_core::scratch::Scratch;
 use quant_core::Result;
 use rand::distributions::uniform::SampleUniform;
 use rayon::prelude::*;
@@ -154,9 +152,7 @@ where
         .map(|m| dev.try_tensor_from_vec(m.to_vec(), (geo.out_per_group, geo.taps)))
         .collect::<std::result::Result<_, _>>()?;
 
-    // Every output is written below (its bias, or its product plus its bias): from the pool,
-    // not zeroed first.
-    let mut y = Scratch::output(win.batch * geo.out_image);
+    let mut y = vec![0.0f32; win.batch * geo.out_image];
     if geo.trivial() {
         // No tap reads the input (no input, or no taps): every output is its bias.
         if geo.ohw > 0 {
@@ -195,19 +191,10 @@ where
     let (x_ghost, w_ghost, b_ghost) = (x.ghost(), weight.ghost(), bias.ghost());
     record(&out, &mut tape, move |dy, grads| {
         let mut db = vec![0.0f32; O];
-        if geo.ohw > 0 && O > 0 {
-            // Each channel's image sums added in image order, as one loop over `dy` adds them;
-            // the channels split across the threads (that loop, a pass over the whole output
-            // gradient, was a serial section).
-            let channels = if dy.len() >= PASSES_PARALLEL { 1 } else { O };
-            db.par_chunks_mut(channels).enumerate().for_each(|(k, db)| {
-                for image in dy.chunks_exact(O * geo.ohw) {
-                    for (j, d) in db.iter_mut().enumerate() {
-                        let o = k * channels + j;
-                        *d += image[o * geo.ohw..][..geo.ohw].iter().sum::<f32>();
-                    }
-                }
-            });
+        if geo.ohw > 0 {
+            for (i, chunk) in dy.chunks_exact(geo.ohw).enumerate() {
+                db[i % O] += chunk.iter().sum::<f32>();
+            }
         }
         accumulate(grads.get_or_alloc_mut(&b_ghost)?, &db)?;
         if geo.trivial() {

@@ -5,7 +5,6 @@ use dfdx::nn::ZeroSizedModule;
 use dfdx::prelude::*;
 use dfdx::tensor::CpuError;
 use quant_core::kernels::pool::{beats, max_pool_2x2, Halving};
-use quant_core::scratch::Scratch;
 use quant_core::Result;
 use rayon::prelude::*;
 
@@ -175,8 +174,7 @@ pub fn max_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
 ) -> Result<FeatureMaps<B, C, T>> {
     pool("max_pool2d", x, [kernel, stride, padding], |win, data| {
         let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
-        // Every output is written below: from the pool, not zeroed first.
-        let mut y = Scratch::output(win.batch * C * plane_out);
+        let mut y = vec![0.0f32; win.batch * C * plane_out];
         // The flat input index each output took its value from, for the backward pass.
         let mut arg = vec![0usize; y.len()];
         let halving = win.k == 2 && win.stride == 2 && win.pad == 0;
@@ -248,8 +246,7 @@ pub fn avg_pool2d<B: Dim, const C: usize, H: Dim, W: Dim, T: Tape<f32, Cpu>>(
         let win = *win;
         let (plane_in, plane_out) = (win.in_plane(), win.out_plane());
         let inv_area = 1.0 / (win.k * win.k) as f32;
-        // Every output is written below: from the pool, not zeroed first.
-        let mut y = Scratch::output(win.batch * C * plane_out);
+        let mut y = vec![0.0f32; win.batch * C * plane_out];
         for_each_plane(&mut y, plane_out, |p, y_plane| {
             let src = &data[p * plane_in..][..plane_in];
             for oy in 0..win.oh {

@@ -197,12 +197,12 @@ fn forward_and_backward_match_naive_convolution() {
     // 3), which run in parallel and add up their weight gradients.
     check_against_naive::<8, 4, 3>(&dev, case(7, 12, 12, 1, 1));
     check_against_naive::<16, 2, 3>(&dev, case(11, 13, 11, 2, 1));
-    // An output of 65,536 values: the bias gradient's channels split across the threads.
+    // A larger batch: 32 images, an output of 65,536 values.
     check_against_naive::<2, 8, 3>(&dev, case(32, 16, 16, 1, 1));
 }
 
-/// The outputs and all three gradients are the same bits on one thread and on three, with the
-/// output large enough for the bias gradient to split its channels across the threads.
+/// The outputs and all three gradients are the same bits on one thread and on three (the
+/// images split into chunks across the threads).
 #[test]
 fn outputs_and_gradients_do_not_depend_on_the_thread_count() {
     let dev = Cpu::seed_from_u64(5);
