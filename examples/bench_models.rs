@@ -24,7 +24,8 @@
 //! For a profiler: `bench_models --step-only MODEL float|qat [--steps N]` runs only that
 //! model's training step (`mlp`, `cnn`, `resnet`, `vit` on the digits as in section 1, but the
 //! float model as trained; `cnn28`, `vit28` on MNIST as in section 3), `N` times (default
-//! 150) on rayon's default pool (`RAYON_NUM_THREADS=1` for one thread), and prints the median,
+//! 150) on a thread of a pool of rayon's default size (`RAYON_NUM_THREADS=1` for one thread),
+//! as section 1 runs its steps, and prints the median,
 //! so that `perf record` sees one model and one kind of step.
 
 use std::time::{Duration, Instant};
@@ -340,8 +341,8 @@ where
 }
 
 /// `--step-only`: `count` (at least 1) training steps of `model`'s float model, or of its W4A4
-/// LSQ QAT model where `qat`, on rayon's default pool, after three to warm up; prints the
-/// median.
+/// LSQ QAT model where `qat`, on a thread of a pool of rayon's default size, after three to warm
+/// up; prints the median.
 fn step_only<S, const C: usize, F, D>(
     model: &Model<S, C, F, D>,
     data: &Dataset,
@@ -376,22 +377,31 @@ where
         }
         Ok(median(times))
     }
-    let trained = training(model, data)?;
-    let batch = (trained.pixels.as_slice(), trained.labels.as_slice());
-    let (side, time) = match qat {
-        false => (
-            "float",
-            repeat::<F, S, C>(&trained.dev, trained.float, batch, count)?,
-        ),
-        true => (
-            "qat",
-            repeat::<D::Quantized, S, C>(&trained.dev, trained.qat, batch, count)?,
-        ),
-    };
+    let Training {
+        dev,
+        float,
+        qat: quantized,
+        pixels,
+        labels,
+    } = training(model, data)?;
+    // The steps run on a pool thread, as `bench_models qat` runs them: called from outside the
+    // pool, every parallel section of a step would first wake a pool thread and wait for it
+    // (the digits MLP's float step on one thread took 1.5x its time so).
+    let pool = rayon::ThreadPoolBuilder::new().build()?;
+    let threads = pool.current_num_threads();
+    // Moved in: a quantized model is Send but not Sync.
+    let (side, time) = pool.install(move || {
+        let batch = (pixels.as_slice(), labels.as_slice());
+        // As a `String`: a boxed error is not `Send`.
+        match qat {
+            false => repeat::<F, S, C>(&dev, float, batch, count).map(|t| ("float", t)),
+            true => repeat::<D::Quantized, S, C>(&dev, quantized, batch, count).map(|t| ("qat", t)),
+        }
+        .map_err(|e| e.to_string())
+    })?;
     println!(
-        "{} {side} step, batch 64, {} thread(s): median of {} steps {:.1} µs",
+        "{} {side} step, batch 64, {threads} thread(s): median of {} steps {:.1} µs",
         model.name(),
-        rayon::current_num_threads(),
         count,
         micros(time)
     );
