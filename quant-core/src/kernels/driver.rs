@@ -535,11 +535,17 @@ fn job<S: Streams, K: ElementKernel<S>>(
 fn fold<T: Sums>(walk: &Walk<'_>, start: usize, part: &[T], sums: &mut [T]) {
     match walk {
         Walk::Rows { inner, .. } => {
-            let first = start / inner;
-            for (b, p) in part.iter().enumerate() {
-                let c = (first + b) % sums.len().max(1);
+            let channels = sums.len();
+            // Row `b` of the job is row `first + b` of the tensor, of channel `(first + b) %
+            // channels`: counted along rather than divided per row.
+            let mut c = (start / inner) % channels.max(1);
+            for p in part {
                 if let Some(s) = sums.get_mut(c) {
                     s.add(*p);
+                }
+                c += 1;
+                if c == channels {
+                    c = 0;
                 }
             }
         }

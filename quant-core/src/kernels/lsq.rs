@@ -79,15 +79,26 @@ fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums
 }
 
 /// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
+///
+/// `avx2`: whether the AVX2 code may run ([`use_avx2`], asked once per call rather than once
+/// per row of a per-channel weight).
 #[inline(always)]
-fn lsq_span<R: Round, O: GradOut>(x: &[f32], dy: &[f32], dx: &mut [O], p: &Affine) -> LsqSums {
+fn lsq_span<R: Round, O: GradOut>(
+    x: &[f32],
+    dy: &[f32],
+    dx: &mut [O],
+    p: &Affine,
+    avx2: bool,
+) -> LsqSums {
     let n = x.len().min(dy.len()).min(dx.len());
     let (x, dy, dx) = (&x[..n], &dy[..n], &mut dx[..n]);
     let mut ds_wide = [0f64; LANES];
     let mut dz_wide = [0f64; LANES];
     let mut sums = LsqSums::default();
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = avx2;
     #[cfg(target_arch = "x86_64")]
-    if R::HALF_EVEN && use_avx2() {
+    if R::HALF_EVEN && avx2 {
         let whole = n - n % BLOCK;
         // SAFETY: the CPU supports AVX2, checked just above; the slices are `whole` long.
         unsafe {
@@ -319,17 +330,33 @@ fn lsq_periods<R: Round, O: GradOut>(
 
 /// LSQ's backward as a kernel of the element driver: `dx += dy·[inside]`, and the sums of the
 /// scale and zero-point gradient terms per channel.
-struct Lsq<R>(PhantomData<R>);
+struct Lsq<R> {
+    /// Whether the AVX2 code may run (see [`lsq_span`]).
+    avx2: bool,
+    rounding: PhantomData<R>,
+}
 
 impl<R: Round, O: GradOut> ElementKernel<(&[f32], &[f32], &mut [O])> for Lsq<R> {
     type Sums = LsqSums;
     #[inline(always)]
     fn span(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), p: &Affine) -> LsqSums {
-        lsq_span::<R, O>(x, dy, dx, p)
+        lsq_span::<R, O>(x, dy, dx, p, self.avx2)
     }
     #[inline(always)]
     fn periods(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), e: &Expanded, sums: &mut [LsqSums]) {
         lsq_periods::<R, O>(x, dy, dx, e, sums)
+    }
+}
+
+/// Whether LSQ's AVX2 code may run ([`use_avx2`]; never off x86-64).
+fn lsq_may_use_avx2() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use_avx2()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -499,7 +526,11 @@ fn lsq_backward_to<O: GradOut>(
     );
     let sums = rounded.run(|path, params| match path {
         Path::Fast(walk) => with_rounding!(grid.rounding, R => {
-            drive(&Lsq::<R>(PhantomData), (x, dy, dx), &walk, layout.channels)
+            let kernel = Lsq::<R> {
+                avx2: lsq_may_use_avx2(),
+                rounding: PhantomData,
+            };
+            drive(&kernel, (x, dy, dx), &walk, layout.channels)
         }),
         Path::Exact => lsq_slow(x, dy, dx, layout, params, grid.torch()),
     })?;
