@@ -3,11 +3,9 @@
 
 use std::marker::PhantomData;
 
-#[cfg(target_arch = "x86_64")]
-use super::driver::use_avx2;
 use super::driver::{
     drive, reduce_blocks, uninit_vec, Constants, ElementKernel, Expanded, GradOut, Streams, Sums,
-    BLOCK, CHUNK, LANES,
+    VectorPath, BLOCK, CHUNK, LANES,
 };
 use super::params::{check_len, check_range, Affine, Grid, Path};
 use super::round::{clamp, rne, Round};
@@ -80,8 +78,8 @@ fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums
 
 /// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
 ///
-/// `avx2`: whether the AVX2 code may run ([`use_avx2`], asked once per call rather than once
-/// per row of a per-channel weight).
+/// `avx2`: whether the AVX2 code may run (`VectorPath::widest` above the baseline), asked once
+/// per call rather than once per row of a per-channel weight.
 #[inline(always)]
 fn lsq_span<R: Round, O: GradOut>(
     x: &[f32],
@@ -348,18 +346,6 @@ impl<R: Round, O: GradOut> ElementKernel<(&[f32], &[f32], &mut [O])> for Lsq<R> 
     }
 }
 
-/// Whether LSQ's AVX2 code may run ([`use_avx2`]; never off x86-64).
-fn lsq_may_use_avx2() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use_avx2()
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
 /// The exact path for grids too wide for the fast rounding.
 fn lsq_slow<O: GradOut>(
     x: &[f32],
@@ -527,7 +513,8 @@ fn lsq_backward_to<O: GradOut>(
     let sums = rounded.run(|path, params| match path {
         Path::Fast(walk) => with_rounding!(grid.rounding, R => {
             let kernel = Lsq::<R> {
-                avx2: lsq_may_use_avx2(),
+                // Every path above the baseline has AVX2; off x86-64 there is none.
+                avx2: VectorPath::widest() != VectorPath::Baseline,
                 rounding: PhantomData,
             };
             drive(&kernel, (x, dy, dx), &walk, layout.channels)
