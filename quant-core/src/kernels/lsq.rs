@@ -399,12 +399,28 @@ pub fn round_zero_point(zero_point: f32, quant_min: i32, quant_max: i32) -> Resu
 /// # Errors
 /// As [`round_zero_point`], for the first zero point that fails.
 pub fn round_zero_points(zero_points: &[f32], quant_min: i32, quant_max: i32) -> Result<Vec<i32>> {
-    // A plain loop, not a `collect` of `Result`s: this runs on every training step.
-    let mut rounded = Vec::with_capacity(zero_points.len());
-    for z in zero_points {
-        rounded.push(round_zero_point(*z, quant_min, quant_max)?);
+    // This runs several times per quantizer on every training step (a per-channel weight has
+    // hundreds of zero points): the checks once, then a loop that vectorises.
+    check_range(quant_min, quant_max)?;
+    if zero_points.iter().any(|z| z.is_nan()) {
+        return Err(QuantError::NonFinite {
+            what: "zero_point".into(),
+            value: f64::NAN,
+        });
     }
-    Ok(rounded)
+    let small = |q: i32| q.unsigned_abs() <= 1 << 22;
+    if !(small(quant_min) && small(quant_max)) {
+        return zero_points
+            .iter()
+            .map(|z| round_zero_point(*z, quant_min, quant_max))
+            .collect();
+    }
+    // Every clamped value lies within ±2^22, where `round_zero_point` takes `rne`.
+    let (lo, hi) = (quant_min as f32, quant_max as f32);
+    Ok(zero_points
+        .iter()
+        .map(|z| rne(clamp(*z, lo, hi)) as i32)
+        .collect())
 }
 
 /// PyTorch's `_fake_quantize_learnable_per_tensor_affine_backward`, the LSQ gradient: returns

@@ -711,6 +711,25 @@ fn zero_points_round_half_to_even_at_every_magnitude() {
         }
     }
     zs.extend((-400..400).map(|k| k as f32 * 0.25));
+    // The per-channel form gives each value's result, on narrow grids (its vectorised loop)
+    // and wide ones.
+    for (lo, hi) in [
+        (-8, 7),
+        (0, 255),
+        (-(1 << 22), 1 << 22),
+        (-(1 << 23), 5),
+        (qmin, qmax),
+    ] {
+        let one_by_one: Vec<i32> = zs
+            .iter()
+            .map(|z| round_zero_point(*z, lo, hi).unwrap())
+            .collect();
+        assert_eq!(
+            round_zero_points(&zs, lo, hi).unwrap(),
+            one_by_one,
+            "[{lo}, {hi}]"
+        );
+    }
     for z in zs {
         let expected = z.clamp(qmin as f32, qmax as f32).round_ties_even() as i32;
         assert_eq!(
