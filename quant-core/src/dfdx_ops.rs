@@ -621,74 +621,127 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     axis: Option<usize>,
     train_params: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let decls = quantizer.parameters();
-    if decls.len() > MAX_PARAMETERS {
-        return Err(QuantError::TooManyParameters {
-            quantizer: format!("{:?}", quantizer),
-            count: decls.len(),
-            max: MAX_PARAMETERS,
-        });
-    }
-    let trainable = trainable_slots(&decls);
-    let layout = shape_layout(x.shape(), axis)?;
-    let bank_len = learned.shape().num_elements();
-    let bank_channels = bank_len / MAX_PARAMETERS;
-    if fixed.shape().num_elements() != bank_len {
-        return Err(QuantError::LengthMismatch {
-            what: "fixed parameter slots (as many as the learned ones)".into(),
-            expected: bank_len,
-            actual: fixed.shape().num_elements(),
-        });
-    }
-    if layout.channels != 1 && layout.channels != bank_channels {
-        return Err(QuantError::LengthMismatch {
-            what: format!(
-                "channels along axis {axis:?} (the parameter slots hold {bank_channels})"
-            ),
-            expected: bank_channels,
-            actual: layout.channels,
-        });
-    }
-    let bank = merged_bank(&trainable, bank_channels, learned, fixed);
-    ParamBank::new(&bank, bank_channels)?;
-    let learned_grad = train_params.then(|| learned.ghost());
-    let q_fwd = quantizer.clone();
-    let q_bwd = quantizer.clone();
-    elementwise_op(
-        x,
-        move |x, y| {
-            let input = QuantizerInput::new(x, layout, grid)?;
-            q_fwd.forward(input, &ParamBank::new(&bank, bank_channels)?, y)?;
-            Ok(bank)
-        },
-        move |bank, x, dy, dx| {
-            let mut dbank = vec![0.0; bank.len()];
-            // Cannot fail: the forward pass checked the same input and bank.
-            if let (Ok(input), Ok(view), Ok(mut dview)) = (
-                QuantizerInput::new(x, layout, grid),
-                ParamBank::new(&bank, bank_channels),
-                ParamBankMut::new(&mut dbank, bank_channels),
-            ) {
-                q_bwd.backward(input, &view, dy, dx, &mut dview);
-            }
-            dbank
-        },
-        move |dbank, grads| {
-            let Some(ghost) = learned_grad else {
-                return Ok(());
-            };
-            let slot = grads.get_or_alloc_mut(&ghost)?;
-            for (k, rows) in dbank.chunks(bank_channels.max(1)).enumerate() {
-                if trainable.get(k) == Some(&true) {
-                    let at = k * bank_channels;
-                    for (g, d) in slot[at..at + rows.len()].iter_mut().zip(rows) {
-                        *g += *d;
+    let op = DynQuantization::new(
+        quantizer,
+        x.shape(),
+        learned,
+        fixed,
+        grid,
+        axis,
+        train_params,
+    )?;
+    elementwise_op(x, op.forward, op.backward, op.accumulate)
+}
+
+/// The forward half of [`DynQuantization`]: reads the input, writes every value of the output,
+/// returns what the backward half needs.
+pub type DynForward = Box<dyn FnOnce(&[f32], &mut [f32]) -> Result<Vec<f32>>>;
+/// The backward half of [`DynQuantization`]: from the forward half's state, the input and the
+/// output gradient, adds into the input gradient; returns the parameters' gradients.
+pub type DynBackward = Box<dyn FnOnce(Vec<f32>, &[f32], &[f32], &mut [f32]) -> Vec<f32>>;
+/// The last part of [`DynQuantization`]'s backward: adds the parameters' gradients into the
+/// quantizer's learned bank's.
+pub type DynAccumulate =
+    Box<dyn FnOnce(Vec<f32>, &mut Gradients<f32, Cpu>) -> std::result::Result<(), CpuError>>;
+
+/// [`fake_quantize_dyn`]'s op on a tensor of one shape, checked and taken apart, for an op of
+/// its own that quantizes a tensor it reads: `quant-dfdx`'s `QLinear` quantizes its weights
+/// inside its product so, with no dfdx tensor for the quantized weights and so no zeroed
+/// gradient buffer for them. Run as [`elementwise_op`] runs the halves, it is
+/// [`fake_quantize_dyn`].
+pub struct DynQuantization {
+    /// Reads the input, writes the output.
+    pub forward: DynForward,
+    /// Adds into the input's gradient.
+    pub backward: DynBackward,
+    /// Adds into the parameters' gradients.
+    pub accumulate: DynAccumulate,
+}
+
+impl DynQuantization {
+    /// The op of `quantizer` on a tensor of `shape` (see [`fake_quantize_dyn`] for the banks).
+    ///
+    /// # Errors
+    /// The quantizer declares too many parameters; the banks' sizes differ or do not match the
+    /// channels along `axis`; a parameter the quantizer rejects.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new<S: Shape, P: Shape>(
+        quantizer: &Arc<dyn TrainableQuantizer>,
+        shape: &S,
+        learned: &Tensor<P, f32, Cpu>,
+        fixed: &Tensor<P, f32, Cpu>,
+        grid: IntegerGrid,
+        axis: Option<usize>,
+        train_params: bool,
+    ) -> Result<DynQuantization> {
+        let decls = quantizer.parameters();
+        if decls.len() > MAX_PARAMETERS {
+            return Err(QuantError::TooManyParameters {
+                quantizer: format!("{:?}", quantizer),
+                count: decls.len(),
+                max: MAX_PARAMETERS,
+            });
+        }
+        let trainable = trainable_slots(&decls);
+        let layout = shape_layout(shape, axis)?;
+        let bank_len = learned.shape().num_elements();
+        let bank_channels = bank_len / MAX_PARAMETERS;
+        if fixed.shape().num_elements() != bank_len {
+            return Err(QuantError::LengthMismatch {
+                what: "fixed parameter slots (as many as the learned ones)".into(),
+                expected: bank_len,
+                actual: fixed.shape().num_elements(),
+            });
+        }
+        if layout.channels != 1 && layout.channels != bank_channels {
+            return Err(QuantError::LengthMismatch {
+                what: format!(
+                    "channels along axis {axis:?} (the parameter slots hold {bank_channels})"
+                ),
+                expected: bank_channels,
+                actual: layout.channels,
+            });
+        }
+        let bank = merged_bank(&trainable, bank_channels, learned, fixed);
+        ParamBank::new(&bank, bank_channels)?;
+        let learned_grad = train_params.then(|| learned.ghost());
+        let q_fwd = quantizer.clone();
+        let q_bwd = quantizer.clone();
+        Ok(DynQuantization {
+            forward: Box::new(move |x, y| {
+                let input = QuantizerInput::new(x, layout, grid)?;
+                q_fwd.forward(input, &ParamBank::new(&bank, bank_channels)?, y)?;
+                Ok(bank)
+            }),
+            backward: Box::new(move |bank, x, dy, dx| {
+                let mut dbank = vec![0.0; bank.len()];
+                // Cannot fail: the forward pass checked the same input and bank.
+                if let (Ok(input), Ok(view), Ok(mut dview)) = (
+                    QuantizerInput::new(x, layout, grid),
+                    ParamBank::new(&bank, bank_channels),
+                    ParamBankMut::new(&mut dbank, bank_channels),
+                ) {
+                    q_bwd.backward(input, &view, dy, dx, &mut dview);
+                }
+                dbank
+            }),
+            accumulate: Box::new(move |dbank, grads| {
+                let Some(ghost) = learned_grad else {
+                    return Ok(());
+                };
+                let slot = grads.get_or_alloc_mut(&ghost)?;
+                for (k, rows) in dbank.chunks(bank_channels.max(1)).enumerate() {
+                    if trainable.get(k) == Some(&true) {
+                        let at = k * bank_channels;
+                        for (g, d) in slot[at..at + rows.len()].iter_mut().zip(rows) {
+                            *g += *d;
+                        }
                     }
                 }
-            }
-            Ok(())
-        },
-    )
+                Ok(())
+            }),
+        })
+    }
 }
 
 /// Which of the [`MAX_PARAMETERS`] slots a quantizer declaring `decls` reads from its learned

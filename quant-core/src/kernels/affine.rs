@@ -142,6 +142,19 @@ impl Affine {
     /// chain of fused multiply-adds over its rows `r` from zero; `None` (nothing added) if a
     /// length does not match.
     pub fn weight_gradient(&self, dw: &mut [f32], x: &[f32], dy: &[f32]) -> Option<()> {
+        self.weights_gradient(dw, x, dy, false)
+    }
+
+    /// [`weight_gradient`](Self::weight_gradient) into storage whose values before do not
+    /// matter (a pooled buffer): `dw` ends as `weight_gradient` leaves a zeroed buffer. Each
+    /// task zeroes its own rows just before adding into them, so the buffer needs no zeroing
+    /// pass of its own.
+    pub fn weight_gradient_fresh(&self, dw: &mut [f32], x: &[f32], dy: &[f32]) -> Option<()> {
+        self.weights_gradient(dw, x, dy, true)
+    }
+
+    /// The weights' gradient, added into `dw`, or (`fresh`) into zeros.
+    fn weights_gradient(&self, dw: &mut [f32], x: &[f32], dy: &[f32], fresh: bool) -> Option<()> {
         let (inputs, outputs, rows) = (self.inputs, self.outputs, self.rows);
         let total = self.total_rows();
         if dw.len() != outputs * inputs || x.len() != total * inputs || dy.len() != total * outputs
@@ -149,6 +162,9 @@ impl Affine {
             return None;
         }
         if self.sequences == 1 && !self.avx512 {
+            if fresh {
+                dw.fill(0.0);
+            }
             // dfdx's own call for a batch of vectors (one product, depth `rows`): `gemm`'s
             // kernels are faster than the loop below on one long chain.
             // SAFETY: lengths checked above; `dw` is read as the `inputs × outputs` matrix
@@ -171,6 +187,9 @@ impl Affine {
             .enumerate()
             .for_each(|(task, dw_rows)| {
                 let first = task * per_task;
+                if fresh {
+                    dw_rows.fill(0.0);
+                }
                 for s in 0..self.sequences {
                     let x_seq = &x[s * rows * inputs..][..rows * inputs];
                     let dy_seq = &dy[s * rows * outputs..][..rows * outputs];

@@ -12,6 +12,7 @@ use super::{
     TensorQuantizer,
 };
 use crate::convert::{Convert, LayerKind};
+use crate::nn::LinearInput;
 use quant_runtime::graph::{GraphBuilder, Op, ValueId};
 use quant_runtime::GraphError;
 
@@ -138,6 +139,18 @@ macro_rules! linear_modules {
                 x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
             ) -> Result<Self::Output> {
                 let x = self.input_quantizer.$fake_quantize(x)?;
+                // In training, the weights are quantized inside the product (the same numbers,
+                // without a tensor and a zeroed gradient buffer for the quantized weights).
+                if T::OWNS_TAPE {
+                    if let Some(q) = self.weights_quantizer.quantization(self.weight.shape())? {
+                        let b: Tensor<Rank1<O>, f32, Cpu, T> = super::layer_bias(
+                            &self.bias,
+                            &self.input_quantizer,
+                            &self.weights_quantizer,
+                        )?;
+                        return x.linear_quantized_weight(&self.weight, q, b);
+                    }
+                }
                 let w = self
                     .weights_quantizer
                     .$fake_quantize(self.weight.retaped::<T>())?;

@@ -49,6 +49,7 @@ pub use residual::{
 
 use dfdx::prelude::*;
 use quant_core::accumulator::{bias_scale, check_bias_scales};
+use quant_core::dfdx_ops::DynQuantization;
 use quant_core::{QuantError, QuantizationTarget, Result};
 
 use crate::convert::LayerKind;
@@ -70,6 +71,16 @@ pub trait FakeQuantizer: QuantizerControl + Clone + std::fmt::Debug {
         &mut self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>>;
+    /// The op `fake_quantize` runs on a tensor of `shape`, taken apart for a layer's op that
+    /// quantizes a tensor it reads (`QLinear` quantizes its weights inside its product with it),
+    /// or `None` where `fake_quantize` runs no op or must not be bypassed (Calibrating). The
+    /// default is `None`: the layer calls `fake_quantize`.
+    ///
+    /// # Errors
+    /// As `fake_quantize`.
+    fn quantization<S: Shape>(&self, _shape: &S) -> Result<Option<DynQuantization>> {
+        Ok(None)
+    }
 }
 
 impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
@@ -84,6 +95,9 @@ impl<const C: usize> FakeQuantizer for TensorQuantizer<C> {
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
         TensorQuantizer::fake_quantize_mut(self, x)
+    }
+    fn quantization<S: Shape>(&self, shape: &S) -> Result<Option<DynQuantization>> {
+        TensorQuantizer::quantization(self, shape)
     }
 }
 

@@ -372,6 +372,39 @@ impl<const C: usize> TensorQuantizer<C> {
         }
     }
 
+    /// The op [`fake_quantize`](Self::fake_quantize) would run on a tensor of `shape`, taken
+    /// apart ([`dfdx_ops::DynQuantization`]) for an op that quantizes a tensor it reads;
+    /// `None` where `fake_quantize` runs no op (disabled or unconfigured) or where it must not
+    /// run (Calibrating: the observer needs `fake_quantize_mut`).
+    ///
+    /// # Errors
+    /// As [`fake_quantize`](Self::fake_quantize): parameters not initialised, a shape whose
+    /// channels do not match.
+    pub fn quantization<S: Shape>(&self, shape: &S) -> Result<Option<dfdx_ops::DynQuantization>> {
+        let mode = QuantizerMode::from_code(self.mode);
+        let setup = match (mode, &self.setup) {
+            (QuantizerMode::Disabled | QuantizerMode::Calibrating, _) | (_, None) => {
+                return Ok(None)
+            }
+            (_, Some(setup)) => setup,
+        };
+        if self.initialized == 0 {
+            return Err(self.not_initialized());
+        }
+        let grid = self.grid()?.ok_or_else(|| self.not_initialized())?;
+        dfdx_ops::DynQuantization::new(
+            &setup.quantizer,
+            shape,
+            &self.learned,
+            &self.fixed,
+            grid,
+            self.axis(),
+            mode == QuantizerMode::Training,
+        )
+        .map(Some)
+        .map_err(|e| e.at(self.label()))
+    }
+
     /// Like [`fake_quantize`](Self::fake_quantize), but in Calibrating mode records `x` in the observer and
     /// passes it through.
     pub fn fake_quantize_mut<S: Shape, T: Tape<f32, Cpu>>(

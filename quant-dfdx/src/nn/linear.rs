@@ -7,6 +7,7 @@ use dfdx::prelude::*;
 use dfdx::shapes::Dtype;
 use dfdx::tensor::CpuError;
 use dfdx::tensor_ops::Device;
+use quant_core::dfdx_ops::{DynQuantization, Scratch};
 use quant_core::kernels::affine::Affine;
 use quant_core::{QuantError, Result};
 
@@ -130,6 +131,33 @@ pub trait LinearInput<const I: usize, const O: usize>: Sized {
         weight: Tensor<Rank2<O, I>, f32, Cpu, Self::Tape>,
         bias: Tensor<Rank1<O>, f32, Cpu, Self::Tape>,
     ) -> Result<Self::Output>;
+
+    /// `self · q(weight)ᵀ + bias`, `q` the weights' `quantization` (a parameter tensor and
+    /// its quantizer's op, [`DynQuantization`]): the numbers of [`linear`](Self::linear) on the
+    /// fake-quantized weights, with gradients for `weight` and the quantizer's parameters.
+    /// Where the one-product path runs, the quantized weights stay inside the op (no dfdx
+    /// tensor, so no zeroed gradient buffer for them); elsewhere (this default) the quantizer's
+    /// op runs as a tensor op of its own.
+    ///
+    /// # Errors
+    /// The quantizer's; the device's (allocation).
+    fn linear_quantized_weight(
+        self,
+        weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+        quantization: DynQuantization,
+        bias: Tensor<Rank1<O>, f32, Cpu, Self::Tape>,
+    ) -> Result<Self::Output> {
+        let w = quantized_weight(weight, quantization)?;
+        self.linear(w, bias)
+    }
+}
+
+/// The weights through their quantizer's op, as a tensor on a tape of its own.
+fn quantized_weight<const I: usize, const O: usize, T: Tape<f32, Cpu>>(
+    weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+    q: DynQuantization,
+) -> Result<Tensor<Rank2<O, I>, f32, Cpu, T>> {
+    quant_core::dfdx_ops::elementwise_op(weight.retaped::<T>(), q.forward, q.backward, q.accumulate)
 }
 
 /// `x · weightᵀ + bias` for `x` of shape `(I)`, `(B, I)` or `(B, S, I)`: the [`Linear`]
@@ -187,6 +215,19 @@ where
         };
         affine(self, weight, bias, plan, (batch, Const::<O>))
     }
+
+    fn linear_quantized_weight(
+        self,
+        weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+        quantization: DynQuantization,
+        bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        let (batch, _) = *self.shape();
+        let Some(plan) = Affine::new(1, batch.size(), I, O, T::OWNS_TAPE) else {
+            return self.linear(quantized_weight(weight, quantization)?, bias);
+        };
+        affine_quantized_weight(self, weight, quantization, bias, plan, (batch, Const::<O>))
+    }
 }
 
 impl<B: Dim, S: Dim, const I: usize, const O: usize, T> LinearInput<I, O>
@@ -209,6 +250,20 @@ where
             return Ok(y.try_add(bias.try_broadcast_like(&shape)?)?);
         };
         affine(self, weight, bias, plan, (batch, seq, Const::<O>))
+    }
+
+    fn linear_quantized_weight(
+        self,
+        weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+        quantization: DynQuantization,
+        bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        let (batch, seq, _) = *self.shape();
+        let Some(plan) = Affine::new(batch.size(), seq.size(), I, O, T::OWNS_TAPE) else {
+            return self.linear(quantized_weight(weight, quantization)?, bias);
+        };
+        let shape = (batch, seq, Const::<O>);
+        affine_quantized_weight(self, weight, quantization, bias, plan, shape)
     }
 }
 
@@ -253,6 +308,67 @@ where
             .ok_or(CpuError::WrongNumElements)?;
         plan.weight_gradient(grads.get_or_alloc_mut(&w_ghost)?, &x_data, dy)
             .ok_or(CpuError::WrongNumElements)
+    });
+    Ok(out.put_tape(tape))
+}
+
+/// The one-product path with the weights quantized inside the op: [`affine`]'s products on
+/// `q(weight)`, whose gradient goes from a pooled buffer (each task of the weights' gradient
+/// zeroes its rows as it starts) straight into the quantizer's backward pass, which adds into
+/// `weight`'s gradient and the quantizer's parameters'. The same additions, in the same order,
+/// as the quantizer's op followed by [`affine`]: the same bits.
+fn affine_quantized_weight<Sx: Shape, So: Shape, const I: usize, const O: usize, T>(
+    x: Tensor<Sx, f32, Cpu, T>,
+    weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+    q: DynQuantization,
+    bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    plan: Affine,
+    out_shape: So,
+) -> Result<Tensor<So, f32, Cpu, T>>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+{
+    let (x, x_tape) = x.try_contiguous()?.split_tape();
+    let (bias, b_tape) = bias.try_contiguous()?.split_tape();
+    let mut tape = x_tape.merge(b_tape);
+
+    let x_data = read(&x);
+    let w_data = read(weight);
+    let mut w_quantized = Scratch::output(w_data.len());
+    let state = (q.forward)(&w_data, &mut w_quantized)?;
+    let y = plan
+        .forward(&x_data, &w_quantized, &read(&bias))
+        .ok_or_else(|| QuantError::LengthMismatch {
+            what: "Linear input".into(),
+            expected: plan.total_rows() * I,
+            actual: x_data.len(),
+        })?;
+    let out = x.device().try_tensor_from_vec(y, out_shape)?;
+
+    let (x_ghost, w_ghost, b_ghost) = (x.ghost(), weight.ghost(), bias.ghost());
+    let (backward, accumulate) = (q.backward, q.accumulate);
+    record(&out, &mut tape, move |dy, grads| {
+        let db = grads.get_or_alloc_mut(&b_ghost)?;
+        for row in dy.chunks_exact(O) {
+            for (d, g) in db.iter_mut().zip(row) {
+                *d += *g;
+            }
+        }
+        plan.input_gradient(grads.get_or_alloc_mut(&x_ghost)?, dy, &w_quantized)
+            .ok_or(CpuError::WrongNumElements)?;
+        let mut dw_quantized = Scratch::output(w_quantized.len());
+        plan.weight_gradient_fresh(&mut dw_quantized, &x_data, dy)
+            .ok_or(CpuError::WrongNumElements)?;
+        Scratch::recycle(w_quantized);
+        drop(x_data);
+        let dparams = backward(
+            state,
+            &w_data,
+            &dw_quantized,
+            grads.get_or_alloc_mut(&w_ghost)?,
+        );
+        Scratch::recycle(dw_quantized);
+        accumulate(dparams, grads)
     });
     Ok(out.put_tape(tape))
 }

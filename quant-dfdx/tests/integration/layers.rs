@@ -216,3 +216,104 @@ fn frozen_quantizers_do_not_move_and_save_load_reproduces_outputs() {
     assert_eq!(fresh.try_forward(x.clone()).unwrap().array(), y.array());
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// In training, `QLinear` quantizes its weights inside its product (no tensor, no zeroed
+/// gradient buffer for the quantized weights): the outputs and every gradient (the input's, the
+/// weights', the bias's, both quantizers' parameters') must be those of the quantizer's op
+/// followed by the product, bit for bit, on a batch of vectors and on a batch of sequences.
+#[test]
+fn qlinear_in_training_gives_the_bits_of_its_quantizer_op_then_its_product() {
+    let (dev, model, x) = setup();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
+    for _ in 0..3 {
+        q.try_forward_mut(x.clone()).unwrap();
+    }
+    q.finish_calibration().unwrap();
+    q.set_mode("*", QuantizerMode::Training).unwrap();
+    let layer = q.0.clone();
+
+    fn check<S: Shape<Concrete = [usize; N]>, const N: usize, O: Shape>(
+        layer: &quant_dfdx::layers::QLinear<16, 32>,
+        x: Tensor<S, f32, Cpu>,
+        out_weights: Tensor<O, f32, Cpu>,
+        label: &str,
+    ) where
+        Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>: quant_dfdx::nn::LinearInput<
+            16,
+            32,
+            Tape = OwnedTape<f32, Cpu>,
+            Output = Tensor<O, f32, Cpu, OwnedTape<f32, Cpu>>,
+        >,
+        quant_dfdx::layers::QLinear<16, 32>: Module<
+            Tensor<S, f32, Cpu, OwnedTape<f32, Cpu>>,
+            Output = Tensor<O, f32, Cpu, OwnedTape<f32, Cpu>>,
+            Error = quant_core::QuantError,
+        >,
+    {
+        let grads_of = |grads: &dfdx::tensor::Gradients<f32, Cpu>, x: &Tensor<S, f32, Cpu>| {
+            [
+                grads.get(x).as_vec(),
+                grads.get(&layer.weight).as_vec(),
+                grads.get(&layer.bias).as_vec(),
+                grads.get(&layer.weights_quantizer.learned).as_vec(),
+                grads.get(&layer.input_quantizer.learned).as_vec(),
+            ]
+        };
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+
+        // Leaky: the input's gradient is kept too.
+        let grads = dfdx::tensor::Gradients::leaky();
+        let y = layer.try_forward(x.clone().traced(grads)).unwrap();
+        let y_values = y.as_vec();
+        let fused = grads_of(&(y * out_weights.clone()).sum().backward(), &x);
+
+        // The composition the layer ran before: each quantizer's op, then the product.
+        let grads = dfdx::tensor::Gradients::leaky();
+        let xq = layer
+            .input_quantizer
+            .fake_quantize(x.clone().traced(grads))
+            .unwrap();
+        let w = layer
+            .weights_quantizer
+            .fake_quantize(layer.weight.retaped::<OwnedTape<f32, Cpu>>())
+            .unwrap();
+        let b = quant_dfdx::layers::layer_bias(
+            &layer.bias,
+            &layer.input_quantizer,
+            &layer.weights_quantizer,
+        )
+        .unwrap();
+        let y = quant_dfdx::nn::linear(xq, w, b).unwrap();
+        assert_eq!(bits(&y.as_vec()), bits(&y_values), "{label}: outputs");
+        let composed = grads_of(&(y * out_weights).sum().backward(), &x);
+        let names = [
+            "input",
+            "weight",
+            "bias",
+            "weights quantizer",
+            "input quantizer",
+        ];
+        for ((f, c), name) in fused.iter().zip(&composed).zip(names) {
+            assert_eq!(bits(f), bits(c), "{label}: {name} gradient");
+            if name != "input quantizer" {
+                assert!(
+                    f.iter().any(|g| *g != 0.0),
+                    "{label}: {name} gradient is all zero"
+                );
+            }
+        }
+    }
+
+    check(
+        &layer,
+        x.clone(),
+        dev.sample_normal::<Rank2<8, 32>>(),
+        "batch of vectors",
+    );
+    check(
+        &layer,
+        dev.sample_normal::<Rank3<2, 5, 16>>(),
+        dev.sample_normal::<Rank3<2, 5, 32>>(),
+        "batch of sequences",
+    );
+}
