@@ -97,7 +97,7 @@ impl Affine {
             // Wᵀ, `inputs × outputs`: the 16-lane loop reads rows of the right operand.
             let mut w_t = Scratch::with_len(inputs * outputs);
             passes::transpose(w, &mut w_t, (outputs, inputs));
-            add_products_avx512(&mut y, x, &w_t, (inputs, outputs));
+            add_products_avx512(&mut y, x, &w_t, (inputs, outputs), false);
             return Some(y);
         }
         // SAFETY: `x` holds `rows` rows of `inputs`, `w` `outputs` rows of `inputs` (read as
@@ -117,14 +117,29 @@ impl Affine {
     /// `dx += dy · W` for `dy` of `total_rows() × outputs`, `w` of `outputs × inputs`, `dx`
     /// of `total_rows() × inputs`; `None` (nothing added) if a length does not match.
     pub fn input_gradient(&self, dx: &mut [f32], dy: &[f32], w: &[f32]) -> Option<()> {
+        self.inputs_gradient(dx, dy, w, false)
+    }
+
+    /// [`input_gradient`](Self::input_gradient) into storage whose values before do not matter
+    /// (a pooled buffer): `dx` ends as `input_gradient` leaves a zeroed buffer, each task
+    /// zeroing its own rows just before adding into them.
+    pub fn input_gradient_fresh(&self, dx: &mut [f32], dy: &[f32], w: &[f32]) -> Option<()> {
+        self.inputs_gradient(dx, dy, w, true)
+    }
+
+    /// The input's gradient, added into `dx`, or (`fresh`) into zeros.
+    fn inputs_gradient(&self, dx: &mut [f32], dy: &[f32], w: &[f32], fresh: bool) -> Option<()> {
         let rows = self.total_rows();
         let (inputs, outputs) = (self.inputs, self.outputs);
         if dx.len() != rows * inputs || dy.len() != rows * outputs || w.len() != outputs * inputs {
             return None;
         }
         if self.avx512 {
-            add_products_avx512(dx, dy, w, (outputs, inputs));
+            add_products_avx512(dx, dy, w, (outputs, inputs), fresh);
             return Some(());
+        }
+        if fresh {
+            dx.fill(0.0);
         }
         // SAFETY: lengths checked above; row-major strides within each buffer.
         unsafe {
@@ -292,8 +307,15 @@ const BLOCK_VECTORS: usize = 3;
 /// fused multiply-adds over `t` in order from zero, added to `out` once, as `gemm` computes
 /// it within a plan. Blocks of [`BLOCK_ROWS`] rows are split across rayon's threads, so the
 /// result does not depend on the thread count. Runs only where `avx512_build()` (a plan's
-/// choice); lengths that do not fit leave `out` unchanged (the callers checked them).
-fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (usize, usize)) {
+/// choice); lengths that do not fit leave `out` unchanged (the callers checked them). `fresh`:
+/// `out`'s values before do not matter, each task zeroes its rows first.
+fn add_products_avx512(
+    out: &mut [f32],
+    a: &[f32],
+    b: &[f32],
+    (depth, width): (usize, usize),
+    fresh: bool,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if width == 0 || depth == 0 {
@@ -307,6 +329,9 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
         out.par_chunks_mut(per_task * width)
             .zip(a.par_chunks(per_task * depth))
             .for_each(|(out, a)| {
+                if fresh {
+                    out.fill(0.0);
+                }
                 // SAFETY: `avx512_build()` held when the plan chose this path; `out` holds
                 // whole rows of `width`, `a` as many rows of `depth`, `b` `depth` rows of
                 // `width` (checked above).
@@ -316,7 +341,7 @@ fn add_products_avx512(out: &mut [f32], a: &[f32], b: &[f32], (depth, width): (u
             });
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (out, a, b, depth, width);
+    let _ = (out, a, b, depth, width, fresh);
 }
 
 /// Rows of `rows` that one task takes: whole blocks of `block` rows, enough tasks for every

@@ -138,19 +138,27 @@ macro_rules! linear_modules {
                 &$($mut)? self,
                 x: Tensor<($($dim,)* Const<I>,), f32, Cpu, T>,
             ) -> Result<Self::Output> {
-                let x = self.input_quantizer.$fake_quantize(x)?;
-                // In training, the weights are quantized inside the product (the same numbers,
-                // without a tensor and a zeroed gradient buffer for the quantized weights).
+                // In training, the weights (and the input, when its quantizer runs an op) are
+                // quantized inside the product: the same numbers, without tensors and zeroed
+                // gradient buffers for the quantized values.
                 if T::OWNS_TAPE {
-                    if let Some(q) = self.weights_quantizer.quantization(self.weight.shape())? {
+                    if let Some(weights) = self.weights_quantizer.quantization(self.weight.shape())? {
+                        let input = self.input_quantizer.quantization(x.shape())?;
+                        // Without an op of its own the input quantizer observes (Calibrating)
+                        // or passes the input through.
+                        let x = match input {
+                            Some(_) => x,
+                            None => self.input_quantizer.$fake_quantize(x)?,
+                        };
                         let b: Tensor<Rank1<O>, f32, Cpu, T> = super::layer_bias(
                             &self.bias,
                             &self.input_quantizer,
                             &self.weights_quantizer,
                         )?;
-                        return x.linear_quantized_weight(&self.weight, q, b);
+                        return x.linear_quantized(input, &self.weight, weights, b);
                     }
                 }
+                let x = self.input_quantizer.$fake_quantize(x)?;
                 let w = self
                     .weights_quantizer
                     .$fake_quantize(self.weight.retaped::<T>())?;

@@ -132,24 +132,42 @@ pub trait LinearInput<const I: usize, const O: usize>: Sized {
         bias: Tensor<Rank1<O>, f32, Cpu, Self::Tape>,
     ) -> Result<Self::Output>;
 
-    /// `self · q(weight)ᵀ + bias`, `q` the weights' `quantization` (a parameter tensor and
-    /// its quantizer's op, [`DynQuantization`]): the numbers of [`linear`](Self::linear) on the
-    /// fake-quantized weights, with gradients for `weight` and the quantizer's parameters.
-    /// Where the one-product path runs, the quantized weights stay inside the op (no dfdx
-    /// tensor, so no zeroed gradient buffer for them); elsewhere (this default) the quantizer's
-    /// op runs as a tensor op of its own.
+    /// `q_in(self) · q_w(weight)ᵀ + bias`, `q_w` the weights' quantization and `q_in` the
+    /// input's, if any (quantizers' ops, [`DynQuantization`]): the numbers of
+    /// [`linear`](Self::linear) on the fake-quantized input and weights, with gradients for the
+    /// input, `weight` and the quantizers' parameters. Where the one-product path runs, the
+    /// quantized input and weights stay inside the op (no dfdx tensors, so no zeroed gradient
+    /// buffers for them); elsewhere each quantizer's op runs as a tensor op of its own.
     ///
     /// # Errors
-    /// The quantizer's; the device's (allocation).
-    fn linear_quantized_weight(
+    /// The quantizers'; the device's (allocation).
+    fn linear_quantized(
         self,
+        input: Option<DynQuantization>,
         weight: &Tensor<Rank2<O, I>, f32, Cpu>,
-        quantization: DynQuantization,
+        weights: DynQuantization,
         bias: Tensor<Rank1<O>, f32, Cpu, Self::Tape>,
-    ) -> Result<Self::Output> {
-        let w = quantized_weight(weight, quantization)?;
-        self.linear(w, bias)
-    }
+    ) -> Result<Self::Output>;
+}
+
+/// [`LinearInput::linear_quantized`] as separate ops: each quantizer's op on its tensor, then
+/// [`LinearInput::linear`].
+fn linear_quantized_ops<S: Shape, const I: usize, const O: usize, T>(
+    x: Tensor<S, f32, Cpu, T>,
+    input: Option<DynQuantization>,
+    weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+    weights: DynQuantization,
+    bias: Tensor<Rank1<O>, f32, Cpu, T>,
+) -> Result<<Tensor<S, f32, Cpu, T> as LinearInput<I, O>>::Output>
+where
+    T: Tape<f32, Cpu> + Merge<T>,
+    Tensor<S, f32, Cpu, T>: LinearInput<I, O, Tape = T>,
+{
+    let x = match input {
+        Some(q) => quant_core::dfdx_ops::elementwise_op(x, q.forward, q.backward, q.accumulate)?,
+        None => x,
+    };
+    x.linear(quantized_weight(weight, weights)?, bias)
 }
 
 /// The weights through their quantizer's op, as a tensor on a tape of its own.
@@ -191,6 +209,16 @@ where
             .try_matmul(weight.try_permute::<_, Axes2<1, 0>>()?)?
             .try_add(bias)?)
     }
+
+    fn linear_quantized(
+        self,
+        input: Option<DynQuantization>,
+        weight: &Tensor<Rank2<O, I>, f32, Cpu>,
+        weights: DynQuantization,
+        bias: Tensor<Rank1<O>, f32, Cpu, T>,
+    ) -> Result<Self::Output> {
+        linear_quantized_ops(self, input, weight, weights, bias)
+    }
 }
 
 impl<B: Dim, const I: usize, const O: usize, T> LinearInput<I, O>
@@ -216,17 +244,19 @@ where
         affine(self, weight, bias, plan, (batch, Const::<O>))
     }
 
-    fn linear_quantized_weight(
+    fn linear_quantized(
         self,
+        input: Option<DynQuantization>,
         weight: &Tensor<Rank2<O, I>, f32, Cpu>,
-        quantization: DynQuantization,
+        weights: DynQuantization,
         bias: Tensor<Rank1<O>, f32, Cpu, T>,
     ) -> Result<Self::Output> {
         let (batch, _) = *self.shape();
         let Some(plan) = Affine::new(1, batch.size(), I, O, T::OWNS_TAPE) else {
-            return self.linear(quantized_weight(weight, quantization)?, bias);
+            return linear_quantized_ops(self, input, weight, weights, bias);
         };
-        affine_quantized_weight(self, weight, quantization, bias, plan, (batch, Const::<O>))
+        let shape = (batch, Const::<O>);
+        affine_quantized(self, input, weight, weights, bias, plan, shape)
     }
 }
 
@@ -252,18 +282,19 @@ where
         affine(self, weight, bias, plan, (batch, seq, Const::<O>))
     }
 
-    fn linear_quantized_weight(
+    fn linear_quantized(
         self,
+        input: Option<DynQuantization>,
         weight: &Tensor<Rank2<O, I>, f32, Cpu>,
-        quantization: DynQuantization,
+        weights: DynQuantization,
         bias: Tensor<Rank1<O>, f32, Cpu, T>,
     ) -> Result<Self::Output> {
         let (batch, seq, _) = *self.shape();
         let Some(plan) = Affine::new(batch.size(), seq.size(), I, O, T::OWNS_TAPE) else {
-            return self.linear(quantized_weight(weight, quantization)?, bias);
+            return linear_quantized_ops(self, input, weight, weights, bias);
         };
         let shape = (batch, seq, Const::<O>);
-        affine_quantized_weight(self, weight, quantization, bias, plan, shape)
+        affine_quantized(self, input, weight, weights, bias, plan, shape)
     }
 }
 
@@ -312,15 +343,17 @@ where
     Ok(out.put_tape(tape))
 }
 
-/// The one-product path with the weights quantized inside the op: [`affine`]'s products on
-/// `q(weight)`, whose gradient goes from a pooled buffer (each task of the weights' gradient
-/// zeroes its rows as it starts) straight into the quantizer's backward pass, which adds into
-/// `weight`'s gradient and the quantizer's parameters'. The same additions, in the same order,
-/// as the quantizer's op followed by [`affine`]: the same bits.
-fn affine_quantized_weight<Sx: Shape, So: Shape, const I: usize, const O: usize, T>(
+/// The one-product path with the input (when `input` is given) and the weights quantized
+/// inside the op: [`affine`]'s products on `q_in(x)` and `q_w(weight)`, whose gradients go from
+/// pooled buffers (each task of a product zeroes its rows as it starts) straight into the
+/// quantizers' backward passes, which add into `x`'s and `weight`'s gradients and their
+/// parameters'. The same additions, in the same order, as the quantizers' ops followed by
+/// [`affine`]: the same bits.
+fn affine_quantized<Sx: Shape, So: Shape, const I: usize, const O: usize, T>(
     x: Tensor<Sx, f32, Cpu, T>,
+    input: Option<DynQuantization>,
     weight: &Tensor<Rank2<O, I>, f32, Cpu>,
-    q: DynQuantization,
+    weights: DynQuantization,
     bias: Tensor<Rank1<O>, f32, Cpu, T>,
     plan: Affine,
     out_shape: So,
@@ -333,11 +366,21 @@ where
     let mut tape = x_tape.merge(b_tape);
 
     let x_data = read(&x);
+    // The input's quantization: its output, and the rest of its op for the backward pass.
+    let input = match input {
+        Some(q) => {
+            let mut quantized = Scratch::output(x_data.len());
+            let state = (q.forward)(&x_data, &mut quantized)?;
+            Some((quantized, state, q.backward, q.accumulate))
+        }
+        None => None,
+    };
     let w_data = read(weight);
     let mut w_quantized = Scratch::output(w_data.len());
-    let state = (q.forward)(&w_data, &mut w_quantized)?;
+    let w_state = (weights.forward)(&w_data, &mut w_quantized)?;
+    let product_input: &[f32] = input.as_ref().map_or(&x_data, |(q, ..)| q);
     let y = plan
-        .forward(&x_data, &w_quantized, &read(&bias))
+        .forward(product_input, &w_quantized, &read(&bias))
         .ok_or_else(|| QuantError::LengthMismatch {
             what: "Linear input".into(),
             expected: plan.total_rows() * I,
@@ -346,7 +389,7 @@ where
     let out = x.device().try_tensor_from_vec(y, out_shape)?;
 
     let (x_ghost, w_ghost, b_ghost) = (x.ghost(), weight.ghost(), bias.ghost());
-    let (backward, accumulate) = (q.backward, q.accumulate);
+    let (w_backward, w_accumulate) = (weights.backward, weights.accumulate);
     record(&out, &mut tape, move |dy, grads| {
         let db = grads.get_or_alloc_mut(&b_ghost)?;
         for row in dy.chunks_exact(O) {
@@ -354,21 +397,40 @@ where
                 *d += *g;
             }
         }
-        plan.input_gradient(grads.get_or_alloc_mut(&x_ghost)?, dy, &w_quantized)
-            .ok_or(CpuError::WrongNumElements)?;
+        let product_input: Vec<f32> = match input {
+            Some((quantized, state, backward, accumulate)) => {
+                let mut dx_quantized = Scratch::output(quantized.len());
+                plan.input_gradient_fresh(&mut dx_quantized, dy, &w_quantized)
+                    .ok_or(CpuError::WrongNumElements)?;
+                let dparams = backward(
+                    state,
+                    &x_data,
+                    &dx_quantized,
+                    grads.get_or_alloc_mut(&x_ghost)?,
+                );
+                Scratch::recycle(dx_quantized);
+                accumulate(dparams, grads)?;
+                quantized
+            }
+            None => {
+                plan.input_gradient(grads.get_or_alloc_mut(&x_ghost)?, dy, &w_quantized)
+                    .ok_or(CpuError::WrongNumElements)?;
+                x_data.to_vec()
+            }
+        };
         let mut dw_quantized = Scratch::output(w_quantized.len());
-        plan.weight_gradient_fresh(&mut dw_quantized, &x_data, dy)
+        plan.weight_gradient_fresh(&mut dw_quantized, &product_input, dy)
             .ok_or(CpuError::WrongNumElements)?;
         Scratch::recycle(w_quantized);
-        drop(x_data);
-        let dparams = backward(
-            state,
+        Scratch::recycle(product_input);
+        let dparams = w_backward(
+            w_state,
             &w_data,
             &dw_quantized,
             grads.get_or_alloc_mut(&w_ghost)?,
         );
         Scratch::recycle(dw_quantized);
-        accumulate(dparams, grads)
+        w_accumulate(dparams, grads)
     });
     Ok(out.put_tape(tape))
 }

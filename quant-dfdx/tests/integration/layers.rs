@@ -250,14 +250,19 @@ fn qlinear_in_training_gives_the_bits_of_its_quantizer_op_then_its_product() {
             Error = quant_core::QuantError,
         >,
     {
+        // The input quantizer's parameters get a gradient only while it quantizes.
+        let input_quantizes = layer.input_quantizer.mode() == QuantizerMode::Training;
         let grads_of = |grads: &dfdx::tensor::Gradients<f32, Cpu>, x: &Tensor<S, f32, Cpu>| {
-            [
+            let mut all = vec![
                 grads.get(x).as_vec(),
                 grads.get(&layer.weight).as_vec(),
                 grads.get(&layer.bias).as_vec(),
                 grads.get(&layer.weights_quantizer.learned).as_vec(),
-                grads.get(&layer.input_quantizer.learned).as_vec(),
-            ]
+            ];
+            if input_quantizes {
+                all.push(grads.get(&layer.input_quantizer.learned).as_vec());
+            }
+            all
         };
         let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
 
@@ -293,6 +298,7 @@ fn qlinear_in_training_gives_the_bits_of_its_quantizer_op_then_its_product() {
             "weights quantizer",
             "input quantizer",
         ];
+        assert_eq!(fused.len(), composed.len());
         for ((f, c), name) in fused.iter().zip(&composed).zip(names) {
             assert_eq!(bits(f), bits(c), "{label}: {name} gradient");
             if name != "input quantizer" {
@@ -315,5 +321,17 @@ fn qlinear_in_training_gives_the_bits_of_its_quantizer_op_then_its_product() {
         dev.sample_normal::<Rank3<2, 5, 16>>(),
         dev.sample_normal::<Rank3<2, 5, 32>>(),
         "batch of sequences",
+    );
+    // Weights only (the input float): the weights still quantized inside the product.
+    let mut weights_only = layer.clone();
+    weights_only
+        .input_quantizer
+        .set_mode(QuantizerMode::Disabled)
+        .unwrap();
+    check(
+        &weights_only,
+        x,
+        dev.sample_normal::<Rank2<8, 32>>(),
+        "weights only",
     );
 }
