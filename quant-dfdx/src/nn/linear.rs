@@ -298,6 +298,27 @@ where
     }
 }
 
+/// `plan`'s forward product, `x · wᵀ + bias`; a length that does not match is an error naming
+/// the layer's input.
+fn product<const I: usize>(plan: &Affine, x: &[f32], w: &[f32], bias: &[f32]) -> Result<Vec<f32>> {
+    plan.forward(x, w, bias)
+        .ok_or_else(|| QuantError::LengthMismatch {
+            what: "Linear input".into(),
+            expected: plan.total_rows() * I,
+            actual: x.len(),
+        })
+}
+
+/// The bias's gradient as dfdx's broadcast add gives it: each row of the output's gradient
+/// (rows as long as the bias) added in order.
+fn add_bias_gradient(db: &mut [f32], dy: &[f32]) {
+    for row in dy.chunks_exact(db.len().max(1)) {
+        for (d, g) in db.iter_mut().zip(row) {
+            *d += *g;
+        }
+    }
+}
+
 /// The one-product path: `plan`'s products, recorded as one op.
 fn affine<Sx: Shape, So: Shape, const I: usize, const O: usize, T>(
     x: Tensor<Sx, f32, Cpu, T>,
@@ -317,24 +338,12 @@ where
 
     let x_data = read(&x);
     let w_data = read(&weight);
-    let y = plan
-        .forward(&x_data, &w_data, &read(&bias))
-        .ok_or_else(|| QuantError::LengthMismatch {
-            what: "Linear input".into(),
-            expected: plan.total_rows() * I,
-            actual: x_data.len(),
-        })?;
+    let y = product::<I>(&plan, &x_data, &w_data, &read(&bias))?;
     let out = x.device().try_tensor_from_vec(y, out_shape)?;
 
     let (x_ghost, w_ghost, b_ghost) = (x.ghost(), weight.ghost(), bias.ghost());
     record(&out, &mut tape, move |dy, grads| {
-        // dfdx's broadcast add: each row of the output's gradient added in order.
-        let db = grads.get_or_alloc_mut(&b_ghost)?;
-        for row in dy.chunks_exact(O) {
-            for (d, g) in db.iter_mut().zip(row) {
-                *d += *g;
-            }
-        }
+        add_bias_gradient(grads.get_or_alloc_mut(&b_ghost)?, dy);
         plan.input_gradient(grads.get_or_alloc_mut(&x_ghost)?, dy, &w_data)
             .ok_or(CpuError::WrongNumElements)?;
         plan.weight_gradient(grads.get_or_alloc_mut(&w_ghost)?, &x_data, dy)
@@ -379,50 +388,38 @@ where
     let mut w_quantized = Scratch::output(w_data.len());
     let w_state = (weights.forward)(&w_data, &mut w_quantized)?;
     let product_input: &[f32] = input.as_ref().map_or(&x_data, |(q, ..)| q);
-    let y = plan
-        .forward(product_input, &w_quantized, &read(&bias))
-        .ok_or_else(|| QuantError::LengthMismatch {
-            what: "Linear input".into(),
-            expected: plan.total_rows() * I,
-            actual: x_data.len(),
-        })?;
+    let y = product::<I>(&plan, product_input, &w_quantized, &read(&bias))?;
     let out = x.device().try_tensor_from_vec(y, out_shape)?;
 
     let (x_ghost, w_ghost, b_ghost) = (x.ghost(), weight.ghost(), bias.ghost());
     let (w_backward, w_accumulate) = (weights.backward, weights.accumulate);
     record(&out, &mut tape, move |dy, grads| {
-        let db = grads.get_or_alloc_mut(&b_ghost)?;
-        for row in dy.chunks_exact(O) {
-            for (d, g) in db.iter_mut().zip(row) {
-                *d += *g;
-            }
-        }
-        let product_input: Vec<f32> = match input {
+        add_bias_gradient(grads.get_or_alloc_mut(&b_ghost)?, dy);
+        let quantized_input = match input {
             Some((quantized, state, backward, accumulate)) => {
                 let mut dx_quantized = Scratch::output(quantized.len());
                 plan.input_gradient_fresh(&mut dx_quantized, dy, &w_quantized)
                     .ok_or(CpuError::WrongNumElements)?;
-                let dparams = backward(
-                    state,
-                    &x_data,
-                    &dx_quantized,
-                    grads.get_or_alloc_mut(&x_ghost)?,
-                );
+                let dx = grads.get_or_alloc_mut(&x_ghost)?;
+                let dparams = backward(state, &x_data, &dx_quantized, dx);
                 Scratch::recycle(dx_quantized);
                 accumulate(dparams, grads)?;
-                quantized
+                Some(quantized)
             }
             None => {
                 plan.input_gradient(grads.get_or_alloc_mut(&x_ghost)?, dy, &w_quantized)
                     .ok_or(CpuError::WrongNumElements)?;
-                x_data.to_vec()
+                None
             }
         };
         let mut dw_quantized = Scratch::output(w_quantized.len());
-        plan.weight_gradient_fresh(&mut dw_quantized, &product_input, dy)
+        let product_input: &[f32] = quantized_input.as_deref().unwrap_or(&x_data);
+        plan.weight_gradient_fresh(&mut dw_quantized, product_input, dy)
             .ok_or(CpuError::WrongNumElements)?;
         Scratch::recycle(w_quantized);
-        Scratch::recycle(product_input);
+        if let Some(quantized) = quantized_input {
+            Scratch::recycle(quantized);
+        }
         let dparams = w_backward(
             w_state,
             &w_data,
