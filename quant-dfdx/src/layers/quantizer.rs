@@ -401,7 +401,12 @@ impl<const C: usize> TensorQuantizer<C> {
             self.axis(),
             mode == QuantizerMode::Training,
         )
-        .map(Some)
+        .map(|mut op| {
+            // The forward pass's errors name the quantizer, as `fake_quantize`'s do.
+            let (forward, label) = (op.forward, self.label());
+            op.forward = Box::new(move |x, y| forward(x, y).map_err(|e| e.at(label)));
+            Some(op)
+        })
         .map_err(|e| e.at(self.label()))
     }
 

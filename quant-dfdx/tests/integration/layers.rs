@@ -335,3 +335,44 @@ fn qlinear_in_training_gives_the_bits_of_its_quantizer_op_then_its_product() {
         "weights only",
     );
 }
+
+/// A quantizer whose parameters went bad in training stops the step with an error that names
+/// it, whether the layer quantizes its weights inside its product (with a tape) or as an op of
+/// their own (without): a NaN zero point, caught as the op is prepared, and an infinite step
+/// size with the input float (no bias codes to compute first), caught in the forward pass.
+#[test]
+fn a_bad_parameter_in_training_is_an_error_naming_the_quantizer() {
+    let (_dev, model, x) = setup();
+    let mut q = convert_model(&model, &lsq_w4a4(false)).unwrap();
+    q.try_forward_mut(x.clone()).unwrap();
+    q.finish_calibration().unwrap();
+    q.set_mode("*", QuantizerMode::Training).unwrap();
+
+    let mut nan_zero_point = q.0.clone();
+    let mut fixed = nan_zero_point.weights_quantizer.fixed.as_vec();
+    // Slot 1 holds the zero points, one per output channel.
+    fixed[32..64].fill(f32::NAN);
+    nan_zero_point.weights_quantizer.fixed.copy_from(&fixed);
+
+    let mut infinite_scale = q.0.clone();
+    infinite_scale
+        .input_quantizer
+        .set_mode(QuantizerMode::Disabled)
+        .unwrap();
+    let mut learned = infinite_scale.weights_quantizer.learned.as_vec();
+    // Slot 0 holds the step sizes.
+    learned[3] = f32::INFINITY;
+    infinite_scale.weights_quantizer.learned.copy_from(&learned);
+
+    for (layer, what) in [(nan_zero_point, "zero_point"), (infinite_scale, "scale")] {
+        let taped = layer
+            .try_forward(x.clone().traced(dfdx::tensor::Gradients::leaky()))
+            .unwrap_err()
+            .to_string();
+        let untaped = layer.try_forward(x.clone()).unwrap_err().to_string();
+        for err in [taped, untaped] {
+            assert!(err.starts_with("0.weights: "), "{err}");
+            assert!(err.contains(what), "{err}");
+        }
+    }
+}
