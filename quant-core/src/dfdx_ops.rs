@@ -645,10 +645,10 @@ pub type DynAccumulate =
     Box<dyn FnOnce(Vec<f32>, &mut Gradients<f32, Cpu>) -> std::result::Result<(), CpuError>>;
 
 /// [`fake_quantize_dyn`]'s op on a tensor of one shape, checked and taken apart, for an op of
-/// its own that quantizes a tensor it reads: `quant-dfdx`'s `QLinear` quantizes its weights
-/// inside its product so, with no dfdx tensor for the quantized weights and so no zeroed
-/// gradient buffer for them. Run as [`elementwise_op`] runs the halves, it is
-/// [`fake_quantize_dyn`].
+/// its own that quantizes a tensor it reads: in training, `quant-dfdx`'s `QLinear` quantizes
+/// its weights and its input inside its product so, with no dfdx tensors for the quantized
+/// values and so no zeroed gradient buffers for them. Run as [`elementwise_op`] runs the
+/// halves, it is [`fake_quantize_dyn`].
 pub struct DynQuantization {
     /// Reads the input, writes the output.
     pub forward: DynForward,
