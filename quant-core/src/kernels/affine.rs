@@ -117,18 +117,24 @@ impl Affine {
     /// `dx += dy · W` for `dy` of `total_rows() × outputs`, `w` of `outputs × inputs`, `dx`
     /// of `total_rows() × inputs`; `None` (nothing added) if a length does not match.
     pub fn input_gradient(&self, dx: &mut [f32], dy: &[f32], w: &[f32]) -> Option<()> {
-        self.inputs_gradient(dx, dy, w, false)
+        self.input_gradient_into(dx, dy, w, false)
     }
 
     /// [`input_gradient`](Self::input_gradient) into storage whose values before do not matter
     /// (a pooled buffer): `dx` ends as `input_gradient` leaves a zeroed buffer, each task
     /// zeroing its own rows just before adding into them.
     pub fn input_gradient_fresh(&self, dx: &mut [f32], dy: &[f32], w: &[f32]) -> Option<()> {
-        self.inputs_gradient(dx, dy, w, true)
+        self.input_gradient_into(dx, dy, w, true)
     }
 
     /// The input's gradient, added into `dx`, or (`fresh`) into zeros.
-    fn inputs_gradient(&self, dx: &mut [f32], dy: &[f32], w: &[f32], fresh: bool) -> Option<()> {
+    fn input_gradient_into(
+        &self,
+        dx: &mut [f32],
+        dy: &[f32],
+        w: &[f32],
+        fresh: bool,
+    ) -> Option<()> {
         let rows = self.total_rows();
         let (inputs, outputs) = (self.inputs, self.outputs);
         if dx.len() != rows * inputs || dy.len() != rows * outputs || w.len() != outputs * inputs {
@@ -157,7 +163,7 @@ impl Affine {
     /// chain of fused multiply-adds over its rows `r` from zero; `None` (nothing added) if a
     /// length does not match.
     pub fn weight_gradient(&self, dw: &mut [f32], x: &[f32], dy: &[f32]) -> Option<()> {
-        self.weights_gradient(dw, x, dy, false)
+        self.weight_gradient_into(dw, x, dy, false)
     }
 
     /// [`weight_gradient`](Self::weight_gradient) into storage whose values before do not
@@ -165,11 +171,17 @@ impl Affine {
     /// task zeroes its own rows just before adding into them, so the buffer needs no zeroing
     /// pass of its own.
     pub fn weight_gradient_fresh(&self, dw: &mut [f32], x: &[f32], dy: &[f32]) -> Option<()> {
-        self.weights_gradient(dw, x, dy, true)
+        self.weight_gradient_into(dw, x, dy, true)
     }
 
     /// The weights' gradient, added into `dw`, or (`fresh`) into zeros.
-    fn weights_gradient(&self, dw: &mut [f32], x: &[f32], dy: &[f32], fresh: bool) -> Option<()> {
+    fn weight_gradient_into(
+        &self,
+        dw: &mut [f32],
+        x: &[f32],
+        dy: &[f32],
+        fresh: bool,
+    ) -> Option<()> {
         let (inputs, outputs, rows) = (self.inputs, self.outputs, self.rows);
         let total = self.total_rows();
         if dw.len() != outputs * inputs || x.len() != total * inputs || dy.len() != total * outputs

@@ -344,31 +344,24 @@ impl<const C: usize> TensorQuantizer<C> {
         &self,
         x: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
-        let mode = QuantizerMode::from_code(self.mode);
-        match (mode, &self.setup) {
-            (QuantizerMode::Disabled, _) | (_, None) => Ok(x),
-            (QuantizerMode::Calibrating, Some(_)) => Err(QuantError::InvalidValue {
+        if QuantizerMode::from_code(self.mode) == QuantizerMode::Calibrating && self.setup.is_some()
+        {
+            return Err(QuantError::InvalidValue {
                 what: "mode".into(),
                 value: "Calibrating".into(),
                 expected: "forward_mut while calibrating: the observer records statistics, which needs &mut".into(),
             }
-            .at(self.label())),
-            (_, Some(setup)) => {
-                if self.initialized == 0 {
-                    return Err(self.not_initialized());
-                }
-                let grid = self.grid()?.ok_or_else(|| self.not_initialized())?;
-                dfdx_ops::fake_quantize_dyn(
-                    &setup.quantizer,
-                    x,
-                    &self.learned,
-                    &self.fixed,
-                    grid,
-                    self.axis(),
-                    mode == QuantizerMode::Training,
-                )
-                .map_err(|e| e.at(self.label()))
-            }
+            .at(self.label()));
+        }
+        match self.quantization(x.shape())? {
+            None => Ok(x),
+            // The op's own errors already name the quantizer (`quantization`); the tensor's
+            // (allocation) get the name here.
+            Some(op) => dfdx_ops::elementwise_op(x, op.forward, op.backward, op.accumulate)
+                .map_err(|e| match e {
+                    QuantError::At { .. } => e,
+                    e => e.at(self.label()),
+                }),
         }
     }
 
