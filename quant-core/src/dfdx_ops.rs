@@ -355,18 +355,7 @@ pub fn add<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
     a: Tensor<S, f32, Cpu, T>,
     b: Tensor<S, f32, Cpu, T>,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let (a_dims, b_dims) = (a.shape().concrete(), b.shape().concrete());
-    if a_dims.as_ref() != b_dims.as_ref() {
-        return Err(QuantError::LengthMismatch {
-            what: format!(
-                "elements of the add's second input (shape {:?}; the first is {:?})",
-                b_dims.as_ref(),
-                a_dims.as_ref()
-            ),
-            expected: a.shape().num_elements(),
-            actual: b.shape().num_elements(),
-        });
-    }
+    check_add_shapes(a.shape(), b.shape())?;
     let (a, a_tape) = a.try_contiguous()?.split_tape();
     let (b, b_tape) = b.try_contiguous()?.split_tape();
     let mut tape = a_tape.merge(b_tape);
@@ -388,6 +377,76 @@ pub fn add<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
             for input in [&a_ghost, &b_ghost] {
                 kernels::passes::add_into(grads.get_or_alloc_mut(input)?, &dy);
             }
+            if keep_used_gradients() {
+                **grads.get_or_alloc_mut(&out_ghost)? = dy;
+            } else {
+                Scratch::recycle(dy);
+            }
+            Ok(())
+        });
+    }
+    Ok(out.put_tape(tape))
+}
+
+/// An error unless the add's inputs have one shape.
+fn check_add_shapes<S: Shape>(a: &S, b: &S) -> Result<()> {
+    let (a_dims, b_dims) = (a.concrete(), b.concrete());
+    if a_dims.as_ref() != b_dims.as_ref() {
+        return Err(QuantError::LengthMismatch {
+            what: format!(
+                "elements of the add's second input (shape {:?}; the first is {:?})",
+                b_dims.as_ref(),
+                a_dims.as_ref()
+            ),
+            expected: a.num_elements(),
+            actual: b.num_elements(),
+        });
+    }
+    Ok(())
+}
+
+/// [`add`] of `a` and `b`, each first quantized by its op: `add(fake_quantize_dyn(a),
+/// fake_quantize_dyn(b))` bit for bit (outputs, gradients), without tensors for the
+/// quantized values, so without their zeroed gradient buffers and the add's backward pass: the
+/// output's gradient goes straight to both quantizers' backward passes (`b`'s first, then
+/// `a`'s, the order of the separate ops). A quantized residual add takes it in training.
+///
+/// # Errors
+/// `a` and `b` of different sizes; a quantizer's forward pass; the device's.
+pub fn add_quantized<S: Shape, T: Tape<f32, Cpu> + Merge<T>>(
+    a: Tensor<S, f32, Cpu, T>,
+    b: Tensor<S, f32, Cpu, T>,
+    [a_quantization, b_quantization]: [DynQuantization; 2],
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    check_add_shapes(a.shape(), b.shape())?;
+    let (a, a_tape) = a.try_contiguous()?.split_tape();
+    let (b, b_tape) = b.try_contiguous()?.split_tape();
+    let mut tape = a_tape.merge(b_tape);
+    let (a_data, b_data) = (TensorValues::of(&a), TensorValues::of(&b));
+    // Every buffer written whole: from the pool, not zeroed.
+    let mut a_quantized = Scratch::output(a_data.len());
+    let a_state = (a_quantization.forward)(&a_data, &mut a_quantized)?;
+    let mut b_quantized = Scratch::output(b_data.len());
+    let b_state = (b_quantization.forward)(&b_data, &mut b_quantized)?;
+    let mut sum = Scratch::output(a_data.len());
+    kernels::passes::sum_into(&mut sum, &a_quantized, &b_quantized);
+    Scratch::recycle(a_quantized);
+    Scratch::recycle(b_quantized);
+    let out = a.device().try_tensor_from_vec(sum, *a.shape())?;
+    if T::OWNS_TAPE {
+        let (a_ghost, b_ghost, out_ghost) = (a.ghost(), b.ghost(), out.ghost());
+        tape.add_backward_op(move |grads| {
+            grads.try_alloc_for(&a_ghost)?;
+            grads.try_alloc_for(&b_ghost)?;
+            let dy: Vec<f32> = std::mem::take(&mut **grads.get_or_alloc_mut(&out_ghost)?);
+            // The sum's gradient is each quantized input's: no copies of `dy`.
+            let b_params =
+                (b_quantization.backward)(b_state, &b_data, &dy, grads.get_or_alloc_mut(&b_ghost)?);
+            (b_quantization.accumulate)(b_params, grads)?;
+            let a_params =
+                (a_quantization.backward)(a_state, &a_data, &dy, grads.get_or_alloc_mut(&a_ghost)?);
+            (a_quantization.accumulate)(a_params, grads)?;
+            drop((a_data, b_data));
             if keep_used_gradients() {
                 **grads.get_or_alloc_mut(&out_ghost)? = dy;
             } else {

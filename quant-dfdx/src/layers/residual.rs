@@ -10,7 +10,7 @@
 use dfdx::nn::tensor_collection::{ModuleVisitor, TensorCollection};
 use dfdx::prelude::*;
 
-use quant_core::dfdx_ops::add;
+use quant_core::dfdx_ops::{add, add_quantized, DynQuantization};
 use quant_core::{QuantError, Result};
 
 use super::{join_name, visit_layer_slots, QuantizedModule, Slot, SlotVisitor, TensorQuantizer};
@@ -47,6 +47,11 @@ impl AddQuantizer {
         a: Tensor<S, f32, Cpu, T>,
         b: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
+        if let Some(quantizations) = self.input_quantizations(&a, &b)? {
+            return self
+                .output_quantizer
+                .fake_quantize(add_quantized(a, b, quantizations)?);
+        }
         let a = self.input_quantizer.fake_quantize(a)?;
         let b = self.input_quantizer.fake_quantize(b)?;
         self.output_quantizer.fake_quantize(add(a, b)?)
@@ -62,9 +67,31 @@ impl AddQuantizer {
         a: Tensor<S, f32, Cpu, T>,
         b: Tensor<S, f32, Cpu, T>,
     ) -> Result<Tensor<S, f32, Cpu, T>> {
+        if let Some(quantizations) = self.input_quantizations(&a, &b)? {
+            return self
+                .output_quantizer
+                .fake_quantize_mut(add_quantized(a, b, quantizations)?);
+        }
         let a = self.input_quantizer.fake_quantize_mut(a)?;
         let b = self.input_quantizer.fake_quantize_mut(b)?;
         self.output_quantizer.fake_quantize_mut(add(a, b)?)
+    }
+
+    /// In training, the input quantizer's op on `a` and on `b`, for [`add_quantized`] to run
+    /// inside the add (the same numbers, without tensors and zeroed gradient buffers for the
+    /// quantized inputs); `None` without a tape or where the quantizer runs no op of its own
+    /// (disabled, unconfigured, Calibrating).
+    fn input_quantizations<S: Shape, T: Tape<f32, Cpu>>(
+        &self,
+        a: &Tensor<S, f32, Cpu, T>,
+        b: &Tensor<S, f32, Cpu, T>,
+    ) -> Result<Option<[DynQuantization; 2]>> {
+        if !T::OWNS_TAPE {
+            return Ok(None);
+        }
+        let a = self.input_quantizer.quantization(a.shape())?;
+        let b = self.input_quantizer.quantization(b.shape())?;
+        Ok(a.zip(b).map(|(a, b)| [a, b]))
     }
 
     /// Visits the two slots of the add of layer `name` (kind [`LayerKind::Add`]).

@@ -233,6 +233,97 @@ fn the_add_quantizer_passes_straight_through_gradients_and_sums_its_scale_gradie
     assert!(both[0] != 0.0);
 }
 
+/// In training, the add quantizes both inputs inside the add (no tensors and no zeroed
+/// gradient buffers for the quantized inputs): the output and every gradient (both inputs',
+/// both quantizers' parameters') must be those of the input quantizer's op on each input, the
+/// add, then the output quantizer's op, bit for bit; with and without an output quantizer.
+#[test]
+fn the_add_in_training_gives_the_bits_of_its_quantizer_ops_then_the_add() {
+    use quant_dfdx::layers::{AddQuantizer, QuantizerControl};
+    let dev = Cpu::seed_from_u64(9);
+    let spec = || QuantizerSpec {
+        config: quant_core::ActivationQuantizerConfig::new(
+            TrainingMethod::Lsq,
+            QuantizationMethod::Uniform,
+            4,
+        )
+        .into(),
+        observer: ObserverConfig::MinMax,
+    };
+    for with_output in [false, true] {
+        let mut add = AddQuantizer::new(&dev);
+        add.input_quantizer.configure("add.input", spec()).unwrap();
+        if with_output {
+            add.output_quantizer
+                .configure("add.output", spec())
+                .unwrap();
+        }
+        let cal_a: Tensor<Rank3<2, 5, 16>, f32, _> = dev.sample_normal();
+        let cal_b: Tensor<Rank3<2, 5, 16>, f32, _> = dev.sample_normal();
+        add.add_mut(cal_a, cal_b).unwrap();
+        let configured = if with_output { 2 } else { 1 };
+        for q in [&mut add.input_quantizer, &mut add.output_quantizer]
+            .into_iter()
+            .take(configured)
+        {
+            q.finish_calibration().unwrap();
+            q.set_mode(QuantizerMode::Training).unwrap();
+        }
+        // Wider than the calibration range: some values are clipped.
+        let a: Tensor<Rank3<2, 5, 16>, f32, _> = dev.sample_normal() * 3.0;
+        let b: Tensor<Rank3<2, 5, 16>, f32, _> = dev.sample_normal() * 3.0;
+        let r: Tensor<Rank3<2, 5, 16>, f32, _> = dev.sample_normal();
+        let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        let grads_of = |grads: &Gradients<f32, Cpu>| {
+            let mut all = vec![
+                grads.get(&a).as_vec(),
+                grads.get(&b).as_vec(),
+                grads.get(&add.input_quantizer.learned).as_vec(),
+            ];
+            if with_output {
+                all.push(grads.get(&add.output_quantizer.learned).as_vec());
+            }
+            all
+        };
+        let trace = |x: &Tensor<Rank3<2, 5, 16>, f32, Cpu>, grads: &Gradients<f32, Cpu>| {
+            x.clone().trace(grads.clone())
+        };
+
+        let grads = Gradients::leaky();
+        let y = add.add(trace(&a, &grads), trace(&b, &grads)).unwrap();
+        let y_values = y.as_vec();
+        let fused = grads_of(&(y * r.clone()).sum().backward());
+
+        // The composition the add ran before: the input quantizer's op on each input, the add,
+        // the output quantizer's op.
+        let grads = Gradients::leaky();
+        let qa = add
+            .input_quantizer
+            .fake_quantize(trace(&a, &grads))
+            .unwrap();
+        let qb = add
+            .input_quantizer
+            .fake_quantize(trace(&b, &grads))
+            .unwrap();
+        let sum = quant_core::dfdx_ops::add(qa, qb).unwrap();
+        let y = add.output_quantizer.fake_quantize(sum).unwrap();
+        assert_eq!(bits(&y.as_vec()), bits(&y_values), "outputs");
+        let composed = grads_of(&(y * r).sum().backward());
+        let names = ["a", "b", "input quantizer", "output quantizer"];
+        assert_eq!(fused.len(), composed.len());
+        for ((f, c), name) in fused.iter().zip(&composed).zip(names) {
+            assert_eq!(
+                bits(f),
+                bits(c),
+                "{name} gradient (output quantizer {with_output})"
+            );
+            assert!(f.iter().any(|g| *g != 0.0), "{name} gradient is all zero");
+        }
+        // Some values clipped by the input quantizer: their gradients are zero.
+        assert!(fused[0].iter().chain(&fused[1]).any(|g| *g == 0.0));
+    }
+}
+
 /// A residual CNN block with a 1x1 projection shortcut and a depthwise convolution, global
 /// average pooling and a head, through the graph and the integer runtime: the integer logits
 /// match the fake-quantized model's within the documented tolerance.
