@@ -27,7 +27,9 @@
 use std::sync::Arc;
 
 pub(crate) mod nonlinear;
-pub use nonlinear::{int_gelu, int_layer_norm, int_softmax, CodeGrid};
+pub use nonlinear::{
+    int_gelu, int_gelu_quantized, int_layer_norm, int_layer_norm_quantized, int_softmax, CodeGrid,
+};
 
 use dfdx::prelude::*;
 use dfdx::tensor::{CpuError, Gradients};
@@ -265,27 +267,91 @@ pub fn custom_op<S: Shape, T: Tape<f32, Cpu>>(
     forward: Box<ForwardFn<'_>>,
     backward: Box<BackwardFn>,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
+    custom_op_quantized(x, None, params, forward, backward)
+}
+
+/// [`custom_op`] on `x` as `quantization` (when given) quantizes it inside the op:
+/// [`elementwise_op_quantized`].
+pub fn custom_op_quantized<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: Option<DynQuantization>,
+    params: Vec<ParamInput>,
+    forward: Box<ForwardFn<'_>>,
+    backward: Box<BackwardFn>,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let forward = |x: &[f32], y: &mut [f32]| {
+        let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
+        forward(x, &views, y)?;
+        Ok(params)
+    };
+    let backward = move |params: Vec<ParamInput>, x: &[f32], dy: &[f32], dx: &mut [f32]| {
+        let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
+        let mut dparams: Vec<Vec<f32>> = params.iter().map(|p| vec![0.0; p.data.len()]).collect();
+        backward(x, &views, dy, dx, &mut dparams);
+        (params, dparams)
+    };
+    let accumulate = |(params, dparams): (Vec<ParamInput>, Vec<Vec<f32>>),
+                      grads: &mut Gradients<f32, Cpu>| {
+        for (p, d) in params.into_iter().zip(&dparams) {
+            if let Some(acc) = p.accumulate {
+                acc(grads, d)?;
+            }
+        }
+        Ok(())
+    };
+    match quantization {
+        Some(q) => elementwise_op_quantized(x, q, forward, backward, accumulate),
+        None => elementwise_op(x, forward, backward, accumulate),
+    }
+}
+
+/// [`elementwise_op`] on `x` quantized by `quantization` inside the op: the same bits as
+/// `quantization` run as an op of its own ([`fake_quantize_dyn`]) and then this op, without a
+/// tensor for the quantized values, so without its zeroed gradient buffer (dfdx allocates every
+/// gradient zeroed, the largest cost of a quantized activation in training after the
+/// quantizer's own passes). `forward` and `backward` see the quantized values as their input;
+/// the gradient `backward` adds to is a pooled zeroed buffer that then goes to the quantizer's
+/// backward pass.
+pub fn elementwise_op_quantized<S, T, C, G, F, B, A>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: DynQuantization,
+    forward: F,
+    backward: B,
+    accumulate: A,
+) -> Result<Tensor<S, f32, Cpu, T>>
+where
+    S: Shape,
+    T: Tape<f32, Cpu>,
+    C: 'static,
+    F: FnOnce(&[f32], &mut [f32]) -> Result<C>,
+    B: FnOnce(C, &[f32], &[f32], &mut [f32]) -> G + 'static,
+    A: FnOnce(G, &mut Gradients<f32, Cpu>) -> std::result::Result<(), CpuError> + 'static,
+{
+    let DynQuantization {
+        forward: quantize,
+        backward: quantize_backward,
+        accumulate: quantize_accumulate,
+    } = quantization;
     elementwise_op(
         x,
         |x, y| {
-            let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
-            forward(x, &views, y)?;
-            Ok(params)
+            // Written whole: from the pool, not zeroed.
+            let mut quantized = Scratch::output(x.len());
+            let quantize_state = quantize(x, &mut quantized)?;
+            let state = forward(&quantized, y)?;
+            Ok((quantize_state, quantized, state))
         },
-        move |params, x, dy, dx| {
-            let views: Vec<&[f32]> = params.iter().map(|p| p.data.as_slice()).collect();
-            let mut dparams: Vec<Vec<f32>> =
-                params.iter().map(|p| vec![0.0; p.data.len()]).collect();
-            backward(x, &views, dy, dx, &mut dparams);
-            (params, dparams)
+        move |(quantize_state, quantized, state), x, dy, dx| {
+            let mut d_quantized = Scratch::zeros(x.len());
+            let op_grads = backward(state, &quantized, dy, &mut d_quantized);
+            Scratch::recycle(quantized);
+            let quantizer_grads = quantize_backward(quantize_state, x, &d_quantized, dx);
+            Scratch::recycle(d_quantized);
+            (op_grads, quantizer_grads)
         },
-        |(params, dparams), grads| {
-            for (p, d) in params.into_iter().zip(&dparams) {
-                if let Some(acc) = p.accumulate {
-                    acc(grads, d)?;
-                }
-            }
-            Ok(())
+        move |(op_grads, quantizer_grads), grads| {
+            accumulate(op_grads, grads)?;
+            quantize_accumulate(quantizer_grads, grads)
         },
     )
 }

@@ -30,7 +30,7 @@ use std::ops::RangeInclusive;
 
 use dfdx::prelude::*;
 
-use super::{custom_op, ParamInput};
+use super::{custom_op, custom_op_quantized, DynQuantization, ParamInput};
 use crate::error::{QuantError, Result};
 use crate::int8::nonlinear::{codes_into, normal_cdf};
 use crate::int8::nonlinear::{IntGelu, IntLayerNorm, IntSoftmax};
@@ -162,14 +162,38 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
     x: Tensor<S, f32, Cpu, T>,
     kernel: &IntGelu,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
+    gelu_op(x, None, kernel)
+}
+
+/// [`int_gelu`] of `x` as `quantization` quantizes it (onto the kernel's input grid), the
+/// quantizer run inside the op: the same bits as [`crate::dfdx_ops::fake_quantize_dyn`] and then
+/// [`int_gelu`], without a tensor and a zeroed gradient buffer for the quantized values.
+///
+/// # Errors
+/// The quantizer's forward pass; a quantized value that is not finite.
+pub fn int_gelu_quantized<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: DynQuantization,
+    kernel: &IntGelu,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    gelu_op(x, Some(quantization), kernel)
+}
+
+/// [`int_gelu`], its input quantized inside the op when `quantization` is given.
+fn gelu_op<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: Option<DynQuantization>,
+    kernel: &IntGelu,
+) -> Result<Tensor<S, f32, Cpu, T>> {
     let (scale, zero_point, isa) = (
         kernel.input_scale(),
         kernel.input_zero_point(),
         kernel.isa(),
     );
     let (lo, hi) = (*kernel.input_codes().start(), *kernel.input_codes().end());
-    custom_op(
+    custom_op_quantized(
         x,
+        quantization,
         Vec::new(),
         Box::new(|x, _, y| kernel.simulate(x, y)),
         Box::new(move |x, _, dy, dx, _| {
@@ -403,6 +427,60 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     input: &CodeGrid,
     train_affine: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
+    let affine = LayerNormAffine {
+        gamma,
+        beta,
+        epsilon,
+        train: train_affine,
+    };
+    layer_norm_op(x, None, affine, input)
+}
+
+/// [`int_layer_norm`] of `x` as `quantization` quantizes it (onto `input`), the quantizer run
+/// inside the op: the same bits as [`crate::dfdx_ops::fake_quantize_dyn`] and then
+/// [`int_layer_norm`], without a tensor and a zeroed gradient buffer for the quantized values.
+///
+/// # Errors
+/// As [`int_layer_norm`]; the quantizer's forward pass.
+pub fn int_layer_norm_quantized<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: DynQuantization,
+    gamma: &Tensor<P, f32, Cpu>,
+    beta: &Tensor<P, f32, Cpu>,
+    epsilon: f32,
+    input: &CodeGrid,
+    train_affine: bool,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    let affine = LayerNormAffine {
+        gamma,
+        beta,
+        epsilon,
+        train: train_affine,
+    };
+    layer_norm_op(x, Some(quantization), affine, input)
+}
+
+/// The affine part of a layer normalisation: `gamma`, `beta`, `ε`, and whether `gamma` and
+/// `beta` train.
+struct LayerNormAffine<'a, P: Shape> {
+    gamma: &'a Tensor<P, f32, Cpu>,
+    beta: &'a Tensor<P, f32, Cpu>,
+    epsilon: f32,
+    train: bool,
+}
+
+/// [`int_layer_norm`], its input quantized inside the op when `quantization` is given.
+fn layer_norm_op<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: Option<DynQuantization>,
+    LayerNormAffine {
+        gamma,
+        beta,
+        epsilon,
+        train: train_affine,
+    }: LayerNormAffine<'_, P>,
+    input: &CodeGrid,
+) -> Result<Tensor<S, f32, Cpu, T>> {
     let params = vec![
         ParamInput::new(gamma, train_affine),
         ParamInput::new(beta, train_affine),
@@ -417,8 +495,9 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     let n = kernel.row_len();
     check_last_axis("int_layer_norm", x.shape(), n)?;
     let zero_point = input.zero_point;
-    custom_op(
+    custom_op_quantized(
         x,
+        quantization,
         params,
         Box::new(move |x, _, y| kernel.simulate(zero_point, x, y)),
         Box::new(move |x, params, dy, dx, dparams| {

@@ -5,7 +5,10 @@ use dfdx::prelude::*;
 
 use dfdx::nn::modules::{AccurateGeLU, AvgPoolGlobal, LayerNorm1D, MaxPoolGlobal};
 use dfdx::tensor::CpuError;
-use quant_core::dfdx_ops::{int_gelu, int_layer_norm, CodeGrid};
+use quant_core::dfdx_ops::{
+    elementwise_op, int_gelu, int_gelu_quantized, int_layer_norm, int_layer_norm_quantized,
+    CodeGrid, DynQuantization,
+};
 use quant_core::int8::nonlinear::IntGelu;
 use quant_core::{QuantError, Result};
 
@@ -51,6 +54,11 @@ impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>> Module<Tens
     type Error = QuantError;
 
     fn try_forward(&self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        if let Some(quantization) = self.quantization_inside(&x)? {
+            return self
+                .module
+                .forward_quantized(x, quantization, &self.input_quantizer);
+        }
         let x = self.input_quantizer.fake_quantize(x)?;
         self.module.forward_on_grid(x, &self.input_quantizer)
     }
@@ -63,8 +71,32 @@ impl<S: Shape, T: Tape<f32, Cpu>, M: OnGrid<Tensor<S, f32, Cpu, T>>>
     type Error = QuantError;
 
     fn try_forward_mut(&mut self, x: Tensor<S, f32, Cpu, T>) -> Result<Self::Output> {
+        if let Some(quantization) = self.quantization_inside(&x)? {
+            return self
+                .module
+                .forward_quantized(x, quantization, &self.input_quantizer);
+        }
         let x = self.input_quantizer.fake_quantize_mut(x)?;
         self.module.forward_on_grid(x, &self.input_quantizer)
+    }
+}
+
+impl<M> QuantInput<M> {
+    /// In training, for a layer that quantizes its input inside its own op
+    /// ([`OnGrid::QUANTIZES_INSIDE`]), the input quantizer's op on `x`; `None` without a tape,
+    /// for other layers, or where the quantizer runs no op of its own (disabled,
+    /// unconfigured, Calibrating: it then observes or passes `x` through first).
+    fn quantization_inside<S: Shape, T: Tape<f32, Cpu>>(
+        &self,
+        x: &Tensor<S, f32, Cpu, T>,
+    ) -> Result<Option<DynQuantization>>
+    where
+        M: OnGrid<Tensor<S, f32, Cpu, T>>,
+    {
+        if !(T::OWNS_TAPE && M::QUANTIZES_INSIDE) {
+            return Ok(None);
+        }
+        self.input_quantizer.quantization(x.shape())
     }
 }
 
@@ -86,6 +118,30 @@ pub trait OnGrid<X> {
     /// # Errors
     /// The layer's error, or a grid its integer kernel cannot be prepared for.
     fn forward_on_grid(&self, x: X, quantizer: &TensorQuantizer<1>) -> Result<Self::Output>;
+
+    /// Whether the layer's op can quantize its input itself ([`Self::forward_quantized`]):
+    /// in training, the quantized values then need no tensor and no zeroed gradient buffer.
+    const QUANTIZES_INSIDE: bool = false;
+
+    /// The forward pass on `x` as `quantization` (`quantizer`'s op) quantizes it, inside the
+    /// layer's op: the numbers of [`Self::forward_on_grid`] on `quantizer`'s output. Called
+    /// only where [`Self::QUANTIZES_INSIDE`]; the default is an error saying so.
+    ///
+    /// # Errors
+    /// The quantizer's or the layer's error.
+    fn forward_quantized(
+        &self,
+        x: X,
+        quantization: DynQuantization,
+        quantizer: &TensorQuantizer<1>,
+    ) -> Result<Self::Output> {
+        let _ = (x, quantization, quantizer);
+        Err(QuantError::InvalidValue {
+            what: "OnGrid::forward_quantized".into(),
+            value: "a layer without an op that quantizes its input".into(),
+            expected: "a layer whose OnGrid::QUANTIZES_INSIDE is true".into(),
+        })
+    }
 }
 
 /// [`OnGrid`] for layers that compute on grid values as on any floats.
@@ -114,9 +170,11 @@ float_on_grid!(
 );
 
 /// [`OnGrid`] for layers with an integer kernel: `$kernel` on a quantized input (values on
-/// `$grid`), the float layer otherwise.
+/// `$grid`), the float layer otherwise; `$quantized` the kernel's op with the input's
+/// quantization `$q` inside it.
 macro_rules! kernel_on_grid {
-    ($([$($g:tt)*] $ty:ty => |$m:ident, $x:ident, $grid:ident| $kernel:expr;)+) => {$(
+    ($([$($g:tt)*] $ty:ty => |$m:ident, $x:ident, $grid:ident| $kernel:expr,
+        |$q:ident| $quantized:expr;)+) => {$(
         impl<$($g)* S: Shape, T: Tape<f32, Cpu>> OnGrid<Tensor<S, f32, Cpu, T>> for $ty
         where
             $ty: Module<Tensor<S, f32, Cpu, T>, Output = Tensor<S, f32, Cpu, T>, Error = CpuError>,
@@ -134,18 +192,53 @@ macro_rules! kernel_on_grid {
                     None => Ok(self.try_forward($x)?),
                 }
             }
+
+            const QUANTIZES_INSIDE: bool = true;
+
+            fn forward_quantized(
+                &self,
+                $x: Tensor<S, f32, Cpu, T>,
+                $q: DynQuantization,
+                quantizer: &TensorQuantizer<1>,
+            ) -> Result<Self::Output> {
+                let $m = self;
+                match quantizer.code_grid()?.as_ref() {
+                    Some($grid) => $quantized,
+                    // A quantizer with an op has a grid; were it not so, its op then the layer.
+                    None => Ok(self.try_forward(
+                        fake_quantize_dyn_op($x, $q)?
+                    )?),
+                }
+            }
         }
     )+};
 }
 
 kernel_on_grid!(
     [const M: usize,] LayerNorm1D<M, f32, Cpu> => |m, x, grid|
-        int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
+        int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true),
+        |q| int_layer_norm_quantized(x, q, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
     [const M: usize,] crate::nn::LayerNorm<M, f32, Cpu> => |m, x, grid|
-        int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
-    [] AccurateGeLU => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
-    [] crate::nn::Gelu => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?);
+        int_layer_norm(x, &m.gamma, &m.beta, m.epsilon as f32, grid, true),
+        |q| int_layer_norm_quantized(x, q, &m.gamma, &m.beta, m.epsilon as f32, grid, true);
+    [] AccurateGeLU => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?),
+        |q| int_gelu_quantized(x, q, &gelu_kernel(grid)?);
+    [] crate::nn::Gelu => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?),
+        |q| int_gelu_quantized(x, q, &gelu_kernel(grid)?);
 );
+
+/// `quantization` run as an op of its own on `x`.
+fn fake_quantize_dyn_op<S: Shape, T: Tape<f32, Cpu>>(
+    x: Tensor<S, f32, Cpu, T>,
+    quantization: DynQuantization,
+) -> Result<Tensor<S, f32, Cpu, T>> {
+    elementwise_op(
+        x,
+        quantization.forward,
+        quantization.backward,
+        quantization.accumulate,
+    )
+}
 
 /// The GELU kernel of codes on `grid`, as the integer runtime prepares it.
 pub(crate) fn gelu_kernel(grid: &CodeGrid) -> Result<IntGelu> {

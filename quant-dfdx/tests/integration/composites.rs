@@ -324,6 +324,106 @@ fn the_add_in_training_gives_the_bits_of_its_quantizer_ops_then_the_add() {
     }
 }
 
+/// In training, a quantized LayerNorm's and GELU's input is quantized inside the integer
+/// kernel's op (no tensor and no zeroed gradient buffer for the quantized values): the output
+/// and every gradient (the input's, the quantizer's, the LayerNorm's affine) must be those of
+/// the input quantizer's op followed by the layer, bit for bit.
+#[test]
+fn layer_norm_and_gelu_in_training_give_the_bits_of_their_quantizer_op_then_the_kernel() {
+    use quant_dfdx::layers::{OnGrid, QuantInput, QuantizerControl};
+    let dev = Cpu::seed_from_u64(11);
+    let spec = QuantizerSpec {
+        config: quant_core::ActivationQuantizerConfig::new(
+            TrainingMethod::Lsq,
+            QuantizationMethod::Uniform,
+            4,
+        )
+        .into(),
+        observer: ObserverConfig::MinMax,
+    };
+    type X = Tensor<Rank3<2, 5, 16>, f32, Cpu>;
+    let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+    let layer_norm = dev.build_module::<quant_dfdx::nn::builders::LayerNorm<16>, f32>();
+    let mut norm = QuantInput::new(layer_norm, &dev);
+    let mut gelu = QuantInput::new(quant_dfdx::nn::Gelu, &dev);
+    for q in [&mut norm.input_quantizer, &mut gelu.input_quantizer] {
+        q.configure("layer.input", spec.clone()).unwrap();
+    }
+    let calibration: X = dev.sample_normal();
+    norm.try_forward_mut(calibration.clone()).unwrap();
+    gelu.try_forward_mut(calibration).unwrap();
+    for q in [&mut norm.input_quantizer, &mut gelu.input_quantizer] {
+        q.finish_calibration().unwrap();
+        q.set_mode(QuantizerMode::Training).unwrap();
+    }
+    // Wider than the calibration range: some values are clipped.
+    let x: X = dev.sample_normal() * 3.0;
+    let r: X = dev.sample_normal();
+    let trace = |grads: &Gradients<f32, Cpu>| x.clone().trace(grads.clone());
+
+    // LayerNorm: the input's, the quantizer's, gamma's and beta's gradients.
+    let norm_grads = |grads: &Gradients<f32, Cpu>| {
+        vec![
+            grads.get(&x).as_vec(),
+            grads.get(&norm.input_quantizer.learned).as_vec(),
+            grads.get(&norm.module.gamma).as_vec(),
+            grads.get(&norm.module.beta).as_vec(),
+        ]
+    };
+    let grads = Gradients::leaky();
+    let y = norm.try_forward(trace(&grads)).unwrap();
+    let y_values = y.as_vec();
+    let fused = norm_grads(&(y * r.clone()).sum().backward());
+    let grads = Gradients::leaky();
+    let xq = norm.input_quantizer.fake_quantize(trace(&grads)).unwrap();
+    let y = norm
+        .module
+        .forward_on_grid(xq, &norm.input_quantizer)
+        .unwrap();
+    assert_eq!(bits(&y.as_vec()), bits(&y_values), "LayerNorm outputs");
+    let composed = norm_grads(&(y * r.clone()).sum().backward());
+    for ((f, c), name) in fused
+        .iter()
+        .zip(&composed)
+        .zip(["input", "quantizer", "gamma", "beta"])
+    {
+        assert_eq!(bits(f), bits(c), "LayerNorm: {name} gradient");
+        assert!(
+            f.iter().any(|g| *g != 0.0),
+            "LayerNorm: {name} gradient is all zero"
+        );
+    }
+
+    // GELU: the input's and the quantizer's gradients.
+    let gelu_grads = |grads: &Gradients<f32, Cpu>| {
+        vec![
+            grads.get(&x).as_vec(),
+            grads.get(&gelu.input_quantizer.learned).as_vec(),
+        ]
+    };
+    let grads = Gradients::leaky();
+    let y = gelu.try_forward(trace(&grads)).unwrap();
+    let y_values = y.as_vec();
+    let fused = gelu_grads(&(y * r.clone()).sum().backward());
+    let grads = Gradients::leaky();
+    let xq = gelu.input_quantizer.fake_quantize(trace(&grads)).unwrap();
+    let y = gelu
+        .module
+        .forward_on_grid(xq, &gelu.input_quantizer)
+        .unwrap();
+    assert_eq!(bits(&y.as_vec()), bits(&y_values), "GELU outputs");
+    let composed = gelu_grads(&(y * r).sum().backward());
+    for ((f, c), name) in fused.iter().zip(&composed).zip(["input", "quantizer"]) {
+        assert_eq!(bits(f), bits(c), "GELU: {name} gradient");
+        assert!(
+            f.iter().any(|g| *g != 0.0),
+            "GELU: {name} gradient is all zero"
+        );
+    }
+    // Some inputs clipped: their gradients are zero.
+    assert!(fused[0].iter().any(|g| *g == 0.0));
+}
+
 /// A residual CNN block with a 1x1 projection shortcut and a depthwise convolution, global
 /// average pooling and a head, through the graph and the integer runtime: the integer logits
 /// match the fake-quantized model's within the documented tolerance.
