@@ -421,7 +421,7 @@ fn layer_norm_and_gelu_in_training_give_the_bits_of_their_quantizer_op_then_the_
         );
     }
     // Some inputs clipped: their gradients are zero.
-    assert!(fused[0].iter().any(|g| *g == 0.0));
+    assert!(fused[0].contains(&0.0));
 }
 
 /// A residual CNN block with a 1x1 projection shortcut and a depthwise convolution, global
