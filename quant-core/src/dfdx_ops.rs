@@ -771,9 +771,10 @@ pub type DynAccumulate =
 
 /// [`fake_quantize_dyn`]'s op on a tensor of one shape, checked and taken apart, for an op of
 /// its own that quantizes a tensor it reads: in training, `quant-dfdx`'s `QLinear` quantizes
-/// its weights and its input inside its product so, with no dfdx tensors for the quantized
-/// values and so no zeroed gradient buffers for them. Run as [`elementwise_op`] runs the
-/// halves, it is [`fake_quantize_dyn`].
+/// its weights and its input inside its product so, a quantized add its operands
+/// ([`add_quantized`]), a quantized LayerNorm or GELU its input ([`elementwise_op_quantized`]),
+/// with no dfdx tensors for the quantized values and so no zeroed gradient buffers for them.
+/// Run as [`elementwise_op`] runs the halves, it is [`fake_quantize_dyn`].
 pub struct DynQuantization {
     /// Reads the input, writes the output.
     pub forward: DynForward,
