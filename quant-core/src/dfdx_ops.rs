@@ -307,11 +307,10 @@ pub fn custom_op_quantized<S: Shape, T: Tape<f32, Cpu>>(
 
 /// [`elementwise_op`] on `x` quantized by `quantization` inside the op: the same bits as
 /// `quantization` run as an op of its own ([`fake_quantize_dyn`]) and then this op, without a
-/// tensor for the quantized values, so without its zeroed gradient buffer (dfdx allocates every
-/// gradient zeroed, the largest cost of a quantized activation in training after the
-/// quantizer's own passes). `forward` and `backward` see the quantized values as their input;
-/// the gradient `backward` adds to is a pooled zeroed buffer that then goes to the quantizer's
-/// backward pass.
+/// dfdx tensor for the quantized values and the gradient dfdx would allocate for it. `forward`
+/// and `backward` see the quantized values (in a pooled buffer) as their input; the gradient
+/// `backward` adds to is a pooled zeroed buffer that then goes to the quantizer's backward
+/// pass.
 pub fn elementwise_op_quantized<S, T, C, G, F, B, A>(
     x: Tensor<S, f32, Cpu, T>,
     quantization: DynQuantization,

@@ -167,7 +167,8 @@ pub fn int_gelu<S: Shape, T: Tape<f32, Cpu>>(
 
 /// [`int_gelu`] of `x` as `quantization` quantizes it (onto the kernel's input grid), the
 /// quantizer run inside the op: the same bits as [`crate::dfdx_ops::fake_quantize_dyn`] and then
-/// [`int_gelu`], without a tensor and a zeroed gradient buffer for the quantized values.
+/// [`int_gelu`], without a dfdx tensor and gradient for the quantized values
+/// ([`crate::dfdx_ops::elementwise_op_quantized`]).
 ///
 /// # Errors
 /// The quantizer's forward pass; a quantized value that is not finite.
@@ -438,7 +439,8 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
 
 /// [`int_layer_norm`] of `x` as `quantization` quantizes it (onto `input`), the quantizer run
 /// inside the op: the same bits as [`crate::dfdx_ops::fake_quantize_dyn`] and then
-/// [`int_layer_norm`], without a tensor and a zeroed gradient buffer for the quantized values.
+/// [`int_layer_norm`], without a dfdx tensor and gradient for the quantized values
+/// ([`crate::dfdx_ops::elementwise_op_quantized`]).
 ///
 /// # Errors
 /// As [`int_layer_norm`]; the quantizer's forward pass.

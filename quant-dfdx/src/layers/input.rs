@@ -120,7 +120,7 @@ pub trait OnGrid<X> {
     fn forward_on_grid(&self, x: X, quantizer: &TensorQuantizer<1>) -> Result<Self::Output>;
 
     /// Whether the layer's op can quantize its input itself ([`Self::forward_quantized`]):
-    /// in training, the quantized values then need no tensor and no zeroed gradient buffer.
+    /// in training, the quantized values then need no dfdx tensor and gradient of their own.
     const QUANTIZES_INSIDE: bool = false;
 
     /// The forward pass on `x` as `quantization` (`quantizer`'s op) quantizes it, inside the
