@@ -754,7 +754,7 @@ pub fn fake_quantize_dyn<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
         axis,
         train_params,
     )?;
-    elementwise_op(x, op.forward, op.backward, op.accumulate)
+    op.apply(x)
 }
 
 /// The forward half of [`DynQuantization`]: reads the input, writes every value of the output,
@@ -784,6 +784,17 @@ pub struct DynQuantization {
 }
 
 impl DynQuantization {
+    /// Runs the op on `x` as an op of its own ([`elementwise_op`]): [`fake_quantize_dyn`].
+    ///
+    /// # Errors
+    /// The forward half's; the device's.
+    pub fn apply<S: Shape, T: Tape<f32, Cpu>>(
+        self,
+        x: Tensor<S, f32, Cpu, T>,
+    ) -> Result<Tensor<S, f32, Cpu, T>> {
+        elementwise_op(x, self.forward, self.backward, self.accumulate)
+    }
+
     /// The op of `quantizer` on a tensor of `shape` (see [`fake_quantize_dyn`] for the banks).
     ///
     /// # Errors

@@ -428,13 +428,7 @@ pub fn int_layer_norm<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     input: &CodeGrid,
     train_affine: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let affine = LayerNormAffine {
-        gamma,
-        beta,
-        epsilon,
-        train: train_affine,
-    };
-    layer_norm_op(x, None, affine, input)
+    layer_norm_op(x, None, gamma, beta, epsilon, input, train_affine)
 }
 
 /// [`int_layer_norm`] of `x` as `quantization` quantizes it (onto `input`), the quantizer run
@@ -453,35 +447,26 @@ pub fn int_layer_norm_quantized<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     input: &CodeGrid,
     train_affine: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
-    let affine = LayerNormAffine {
+    layer_norm_op(
+        x,
+        Some(quantization),
         gamma,
         beta,
         epsilon,
-        train: train_affine,
-    };
-    layer_norm_op(x, Some(quantization), affine, input)
-}
-
-/// The affine part of a layer normalisation: `gamma`, `beta`, `ε`, and whether `gamma` and
-/// `beta` train.
-struct LayerNormAffine<'a, P: Shape> {
-    gamma: &'a Tensor<P, f32, Cpu>,
-    beta: &'a Tensor<P, f32, Cpu>,
-    epsilon: f32,
-    train: bool,
+        input,
+        train_affine,
+    )
 }
 
 /// [`int_layer_norm`], its input quantized inside the op when `quantization` is given.
 fn layer_norm_op<S: Shape, T: Tape<f32, Cpu>, P: Shape>(
     x: Tensor<S, f32, Cpu, T>,
     quantization: Option<DynQuantization>,
-    LayerNormAffine {
-        gamma,
-        beta,
-        epsilon,
-        train: train_affine,
-    }: LayerNormAffine<'_, P>,
+    gamma: &Tensor<P, f32, Cpu>,
+    beta: &Tensor<P, f32, Cpu>,
+    epsilon: f32,
     input: &CodeGrid,
+    train_affine: bool,
 ) -> Result<Tensor<S, f32, Cpu, T>> {
     let params = vec![
         ParamInput::new(gamma, train_affine),

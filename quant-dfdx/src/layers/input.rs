@@ -6,8 +6,8 @@ use dfdx::prelude::*;
 use dfdx::nn::modules::{AccurateGeLU, AvgPoolGlobal, LayerNorm1D, MaxPoolGlobal};
 use dfdx::tensor::CpuError;
 use quant_core::dfdx_ops::{
-    elementwise_op, int_gelu, int_gelu_quantized, int_layer_norm, int_layer_norm_quantized,
-    CodeGrid, DynQuantization,
+    int_gelu, int_gelu_quantized, int_layer_norm, int_layer_norm_quantized, CodeGrid,
+    DynQuantization,
 };
 use quant_core::int8::nonlinear::IntGelu;
 use quant_core::{QuantError, Result};
@@ -206,7 +206,7 @@ macro_rules! kernel_on_grid {
                     Some($grid) => $quantized,
                     // A quantizer with an op has a grid; were it not so, its op then the layer.
                     None => Ok(self.try_forward(
-                        fake_quantize_dyn_op($x, $q)?
+                        $q.apply($x)?
                     )?),
                 }
             }
@@ -226,19 +226,6 @@ kernel_on_grid!(
     [] crate::nn::Gelu => |_m, x, grid| int_gelu(x, &gelu_kernel(grid)?),
         |q| int_gelu_quantized(x, q, &gelu_kernel(grid)?);
 );
-
-/// `quantization` run as an op of its own on `x`.
-fn fake_quantize_dyn_op<S: Shape, T: Tape<f32, Cpu>>(
-    x: Tensor<S, f32, Cpu, T>,
-    quantization: DynQuantization,
-) -> Result<Tensor<S, f32, Cpu, T>> {
-    elementwise_op(
-        x,
-        quantization.forward,
-        quantization.backward,
-        quantization.accumulate,
-    )
-}
 
 /// The GELU kernel of codes on `grid`, as the integer runtime prepares it.
 pub(crate) fn gelu_kernel(grid: &CodeGrid) -> Result<IntGelu> {

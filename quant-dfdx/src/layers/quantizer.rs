@@ -357,11 +357,10 @@ impl<const C: usize> TensorQuantizer<C> {
             None => Ok(x),
             // The op's own errors already name the quantizer (`quantization`); the tensor's
             // (allocation) get the name here.
-            Some(op) => dfdx_ops::elementwise_op(x, op.forward, op.backward, op.accumulate)
-                .map_err(|e| match e {
-                    QuantError::At { .. } => e,
-                    e => e.at(self.label()),
-                }),
+            Some(op) => op.apply(x).map_err(|e| match e {
+                QuantError::At { .. } => e,
+                e => e.at(self.label()),
+            }),
         }
     }
 
