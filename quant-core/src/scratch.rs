@@ -10,7 +10,65 @@ pub const MAX_SCRATCH_BYTES: usize = 64 << 20;
 const MAX_SCRATCH_BUFFERS: usize = 512;
 
 std::thread_local! {
-    static SCRATCH: std::cell::RefCell<Vec<Vec<f32>>> = const { std::cell::RefCell::new(Vec::new()) };
+    static SCRATCH: std::cell::RefCell<Pool> = const { std::cell::RefCell::new(Pool::new()) };
+}
+
+/// One thread's buffers, by capacity, with their count and bytes kept as they change: a
+/// training step takes and gives back hundreds of buffers, and a scan of the whole pool on
+/// each (as it once was) took about 1% of the digits ViT's QAT step.
+struct Pool {
+    /// Buffers of each capacity, the one given back last on top (the likeliest still in cache).
+    /// Capacities whose buffers are all taken keep their (empty) entry, so that taking and
+    /// giving back the same sizes step after step allocates nothing.
+    by_capacity: std::collections::BTreeMap<usize, Vec<Vec<f32>>>,
+    buffers: usize,
+    bytes: usize,
+}
+
+impl Pool {
+    const fn new() -> Pool {
+        Pool {
+            by_capacity: std::collections::BTreeMap::new(),
+            buffers: 0,
+            bytes: 0,
+        }
+    }
+
+    /// A buffer of the smallest capacity in `min..=max` the pool has.
+    fn take(&mut self, min: usize, max: usize) -> Option<Vec<f32>> {
+        if min > max {
+            return None;
+        }
+        let buf = self
+            .by_capacity
+            .range_mut(min..=max)
+            .find_map(|(_, stack)| stack.pop())?;
+        self.buffers -= 1;
+        self.bytes -= buf.capacity() * 4;
+        Some(buf)
+    }
+
+    /// Keeps `buf`, then lets the smallest buffers go until within the limits (the large ones
+    /// are the costly ones to allocate again).
+    fn give(&mut self, buf: Vec<f32>) {
+        self.buffers += 1;
+        self.bytes += buf.capacity() * 4;
+        self.by_capacity
+            .entry(buf.capacity())
+            .or_default()
+            .push(buf);
+        while self.buffers > MAX_SCRATCH_BUFFERS || self.bytes > MAX_SCRATCH_BYTES {
+            let Some(smallest) = self.by_capacity.values_mut().find_map(|stack| stack.pop()) else {
+                break;
+            };
+            self.buffers -= 1;
+            self.bytes -= smallest.capacity() * 4;
+        }
+        if self.by_capacity.len() > MAX_SCRATCH_BUFFERS {
+            // Sizes that came and went (a changing batch size): their empty entries go.
+            self.by_capacity.retain(|_, stack| !stack.is_empty());
+        }
+    }
 }
 
 /// A buffer of `f32` from a per-thread pool, given back to the pool when dropped.
@@ -74,16 +132,7 @@ impl Scratch {
     /// The smallest pooled buffer of at least `len` elements and at most `max_capacity`.
     fn pooled(len: usize, max_capacity: usize) -> Option<Vec<f32>> {
         SCRATCH
-            .try_with(|pool| {
-                let mut pool = pool.borrow_mut();
-                let best = pool
-                    .iter()
-                    .enumerate()
-                    .filter(|(_, b)| (len..=max_capacity).contains(&b.capacity()))
-                    .min_by_key(|(_, b)| b.capacity())
-                    .map(|(i, _)| i)?;
-                Some(pool.swap_remove(best))
-            })
+            .try_with(|pool| pool.borrow_mut().take(len, max_capacity))
             .ok()
             .flatten()
     }
@@ -137,19 +186,7 @@ impl Drop for Scratch {
             return;
         }
         // During thread exit the pool may be gone: the buffer is then simply freed.
-        let _ = SCRATCH.try_with(|pool| {
-            let mut pool = pool.borrow_mut();
-            pool.push(buf);
-            let bytes = |p: &Vec<Vec<f32>>| -> usize { p.iter().map(|b| b.capacity() * 4).sum() };
-            // Over the limits: the smallest buffers go first, the large ones are the costly.
-            while pool.len() > MAX_SCRATCH_BUFFERS || bytes(&pool) > MAX_SCRATCH_BYTES {
-                let smallest = (0..pool.len()).min_by_key(|i| pool[*i].capacity());
-                match smallest {
-                    Some(i) => drop(pool.swap_remove(i)),
-                    None => break,
-                }
-            }
-        });
+        let _ = SCRATCH.try_with(|pool| pool.borrow_mut().give(buf));
     }
 }
 
@@ -164,4 +201,58 @@ fn fresh_zeros(len: usize) -> Vec<f32> {
     // SAFETY: the capacity is at least `len`, and every element of `0..len` was written above.
     unsafe { buf.set_len(len) };
     buf
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sizes(pool: &Pool) -> Vec<usize> {
+        let mut sizes: Vec<usize> = pool
+            .by_capacity
+            .values()
+            .flat_map(|stack| stack.iter().map(|b| b.capacity()))
+            .collect();
+        sizes.sort_unstable();
+        sizes
+    }
+
+    /// The smallest capacity within the bounds, the buffer given back last among equals, and
+    /// the count and bytes following every change.
+    #[test]
+    fn the_pool_gives_the_smallest_fitting_buffer_the_last_one_back_first() {
+        let mut pool = Pool::new();
+        let (a, b, c) = (vec![0f32; 100], vec![1f32; 100], vec![2f32; 300]);
+        let second = b.as_ptr();
+        for buf in [c, a, b] {
+            pool.give(buf);
+        }
+        assert_eq!((pool.buffers, pool.bytes), (3, 2000));
+        assert_eq!(pool.take(150, 200), None, "nothing in 150..=200");
+        assert_eq!(pool.take(200, 150), None, "an empty range");
+        let got = pool.take(50, 1000).unwrap();
+        assert_eq!(got.as_ptr(), second, "not the 100 given back last");
+        assert_eq!(pool.take(101, usize::MAX).unwrap().capacity(), 300);
+        assert_eq!((pool.buffers, pool.bytes), (1, 400));
+        assert_eq!(sizes(&pool), [100]);
+    }
+
+    /// Over the limits the smallest buffers go first, and the count and bytes stay within
+    /// them.
+    #[test]
+    fn the_pool_lets_the_smallest_buffers_go_over_its_limits() {
+        let mut pool = Pool::new();
+        for len in 1..=MAX_SCRATCH_BUFFERS + 10 {
+            pool.give(Vec::with_capacity(len));
+        }
+        assert_eq!(pool.buffers, MAX_SCRATCH_BUFFERS);
+        assert_eq!(sizes(&pool)[0], 11, "not the smallest ten gone");
+        let large = MAX_SCRATCH_BYTES / 4 / 2;
+        pool.give(Vec::with_capacity(large));
+        pool.give(Vec::with_capacity(large + 1));
+        assert!(pool.bytes <= MAX_SCRATCH_BYTES);
+        assert_eq!(pool.bytes, sizes(&pool).iter().sum::<usize>() * 4);
+        assert_eq!(sizes(&pool), [large + 1], "the larger one kept");
+        assert!(pool.by_capacity.len() <= MAX_SCRATCH_BUFFERS + 1);
+    }
 }

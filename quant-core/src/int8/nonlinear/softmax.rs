@@ -355,11 +355,15 @@ fn table_of<E: Exponential>(
     exp: &E,
     saturation: Option<u64>,
 ) -> Option<Box<[u64; SOFTMAX_TABLE_MAX_LEN]>> {
-    let saturation = saturation.filter(|n| *n < SOFTMAX_TABLE_MAX_LEN as u64)?;
+    let saturation = saturation.filter(|n| *n < SOFTMAX_TABLE_MAX_LEN as u64)? as usize;
     let mut table = Box::new([0u64; SOFTMAX_TABLE_MAX_LEN]);
-    for (x, e) in table.iter_mut().enumerate() {
-        *e = exp.exp(-((x as u64).min(saturation) as i64));
+    let (evaluated, saturated) = table.split_at_mut(saturation + 1);
+    for (x, e) in evaluated.iter_mut().enumerate() {
+        *e = exp.exp(-(x as i64));
     }
+    // Every difference past the saturation is evaluated as the saturation (QAT builds a table
+    // on every call, its scales being trained, and most of the table lies there).
+    saturated.fill(evaluated[saturation]);
     Some(table)
 }
 
