@@ -117,4 +117,5 @@ pub mod __internals {
     pub use crate::kernels::pool::max_pool_2x2_portable;
     #[cfg(feature = "dfdx")]
     pub use crate::kernels::round::round_ties_even_f64;
+    pub use crate::scratch::pool::Pool as ScratchPool;
 }

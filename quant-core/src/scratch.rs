@@ -10,63 +10,101 @@ pub const MAX_SCRATCH_BYTES: usize = 64 << 20;
 const MAX_SCRATCH_BUFFERS: usize = 512;
 
 std::thread_local! {
-    static SCRATCH: std::cell::RefCell<Pool> = const { std::cell::RefCell::new(Pool::new()) };
+    static SCRATCH: std::cell::RefCell<pool::Pool> = const {
+        std::cell::RefCell::new(pool::Pool::new(MAX_SCRATCH_BUFFERS, MAX_SCRATCH_BYTES))
+    };
 }
 
-/// One thread's buffers, by capacity, with their count and bytes kept as they change: a
-/// training step takes and gives back hundreds of buffers, and a scan of the whole pool on
-/// each (as it once was) took about 1% of the digits ViT's QAT step.
-struct Pool {
-    /// Buffers of each capacity, the one given back last on top (the likeliest still in cache).
-    /// Capacities whose buffers are all taken keep their (empty) entry, so that taking and
-    /// giving back the same sizes step after step allocates nothing.
-    by_capacity: std::collections::BTreeMap<usize, Vec<Vec<f32>>>,
-    buffers: usize,
-    bytes: usize,
-}
+pub(crate) mod pool {
+    //! The per-thread pool behind [`Scratch`](super::Scratch).
 
-impl Pool {
-    const fn new() -> Pool {
-        Pool {
-            by_capacity: std::collections::BTreeMap::new(),
-            buffers: 0,
-            bytes: 0,
-        }
+    /// One thread's buffers, by capacity, with their count and bytes kept as they change: a
+    /// training step takes and gives back hundreds of buffers, and a scan of the whole pool on
+    /// each (as it once was) took about 1% of the digits ViT's QAT step. Not public API
+    /// (re-exported in `quant_core::__internals` for quant-core's tests).
+    #[derive(Debug)]
+    pub struct Pool {
+        /// Buffers of each capacity, the one given back last on top (the likeliest still in
+        /// cache). Capacities whose buffers are all taken keep their (empty) entry, so that
+        /// taking and giving back the same sizes step after step allocates nothing.
+        by_capacity: std::collections::BTreeMap<usize, Vec<Vec<f32>>>,
+        buffers: usize,
+        bytes: usize,
+        max_buffers: usize,
+        max_bytes: usize,
     }
 
-    /// A buffer of the smallest capacity in `min..=max` the pool has.
-    fn take(&mut self, min: usize, max: usize) -> Option<Vec<f32>> {
-        if min > max {
-            return None;
+    impl Pool {
+        /// An empty pool that keeps at most `max_buffers` buffers of at most `max_bytes` in all.
+        pub const fn new(max_buffers: usize, max_bytes: usize) -> Pool {
+            Pool {
+                by_capacity: std::collections::BTreeMap::new(),
+                buffers: 0,
+                bytes: 0,
+                max_buffers,
+                max_bytes,
+            }
         }
-        let buf = self
-            .by_capacity
-            .range_mut(min..=max)
-            .find_map(|(_, stack)| stack.pop())?;
-        self.buffers -= 1;
-        self.bytes -= buf.capacity() * 4;
-        Some(buf)
-    }
 
-    /// Keeps `buf`, then lets the smallest buffers go until within the limits (the large ones
-    /// are the costly ones to allocate again).
-    fn give(&mut self, buf: Vec<f32>) {
-        self.buffers += 1;
-        self.bytes += buf.capacity() * 4;
-        self.by_capacity
-            .entry(buf.capacity())
-            .or_default()
-            .push(buf);
-        while self.buffers > MAX_SCRATCH_BUFFERS || self.bytes > MAX_SCRATCH_BYTES {
-            let Some(smallest) = self.by_capacity.values_mut().find_map(|stack| stack.pop()) else {
-                break;
-            };
+        /// A buffer of the smallest capacity in `min..=max` the pool has: of those, the one
+        /// given back last.
+        pub fn take(&mut self, min: usize, max: usize) -> Option<Vec<f32>> {
+            if min > max {
+                return None;
+            }
+            let buf = self
+                .by_capacity
+                .range_mut(min..=max)
+                .find_map(|(_, stack)| stack.pop())?;
             self.buffers -= 1;
-            self.bytes -= smallest.capacity() * 4;
+            self.bytes -= buf.capacity() * 4;
+            Some(buf)
         }
-        if self.by_capacity.len() > MAX_SCRATCH_BUFFERS {
-            // Sizes that came and went (a changing batch size): their empty entries go.
-            self.by_capacity.retain(|_, stack| !stack.is_empty());
+
+        /// Keeps `buf`, then lets the smallest buffers go until within the limits (the large
+        /// ones are the costly ones to allocate again).
+        pub fn give(&mut self, buf: Vec<f32>) {
+            self.buffers += 1;
+            self.bytes += buf.capacity() * 4;
+            self.by_capacity
+                .entry(buf.capacity())
+                .or_default()
+                .push(buf);
+            while self.buffers > self.max_buffers || self.bytes > self.max_bytes {
+                let Some(smallest) = self.by_capacity.values_mut().find_map(|stack| stack.pop())
+                else {
+                    break;
+                };
+                self.buffers -= 1;
+                self.bytes -= smallest.capacity() * 4;
+            }
+            if self.by_capacity.len() > self.max_buffers {
+                // Sizes that came and went (a changing batch size): their empty entries go.
+                self.by_capacity.retain(|_, stack| !stack.is_empty());
+            }
+        }
+
+        /// Buffers kept.
+        pub fn buffers(&self) -> usize {
+            self.buffers
+        }
+
+        /// Bytes of the buffers kept (their capacities).
+        pub fn bytes(&self) -> usize {
+            self.bytes
+        }
+
+        /// The capacities of the buffers kept, smallest first.
+        pub fn capacities(&self) -> Vec<usize> {
+            let stacks = self.by_capacity.iter();
+            stacks
+                .flat_map(|(capacity, stack)| std::iter::repeat_n(*capacity, stack.len()))
+                .collect()
+        }
+
+        /// Capacities with an entry, empty ones included.
+        pub fn entries(&self) -> usize {
+            self.by_capacity.len()
         }
     }
 }
@@ -201,58 +239,4 @@ fn fresh_zeros(len: usize) -> Vec<f32> {
     // SAFETY: the capacity is at least `len`, and every element of `0..len` was written above.
     unsafe { buf.set_len(len) };
     buf
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sizes(pool: &Pool) -> Vec<usize> {
-        let mut sizes: Vec<usize> = pool
-            .by_capacity
-            .values()
-            .flat_map(|stack| stack.iter().map(|b| b.capacity()))
-            .collect();
-        sizes.sort_unstable();
-        sizes
-    }
-
-    /// The smallest capacity within the bounds, the buffer given back last among equals, and
-    /// the count and bytes following every change.
-    #[test]
-    fn the_pool_gives_the_smallest_fitting_buffer_the_last_one_back_first() {
-        let mut pool = Pool::new();
-        let (a, b, c) = (vec![0f32; 100], vec![1f32; 100], vec![2f32; 300]);
-        let second = b.as_ptr();
-        for buf in [c, a, b] {
-            pool.give(buf);
-        }
-        assert_eq!((pool.buffers, pool.bytes), (3, 2000));
-        assert_eq!(pool.take(150, 200), None, "nothing in 150..=200");
-        assert_eq!(pool.take(200, 150), None, "an empty range");
-        let got = pool.take(50, 1000).unwrap();
-        assert_eq!(got.as_ptr(), second, "not the 100 given back last");
-        assert_eq!(pool.take(101, usize::MAX).unwrap().capacity(), 300);
-        assert_eq!((pool.buffers, pool.bytes), (1, 400));
-        assert_eq!(sizes(&pool), [100]);
-    }
-
-    /// Over the limits the smallest buffers go first, and the count and bytes stay within
-    /// them.
-    #[test]
-    fn the_pool_lets_the_smallest_buffers_go_over_its_limits() {
-        let mut pool = Pool::new();
-        for len in 1..=MAX_SCRATCH_BUFFERS + 10 {
-            pool.give(Vec::with_capacity(len));
-        }
-        assert_eq!(pool.buffers, MAX_SCRATCH_BUFFERS);
-        assert_eq!(sizes(&pool)[0], 11, "not the smallest ten gone");
-        let large = MAX_SCRATCH_BYTES / 4 / 2;
-        pool.give(Vec::with_capacity(large));
-        pool.give(Vec::with_capacity(large + 1));
-        assert!(pool.bytes <= MAX_SCRATCH_BYTES);
-        assert_eq!(pool.bytes, sizes(&pool).iter().sum::<usize>() * 4);
-        assert_eq!(sizes(&pool), [large + 1], "the larger one kept");
-        assert!(pool.by_capacity.len() <= MAX_SCRATCH_BUFFERS + 1);
-    }
 }

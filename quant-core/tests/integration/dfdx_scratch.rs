@@ -1,3 +1,4 @@
+use quant_core::__internals::ScratchPool;
 use quant_core::scratch::Scratch;
 
 /// A pooled buffer serves a shorter value and then a longer one again: each use sees
@@ -173,4 +174,47 @@ fn recycled_buffers_change_no_bits_over_steps() {
             "step {k}: scale gradient"
         );
     }
+}
+
+/// The scratch pool hands out the smallest capacity within the bounds asked for, of those the
+/// buffer given back last (the likeliest still in cache), and keeps its count and bytes as
+/// buffers come and go.
+#[test]
+fn the_pool_gives_the_smallest_fitting_buffer_the_last_one_back_first() {
+    let mut pool = ScratchPool::new(16, 1 << 20);
+    let (a, b, c) = (vec![0f32; 100], vec![1f32; 100], vec![2f32; 300]);
+    let second = b.as_ptr();
+    for buf in [c, a, b] {
+        pool.give(buf);
+    }
+    assert_eq!((pool.buffers(), pool.bytes()), (3, 2000));
+    assert_eq!(pool.take(150, 200), None, "nothing in 150..=200");
+    assert_eq!(pool.take(200, 150), None, "an empty range");
+    let got = pool.take(50, 1000).unwrap();
+    assert_eq!(got.as_ptr(), second, "not the 100 given back last");
+    assert_eq!(pool.take(101, usize::MAX).unwrap().capacity(), 300);
+    assert_eq!((pool.buffers(), pool.bytes()), (1, 400));
+    assert_eq!(pool.capacities(), [100]);
+}
+
+/// Over either limit the smallest buffers go first, the count and bytes stay within the
+/// limits, and the entries of sizes that came and went do not pile up.
+#[test]
+fn the_pool_lets_the_smallest_buffers_go_over_its_limits() {
+    let mut pool = ScratchPool::new(8, 4000);
+    for len in 1..=12 {
+        pool.give(Vec::with_capacity(len));
+    }
+    assert_eq!(pool.buffers(), 8);
+    assert_eq!(
+        pool.capacities(),
+        (5..=12).collect::<Vec<_>>(),
+        "not the smallest four gone"
+    );
+    pool.give(Vec::with_capacity(600));
+    pool.give(Vec::with_capacity(601));
+    assert!(pool.bytes() <= 4000);
+    assert_eq!(pool.bytes(), pool.capacities().iter().sum::<usize>() * 4);
+    assert_eq!(pool.capacities(), [601], "the larger one kept");
+    assert!(pool.entries() <= 9, "{} entries", pool.entries());
 }
