@@ -108,14 +108,22 @@ pub(super) fn affines(
     Ok(params)
 }
 
-/// Whether the range and every channel's bounds fit the exact fast rounding.
+/// Whether the range and every channel's bounds fit the exact fast rounding. `params` come
+/// from [`affines`], which checked that every zero point lies in the range.
 pub(super) fn fast_path(params: &[Affine], quant_min: i32, quant_max: i32) -> bool {
     let fits = |v: i64| v.abs() < FAST_LIMIT;
-    fits(quant_min as i64)
-        && fits(quant_max as i64)
-        && params
-            .iter()
-            .all(|p| fits(p.lo as i64) && fits(p.hi as i64))
+    if !(fits(quant_min as i64) && fits(quant_max as i64)) {
+        return false;
+    }
+    let within = |p: &Affine| fits(p.lo as i64) && fits(p.hi as i64);
+    // With the zero point in the range, `|lo|` and `|hi|` are at most the range's span: a
+    // span that fits answers for every channel without a pass over them (a per-channel weight
+    // has hundreds, and this runs several times per training step).
+    if fits(quant_max as i64 - quant_min as i64) {
+        debug_assert!(params.iter().all(within));
+        return true;
+    }
+    params.iter().all(within)
 }
 
 /// The affine grid a public kernel is given, as one argument for the private code several

@@ -130,16 +130,21 @@ impl TrainableQuantizer for Affine {
         QParams::new(self.scales(params, axis), zero_points, axis)
     }
 
+    /// [`qparams`](TrainableQuantizer::qparams)' scales and zero points, handed to the kernel
+    /// without building a `QParams`: the kernel checks them as `QParams` would (this runs for
+    /// every quantizer on every training step).
     fn forward(&self, x: QuantizerInput<'_>, params: &ParamBank<'_>, y: &mut [f32]) -> Result<()> {
-        let q = self.qparams(params, x.grid, axis_of(&x))?;
+        let axis = axis_of(&x);
+        let (quant_min, quant_max) = (x.grid.quant_min(), x.grid.quant_max());
+        let zero_points = kernels::round_zero_points(params.values(1, axis), quant_min, quant_max)?;
         kernels::fake_quantize_affine_into(
             x.data,
             y,
             x.layout,
-            q.scales(),
-            q.zero_points(),
-            x.grid.quant_min(),
-            x.grid.quant_max(),
+            &self.scales(params, axis),
+            &zero_points,
+            quant_min,
+            quant_max,
             self.config.rounding(),
         )
     }
