@@ -88,16 +88,33 @@ pub fn softmax_backward(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32]) {
     let job = rows_per_job(x.len(), n, R) * n;
     let path = VectorPath::widest();
     let jobs = x.par_chunks(job).zip(dy.par_chunks(job));
-    jobs.zip(dx.par_chunks_mut(job)).for_each(|((x, dy), dx)| {
-        let mut probs = vec![0.0f64; R * n];
-        by_row_groups(n, x, dy, dx, |rows, x, dy, dx| {
-            if rows == R {
-                softmax_rows_backward::<R>(n, x, dy, dx, &mut probs, path);
-            } else {
-                softmax_rows_backward::<1>(n, x, dy, dx, &mut probs, path);
-            }
-        });
-    });
+    jobs.zip(dx.par_chunks_mut(job))
+        .for_each(|((x, dy), dx)| softmax_job(n, x, dy, dx, path));
+}
+
+/// One parallel job of [`softmax_backward`]. (Compiled for the baseline: at AVX-512's width
+/// it took as long, its time being the rows' chains of dependent steps.)
+fn softmax_job(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32], path: VectorPath) {
+    let mut job = SoftmaxRows {
+        n,
+        probs: vec![0.0f64; ROWS_SIDE_BY_SIDE * n],
+        path,
+    };
+    by_row_groups(n, x, dy, dx, &mut job);
+}
+
+/// [`softmax_backward`]'s rows of one job.
+struct SoftmaxRows {
+    n: usize,
+    probs: Vec<f64>,
+    path: VectorPath,
+}
+
+impl RowGroups for SoftmaxRows {
+    #[inline(always)]
+    fn rows<const R: usize>(&mut self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        softmax_rows_backward::<R>(self.n, x, dy, dx, &mut self.probs, self.path);
+    }
 }
 
 /// `R` consecutive rows of [`softmax_backward`] (`x`, `dy`, `dx` hold exactly `R` rows).
@@ -531,22 +548,14 @@ pub fn layer_norm_backward(
     let jobs = jobs.zip(dx.par_chunks_mut(job));
     let term_jobs = dgamma_terms.par_chunks_mut(job);
     let term_jobs = term_jobs.zip(constant.par_chunks_mut(job_rows));
+    let isa = Isa::detected();
     jobs.zip(term_jobs)
         .for_each(|(((x, dy), dx), (dgamma_terms, constant))| {
-            let mut scratch = RowScratch::new(n);
-            let mut row = 0;
-            by_row_groups(n, x, dy, dx, |group, x, dy, dx| {
-                let mut terms = RowTermsMut {
-                    dgamma: &mut dgamma_terms[row * n..(row + group) * n],
-                    constant: &mut constant[row..row + group],
-                };
-                if group == R {
-                    rows_backward::<R>(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
-                } else {
-                    rows_backward::<1>(n, epsilon, x, gamma, dy, dx, &mut terms, &mut scratch);
-                }
-                row += group;
-            });
+            let terms = RowTermsMut {
+                dgamma: dgamma_terms,
+                constant,
+            };
+            rows_job_by_width(isa, n, epsilon, x, gamma, dy, dx, terms);
         });
     // The rows' gradients of β and terms of γ's, one row after another.
     let rows = dy.chunks_exact(n).zip(dgamma_terms.chunks_exact(n));
@@ -562,6 +571,71 @@ pub fn layer_norm_backward(
     }
 }
 
+crate::int8::widths::compiled_for_each_width! {
+    /// [`rows_job`] at `isa`'s width: a closure of rayon's is compiled for the baseline's two
+    /// `f64` lanes (0.85x the time at AVX-512's on the digits ViT's LayerNorms). The same
+    /// operations in the same order in every width (the compiler neither reorders nor fuses
+    /// floating-point operations), so the same bits.
+    #[allow(clippy::too_many_arguments)]
+    fn rows_job_by_width<>(
+        n: usize,
+        epsilon: f32,
+        x: &[f32],
+        gamma: &[f32],
+        dy: &[f32],
+        dx: &mut [f32],
+        terms: RowTermsMut<'_>,
+    ) => rows_job;
+}
+
+/// One parallel job of [`layer_norm_backward`]: its whole rows, [`ROWS_SIDE_BY_SIDE`] at a
+/// time, then one by one.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn rows_job(
+    n: usize,
+    epsilon: f32,
+    x: &[f32],
+    gamma: &[f32],
+    dy: &[f32],
+    dx: &mut [f32],
+    terms: RowTermsMut<'_>,
+) {
+    let mut job = LayerNormRows {
+        n,
+        epsilon,
+        gamma,
+        terms,
+        scratch: RowScratch::new(n),
+        row: 0,
+    };
+    by_row_groups(n, x, dy, dx, &mut job);
+}
+
+/// [`layer_norm_backward`]'s rows of one job, and the row it has reached.
+struct LayerNormRows<'a> {
+    n: usize,
+    epsilon: f32,
+    gamma: &'a [f32],
+    terms: RowTermsMut<'a>,
+    scratch: RowScratch,
+    row: usize,
+}
+
+impl RowGroups for LayerNormRows<'_> {
+    #[inline(always)]
+    fn rows<const R: usize>(&mut self, x: &[f32], dy: &[f32], dx: &mut [f32]) {
+        let (n, row) = (self.n, self.row);
+        let mut terms = RowTermsMut {
+            dgamma: &mut self.terms.dgamma[row * n..(row + R) * n],
+            constant: &mut self.terms.constant[row..row + R],
+        };
+        let (epsilon, gamma) = (self.epsilon, self.gamma);
+        rows_backward::<R>(n, epsilon, x, gamma, dy, dx, &mut terms, &mut self.scratch);
+        self.row += R;
+    }
+}
+
 /// What some consecutive rows of [`layer_norm_backward`] add to `dgamma`: each value's term,
 /// and whether the row is constant without `ε` (it adds none).
 struct RowTermsMut<'a> {
@@ -569,15 +643,18 @@ struct RowTermsMut<'a> {
     constant: &'a mut [bool],
 }
 
-/// Calls `f(rows, x, dy, dx)` on consecutive runs of whole rows of `n` values, in order:
-/// [`ROWS_SIDE_BY_SIDE`] rows at a time, then the rows left over one by one.
-fn by_row_groups(
-    n: usize,
-    x: &[f32],
-    dy: &[f32],
-    dx: &mut [f32],
-    mut f: impl FnMut(usize, &[f32], &[f32], &mut [f32]),
-) {
+/// What [`by_row_groups`] runs on each run of rows: a method, not a closure, so that it is
+/// compiled with the target features of the function it is inlined into (a closure is
+/// compiled for the baseline).
+trait RowGroups {
+    /// `R` consecutive rows (`x`, `dy`, `dx` hold exactly `R` rows).
+    fn rows<const R: usize>(&mut self, x: &[f32], dy: &[f32], dx: &mut [f32]);
+}
+
+/// Runs `f` on consecutive runs of whole rows of `n` values, in order: [`ROWS_SIDE_BY_SIDE`]
+/// rows at a time, then the rows left over one by one.
+#[inline(always)]
+fn by_row_groups(n: usize, x: &[f32], dy: &[f32], dx: &mut [f32], f: &mut impl RowGroups) {
     const R: usize = ROWS_SIDE_BY_SIDE;
     let full = x.len() / n / R * R * n;
     let groups = x[..full]
@@ -585,14 +662,14 @@ fn by_row_groups(
         .zip(dy[..full].chunks_exact(R * n))
         .zip(dx[..full].chunks_exact_mut(R * n));
     for ((x, dy), dx) in groups {
-        f(R, x, dy, dx);
+        f.rows::<R>(x, dy, dx);
     }
     let rest = x[full..]
         .chunks_exact(n)
         .zip(dy[full..].chunks_exact(n))
         .zip(dx[full..].chunks_exact_mut(n));
     for ((x, dy), dx) in rest {
-        f(1, x, dy, dx);
+        f.rows::<1>(x, dy, dx);
     }
 }
 
