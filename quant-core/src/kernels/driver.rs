@@ -389,11 +389,16 @@ impl Sums for f64 {
 }
 
 /// One kernel family over buffers `S`. Every method is inlined into the driver's job, which is
-/// compiled twice (AVX2 and baseline): they must be `#[inline(always)]`, and must not hide their
-/// loops in closures (a closure is compiled without AVX2).
+/// compiled for each [`VectorPath`]: they must be `#[inline(always)]`, and must not hide their
+/// loops in closures (a closure is compiled for the baseline).
 pub(super) trait ElementKernel<S: Streams>: Sync {
     /// What the kernel sums per channel, if anything (`()` for element-wise maps).
     type Sums: Sums;
+    /// The widest path the driver's job runs this kernel on (where the CPU has it). AVX2 unless
+    /// a kernel measured faster wider: the maps took as long or longer on 512 bits (1.0x–1.2x,
+    /// one thread, a training step's sizes: their loops wait on the cache), LSQ's backward
+    /// 0.75x–0.88x.
+    const WIDEST: VectorPath = VectorPath::Avx2;
     /// Elements that share one set of constants (a whole tensor, or one row).
     fn span(&self, s: S, p: &Affine) -> Self::Sums;
     /// Whole periods of short rows with per-element constants: adds each channel's sums into
@@ -500,7 +505,9 @@ fn job_body<S: Streams, K: ElementKernel<S>>(
     }
 }
 
-/// [`job_body`] compiled for AVX2 when the CPU has it, for the baseline target otherwise.
+/// [`job_body`] compiled for AVX-512 F or AVX2 when the CPU has it ([`VectorPath::widest`])
+/// and the kernel allows it ([`ElementKernel::WIDEST`]), for the baseline target otherwise. Every lane's arithmetic is the same on each: the same
+/// bits.
 fn job<S: Streams, K: ElementKernel<S>>(
     kernel: &K,
     start: usize,
@@ -523,9 +530,30 @@ fn job<S: Streams, K: ElementKernel<S>>(
         ) -> Vec<K::Sums> {
             job_body(kernel, start, s, walk)
         }
-        if use_avx2() {
-            // SAFETY: the CPU supports AVX2, checked just above.
-            return unsafe { avx2(kernel, start, s, walk) };
+        /// [`job_body`] compiled for AVX-512 F: 16 lanes where the compiler vectorises, and
+        /// LSQ's AVX-512 kernel inlined.
+        ///
+        /// # Safety
+        /// The CPU supports AVX-512 F and AVX2 (checked with [`VectorPath::widest`]).
+        #[target_feature(enable = "avx512f,avx2")]
+        unsafe fn avx512<S: Streams, K: ElementKernel<S>>(
+            kernel: &K,
+            start: usize,
+            s: S,
+            walk: &Walk<'_>,
+        ) -> Vec<K::Sums> {
+            job_body(kernel, start, s, walk)
+        }
+        match VectorPath::widest() {
+            // SAFETY: `widest` gives `Avx512` only for a CPU with AVX-512 F and AVX2.
+            VectorPath::Avx512 if K::WIDEST == VectorPath::Avx512 => {
+                return unsafe { avx512(kernel, start, s, walk) }
+            }
+            // SAFETY: `widest` gives `Avx512` or `Avx2` only for a CPU with AVX2.
+            VectorPath::Avx512 | VectorPath::Avx2 => {
+                return unsafe { avx2(kernel, start, s, walk) }
+            }
+            VectorPath::Baseline => {}
         }
     }
     job_body(kernel, start, s, walk)

@@ -300,10 +300,12 @@ fn lsq_int8(
     (dx, ds, dz)
 }
 
-/// Runs `f` on the AVX2 code (where the CPU has it) and on the baseline code.
+/// Runs `f` on the AVX-512 code, the AVX2 code (each where the CPU has it) and the baseline
+/// code.
 fn every_path(f: impl FnMut(&str)) {
     with_paths(
         &[
+            (VectorPath::Avx512, "avx512"),
             (VectorPath::Avx2, "avx2"),
             (VectorPath::Baseline, "baseline"),
         ],
