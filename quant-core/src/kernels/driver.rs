@@ -545,13 +545,13 @@ fn job<S: Streams, K: ElementKernel<S>>(
             job_body(kernel, start, s, walk)
         }
         match VectorPath::widest() {
-            // SAFETY: `widest` gives `Avx512` only for a CPU with AVX-512 F and AVX2.
             VectorPath::Avx512 if K::WIDEST == VectorPath::Avx512 => {
-                return unsafe { avx512(kernel, start, s, walk) }
+                // SAFETY: `widest` gives `Avx512` only for a CPU with AVX-512 F and AVX2.
+                return unsafe { avx512(kernel, start, s, walk) };
             }
-            // SAFETY: `widest` gives `Avx512` or `Avx2` only for a CPU with AVX2.
             VectorPath::Avx512 | VectorPath::Avx2 => {
-                return unsafe { avx2(kernel, start, s, walk) }
+                // SAFETY: `widest` gives `Avx512` or `Avx2` only for a CPU with AVX2.
+                return unsafe { avx2(kernel, start, s, walk) };
             }
             VectorPath::Baseline => {}
         }
