@@ -315,6 +315,11 @@ fn rows_params(params: &[Affine], first: usize) -> impl Iterator<Item = &Affine>
     params[skip..].iter().chain(params.iter().cycle())
 }
 
+/// The fewest values sharing one set of constants (a row of a per-channel weight) for which a
+/// kernel runs at 512 bits: LSQ's backward on rows of 9 and 27 values took 1.16x–1.4x its AVX2
+/// time there (the per-row work), on rows of 64 and more 0.73x–0.93x.
+const WIDE_RUN: usize = 64;
+
 /// How a kernel walks a tensor.
 pub(super) enum Walk<'a> {
     /// One set of constants for every element.
@@ -337,6 +342,27 @@ impl<'a> Walk<'a> {
             },
             _ => Walk::Periods(Expanded::new(params, layout.inner)),
         }
+    }
+
+    /// How many consecutive values share one set of constants: a whole tensor's, a row's, or a
+    /// row's within the periods.
+    fn run_len(&self) -> usize {
+        match self {
+            Walk::Tensor(_) => usize::MAX,
+            Walk::Rows { inner, .. } => *inner,
+            Walk::Periods(e) => e.inner,
+        }
+    }
+
+    /// The path a kernel whose widest is `widest` ([`ElementKernel::WIDEST`]) runs this walk on:
+    /// the widest the CPU has ([`VectorPath::widest`]) up to `widest`, and no wider than AVX2
+    /// for runs of fewer than [`WIDE_RUN`] values.
+    pub fn path(&self, widest: VectorPath) -> VectorPath {
+        let path = VectorPath::widest().min(widest);
+        if path == VectorPath::Avx512 && self.run_len() < WIDE_RUN {
+            return VectorPath::Avx2;
+        }
+        path
     }
 
     /// Jobs are made of whole units.
@@ -395,9 +421,9 @@ pub(super) trait ElementKernel<S: Streams>: Sync {
     /// What the kernel sums per channel, if anything (`()` for element-wise maps).
     type Sums: Sums;
     /// The widest path the driver's job runs this kernel on (where the CPU has it). AVX2 unless
-    /// a kernel measured faster wider: the maps took as long or longer on 512 bits (1.0x–1.2x,
-    /// one thread, a training step's sizes: their loops wait on the cache), LSQ's backward
-    /// 0.75x–0.88x.
+    /// a kernel measured faster wider: the fake-quantization forward took as long or longer on
+    /// 512 bits (1.0x–1.2x, one thread, a training step's sizes: its loop waits on the cache),
+    /// LSQ's backward 0.61x–0.93x (but a 3x3 depthwise weight's rows of 9 values 1.07x).
     const WIDEST: VectorPath = VectorPath::Avx2;
     /// Elements that share one set of constants (a whole tensor, or one row).
     fn span(&self, s: S, p: &Affine) -> Self::Sums;
@@ -505,9 +531,9 @@ fn job_body<S: Streams, K: ElementKernel<S>>(
     }
 }
 
-/// [`job_body`] compiled for AVX-512 F or AVX2 when the CPU has it ([`VectorPath::widest`])
-/// and the kernel allows it ([`ElementKernel::WIDEST`]), for the baseline target otherwise. Every lane's arithmetic is the same on each: the same
-/// bits.
+/// [`job_body`] compiled for AVX-512 F or AVX2 when the CPU has it and the kernel and the walk
+/// allow it ([`Walk::path`]), for the baseline target otherwise.
+/// Every lane's arithmetic is the same on each: the same bits.
 fn job<S: Streams, K: ElementKernel<S>>(
     kernel: &K,
     start: usize,
@@ -520,7 +546,7 @@ fn job<S: Streams, K: ElementKernel<S>>(
         /// [`job_body`] compiled for AVX2.
         ///
         /// # Safety
-        /// The CPU supports AVX2 (checked with [`use_avx2`]).
+        /// The CPU supports AVX2 (checked with [`VectorPath::widest`]).
         #[target_feature(enable = "avx2")]
         unsafe fn avx2<S: Streams, K: ElementKernel<S>>(
             kernel: &K,
@@ -544,13 +570,15 @@ fn job<S: Streams, K: ElementKernel<S>>(
         ) -> Vec<K::Sums> {
             job_body(kernel, start, s, walk)
         }
-        match VectorPath::widest() {
-            VectorPath::Avx512 if K::WIDEST == VectorPath::Avx512 => {
-                // SAFETY: `widest` gives `Avx512` only for a CPU with AVX-512 F and AVX2.
+        match walk.path(K::WIDEST) {
+            VectorPath::Avx512 => {
+                // SAFETY: `path` gives `Avx512` only where `VectorPath::widest` does, for a CPU
+                // with AVX-512 F and AVX2.
                 return unsafe { avx512(kernel, start, s, walk) };
             }
-            VectorPath::Avx512 | VectorPath::Avx2 => {
-                // SAFETY: `widest` gives `Avx512` or `Avx2` only for a CPU with AVX2.
+            VectorPath::Avx2 => {
+                // SAFETY: `path` gives `Avx2` only where `VectorPath::widest` gives `Avx2` or
+                // `Avx512`, for a CPU with AVX2.
                 return unsafe { avx2(kernel, start, s, walk) };
             }
             VectorPath::Baseline => {}
@@ -649,7 +677,7 @@ pub(super) fn reduce_blocks(terms: &[f32], wide: &mut [f64; LANES]) {
 /// `exp` of the softmax gradient): the same source compiled for wider registers, so every path
 /// gives the same bits. Not public API (re-exported in `quant_core::__internals` for
 /// quant-core's tests).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum VectorPath {
     /// x86-64's SSE2 (or any other target's baseline).
     Baseline,

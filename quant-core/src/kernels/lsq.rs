@@ -98,43 +98,32 @@ fn lsq_span<R: Round, O: GradOut>(
     #[cfg(target_arch = "x86_64")]
     if R::HALF_EVEN && path != VectorPath::Baseline {
         let whole = n - n % BLOCK;
-        let (xw, dyw, dxw) = (&x[..whole], &dy[..whole], &mut dx[..whole]);
-        // The tail, then the lanes, in the order the portable code below adds them: the two
-        // paths give the same bits.
+        let ((xw, xt), (dyw, dyt)) = (x.split_at(whole), dy.split_at(whole));
+        let (dxw, dxt) = dx.split_at_mut(whole);
+        // The tail (under `BLOCK` values) on masked lanes, its terms kept and then added one by
+        // one (element by element, the tail took about 11 cycles a value on AVX2 and more
+        // compiled for AVX-512; a row of a 3x3 depthwise weight is all tail).
+        let (tail, mut ts, mut tz) = (n - whole, [0f32; BLOCK], [0f32; BLOCK]);
         if path == VectorPath::Avx512 {
             // SAFETY: `VectorPath::widest` gave `Avx512` only for a CPU with AVX-512 F (and
-            // AVX2); the three slices are `whole` long, a multiple of `BLOCK`.
-            unsafe { avx512::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide) };
-            // The tail's terms on masked lanes, then added one by one: compiled for AVX-512,
-            // the element-by-element loop below took 1.4x its AVX2 time (a row of a 3x3
-            // depthwise weight is all tail).
-            let (mut ts, mut tz) = ([0f32; BLOCK], [0f32; BLOCK]);
-            let tail = n - whole;
-            // SAFETY: as above; the three slices are `tail < BLOCK` long.
+            // AVX2); the three slices are `whole` long, a multiple of `BLOCK`, then `tail`.
             unsafe {
-                avx512::lsq_tail_half_even(
-                    &x[whole..],
-                    &dy[whole..],
-                    &mut dx[whole..],
-                    p,
-                    &mut ts,
-                    &mut tz,
-                )
-            };
-            for (s, z) in ts[..tail].iter().zip(&tz[..tail]) {
-                sums.dscale += *s as f64;
-                sums.dzero += *z as f64;
+                avx512::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide);
+                avx512::lsq_tail_half_even(xt, dyt, dxt, p, &mut ts, &mut tz);
             }
         } else {
             // SAFETY: every path above the baseline has AVX2 (`VectorPath::widest`); the three
-            // slices are `whole` long, a multiple of `BLOCK`.
-            unsafe { avx2::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide) };
-            for ((x, dy), g) in x[whole..].iter().zip(&dy[whole..]).zip(&mut dx[whole..]) {
-                let t = lsq_terms::<R>(*x, *dy, p);
-                g.add(t.dx);
-                sums.dscale += t.ds as f64;
-                sums.dzero += t.dz as f64;
+            // slices are `whole` long, a multiple of `BLOCK`, then `tail`.
+            unsafe {
+                avx2::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide);
+                avx2::lsq_tail_half_even(xt, dyt, dxt, p, &mut ts, &mut tz);
             }
+        }
+        // The tail, then the lanes, in the order the portable code below adds them: every path
+        // gives the same bits.
+        for (s, z) in ts[..tail].iter().zip(&tz[..tail]) {
+            sums.dscale += *s as f64;
+            sums.dzero += *z as f64;
         }
         sums.dscale += ds_wide.iter().sum::<f64>();
         sums.dzero += dz_wide.iter().sum::<f64>();
@@ -206,11 +195,7 @@ mod avx2 {
         // `O` is `f32` or `MaybeUninit<f32>`, laid out as an `f32`. Fresh storage is only
         // written, never read.
         let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr() as *mut f32);
-        let inv = _mm256_set1_ps(p.inv);
-        let zp = _mm256_set1_ps(p.zero_point);
-        let scale = _mm256_set1_ps(p.scale);
-        let (qmin, qmax) = (_mm256_set1_ps(p.quant_min), _mm256_set1_ps(p.quant_max));
-        let magic = _mm256_set1_ps(MAGIC);
+        let c = Constants::new(p);
         // SAFETY: `ds` holds `LANES` = 8 `f64`s: the 4 from 0 and the 4 from 4.
         let (mut ds_lo, mut ds_hi) = unsafe {
             (
@@ -236,16 +221,9 @@ mod avx2 {
                 let xv = unsafe { _mm256_loadu_ps(xp.add(i)) };
                 // SAFETY: `i + 8 <= n <= dy.len()`: the 8 `f32`s from `i` lie in `dy`.
                 let dyv = unsafe { _mm256_loadu_ps(yp.add(i)) };
-                // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp`.
-                let w = _mm256_add_ps(_mm256_mul_ps(xv, inv), zp);
-                let r = _mm256_sub_ps(_mm256_add_ps(w, magic), magic);
-                let rc = _mm256_min_ps(qmax, _mm256_max_ps(qmin, r));
-                let inside = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, rc);
-                let k = _mm256_sub_ps(rc, zp);
-                let t_in = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(k, scale), xv), inv);
-                let term = _mm256_blendv_ps(k, t_in, inside);
-                s_acc = _mm256_add_ps(s_acc, _mm256_mul_ps(dyv, term));
-                z_acc = _mm256_add_ps(z_acc, _mm256_andnot_ps(inside, dyv));
+                let (s, z, gain) = terms(xv, dyv, c);
+                s_acc = _mm256_add_ps(s_acc, s);
+                z_acc = _mm256_add_ps(z_acc, z);
                 let before = if O::ACCUMULATE {
                     // SAFETY: `i + 8 <= n <= dx.len()`, and `O` is laid out as an `f32`: the
                     // 8 values from `i` lie in `dx`. Only `f32` accumulates, so they are
@@ -254,9 +232,8 @@ mod avx2 {
                 } else {
                     _mm256_setzero_ps()
                 };
-                let g = _mm256_add_ps(before, _mm256_and_ps(inside, dyv));
                 // SAFETY: as for the read above, the 8 values from `i` lie in `dx`.
-                unsafe { _mm256_storeu_ps(gp.add(i), g) };
+                unsafe { _mm256_storeu_ps(gp.add(i), _mm256_add_ps(before, gain)) };
                 i += 8;
             }
             ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
@@ -271,6 +248,100 @@ mod avx2 {
             _mm256_storeu_pd(dz.as_mut_ptr(), dz_lo);
             _mm256_storeu_pd(dz.as_mut_ptr().add(4), dz_hi);
         }
+    }
+
+    /// The same element-wise steps over fewer than [`BLOCK`] elements, on masked lanes: adds
+    /// into `dx` and writes each element's scale and zero-point terms into `ds` and `dz` (from
+    /// 0, for the caller to add in order).
+    ///
+    /// # Safety
+    /// The CPU must support AVX2. `x`, `dy` and `dx` must have the same length, below
+    /// [`BLOCK`].
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn lsq_tail_half_even<O: GradOut>(
+        x: &[f32],
+        dy: &[f32],
+        dx: &mut [O],
+        p: &Affine,
+        ds: &mut [f32; BLOCK],
+        dz: &mut [f32; BLOCK],
+    ) {
+        let n = x.len().min(dy.len()).min(dx.len()).min(BLOCK);
+        let (xp, yp, gp) = (x.as_ptr(), dy.as_ptr(), dx.as_mut_ptr() as *mut f32);
+        let c = Constants::new(p);
+        let lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let mut i = 0;
+        while i < n {
+            // Lanes `i..min(i + 8, n)`: a masked-out lane is neither read nor written (masked
+            // loads and stores suppress its faults), and reads as `+0.0`.
+            let m = _mm256_cmpgt_epi32(_mm256_set1_epi32((n - i) as i32), lane);
+            // SAFETY: the lanes of `m` cover `i..min(i + 8, n)`, within `x`, `dy` and `dx` (`n`
+            // their shortest length); `i + 8 <= BLOCK` (`i` is a multiple of 8 below `n <
+            // BLOCK`), so the 8 values from `i` lie in `ds` and `dz`.
+            unsafe {
+                let xv = _mm256_maskload_ps(xp.add(i), m);
+                let dyv = _mm256_maskload_ps(yp.add(i), m);
+                let (s, z, gain) = terms(xv, dyv, c);
+                _mm256_storeu_ps(ds.as_mut_ptr().add(i), s);
+                _mm256_storeu_ps(dz.as_mut_ptr().add(i), z);
+                // Only `f32` accumulates, so its lanes are initialised.
+                let before = if O::ACCUMULATE {
+                    _mm256_maskload_ps(gp.add(i), m)
+                } else {
+                    _mm256_setzero_ps()
+                };
+                _mm256_maskstore_ps(gp.add(i), m, _mm256_add_ps(before, gain));
+            }
+            i += 8;
+        }
+    }
+
+    /// One channel's constants in every lane.
+    #[derive(Clone, Copy)]
+    struct Constants {
+        inv: __m256,
+        zero_point: __m256,
+        scale: __m256,
+        quant_min: __m256,
+        quant_max: __m256,
+        magic: __m256,
+    }
+
+    impl Constants {
+        #[inline]
+        #[target_feature(enable = "avx2")]
+        fn new(p: &Affine) -> Constants {
+            Constants {
+                inv: _mm256_set1_ps(p.inv),
+                zero_point: _mm256_set1_ps(p.zero_point),
+                scale: _mm256_set1_ps(p.scale),
+                quant_min: _mm256_set1_ps(p.quant_min),
+                quant_max: _mm256_set1_ps(p.quant_max),
+                magic: _mm256_set1_ps(MAGIC),
+            }
+        }
+    }
+
+    /// [`super::lsq_terms`] with round half to even on 8 lanes: the scale term `dy * term`,
+    /// the zero-point term (`dy` outside the grid, `+0.0` inside) and what `dx` gains (`dy`
+    /// inside, `+0.0` outside).
+    #[inline]
+    #[target_feature(enable = "avx2")]
+    fn terms(xv: __m256, dyv: __m256, c: Constants) -> (__m256, __m256, __m256) {
+        // max(lo, v) / min(hi, v) return v when v is NaN, like `clamp`.
+        let w = _mm256_add_ps(_mm256_mul_ps(xv, c.inv), c.zero_point);
+        let r = _mm256_sub_ps(_mm256_add_ps(w, c.magic), c.magic);
+        let rc = _mm256_min_ps(c.quant_max, _mm256_max_ps(c.quant_min, r));
+        let inside = _mm256_cmp_ps::<_CMP_EQ_OQ>(r, rc);
+        let k = _mm256_sub_ps(rc, c.zero_point);
+        let t_in = _mm256_mul_ps(_mm256_sub_ps(_mm256_mul_ps(k, c.scale), xv), c.inv);
+        let term = _mm256_blendv_ps(k, t_in, inside);
+        (
+            _mm256_mul_ps(dyv, term),
+            _mm256_andnot_ps(inside, dyv),
+            _mm256_and_ps(inside, dyv),
+        )
     }
 }
 
@@ -530,6 +601,9 @@ fn lsq_periods<R: Round, O: GradOut>(
     }
 }
 
+/// The widest path LSQ's backward runs on: its hand-written AVX-512 kernel.
+const LSQ_WIDEST: VectorPath = VectorPath::Avx512;
+
 /// LSQ's backward as a kernel of the element driver: `dx += dy·[inside]`, and the sums of the
 /// scale and zero-point gradient terms per channel.
 struct Lsq<R> {
@@ -540,7 +614,7 @@ struct Lsq<R> {
 
 impl<R: Round, O: GradOut> ElementKernel<(&[f32], &[f32], &mut [O])> for Lsq<R> {
     type Sums = LsqSums;
-    const WIDEST: VectorPath = VectorPath::Avx512;
+    const WIDEST: VectorPath = LSQ_WIDEST;
     #[inline(always)]
     fn span(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), p: &Affine) -> LsqSums {
         lsq_span::<R, O>(x, dy, dx, p, self.path)
@@ -734,7 +808,8 @@ fn lsq_backward_to<O: GradOut>(
     let sums = rounded.run(|path, params| match path {
         Path::Fast(walk) => with_rounding!(grid.rounding, R => {
             let kernel = Lsq::<R> {
-                path: VectorPath::widest(),
+                // The width the driver's job runs at.
+                path: walk.path(LSQ_WIDEST),
                 rounding: PhantomData,
             };
             drive(&kernel, (x, dy, dx), &walk, layout.channels)
