@@ -420,10 +420,10 @@ impl Sums for f64 {
 pub(super) trait ElementKernel<S: Streams>: Sync {
     /// What the kernel sums per channel, if anything (`()` for element-wise maps).
     type Sums: Sums;
-    /// The widest path the driver's job runs this kernel on (where the CPU has it). AVX2 unless
-    /// a kernel measured faster wider: the fake-quantization forward took as long or longer on
-    /// 512 bits (1.0x–1.2x, one thread, a training step's sizes: its loop waits on the cache),
-    /// LSQ's backward 0.61x–0.93x (but a 3x3 depthwise weight's rows of 9 values 1.07x).
+    /// The widest path the driver's job runs this kernel on (where the CPU has it, and see
+    /// [`Walk::path`]). AVX2 unless a kernel measured faster wider: the fake-quantization
+    /// forward took as long or longer on 512 bits (1.0x–1.2x, one thread, a training step's
+    /// sizes: its loop waits on the cache), LSQ's backward 0.67x–0.93x.
     const WIDEST: VectorPath = VectorPath::Avx2;
     /// Elements that share one set of constants (a whole tensor, or one row).
     fn span(&self, s: S, p: &Affine) -> Self::Sums;
