@@ -78,8 +78,9 @@ fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums
 
 /// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
 ///
-/// `path`: the widest code that may run ([`VectorPath::widest`]), asked once per call rather
-/// than once per row of a per-channel weight.
+/// `path`: the code to run ([`Walk::path`](super::driver::Walk::path), within
+/// [`VectorPath::widest`]), asked once per call rather than once per row of a per-channel
+/// weight.
 #[inline(always)]
 fn lsq_span<R: Round, O: GradOut>(
     x: &[f32],
@@ -105,8 +106,9 @@ fn lsq_span<R: Round, O: GradOut>(
         // compiled for AVX-512; a row of a 3x3 depthwise weight is all tail).
         let (tail, mut ts, mut tz) = (n - whole, [0f32; BLOCK], [0f32; BLOCK]);
         if path == VectorPath::Avx512 {
-            // SAFETY: `VectorPath::widest` gave `Avx512` only for a CPU with AVX-512 F (and
-            // AVX2); the three slices are `whole` long, a multiple of `BLOCK`, then `tail`.
+            // SAFETY: `Walk::path` gives `Avx512` only where `VectorPath::widest` does, for a
+            // CPU with AVX-512 F (and AVX2); the three slices are `whole` long, a multiple of
+            // `BLOCK`, then `tail`.
             unsafe {
                 avx512::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide);
                 avx512::lsq_tail_half_even(xt, dyt, dxt, p, &mut ts, &mut tz);
