@@ -214,9 +214,6 @@ impl Affine {
             .enumerate()
             .for_each(|(task, dw_rows)| {
                 let first = task * per_task;
-                if fresh {
-                    dw_rows.fill(0.0);
-                }
                 for s in 0..self.sequences {
                     let x_seq = &x[s * rows * inputs..][..rows * inputs];
                     let dy_seq = &dy[s * rows * outputs..][..rows * outputs];
@@ -226,7 +223,7 @@ impl Affine {
                         dy_seq,
                         first,
                         (inputs, outputs),
-                        self.avx512,
+                        (self.avx512, fresh && s == 0),
                     );
                 }
             });
@@ -320,7 +317,7 @@ const BLOCK_VECTORS: usize = 3;
 /// it within a plan. Blocks of [`BLOCK_ROWS`] rows are split across rayon's threads, so the
 /// result does not depend on the thread count. Runs only where `avx512_build()` (a plan's
 /// choice); lengths that do not fit leave `out` unchanged (the callers checked them). `fresh`:
-/// `out`'s values before do not matter, each task zeroes its rows first.
+/// `out`'s values before do not matter, each output is `0.0 + chain`, as from a zeroed buffer.
 fn add_products_avx512(
     out: &mut [f32],
     a: &[f32],
@@ -341,15 +338,11 @@ fn add_products_avx512(
         out.par_chunks_mut(per_task * width)
             .zip(a.par_chunks(per_task * depth))
             .for_each(|(out, a)| {
-                if fresh {
-                    out.fill(0.0);
-                }
+                let a = Left::new(a, (depth, 1));
                 // SAFETY: `avx512_build()` held when the plan chose this path; `out` holds
                 // whole rows of `width`, `a` as many rows of `depth`, `b` `depth` rows of
                 // `width` (checked above).
-                unsafe {
-                    add_products_rows_avx512(out, Left::new(a, (depth, 1)), b, (depth, width))
-                }
+                unsafe { add_products_rows_avx512(out, a, b, (depth, width), fresh) }
             });
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -386,7 +379,8 @@ impl<'a> Left<'a> {
 
 /// [`add_products_avx512`] on the rows of one task: blocks of [`BLOCK_ROWS`] rows, then of
 /// one row; in each, columns [`BLOCK_VECTORS`] vectors of 16 at a time, then one vector at a
-/// time, the last one masked.
+/// time, the last one masked. `fresh`: `out` is not read, each output written as `0.0 +
+/// chain` (what a zeroed `out` gives, without a pass to zero it).
 ///
 /// # Safety
 /// The CPU has AVX-512 F; `out` holds whole rows of `width`, `a` as many rows of `depth`
@@ -398,17 +392,18 @@ unsafe fn add_products_rows_avx512(
     a: Left,
     b: &[f32],
     (depth, width): (usize, usize),
+    fresh: bool,
 ) {
     let rows = out.len() / width;
     let mut r = 0;
     // SAFETY: the caller's, for rows `r..r + R` within `rows`.
     unsafe {
         while r + BLOCK_ROWS <= rows {
-            product_columns::<BLOCK_ROWS>(out, a, b, r, (depth, width));
+            product_columns::<BLOCK_ROWS>(out, a, b, r, (depth, width), fresh);
             r += BLOCK_ROWS;
         }
         while r < rows {
-            product_columns::<1>(out, a, b, r, (depth, width));
+            product_columns::<1>(out, a, b, r, (depth, width), fresh);
             r += 1;
         }
     }
@@ -426,6 +421,7 @@ unsafe fn product_columns<const R: usize>(
     b: &[f32],
     r: usize,
     (depth, width): (usize, usize),
+    fresh: bool,
 ) {
     let mut c = 0;
     // SAFETY: the caller's; each block's columns `c..c + 16·V` (the last masked to
@@ -439,13 +435,14 @@ unsafe fn product_columns<const R: usize>(
                 (r, c),
                 (depth, width),
                 [u16::MAX; BLOCK_VECTORS],
+                fresh,
             );
             c += 16 * BLOCK_VECTORS;
         }
         while c < width {
             let lanes = (width - c).min(16);
             let mask = u16::MAX >> (16 - lanes);
-            product_block::<R, 1>(out, a, b, (r, c), (depth, width), [mask]);
+            product_block::<R, 1>(out, a, b, (r, c), (depth, width), [mask], fresh);
             c += lanes;
         }
     }
@@ -453,7 +450,7 @@ unsafe fn product_columns<const R: usize>(
 
 /// One block of [`product_columns`]: rows `r..r + R`, `V` vectors of 16 columns from `c`,
 /// vector `v`'s lanes `masks[v]` (the others neither read nor written): `R·V` chains side
-/// by side, each over the whole depth, then added to `out`.
+/// by side, each over the whole depth, then added to `out` (`fresh`: to `0.0`).
 ///
 /// # Safety
 /// As [`product_columns`] (only inlined into it); the lanes `masks` selects lie within
@@ -467,6 +464,7 @@ unsafe fn product_block<const R: usize, const V: usize>(
     (r, c): (usize, usize),
     (depth, width): (usize, usize),
     masks: [u16; V],
+    fresh: bool,
 ) {
     use std::arch::x86_64::*;
     // SAFETY: rows `r..r + R` of `a` (`depth` each) and of `out`, rows `..depth` of `b`,
@@ -488,7 +486,11 @@ unsafe fn product_block<const R: usize, const V: usize>(
         for (i, acc) in acc.iter().enumerate() {
             for (v, acc) in acc.iter().enumerate() {
                 let o = op.add((r + i) * width + c + 16 * v);
-                let sum = _mm512_add_ps(_mm512_maskz_loadu_ps(masks[v], o), *acc);
+                let before = match fresh {
+                    true => _mm512_setzero_ps(),
+                    false => _mm512_maskz_loadu_ps(masks[v], o),
+                };
+                let sum = _mm512_add_ps(before, *acc);
                 _mm512_mask_storeu_ps(o, masks[v], sum);
             }
         }
@@ -497,16 +499,20 @@ unsafe fn product_block<const R: usize, const V: usize>(
 
 /// `dw_rows[j][i] += Σ_r x[r][i] · dy[r][first + j]` for one sequence (`dw_rows` holds whole
 /// rows of the weights' gradient, outputs `first..`): with `avx512` (the plan's choice) the
-/// 16-lane loop on `dyᵀ · x`, else the 8-lane one.
+/// 16-lane loop on `dyᵀ · x`, else the 8-lane one. `fresh`: `dw_rows`' values before do not
+/// matter, the sums go into zeros.
 fn add_rows(
     dw_rows: &mut [f32],
     x: &[f32],
     dy: &[f32],
     first: usize,
     (inputs, outputs): (usize, usize),
-    avx512: bool,
+    (avx512, fresh): (bool, bool),
 ) {
     let rows = dy.len() / outputs;
+    if fresh && !avx512 {
+        dw_rows.fill(0.0);
+    }
     // SAFETY: an `Affine` exists only where `fma_available()`, its `avx512` only where
     // `avx512_build()`; `x` holds `rows` rows of `inputs`, `dw_rows` whole rows of `inputs`,
     // each an output `first + o < outputs`, so `dyᵀ` (row `o`: `dy[t][first + o]`) reaches
@@ -516,7 +522,7 @@ fn add_rows(
         match avx512 {
             true => {
                 let dy_t = Left::new(&dy[first..], (1, outputs));
-                add_products_rows_avx512(dw_rows, dy_t, x, (rows, inputs))
+                add_products_rows_avx512(dw_rows, dy_t, x, (rows, inputs), fresh)
             }
             false => add_rows_fma(dw_rows, x, dy, first, (inputs, outputs)),
         }
