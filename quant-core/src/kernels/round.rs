@@ -1,5 +1,6 @@
 //! Rounding to an integer on the fast paths: the `1.5 * 2^23` trick and one zero-sized type per
-//! [`RoundingPolicy`], so each kernel is compiled once per policy without a branch per element.
+//! [`RoundingPolicy`](crate::vocab::RoundingPolicy), so each kernel is compiled once per
+//! policy without a branch per element.
 
 /// `1.5 * 2^23`: adding and subtracting it rounds to the nearest integer, ties to even, for
 /// any `|v| <= 2^22`.

@@ -9,7 +9,7 @@
 //!
 //! Two layers of API:
 //!
-//! - functional ops ([`conv2d`], [`max_pool2d`], [`avg_pool2d`], [`flatten`]) that take
+//! - functional ops ([`conv2d`], [`max_pool2d`], [`avg_pool2d`], [`flatten()`]) that take
 //!   kernel, stride and padding at run time, work with any tape, record a hand-written
 //!   backward pass, and return a [`QuantError`] that says what was
 //!   wrong with a shape and what is valid;
@@ -105,7 +105,7 @@ pub use tokens::{ImageTokens, MeanTokens, Tokens};
 pub type FeatureMaps<B, const C: usize, T> =
     dfdx::tensor::Tensor<(B, dfdx::shapes::Const<C>, usize, usize), f32, dfdx::tensor::Cpu, T>;
 
-/// A batch of `N`-wide feature vectors, as [`flatten`] produces: `(batch, N)`.
+/// A batch of `N`-wide feature vectors, as [`flatten()`] produces: `(batch, N)`.
 pub type Features<B, const N: usize, T> =
     dfdx::tensor::Tensor<(B, dfdx::shapes::Const<N>), f32, dfdx::tensor::Cpu, T>;
 

@@ -18,7 +18,7 @@
 //! the fake-quantized model, the export and the integer model all use the learned codes; the
 //! quantizers' scales stay as calibrated.
 //!
-//! Before calibration, [`smooth`] (SmoothQuant, `smoothing = α` on the input slots of Linear
+//! Before calibration, [`smooth()`] (SmoothQuant, `smoothing = α` on the input slots of Linear
 //! layers a LayerNorm feeds) moves the spread of the normalised activations' channels into the
 //! weights, the float model unchanged.
 

@@ -68,7 +68,7 @@ pub(crate) enum Quantize {
 }
 
 /// One node being prepared: what its inputs are (value numbers as
-/// [`Graph::value_numbers`] gives them), and what the op's [`crate::graph::ops::OpRules::prepare`]
+/// [`Graph::value_numbers`] gives them), and what the op's `OpRules::prepare`
 /// leaves for the runtime besides the output's representation and layout.
 pub(crate) struct PrepareNode<'a> {
     /// The node's name, for errors.

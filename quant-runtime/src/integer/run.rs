@@ -224,7 +224,7 @@ fn run_chunk(m: &IntegerModel, x: &[f32], n: usize) -> Result<Vec<f32>> {
 }
 
 /// One node as the integer runtime runs it: its inputs' values (taken when it is their last
-/// reader), how they are held, and what [`crate::graph::ops::OpRules::prepare`] left for it.
+/// reader), how they are held, and what `OpRules::prepare` left for it.
 pub(crate) struct RunNode<'a> {
     /// The node's name, for errors.
     pub name: &'a str,

@@ -169,7 +169,7 @@ impl Names {
     }
 }
 
-/// A graph node as its op's [`crate::graph::ops::OpRules::write_onnx`] sees it: the ONNX
+/// A graph node as its op's `OpRules::write_onnx` sees it: the ONNX
 /// values of its inputs, their per-sample shapes and the ONNX value it must write.
 pub(crate) struct OnnxNode<'g> {
     /// The graph node.
