@@ -129,7 +129,6 @@ impl TrainableQuantizer for LearnedThreshold {
         };
         let zeros = vec![0.0; scales.len()];
         let mut dscale = vec![0.0; scales.len()];
-        let mut dzero = vec![0.0; scales.len()];
         let g = dfdx_ops::lsq_grad_factor(x.layout.numel(), x.grid);
         let ok = kernels::fake_quantize_learnable_affine_backward_into(
             x.data,
@@ -143,7 +142,7 @@ impl TrainableQuantizer for LearnedThreshold {
             g,
             self.config.rounding(),
             &mut dscale,
-            &mut dzero,
+            None, // the zero point stays 0: no gradient for it
         );
         if ok.is_ok() {
             // scale = T / divisor, so dT = dscale / divisor.

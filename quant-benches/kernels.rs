@@ -172,7 +172,7 @@ fn cases(n: usize) -> Vec<Case> {
             g,
             HalfEven,
             &mut ds,
-            &mut dz,
+            Some(&mut dz[..]),
         )
         .expect("valid parameters");
         black_box((ds, dz));
@@ -217,7 +217,7 @@ fn cases(n: usize) -> Vec<Case> {
                 gc,
                 HalfEven,
                 &mut ds,
-                &mut dz,
+                Some(&mut dz[..]),
             )
             .expect("valid parameters");
             black_box((ds, dz));
@@ -341,7 +341,7 @@ fn allocating(n: usize) -> Vec<Case> {
                     g,
                     RoundingPolicy::HalfEven,
                     &mut ds,
-                    &mut dz,
+                    Some(&mut dz[..]),
                 )
                 .expect("valid parameters");
                 black_box((ds, dz));

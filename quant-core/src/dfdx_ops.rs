@@ -650,8 +650,9 @@ pub fn lsq<S: Shape, T: Tape<f32, Cpu>, const C: usize>(
             if let Ok((s, zf, _)) = prepare(p) {
                 let mut ds = vec![0.0; C];
                 let mut dz = vec![0.0; C];
+                let dz_out = learn_zero.then_some(&mut dz[..]);
                 let _ = kernels::fake_quantize_learnable_affine_backward_into(
-                    x, dy, dx, layout, &s, &zf, qmin, qmax, g, rounding, &mut ds, &mut dz,
+                    x, dy, dx, layout, &s, &zf, qmin, qmax, g, rounding, &mut ds, dz_out,
                 );
                 dp[0].copy_from_slice(&ds);
                 if learn_zero {

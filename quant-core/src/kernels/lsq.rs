@@ -76,13 +76,14 @@ fn lsq_sums_skipping_nan<R: Round>(x: &[f32], dy: &[f32], p: &Affine) -> LsqSums
     sums
 }
 
-/// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums.
+/// LSQ's backward over a span with one set of constants: adds into `dx` and returns the sums
+/// (the zero point's only where `ZERO_POINT`: a zero point that does not learn needs none).
 ///
 /// `path`: the code to run ([`Walk::path`](super::driver::Walk::path), within
 /// [`VectorPath::widest`]), asked once per call rather than once per row of a per-channel
 /// weight.
 #[inline(always)]
-fn lsq_span<R: Round, O: GradOut>(
+fn lsq_span<R: Round, O: GradOut, const ZERO_POINT: bool>(
     x: &[f32],
     dy: &[f32],
     dx: &mut [O],
@@ -110,15 +111,17 @@ fn lsq_span<R: Round, O: GradOut>(
             // CPU with AVX-512 F (and AVX2); the three slices are `whole` long, a multiple of
             // `BLOCK`, then `tail`.
             unsafe {
-                avx512::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide);
-                avx512::lsq_tail_half_even(xt, dyt, dxt, p, &mut ts, &mut tz);
+                let (ds, dz) = (&mut ds_wide, &mut dz_wide);
+                avx512::lsq_blocks_half_even::<O, ZERO_POINT>(xw, dyw, dxw, p, ds, dz);
+                avx512::lsq_tail_half_even::<O, ZERO_POINT>(xt, dyt, dxt, p, &mut ts, &mut tz);
             }
         } else {
             // SAFETY: every path above the baseline has AVX2 (`VectorPath::widest`); the three
             // slices are `whole` long, a multiple of `BLOCK`, then `tail`.
             unsafe {
-                avx2::lsq_blocks_half_even(xw, dyw, dxw, p, &mut ds_wide, &mut dz_wide);
-                avx2::lsq_tail_half_even(xt, dyt, dxt, p, &mut ts, &mut tz);
+                let (ds, dz) = (&mut ds_wide, &mut dz_wide);
+                avx2::lsq_blocks_half_even::<O, ZERO_POINT>(xw, dyw, dxw, p, ds, dz);
+                avx2::lsq_tail_half_even::<O, ZERO_POINT>(xt, dyt, dxt, p, &mut ts, &mut tz);
             }
         }
         // The tail, then the lanes, in the order the portable code below adds them: every path
@@ -144,12 +147,14 @@ fn lsq_span<R: Round, O: GradOut>(
             let t = lsq_terms::<R>(x[i], dy[i], p);
             g[i].add(t.dx);
             ts[i] = t.ds;
-            tz[i] = t.dz;
+            tz[i] = if ZERO_POINT { t.dz } else { 0.0 };
         }
         // Phase 2: whole blocks in f32 lanes then f64; a short tail straight into f64.
         let whole = m - m % BLOCK;
         reduce_blocks(&ts[..whole], &mut ds_wide);
-        reduce_blocks(&tz[..whole], &mut dz_wide);
+        if ZERO_POINT {
+            reduce_blocks(&tz[..whole], &mut dz_wide);
+        }
         for (s, z) in ts[whole..].iter().zip(&tz[whole..]) {
             sums.dscale += *s as f64;
             sums.dzero += *z as f64;
@@ -173,9 +178,9 @@ mod avx2 {
 
     /// [`super::lsq_terms`] with round half to even, over whole blocks of [`BLOCK`] elements,
     /// 8 lanes at a time, in one pass (the portable code needs two): adds into `dx` (see
-    /// [`GradOut`]), and each
-    /// block's sums, in `f32` lanes over its 4 vectors, into the `f64` lanes of `ds`, `dz`.
-    /// Lane for lane the same operations, in the same order, as the portable code.
+    /// [`GradOut`]), and each block's sums, in `f32` lanes over its 4 vectors, into the `f64`
+    /// lanes of `ds`, and of `dz` where `ZERO_POINT`. Lane for lane the same operations, in the
+    /// same order, as the portable code.
     ///
     /// # Safety
     /// The CPU must support AVX2. `x`, `dy` and `dx` must have the same length, a multiple of
@@ -185,7 +190,7 @@ mod avx2 {
     // memory to the caller's horizontal sums, which stalled on every row.
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut>(
+    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut, const ZERO_POINT: bool>(
         x: &[f32],
         dy: &[f32],
         dx: &mut [O],
@@ -225,7 +230,9 @@ mod avx2 {
                 let dyv = unsafe { _mm256_loadu_ps(yp.add(i)) };
                 let (s, z, gain) = terms(xv, dyv, c);
                 s_acc = _mm256_add_ps(s_acc, s);
-                z_acc = _mm256_add_ps(z_acc, z);
+                if ZERO_POINT {
+                    z_acc = _mm256_add_ps(z_acc, z);
+                }
                 let before = if O::ACCUMULATE {
                     // SAFETY: `i + 8 <= n <= dx.len()`, and `O` is laid out as an `f32`: the
                     // 8 values from `i` lie in `dx`. Only `f32` accumulates, so they are
@@ -240,8 +247,10 @@ mod avx2 {
             }
             ds_lo = _mm256_add_pd(ds_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(s_acc)));
             ds_hi = _mm256_add_pd(ds_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(s_acc)));
-            dz_lo = _mm256_add_pd(dz_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(z_acc)));
-            dz_hi = _mm256_add_pd(dz_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(z_acc)));
+            if ZERO_POINT {
+                dz_lo = _mm256_add_pd(dz_lo, _mm256_cvtps_pd(_mm256_castps256_ps128(z_acc)));
+                dz_hi = _mm256_add_pd(dz_hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(z_acc)));
+            }
         }
         // SAFETY: `ds` and `dz` hold `LANES` = 8 `f64`s each: the 4 from 0 and the 4 from 4.
         unsafe {
@@ -253,15 +262,15 @@ mod avx2 {
     }
 
     /// The same element-wise steps over fewer than [`BLOCK`] elements, on masked lanes: adds
-    /// into `dx` and writes each element's scale and zero-point terms into `ds` and `dz` (from
-    /// 0, for the caller to add in order).
+    /// into `dx` and writes each element's scale terms into `ds` and, where `ZERO_POINT`, its
+    /// zero-point terms into `dz` (from 0, for the caller to add in order).
     ///
     /// # Safety
     /// The CPU must support AVX2. `x`, `dy` and `dx` must have the same length, below
     /// [`BLOCK`].
     #[inline]
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn lsq_tail_half_even<O: GradOut>(
+    pub(super) unsafe fn lsq_tail_half_even<O: GradOut, const ZERO_POINT: bool>(
         x: &[f32],
         dy: &[f32],
         dx: &mut [O],
@@ -286,7 +295,9 @@ mod avx2 {
                 let dyv = _mm256_maskload_ps(yp.add(i), m);
                 let (s, z, gain) = terms(xv, dyv, c);
                 _mm256_storeu_ps(ds.as_mut_ptr().add(i), s);
-                _mm256_storeu_ps(dz.as_mut_ptr().add(i), z);
+                if ZERO_POINT {
+                    _mm256_storeu_ps(dz.as_mut_ptr().add(i), z);
+                }
                 // Only `f32` accumulates, so its lanes are initialised.
                 let before = if O::ACCUMULATE {
                     _mm256_maskload_ps(gp.add(i), m)
@@ -422,7 +433,7 @@ mod avx512 {
     // Inlined into the driver's AVX-512 job, as the AVX2 kernel into its AVX2 job.
     #[inline]
     #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut>(
+    pub(super) unsafe fn lsq_blocks_half_even<O: GradOut, const ZERO_POINT: bool>(
         x: &[f32],
         dy: &[f32],
         dx: &mut [O],
@@ -454,8 +465,10 @@ mod avx512 {
                 let (s, z, gain) = terms(xv, dyv, c);
                 let (s_lo, s_hi) = halves(s);
                 s_acc = _mm256_add_ps(_mm256_add_ps(s_acc, s_lo), s_hi);
-                let (z_lo, z_hi) = halves(z);
-                z_acc = _mm256_add_ps(_mm256_add_ps(z_acc, z_lo), z_hi);
+                if ZERO_POINT {
+                    let (z_lo, z_hi) = halves(z);
+                    z_acc = _mm256_add_ps(_mm256_add_ps(z_acc, z_lo), z_hi);
+                }
                 let before = if O::ACCUMULATE {
                     // SAFETY: `i + 16 <= n <= dx.len()`, and `O` is laid out as an `f32`: the
                     // 16 values from `i` lie in `dx`. Only `f32` accumulates, so they are
@@ -469,7 +482,9 @@ mod avx512 {
                 i += 16;
             }
             ds_wide = _mm512_add_pd(ds_wide, _mm512_cvtps_pd(s_acc));
-            dz_wide = _mm512_add_pd(dz_wide, _mm512_cvtps_pd(z_acc));
+            if ZERO_POINT {
+                dz_wide = _mm512_add_pd(dz_wide, _mm512_cvtps_pd(z_acc));
+            }
         }
         // SAFETY: `ds` and `dz` hold `LANES` = 8 `f64`s each.
         unsafe {
@@ -479,15 +494,15 @@ mod avx512 {
     }
 
     /// The same element-wise steps over fewer than [`BLOCK`] elements, on masked lanes: adds
-    /// into `dx` and writes each element's scale and zero-point terms into `ds` and `dz`
-    /// (from 0, for the caller to add in order).
+    /// into `dx` and writes each element's scale terms into `ds` and, where `ZERO_POINT`, its
+    /// zero-point terms into `dz` (from 0, for the caller to add in order).
     ///
     /// # Safety
     /// The CPU must support AVX-512 F and AVX2. `x`, `dy` and `dx` must have the same length,
     /// below [`BLOCK`].
     #[inline]
     #[target_feature(enable = "avx512f,avx2")]
-    pub(super) unsafe fn lsq_tail_half_even<O: GradOut>(
+    pub(super) unsafe fn lsq_tail_half_even<O: GradOut, const ZERO_POINT: bool>(
         x: &[f32],
         dy: &[f32],
         dx: &mut [O],
@@ -514,7 +529,9 @@ mod avx512 {
                 let dyv = _mm512_maskz_loadu_ps(m, yp.add(i));
                 let (s, z, gain) = terms(xv, dyv, c);
                 _mm512_mask_storeu_ps(ds.as_mut_ptr().add(i), m, s);
-                _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i), m, z);
+                if ZERO_POINT {
+                    _mm512_mask_storeu_ps(dz.as_mut_ptr().add(i), m, z);
+                }
                 // Only `f32` accumulates, so its lanes are initialised.
                 let before = if O::ACCUMULATE {
                     _mm512_maskz_loadu_ps(m, gp.add(i))
@@ -533,7 +550,7 @@ mod avx512 {
 /// a sum per channel, whose dependency chain cost more than the kernel), which are summed per
 /// channel once at the end. The same error bound as the lanes of [`lsq_span`].
 #[inline(always)]
-fn lsq_periods<R: Round, O: GradOut>(
+fn lsq_periods<R: Round, O: GradOut, const ZERO_POINT: bool>(
     x: &[f32],
     dy: &[f32],
     dx: &mut [O],
@@ -567,15 +584,21 @@ fn lsq_periods<R: Round, O: GradOut>(
             let t = lsq_terms::<R>(x[i], dy[i], &c.at(i));
             g[i].add(t.dx);
             acc_sn[i] += t.ds;
-            acc_zn[i] += t.dz;
+            if ZERO_POINT {
+                acc_zn[i] += t.dz;
+            }
         }
         if k % FLUSH == FLUSH - 1 {
             flush(&mut acc_s, &mut wide_s);
-            flush(&mut acc_z, &mut wide_z);
+            if ZERO_POINT {
+                flush(&mut acc_z, &mut wide_z);
+            }
         }
     }
     flush(&mut acc_s, &mut wide_s);
-    flush(&mut acc_z, &mut wide_z);
+    if ZERO_POINT {
+        flush(&mut acc_z, &mut wide_z);
+    }
     for (sum, (s, z)) in sums
         .iter_mut()
         .zip(wide_s.chunks(inner).zip(wide_z.chunks(inner)))
@@ -607,23 +630,25 @@ fn lsq_periods<R: Round, O: GradOut>(
 const LSQ_WIDEST: VectorPath = VectorPath::Avx512;
 
 /// LSQ's backward as a kernel of the element driver: `dx += dy·[inside]`, and the sums of the
-/// scale and zero-point gradient terms per channel.
-struct Lsq<R> {
+/// scale and (where `ZERO_POINT`) zero-point gradient terms per channel.
+struct Lsq<R, const ZERO_POINT: bool> {
     /// The widest code that may run (see [`lsq_span`]).
     path: VectorPath,
     rounding: PhantomData<R>,
 }
 
-impl<R: Round, O: GradOut> ElementKernel<(&[f32], &[f32], &mut [O])> for Lsq<R> {
+impl<R: Round, O: GradOut, const ZERO_POINT: bool> ElementKernel<(&[f32], &[f32], &mut [O])>
+    for Lsq<R, ZERO_POINT>
+{
     type Sums = LsqSums;
     const WIDEST: VectorPath = LSQ_WIDEST;
     #[inline(always)]
     fn span(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), p: &Affine) -> LsqSums {
-        lsq_span::<R, O>(x, dy, dx, p, self.path)
+        lsq_span::<R, O, ZERO_POINT>(x, dy, dx, p, self.path)
     }
     #[inline(always)]
     fn periods(&self, (x, dy, dx): (&[f32], &[f32], &mut [O]), e: &Expanded, sums: &mut [LsqSums]) {
-        lsq_periods::<R, O>(x, dy, dx, e, sums)
+        lsq_periods::<R, O, ZERO_POINT>(x, dy, dx, e, sums)
     }
 }
 
@@ -741,7 +766,7 @@ pub fn fake_quantize_learnable_per_tensor_affine_backward(
     let mut ds = [0.0];
     let mut dz = [0.0];
     let dx = uninit_vec(x.len(), |dx| {
-        lsq_backward_to(x, dy, dx, grid, grad_factor, &mut ds, &mut dz)
+        lsq_backward_to(x, dy, dx, grid, grad_factor, &mut ds, Some(&mut dz))
     })?;
     Ok((dx, ds[0], dz[0]))
 }
@@ -749,6 +774,9 @@ pub fn fake_quantize_learnable_per_tensor_affine_backward(
 /// The LSQ gradient for any layout: adds into `dx`, and into `dscales`/`dzero_points` (one per
 /// channel). Zero points are learnable floats, rounded as [`round_zero_point`] says. Per
 /// channel this is PyTorch's `_fake_quantize_learnable_per_channel_affine_backward`.
+///
+/// `dzero_points` `None`: a zero point that does not learn (symmetric weights), whose gradient
+/// is then not computed; `dx` and `dscales` get the same bits either way.
 ///
 /// # Errors
 /// See [`fake_quantize_learnable_per_tensor_affine_backward`]; also buffers whose lengths do
@@ -766,7 +794,7 @@ pub fn fake_quantize_learnable_affine_backward_into(
     grad_factor: f32,
     rounding: RoundingPolicy,
     dscales: &mut [f32],
-    dzero_points: &mut [f32],
+    dzero_points: Option<&mut [f32]>,
 ) -> Result<()> {
     let grid = Grid::new(layout, scales, zero_points, quant_min, quant_max, rounding);
     lsq_backward_to(x, dy, dx, grid, grad_factor, dscales, dzero_points)
@@ -781,7 +809,7 @@ fn lsq_backward_to<O: GradOut>(
     grid: Grid<'_, f32>,
     grad_factor: f32,
     dscales: &mut [f32],
-    dzero_points: &mut [f32],
+    mut dzero_points: Option<&mut [f32]>,
 ) -> Result<()> {
     let layout = grid.layout;
     let (quant_min, quant_max) = (grid.quant_min, grid.quant_max);
@@ -789,7 +817,9 @@ fn lsq_backward_to<O: GradOut>(
     check_len("dy", x.len(), dy.len())?;
     check_len("dx", x.len(), dx.len())?;
     check_len("dscales", layout.channels, dscales.len())?;
-    check_len("dzero_points", layout.channels, dzero_points.len())?;
+    if let Some(dz) = &dzero_points {
+        check_len("dzero_points", layout.channels, dz.len())?;
+    }
     check_len("zero_points", layout.channels, grid.zero_points.len())?;
     check_range(quant_min, quant_max)?;
     if !grad_factor.is_finite() {
@@ -807,21 +837,25 @@ fn lsq_backward_to<O: GradOut>(
         quant_max,
         grid.rounding,
     );
+    let zero_point = dzero_points.is_some();
     let sums = rounded.run(|path, params| match path {
         Path::Fast(walk) => with_rounding!(grid.rounding, R => {
-            let kernel = Lsq::<R> {
-                // The width the driver's job runs at.
-                path: walk.path(LSQ_WIDEST),
-                rounding: PhantomData,
-            };
-            drive(&kernel, (x, dy, dx), &walk, layout.channels)
+            // The width the driver's job runs at.
+            let path = walk.path(LSQ_WIDEST);
+            let rounding = PhantomData;
+            match zero_point {
+                true => drive(&Lsq::<R, true> { path, rounding }, (x, dy, dx), &walk, layout.channels),
+                false => drive(&Lsq::<R, false> { path, rounding }, (x, dy, dx), &walk, layout.channels),
+            }
         }),
         Path::Exact => lsq_slow(x, dy, dx, layout, params, grid.torch()),
     })?;
     // `grid.scales[c]` is channel c's scale, which `run` checked.
     for (c, s) in sums.iter().flatten().enumerate() {
         dscales[c] += (s.dscale * grad_factor as f64) as f32;
-        dzero_points[c] += (-s.dzero * grid.scales[c] as f64 * grad_factor as f64) as f32;
+        if let Some(dz) = dzero_points.as_deref_mut() {
+            dz[c] += (-s.dzero * grid.scales[c] as f64 * grad_factor as f64) as f32;
+        }
     }
     Ok(())
 }

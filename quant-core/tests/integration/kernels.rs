@@ -294,7 +294,7 @@ fn lsq_int8(
         grad_factor,
         RoundingPolicy::HalfEven,
         &mut ds,
-        &mut dz,
+        Some(&mut dz[..]),
     )
     .unwrap();
     (dx, ds, dz)
@@ -383,7 +383,18 @@ fn lsq_matches_the_scalar_reference_on_every_layout() {
             let mut dx = vec![0.0; n];
             let (mut ds, mut dz) = (vec![0.0; channels], vec![0.0; channels]);
             fake_quantize_learnable_affine_backward_into(
-                &x, &dy, &mut dx, layout, scales, &zf, qmin, qmax, 1.0, policy, &mut ds, &mut dz,
+                &x,
+                &dy,
+                &mut dx,
+                layout,
+                scales,
+                &zf,
+                qmin,
+                qmax,
+                1.0,
+                policy,
+                &mut ds,
+                Some(&mut dz[..]),
             )
             .unwrap();
             // (ds, dz, Σ|ds terms|, Σ|dz terms|)
@@ -658,7 +669,7 @@ fn allocating_forms_equal_the_into_forms_bit_for_bit() {
                 0.01,
                 RoundingPolicy::HalfEven,
                 &mut ds_into,
-                &mut dz_into,
+                Some(&mut dz_into[..]),
             )
             .unwrap();
             assert_eq!(bits(&dx), bits(&dx_into), "{level} LSQ dx [{qmin}, {qmax}]");
@@ -754,7 +765,8 @@ fn zero_points_round_half_to_even_at_every_magnitude() {
 /// Every path gives the baseline's bits, not only the reference's accuracy: the forward, and
 /// LSQ's input gradient (added to one already there, and into fresh storage) and its scale and
 /// zero-point sums, whose order of additions is part of the definition, on every layout,
-/// with values far out of range, infinities and a NaN among them.
+/// with values far out of range, infinities and a NaN among them; asked without the zero
+/// point's sums, the same input and scale gradients.
 #[test]
 fn every_path_gives_the_baselines_bits() {
     let (qmin, qmax) = (-8, 7);
@@ -795,9 +807,30 @@ fn every_path_gives_the_baselines_bits() {
             1.0,
             RoundingPolicy::HalfEven,
             &mut ds,
-            &mut dz,
+            Some(&mut dz[..]),
         )
         .unwrap();
+        // Without the zero point's gradient (a zero point that does not learn): the same input
+        // and scale gradients, bit for bit, on this path.
+        let (mut dx_alone, mut ds_alone) = (vec![0.25; n], vec![0.0; layout.channels]);
+        fake_quantize_learnable_affine_backward_into(
+            &x,
+            &dy,
+            &mut dx_alone,
+            layout,
+            scales,
+            &zf,
+            qmin,
+            qmax,
+            1.0,
+            RoundingPolicy::HalfEven,
+            &mut ds_alone,
+            None,
+        )
+        .unwrap();
+        let bits_of = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        assert_eq!(bits_of(&dx_alone), bits_of(&dx), "{label}: dx without dz");
+        assert_eq!(bits_of(&ds_alone), bits_of(&ds), "{label}: ds without dz");
         let mut bits: Vec<u32> = [&y, &dx, &ds, &dz]
             .iter()
             .flat_map(|v| v.iter().map(|v| v.to_bits()))

@@ -168,7 +168,8 @@ proptest! {
         let mut ds = vec![0.0; scales.len()];
         let mut dz = vec![0.0; zpf.len()];
         let r = fake_quantize_learnable_affine_backward_into(
-            &x, &dy, &mut dx, layout, &scales, &zpf, qmin, qmax, g, rounding, &mut ds, &mut dz,
+            &x, &dy, &mut dx, layout, &scales, &zpf, qmin, qmax, g, rounding, &mut ds,
+            Some(&mut dz[..]),
         );
         // Learnable zero points are rounded and clamped into the range: only NaN is rejected.
         let lsq_valid = grads_fit

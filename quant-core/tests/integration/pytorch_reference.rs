@@ -438,7 +438,7 @@ fn lsq_per_channel_matches_pytorch() {
             g,
             RoundingPolicy::HalfEven,
             &mut ds,
-            &mut dz,
+            Some(&mut dz[..]),
         )
         .expect("valid case");
         assert_values(&c.name, "dx", &x, &dx, &c.dx);
@@ -479,7 +479,7 @@ fn lsq_per_channel_matches_pytorch() {
             g,
             RoundingPolicy::HalfEven,
             &mut dst,
-            &mut dzt,
+            Some(&mut dzt[..]),
         )
         .expect("valid");
         assert_values(&c.name, "tiled dx", &x, &dxt, &repeat_bits(&c.dx, times));

@@ -183,6 +183,8 @@ impl TrainableQuantizer for Affine {
                 });
                 let mut ds = vec![0.0; scales.len()];
                 let mut dz = vec![0.0; scales.len()];
+                // A zero point that does not learn (Symmetric) needs no gradient.
+                let learns_zero_point = self.learns_zero_point();
                 if kernels::fake_quantize_learnable_affine_backward_into(
                     x.data,
                     dy,
@@ -195,12 +197,12 @@ impl TrainableQuantizer for Affine {
                     g,
                     self.config.rounding(),
                     &mut ds,
-                    &mut dz,
+                    learns_zero_point.then_some(&mut dz[..]),
                 )
                 .is_ok()
                 {
                     add_param_grads(dparams, &[(0, &ds)]);
-                    if self.learns_zero_point() {
+                    if learns_zero_point {
                         add_param_grads(dparams, &[(1, &dz)]);
                     }
                 }
