@@ -7,6 +7,9 @@ use quant_core::kernels::passes::{
 };
 use quant_core::scratch::Scratch;
 
+use quant_core::__internals::VectorPath;
+
+use crate::kernels::with_paths;
 use crate::threads::on_one_and_three_threads;
 
 /// Lengths on both sides of the split, and ones that are not whole pieces.
@@ -54,28 +57,58 @@ fn fills_and_adds_give_the_plain_loops_values_on_any_thread_count() {
     }
 }
 
+/// On every path (the transpose's 8 x 8 register blocks and its scalar loop), with shapes
+/// that are whole blocks, none, and whole blocks with a rest of rows, columns or both.
 #[test]
 fn rows_and_transposes_give_the_plain_loops_values_on_any_thread_count() {
-    for (rows, cols) in [(1, 1), (3, 5), (17, 33), (64, 256), (300, 257), (1030, 70)] {
-        let m = values(rows * cols, 3);
-        let mut want = vec![0.0; rows * cols];
-        for r in 0..rows {
-            for c in 0..cols {
-                want[c * rows + r] = m[r * cols + c];
-            }
+    let shapes = [
+        (1, 1),
+        (3, 5),
+        (8, 8),
+        (9, 15),
+        (16, 24),
+        (17, 33),
+        (10, 256),
+        (256, 10),
+        (64, 256),
+        (300, 257),
+        (1030, 70),
+    ];
+    let paths = [
+        (VectorPath::Avx2, "avx2"),
+        (VectorPath::Baseline, "baseline"),
+    ];
+    with_paths(&paths, |path| {
+        for (rows, cols) in shapes {
+            rows_and_transpose(rows, cols, path);
         }
-        let row = values(cols, 4);
-        for [t, broadcast] in on_one_and_three_threads(|| {
-            let mut t = vec![f32::NAN; rows * cols];
-            transpose(&m, &mut t, (rows, cols));
-            let mut broadcast = vec![f32::NAN; rows * cols];
-            fill_rows(&mut broadcast, &row);
-            [t, broadcast]
-        }) {
-            assert_eq!(bits(&t), bits(&want), "transpose of {rows} x {cols}");
-            for (r, got) in broadcast.chunks(cols).enumerate() {
-                assert_eq!(bits(got), bits(&row), "row {r} of {rows} x {cols}");
-            }
+    });
+}
+
+/// One shape of [`rows_and_transposes_give_the_plain_loops_values_on_any_thread_count`].
+fn rows_and_transpose(rows: usize, cols: usize, path: &str) {
+    let m = values(rows * cols, 3);
+    let mut want = vec![0.0; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            want[c * rows + r] = m[r * cols + c];
+        }
+    }
+    let row = values(cols, 4);
+    for [t, broadcast] in on_one_and_three_threads(|| {
+        let mut t = vec![f32::NAN; rows * cols];
+        transpose(&m, &mut t, (rows, cols));
+        let mut broadcast = vec![f32::NAN; rows * cols];
+        fill_rows(&mut broadcast, &row);
+        [t, broadcast]
+    }) {
+        assert_eq!(
+            bits(&t),
+            bits(&want),
+            "{path}: transpose of {rows} x {cols}"
+        );
+        for (r, got) in broadcast.chunks(cols).enumerate() {
+            assert_eq!(bits(got), bits(&row), "row {r} of {rows} x {cols}");
         }
     }
 }
