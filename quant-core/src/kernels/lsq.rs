@@ -8,7 +8,7 @@ use super::driver::{
     VectorPath, BLOCK, CHUNK, LANES,
 };
 use super::params::{check_len, check_range, Affine, Grid, Path};
-use super::round::{clamp, rne, Round};
+use super::round::{clamp, rne, small_int, Round};
 use super::torch::Torch;
 use crate::error::{QuantError, Result};
 use crate::quantizer::ChannelLayout;
@@ -708,7 +708,8 @@ pub fn round_zero_points(zero_points: &[f32], quant_min: i32, quant_max: i32) ->
     // This runs several times per quantizer on every training step (a per-channel weight has
     // hundreds of zero points): the checks once, then a loop that vectorises.
     check_range(quant_min, quant_max)?;
-    if zero_points.iter().any(|z| z.is_nan()) {
+    // A fold, not `any`: a loop that may stop early does not vectorise.
+    if zero_points.iter().fold(false, |nan, z| nan | z.is_nan()) {
         return Err(QuantError::NonFinite {
             what: "zero_point".into(),
             value: f64::NAN,
@@ -721,11 +722,12 @@ pub fn round_zero_points(zero_points: &[f32], quant_min: i32, quant_max: i32) ->
             .map(|z| round_zero_point(*z, quant_min, quant_max))
             .collect();
     }
-    // Every clamped value lies within ±2^22, where `round_zero_point` takes `rne`.
+    // Every clamped value lies within ±2^22, where `round_zero_point` takes `rne`; `small_int`
+    // converts as `as i32` would there, and vectorises (about 5 cycles a value with `as i32`).
     let (lo, hi) = (quant_min as f32, quant_max as f32);
     Ok(zero_points
         .iter()
-        .map(|z| rne(clamp(*z, lo, hi)) as i32)
+        .map(|z| small_int(rne(clamp(*z, lo, hi))))
         .collect())
 }
 
