@@ -793,41 +793,32 @@ fn every_path_gives_the_baselines_bits() {
             RoundingPolicy::HalfEven,
         )
         .unwrap();
-        let mut dx = vec![0.25; n];
-        let (mut ds, mut dz) = (vec![0.0; layout.channels], vec![0.0; layout.channels]);
-        fake_quantize_learnable_affine_backward_into(
-            &x,
-            &dy,
-            &mut dx,
-            layout,
-            scales,
-            &zf,
-            qmin,
-            qmax,
-            1.0,
-            RoundingPolicy::HalfEven,
-            &mut ds,
-            Some(&mut dz[..]),
-        )
-        .unwrap();
-        // Without the zero point's gradient (a zero point that does not learn): the same input
-        // and scale gradients, bit for bit, on this path.
-        let (mut dx_alone, mut ds_alone) = (vec![0.25; n], vec![0.0; layout.channels]);
-        fake_quantize_learnable_affine_backward_into(
-            &x,
-            &dy,
-            &mut dx_alone,
-            layout,
-            scales,
-            &zf,
-            qmin,
-            qmax,
-            1.0,
-            RoundingPolicy::HalfEven,
-            &mut ds_alone,
-            None,
-        )
-        .unwrap();
+        // LSQ's backward added to 0.25 everywhere: (dx, ds), and the zero point's sums where
+        // asked for.
+        let lsq = |dz: Option<&mut [f32]>| {
+            let (mut dx, mut ds) = (vec![0.25; n], vec![0.0; layout.channels]);
+            fake_quantize_learnable_affine_backward_into(
+                &x,
+                &dy,
+                &mut dx,
+                layout,
+                scales,
+                &zf,
+                qmin,
+                qmax,
+                1.0,
+                RoundingPolicy::HalfEven,
+                &mut ds,
+                dz,
+            )
+            .unwrap();
+            (dx, ds)
+        };
+        let mut dz = vec![0.0; layout.channels];
+        let (dx, ds) = lsq(Some(&mut dz));
+        // Without the zero point's sums (a zero point that does not learn): the same input and
+        // scale gradients, bit for bit, on this path.
+        let (dx_alone, ds_alone) = lsq(None);
         let bits_of = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
         assert_eq!(bits_of(&dx_alone), bits_of(&dx), "{label}: dx without dz");
         assert_eq!(bits_of(&ds_alone), bits_of(&ds), "{label}: ds without dz");
