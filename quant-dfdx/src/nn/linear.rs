@@ -412,11 +412,13 @@ where
                 None
             }
         };
-        let mut dw_quantized = Scratch::output(w_quantized.len());
+        // The input's gradient is done with the quantized weights: their buffer takes their
+        // gradient, which the product writes whole (one weights-sized buffer fewer in the
+        // step's working set, and one already in cache).
+        let mut dw_quantized = w_quantized;
         let product_input: &[f32] = quantized_input.as_deref().unwrap_or(&x_data);
         plan.weight_gradient_fresh(&mut dw_quantized, product_input, dy)
             .ok_or(CpuError::WrongNumElements)?;
-        Scratch::recycle(w_quantized);
         if let Some(quantized) = quantized_input {
             Scratch::recycle(quantized);
         }
