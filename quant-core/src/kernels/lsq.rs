@@ -561,10 +561,12 @@ fn lsq_periods<R: Round, O: GradOut, const ZERO_POINT: bool>(
     let period = e.period();
     let constants = e.per_element();
     let inner = e.inner.max(1);
+    // The zero point's accumulators only where its sums are asked for.
+    let zero_points = if ZERO_POINT { period } else { 0 };
     let mut acc_s = vec![0f32; period];
-    let mut acc_z = vec![0f32; period];
+    let mut acc_z = vec![0f32; zero_points];
     let mut wide_s = vec![0f64; period];
-    let mut wide_z = vec![0f64; period];
+    let mut wide_z = vec![0f64; zero_points];
     let flush = |acc: &mut [f32], wide: &mut [f64]| {
         for (w, a) in wide.iter_mut().zip(acc.iter_mut()) {
             *w += *a as f64;
@@ -579,7 +581,7 @@ fn lsq_periods<R: Round, O: GradOut, const ZERO_POINT: bool>(
         let n = x.len().min(dy.len()).min(g.len()).min(period);
         let (x, dy, g) = (&x[..n], &dy[..n], &mut g[..n]);
         let c = constants.prefix(n);
-        let (acc_sn, acc_zn) = (&mut acc_s[..n], &mut acc_z[..n]);
+        let (acc_sn, acc_zn) = (&mut acc_s[..n], &mut acc_z[..n.min(zero_points)]);
         for i in 0..n {
             let t = lsq_terms::<R>(x[i], dy[i], &c.at(i));
             g[i].add(t.dx);
@@ -599,12 +601,13 @@ fn lsq_periods<R: Round, O: GradOut, const ZERO_POINT: bool>(
     if ZERO_POINT {
         flush(&mut acc_z, &mut wide_z);
     }
-    for (sum, (s, z)) in sums
-        .iter_mut()
-        .zip(wide_s.chunks(inner).zip(wide_z.chunks(inner)))
-    {
+    for (sum, s) in sums.iter_mut().zip(wide_s.chunks(inner)) {
         sum.dscale += s.iter().sum::<f64>();
-        sum.dzero += z.iter().sum::<f64>();
+    }
+    if ZERO_POINT {
+        for (sum, z) in sums.iter_mut().zip(wide_z.chunks(inner)) {
+            sum.dzero += z.iter().sum::<f64>();
+        }
     }
     if sums.iter().any(LsqSums::is_nan) {
         // Rare: a NaN input or gradient. Recompute the sums with NaN inputs left out.
