@@ -109,25 +109,147 @@ pub fn im2col_u8(
         checked_size("im2col output", rows, row_len)?,
         out.len(),
     )?;
-    for (pos, row) in out.chunks_exact_mut(row_len).enumerate() {
-        let (oy, ox) = (pos / ow, pos % ow);
-        let (x0, kx0, nx) = inside(ox, 1, &window, w);
-        for (ky, taps) in row.chunks_exact_mut(kw * c).enumerate() {
-            let iy = (oy * window.stride[0] + ky) as isize - window.padding[0] as isize;
-            if iy < 0 || iy >= h as isize || nx == 0 {
-                taps.fill(pad);
-                continue;
+    // The rows are written front to back, each piece (padding or a run of pixels) where the
+    // one before ended, so a piece may spill short garbage past its end for the next pieces
+    // to overwrite (see `Runs`).
+    let [sh, sw] = window.stride;
+    let span = window_span(&window, [oh, ow]);
+    if let Some(padded) = padded_input(input, shape, &window, span, pad, out.len(), |x| x) {
+        // Every window lies inside the padded copy: each kernel row is one run of `kw`
+        // pixels, with no padding to tell apart.
+        let mut runs = Runs { out, at: 0 };
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for ky in 0..kh {
+                    runs.copy(&padded, ((oy * sh + ky) * span[1] + ox * sw) * c, kw * c);
+                }
             }
-            // Left padding, the run of pixels inside (contiguous in NHWC), right padding.
-            let (left, rest) = taps.split_at_mut(kx0 * c);
-            let (middle, right) = rest.split_at_mut(nx * c);
-            left.fill(pad);
-            let start = (iy as usize * w + x0) * c;
-            middle.copy_from_slice(&input[start..start + nx * c]);
-            right.fill(pad);
+        }
+        debug_assert_eq!(runs.at, runs.out.len());
+        return Ok([oh, ow]);
+    }
+    // Strides beyond the kernel (a padded copy would hold pixels no window reads): each
+    // output column's run of inside pixels, computed once rather than for every row.
+    let columns: Vec<(usize, usize, usize)> = (0..ow).map(|ox| inside(ox, 1, &window, w)).collect();
+    let mut runs = Runs { out, at: 0 };
+    for oy in 0..oh {
+        // Kernel rows `ky0..ky0 + ny` fall inside the input (from its row `y0`); the ones
+        // above and below are padding.
+        let (y0, ky0, ny) = inside(oy, 0, &window, h);
+        for &(x0, kx0, nx) in &columns {
+            runs.fill(ky0 * kw * c, pad);
+            for iy in y0..y0 + ny {
+                // Left padding, the run of pixels inside (contiguous in NHWC), right padding.
+                runs.fill(kx0 * c, pad);
+                runs.copy(input, (iy * w + x0) * c, nx * c);
+                runs.fill((kw - kx0 - nx) * c, pad);
+            }
+            runs.fill((kh - ky0 - ny) * kw * c, pad);
         }
     }
+    debug_assert_eq!(runs.at, runs.out.len());
     Ok([oh, ow])
+}
+
+/// The rows and columns of the padded input that the windows cover, from the padding's
+/// top-left corner: `(o − 1) · stride + kernel` along each axis (at most the padded size).
+pub(super) fn window_span(window: &Window, [oh, ow]: [usize; 2]) -> [usize; 2] {
+    let axis = |o: usize, d: usize| (o - 1) * window.stride[d] + window.kernel[d];
+    [axis(oh, 0), axis(ow, 1)]
+}
+
+/// The input `[h, w, c]` as `map` gives each code, inside `fill` padding, over `span`
+/// (see [`window_span`]; the input's pixel `(y, x)` at `(y + padding top, x + padding left)`):
+/// `None` when that copy would be longer than `limit` values, so that a window's stride
+/// far beyond its kernel, or padding far beyond the input, costs no more than the output.
+pub(super) fn padded_input<T: Copy>(
+    input: &[u8],
+    [h, w, c]: [usize; 3],
+    window: &Window,
+    [rows, cols]: [usize; 2],
+    fill: T,
+    limit: usize,
+    map: impl Fn(u8) -> T,
+) -> Option<Vec<T>> {
+    let len = rows.checked_mul(cols)?.checked_mul(c)?;
+    if len > limit {
+        return None;
+    }
+    let [top, left] = window.padding;
+    let mut padded = vec![fill; len];
+    // The input's columns inside the span (a stride that skips the last ones leaves them out).
+    let width = w.min(cols.saturating_sub(left));
+    for y in 0..h.min(rows.saturating_sub(top)) {
+        let src = &input[y * w * c..][..width * c];
+        let dst = &mut padded[((y + top) * cols + left) * c..][..width * c];
+        for (d, x) in dst.iter_mut().zip(src) {
+            *d = map(*x);
+        }
+    }
+    Some(padded)
+}
+
+/// A buffer written front to back in pieces of a few bytes (im2col's runs: 3 bytes in a
+/// 1-channel stem, 48 in a 16-channel 3x3 layer), where a call of `memcpy` or `memset` costs
+/// more than the bytes. A short piece is moved as one 8- or 16-byte store, or whole 16-byte
+/// stores up to 128 bytes, when that much room is left: the bytes past the piece belong to
+/// the pieces after it, which overwrite them. Near the end, and for long pieces, the exact
+/// length is written.
+struct Runs<'a> {
+    out: &'a mut [u8],
+    /// Where the next piece goes.
+    at: usize,
+}
+
+impl Runs<'_> {
+    /// The store size that covers `n` bytes, when a store that size fits before the end.
+    #[inline(always)]
+    fn spill_size(&self, n: usize) -> Option<usize> {
+        let size = match n {
+            0..=8 => 8,
+            9..=128 => n.next_multiple_of(16),
+            _ => return None,
+        };
+        (self.at + size <= self.out.len()).then_some(size)
+    }
+
+    /// The next `n` bytes: `src[from..from + n]`.
+    #[inline(always)]
+    fn copy(&mut self, src: &[u8], from: usize, n: usize) {
+        let at = self.at;
+        if n == 0 {
+            return;
+        }
+        match self.spill_size(n).filter(|size| from + size <= src.len()) {
+            Some(8) => self.out[at..at + 8].copy_from_slice(&src[from..from + 8]),
+            Some(size) => {
+                for i in (0..size).step_by(16) {
+                    self.out[at + i..at + i + 16].copy_from_slice(&src[from + i..from + i + 16]);
+                }
+            }
+            None => self.out[at..at + n].copy_from_slice(&src[from..from + n]),
+        }
+        self.at += n;
+    }
+
+    /// The next `n` bytes: `value`.
+    #[inline(always)]
+    fn fill(&mut self, n: usize, value: u8) {
+        let at = self.at;
+        if n == 0 {
+            return;
+        }
+        match self.spill_size(n) {
+            Some(8) => self.out[at..at + 8].copy_from_slice(&[value; 8]),
+            Some(size) => {
+                for i in (0..size).step_by(16) {
+                    self.out[at + i..at + i + 16].copy_from_slice(&[value; 16]);
+                }
+            }
+            None => self.out[at..at + n].fill(value),
+        }
+        self.at += n;
+    }
 }
 
 /// Max pooling of one sample `[h, w, c]` (NHWC, `u8` codes) into `[oh, ow, c]`: padding never

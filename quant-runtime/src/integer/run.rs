@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::prepare::{Step, Weighted};
 use super::{IntegerModel, Layout, Rep};
-use quant_core::int8::{gemm_u8, im2col_u8};
+use quant_core::int8::{gemm_u8, im2col_u8, Window};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
 /// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
@@ -335,13 +335,27 @@ pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>>
     let pad = w.input_zero as u8;
     let window = g.window();
     if let Some(filter) = &w.depthwise {
-        let mut out = zeroed_i32(n * positions * w.out);
+        // The filter writes every accumulator (bias first).
+        let mut out = overwritten_i32(n * positions * w.out);
         for (xs, ys) in codes
             .chunks(h * wd * c)
             .zip(out.chunks_mut(positions * w.out))
         {
             filter.run(xs, [h, wd, c], window, w.input_zero, ys)?;
         }
+        return Ok(out);
+    }
+    if groups == 1 && window == Window::square(1, 1, 0) {
+        // A 1x1 window, stride 1, no padding: each pixel's channels (NHWC) are its patch.
+        let mut out = overwritten_i32(n * positions * w.out);
+        gemm_u8(
+            codes,
+            n * positions,
+            w.input_zero,
+            &w.groups[0],
+            &w.biases[0],
+            &mut out,
+        )?;
         return Ok(out);
     }
     if groups == 1 {
