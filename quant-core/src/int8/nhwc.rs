@@ -114,22 +114,56 @@ pub fn im2col_u8(
     // to overwrite (see `Runs`).
     let [sh, sw] = window.stride;
     let span = window_span(&window, [oh, ow]);
-    if let Some(padded) = padded_input(input, shape, &window, span, pad, out.len(), |x| x) {
-        // Every window lies inside the padded copy: each kernel row is one run of `kw`
-        // pixels, with no padding to tell apart.
-        let mut runs = Runs { out, at: 0 };
+    let padded = match window.padding {
+        // Without padding every window lies inside the input itself.
+        [0, 0] => None,
+        _ => padded_input(input, shape, &window, span, pad, out.len(), |x| x),
+    };
+    let whole = match (&padded, window.padding) {
+        (Some(padded), _) => Some((padded.as_slice(), span[1])),
+        (None, [0, 0]) => Some((input, w)),
+        (None, _) => None,
+    };
+    if let Some((source, cols)) = whole {
+        // Every window lies inside `source` (`cols` pixels wide): each kernel row is one run
+        // of `kw` pixels, with no padding to tell apart. A run moves as whole pieces of 8 or
+        // 16 bytes where the pieces' spill past it stays inside both buffers (the next runs
+        // overwrite it, see `Runs`); the check is made once per window.
+        let (run, line) = (kw * c, cols * c);
+        let piece = match run {
+            0..=8 => 8,
+            _ => 16,
+        };
+        let spilled = run.next_multiple_of(piece);
+        let mut at = 0;
         for oy in 0..oh {
             for ox in 0..ow {
+                let from = (oy * sh * cols + ox * sw) * c;
+                let last = (kh - 1) * run;
+                let fits = at + last + spilled <= out.len()
+                    && from + (kh - 1) * line + spilled <= source.len();
                 for ky in 0..kh {
-                    runs.copy(&padded, ((oy * sh + ky) * span[1] + ox * sw) * c, kw * c);
+                    let (dst, src) = (at + ky * run, from + ky * line);
+                    match (fits && run <= 128, piece) {
+                        (true, 8) => out[dst..dst + 8].copy_from_slice(&source[src..src + 8]),
+                        (true, _) => {
+                            for i in (0..spilled).step_by(16) {
+                                out[dst + i..dst + i + 16]
+                                    .copy_from_slice(&source[src + i..src + i + 16]);
+                            }
+                        }
+                        (false, _) => out[dst..dst + run].copy_from_slice(&source[src..src + run]),
+                    }
                 }
+                at += kh * run;
             }
         }
-        debug_assert_eq!(runs.at, runs.out.len());
+        debug_assert_eq!(at, out.len());
         return Ok([oh, ow]);
     }
-    // Strides beyond the kernel (a padded copy would hold pixels no window reads): each
-    // output column's run of inside pixels, computed once rather than for every row.
+    // Padding, with strides beyond the kernel (a padded copy would hold pixels no window
+    // reads): each output column's run of inside pixels, computed once rather than for every
+    // row.
     let columns: Vec<(usize, usize, usize)> = (0..ow).map(|ox| inside(ox, 1, &window, w)).collect();
     let mut runs = Runs { out, at: 0 };
     for oy in 0..oh {
