@@ -146,6 +146,8 @@ pub struct Requantizer {
     zero_point: i32,
     lo: i32,
     hi: i32,
+    /// What [`Requantizer::with_accumulator_bound`] was given, if called.
+    accumulator_bound: Option<u64>,
 }
 
 /// Constants of the AVX2 path for requantizers whose every shift is at least 31 (multipliers
@@ -425,6 +427,7 @@ impl Requantizer {
             zero_point,
             lo,
             hi,
+            accumulator_bound: None,
         })
     }
 
@@ -443,6 +446,7 @@ impl Requantizer {
     /// `bound · m < 2^53`, the product being exact. Never less exact: a row holding an
     /// accumulator beyond the bound takes the integer path.
     pub fn with_accumulator_bound(mut self, bound: u64) -> Requantizer {
+        self.accumulator_bound = Some(bound);
         if self.float.as_ref().is_none_or(|f| f.bound.is_some()) {
             self.float = Float::new(
                 &self.m,
@@ -455,6 +459,31 @@ impl Requantizer {
             .map(Box::new);
         }
         self
+    }
+
+    /// This requantization of accumulators that went through a ReLU first: it gives
+    /// `requantize(max(acc, 0))` for every `acc`. That is `requantize(acc)` with its lowest
+    /// code raised to what 0 gives, the zero point within `[lo, hi]`: every multiplier is
+    /// non-negative and every rounding policy maps 0 to 0 and never decreases, so accumulators
+    /// below 0 give at most that code and the others are unchanged. On the same path, with
+    /// the same accumulator bound.
+    ///
+    /// # Errors
+    /// None in practice (the constants are this requantizer's, already valid).
+    pub fn after_relu(&self) -> Result<Requantizer> {
+        let lo = self.zero_point.clamp(self.lo, self.hi);
+        let raised = Requantizer::new(
+            &self.multipliers,
+            self.zero_point,
+            lo,
+            self.hi,
+            self.rounding,
+        )?
+        .with_isa(self.isa)?;
+        Ok(match self.accumulator_bound {
+            Some(bound) => raised.with_accumulator_bound(bound),
+            None => raised,
+        })
     }
 
     /// The path it runs on.

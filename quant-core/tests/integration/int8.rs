@@ -204,6 +204,38 @@ proptest! {
         prop_assert_eq!(&out, &expected);
     }
 
+    /// A requantizer after a ReLU gives the codes of the ReLU's output on every path, with
+    /// zero points below, inside and above the bounds and with an accumulator bound.
+    #[test]
+    fn requantization_after_a_relu_is_the_relu_then_the_requantization(
+        n in prop_oneof![1 => Just(1usize), 3 => 1usize..40],
+        seed_acc in prop::collection::vec(prop_oneof![2 => -600i32..600, 2 => -1_000_000i32..1_000_000, 1 => any::<i32>()], 160),
+        scales in prop::collection::vec(prop_oneof![1e-7f64..20.0, 1e-3f64..1.0], 40),
+        zero_point in prop_oneof![6 => 0i32..=255, 2 => -1000i32..1000],
+        bounds in prop_oneof![2 => Just((0i32, 255i32)), 1 => (0i32..=255, 0i32..=255)],
+        policy in 0usize..7,
+        bound in prop::option::of(1u64..2_000_000),
+    ) {
+        let rounding = POLICIES[policy];
+        let (lo, hi) = (bounds.0.min(bounds.1), bounds.0.max(bounds.1));
+        let acc: Vec<i32> = seed_acc.iter().copied().cycle().take(3 * n).collect();
+        let relu: Vec<i32> = acc.iter().map(|a| (*a).max(0)).collect();
+        let multipliers: Vec<(i64, u32)> = scales[..n].iter().map(|s| fixed_point_multiplier(*s).unwrap()).collect();
+        let expected = requantized_reference(&relu, &multipliers, zero_point, lo, hi, rounding);
+        for isa in paths() {
+            let q = Requantizer::new(&multipliers, zero_point, lo, hi, rounding).unwrap().with_isa(isa).unwrap();
+            let q = match bound {
+                Some(b) => q.with_accumulator_bound(b),
+                None => q,
+            };
+            let folded = q.after_relu().unwrap();
+            prop_assert_eq!(folded.isa(), isa);
+            let mut out = vec![7u8; acc.len()];
+            folded.run(&acc, &mut out).unwrap();
+            prop_assert_eq!(&out, &expected, "{} {:?}", isa, rounding);
+        }
+    }
+
     #[test]
     fn rounding_shift_follows_its_definition(n in any::<i64>().prop_map(|v| v >> 2), shift in 0u32..=MAX_SHIFT, policy in 0usize..7) {
         prop_assert_eq!(rounding_shift(n, shift, POLICIES[policy]), rounding_reference(n, shift, POLICIES[policy]));

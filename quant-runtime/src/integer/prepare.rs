@@ -296,6 +296,7 @@ pub(super) fn prepare_with(
         }
     }
     if compose {
+        fold_relus(graph, &mut inputs, &reps, &mut steps, output)?;
         compose_code_maps(graph, &mut inputs, &reps, &mut steps, output)?;
     }
     // Each value is freed once its last reader has run; a value nothing reads (nor returns) as
@@ -358,6 +359,56 @@ pub(super) fn prepare_with(
         sample_bytes,
         budget,
     })
+}
+
+/// Folds a ReLU on accumulators into the requantizations that read it: each then reads the
+/// ReLU's input, with its lowest code raised to what 0 gives ([`Requantizer::after_relu`]),
+/// and computes the same codes; the ReLU does not run once nothing else reads it. That saves
+/// a pass over the accumulators after most convolutions of a residual network.
+fn fold_relus(
+    graph: &Graph,
+    inputs: &mut [Vec<usize>],
+    reps: &[Rep],
+    steps: &mut [Step],
+    output: usize,
+) -> Result<(), GraphError> {
+    let mut readers = vec![Vec::new(); reps.len()];
+    for (i, ins) in inputs.iter().enumerate() {
+        for v in ins {
+            readers[*v].push(i);
+        }
+    }
+    for i in 0..steps.len() {
+        let Some(v) = inputs[i].first().copied() else {
+            continue;
+        };
+        let Some(j) = v.checked_sub(1) else { continue };
+        let Some(relu_input) = inputs[j].first().copied() else {
+            continue;
+        };
+        if !matches!(graph.nodes[j].op, Op::Relu) || !matches!(reps[relu_input], Rep::Acc { .. }) {
+            continue;
+        }
+        let Some(Quantize::Requantize {
+            requantizer,
+            input_zero: None,
+        }) = &mut steps[i].quantize
+        else {
+            continue;
+        };
+        *requantizer = requantizer.after_relu().map_err(|e| {
+            unsupported(&graph.nodes[i].name, format!("a ReLU folded into it: {e}"))
+        })?;
+        inputs[i][0] = relu_input;
+        if v != output && readers[v].iter().all(|r| !inputs[*r].contains(&v)) {
+            inputs[j].clear();
+            steps[j] = Step {
+                composed: true,
+                ..Step::default()
+            };
+        }
+    }
+    Ok(())
 }
 
 /// Turns per-tensor requantizations whose input is a function of one code, or of the sum of
@@ -601,10 +652,54 @@ mod tests {
         })
     }
 
+    /// ReLUs on accumulators fold into the requantizations that read them, zero points above
+    /// the grid's bottom included (where the raised lowest code matters): one read only by a
+    /// requantization stops running, one also read by another ReLU runs on; the codes are the
+    /// unfolded model's.
+    #[test]
+    fn relus_fold_into_requantizations_with_the_same_bits() {
+        let mut g = GraphBuilder::new(&[4, 24]).unwrap();
+        let x = g.input();
+        let codes = g.add("in", qdq(8, false, 0.05, 128), &[x]).unwrap();
+        let a = g.add("a", qdq(8, true, 0.25, 0), &[codes]).unwrap();
+        let b = g.add("b", qdq(8, true, 0.25, 0), &[a]).unwrap();
+        let s1 = g.add("s1", Op::Add, &[a, b]).unwrap();
+        let r1 = g.add("r1", Op::Relu, &[s1]).unwrap();
+        let q1 = g.add("q1", qdq(8, false, 0.03, 100), &[r1]).unwrap();
+        let c = g.add("c", qdq(8, true, 0.2, 0), &[q1]).unwrap();
+        let d = g.add("d", qdq(8, true, 0.2, 0), &[a]).unwrap();
+        let s2 = g.add("s2", Op::Add, &[c, d]).unwrap();
+        let r2 = g.add("r2", Op::Relu, &[s2]).unwrap();
+        let q2 = g.add("q2", qdq(8, false, 0.04, 60), &[r2]).unwrap();
+        let r3 = g.add("r3", Op::Relu, &[r2]).unwrap();
+        let q3 = g.add("q3", qdq(8, false, 0.05, 0), &[r3]).unwrap();
+        let e = g.add("e", qdq(8, true, 0.1, 0), &[q2]).unwrap();
+        let f = g.add("f", qdq(8, true, 0.1, 0), &[q3]).unwrap();
+        let out = g.add("out", Op::Add, &[e, f]).unwrap();
+        let graph = g.finish(out, BTreeMap::new()).unwrap();
+
+        let plain = prepare_with(&graph, Budget::default(), false).unwrap();
+        let folded = prepare_with(&graph, Budget::default(), true).unwrap();
+        let composed: Vec<&str> = (graph.nodes.iter().zip(&folded.steps))
+            .filter(|(_, s)| s.composed)
+            .map(|(n, _)| n.name.as_str())
+            .collect();
+        assert_eq!(composed, ["r1", "r3"]);
+        let xs: Vec<f32> = (0..37 * 96u32)
+            .map(|i| ((i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 16.0)
+            .collect();
+        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+        assert_eq!(
+            bits(folded.forward(&xs).unwrap()),
+            bits(plain.forward(&xs).unwrap())
+        );
+    }
+
     /// A GELU read by one per-tensor requantization, a requantization of codes, a GELU read
-    /// twice (left as it is), residual adds read only by per-tensor requantizations (composed)
-    /// and read by a ReLU too (left), an add that is the output, and 8-bit inputs (left): the
-    /// model with code maps gives the bits of the one without, and never holds more at once.
+    /// twice (left as it is), residual adds read only by per-tensor requantizations (composed),
+    /// one of them through a ReLU that folds into its requantization ([`fold_relus`]), an add
+    /// that is the output, and 8-bit inputs (left): the model with code maps gives the bits of
+    /// the one without, and never holds more at once.
     #[test]
     fn code_maps_give_the_same_bits() {
         let mut g = GraphBuilder::new(&[4, 24]).unwrap();
@@ -635,7 +730,7 @@ mod tests {
             .filter(|(_, s)| s.composed)
             .map(|(n, _)| n.name.as_str())
             .collect();
-        assert_eq!(composed, ["g2", "sum1"]);
+        assert_eq!(composed, ["g2", "sum1", "sum2", "relu"]);
         let kinds: Vec<(&str, &str)> = (graph.nodes.iter().zip(&mapped.steps))
             .filter_map(|(n, s)| {
                 let kind = match s.quantize.as_ref()? {
@@ -656,8 +751,8 @@ mod tests {
             ("b", "requantize"),
             ("r1", "sum map"),
             ("r2", "sum map"),
-            ("q5", "requantize"),
-            ("q6", "requantize"),
+            ("q5", "sum map"),
+            ("q6", "sum map"),
         ];
         assert_eq!(kinds, expected);
         assert!(plain.steps.iter().all(|s| !s.composed));
