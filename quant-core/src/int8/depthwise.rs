@@ -1,8 +1,9 @@
 //! Depthwise convolution on NHWC `u8` codes: every channel convolved with its own filter, the
-//! taps accumulated straight from the input. Through im2col and [`super::gemm_u8`] each channel
+//! taps accumulated from the input's pixels. Through im2col and [`super::gemm_u8`] each channel
 //! would be a product with one output row, which leaves the matrix kernel nothing to reuse and
 //! costs a copy of every tap; here a tap's channels are contiguous in the input and in the
-//! filter, so the inner loop runs across channels in the widest registers the CPU has.
+//! filter, so the wide paths run across channels in the widest registers the CPU has, several
+//! output pixels at once, over one centered and padded copy of the input (`Job::centered`).
 
 use super::nhwc::{inside, padded_input, volume, window_span, Window};
 use super::{check_len, checked_size, Isa};
