@@ -361,6 +361,17 @@ pub(super) fn prepare_with(
     })
 }
 
+/// Which nodes read each of `values` values, in node order.
+fn readers_of(inputs: &[Vec<usize>], values: usize) -> Vec<Vec<usize>> {
+    let mut readers = vec![Vec::new(); values];
+    for (i, ins) in inputs.iter().enumerate() {
+        for v in ins {
+            readers[*v].push(i);
+        }
+    }
+    readers
+}
+
 /// Folds a ReLU on accumulators into the requantizations that read it: each then reads the
 /// ReLU's input, with its lowest code raised to what 0 gives ([`Requantizer::after_relu`]),
 /// and computes the same codes; the ReLU does not run once nothing else reads it. That saves
@@ -372,12 +383,7 @@ fn fold_relus(
     steps: &mut [Step],
     output: usize,
 ) -> Result<(), GraphError> {
-    let mut readers = vec![Vec::new(); reps.len()];
-    for (i, ins) in inputs.iter().enumerate() {
-        for v in ins {
-            readers[*v].push(i);
-        }
-    }
+    let readers = readers_of(inputs, reps.len());
     for i in 0..steps.len() {
         let Some(v) = inputs[i].first().copied() else {
             continue;
@@ -426,12 +432,7 @@ fn compose_code_maps(
     steps: &mut [Step],
     output: usize,
 ) -> Result<(), GraphError> {
-    let mut readers = vec![Vec::new(); reps.len()];
-    for (i, ins) in inputs.iter().enumerate() {
-        for v in ins {
-            readers[*v].push(i);
-        }
-    }
+    let readers = readers_of(inputs, reps.len());
     let per_tensor = |step: &Step| match &step.quantize {
         Some(Quantize::Requantize {
             requantizer,
@@ -626,8 +627,11 @@ mod tests {
     };
 
     use super::{prepare_with, Quantize};
-    use crate::graph::{ExportedQuantizer, GraphBuilder, Op, QuantizeDequantize, QuantizerOrigin};
+    use crate::graph::{
+        ExportedQuantizer, Graph, GraphBuilder, Op, QuantizeDequantize, QuantizerOrigin,
+    };
     use crate::integer::Budget;
+    use crate::integer::IntegerModel;
 
     fn qdq(bits: u32, signed: bool, scale: f32, zero: i32) -> Op {
         let method = if signed {
@@ -677,22 +681,8 @@ mod tests {
         let f = g.add("f", qdq(8, true, 0.1, 0), &[q3]).unwrap();
         let out = g.add("out", Op::Add, &[e, f]).unwrap();
         let graph = g.finish(out, BTreeMap::new()).unwrap();
-
-        let plain = prepare_with(&graph, Budget::default(), false).unwrap();
-        let folded = prepare_with(&graph, Budget::default(), true).unwrap();
-        let composed: Vec<&str> = (graph.nodes.iter().zip(&folded.steps))
-            .filter(|(_, s)| s.composed)
-            .map(|(n, _)| n.name.as_str())
-            .collect();
+        let (_, composed) = composed_with_the_same_bits(&graph);
         assert_eq!(composed, ["r1", "r3"]);
-        let xs: Vec<f32> = (0..37 * 96u32)
-            .map(|i| ((i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 16.0)
-            .collect();
-        let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
-        assert_eq!(
-            bits(folded.forward(&xs).unwrap()),
-            bits(plain.forward(&xs).unwrap())
-        );
     }
 
     /// A GELU read by one per-tensor requantization, a requantization of codes, a GELU read
@@ -723,13 +713,7 @@ mod tests {
         let q6 = g.add("q6", qdq(8, false, 0.03, 9), &[relu]).unwrap();
         let sum3 = g.add("sum3", Op::Add, &[q5, q6]).unwrap();
         let graph = g.finish(sum3, BTreeMap::new()).unwrap();
-
-        let plain = prepare_with(&graph, Budget::default(), false).unwrap();
-        let mapped = prepare_with(&graph, Budget::default(), true).unwrap();
-        let composed: Vec<&str> = (graph.nodes.iter().zip(&mapped.steps))
-            .filter(|(_, s)| s.composed)
-            .map(|(n, _)| n.name.as_str())
-            .collect();
+        let (mapped, composed) = composed_with_the_same_bits(&graph);
         assert_eq!(composed, ["g2", "sum1", "sum2", "relu"]);
         let kinds: Vec<(&str, &str)> = (graph.nodes.iter().zip(&mapped.steps))
             .filter_map(|(n, s)| {
@@ -755,18 +739,30 @@ mod tests {
             ("q6", "sum map"),
         ];
         assert_eq!(kinds, expected);
-        assert!(plain.steps.iter().all(|s| !s.composed));
-        assert!(mapped.working_bytes_per_sample() <= plain.working_bytes_per_sample());
+    }
 
-        // Values over the input grid's range and beyond it (±8 against ±6.4).
+    /// `graph` prepared with the passes that compose and fold nodes, after checking that it
+    /// gives the bits of `graph` prepared without them on values over the input grid's range
+    /// and beyond it (±8 against ±6.4), and never holds more at once; with the names of the
+    /// nodes that no longer run.
+    fn composed_with_the_same_bits(graph: &Graph) -> (IntegerModel, Vec<String>) {
+        let plain = prepare_with(graph, Budget::default(), false).unwrap();
+        let composed = prepare_with(graph, Budget::default(), true).unwrap();
+        assert!(plain.steps.iter().all(|s| !s.composed));
+        assert!(composed.working_bytes_per_sample() <= plain.working_bytes_per_sample());
         let xs: Vec<f32> = (0..37 * 96u32)
             .map(|i| ((i.wrapping_mul(2654435761) >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 16.0)
             .collect();
         let bits = |v: Vec<f32>| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
         let expected = bits(plain.forward(&xs).unwrap());
-        assert_eq!(bits(mapped.forward(&xs).unwrap()), expected);
+        assert_eq!(bits(composed.forward(&xs).unwrap()), expected);
         // Not a model that ignores its input.
         let ys: Vec<f32> = xs.iter().map(|v| -v).collect();
         assert_ne!(bits(plain.forward(&ys).unwrap()), expected);
+        let names = (graph.nodes.iter().zip(&composed.steps))
+            .filter(|(_, s)| s.composed)
+            .map(|(n, _)| n.name.clone())
+            .collect();
+        (composed, names)
     }
 }

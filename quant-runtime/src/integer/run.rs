@@ -345,38 +345,34 @@ pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>>
         }
         return Ok(out);
     }
-    if groups == 1 && window == Window::square(1, 1, 0) {
-        // A 1x1 window, stride 1, no padding: each pixel's channels (NHWC) are its patch.
-        let mut out = overwritten_i32(n * positions * w.out);
-        gemm_u8(
-            codes,
-            n * positions,
-            w.input_zero,
-            &w.groups[0],
-            &w.biases[0],
-            &mut out,
-        )?;
-        return Ok(out);
-    }
     if groups == 1 {
-        // im2col writes every patch (padding included) and the product every accumulator.
+        // A 1x1 window with stride 1 and no padding reads each pixel's channels (NHWC) as its
+        // patch; other windows' patches are written by im2col (padding included). The product
+        // writes every accumulator.
+        let patches = if window == Window::square(1, 1, 0) {
+            None
+        } else {
+            let mut patches = overwritten_u8(n * positions * w.fan_in);
+            for (xs, ps) in codes
+                .chunks(h * wd * c)
+                .zip(patches.chunks_mut(positions * w.fan_in))
+            {
+                im2col_u8(xs, [h, wd, c], window, pad, ps)?;
+            }
+            Some(patches)
+        };
         let mut out = overwritten_i32(n * positions * w.out);
-        let mut patches = overwritten_u8(n * positions * w.fan_in);
-        for (xs, ps) in codes
-            .chunks(h * wd * c)
-            .zip(patches.chunks_mut(positions * w.fan_in))
-        {
-            im2col_u8(xs, [h, wd, c], window, pad, ps)?;
-        }
         gemm_u8(
-            &patches,
+            patches.as_deref().unwrap_or(codes),
             n * positions,
             w.input_zero,
             &w.groups[0],
             &w.biases[0],
             &mut out,
         )?;
-        recycle(Buf::U8(patches));
+        if let Some(patches) = patches {
+            recycle(Buf::U8(patches));
+        }
         return Ok(out);
     }
     // Grouped: each group's channels on their own, scattered into the output's columns.
