@@ -231,7 +231,7 @@ impl Job<'_> {
     #[inline(always)]
     unsafe fn blocks<L: Lanes>(&self, centered: &[i32], out: &mut [i32]) {
         let [oh, ow] = self.output;
-        let mut row = |oy: usize| {
+        for oy in 0..oh {
             let mut ox = 0;
             while ox < ow {
                 // SAFETY: the caller's guarantees; `ox + P <= ow` in each arm.
@@ -243,8 +243,7 @@ impl Job<'_> {
                     };
                 }
             }
-        };
-        (0..oh).for_each(&mut row);
+        }
     }
 
     /// Output pixels `ox..ox + P` of row `oy` (see [`Job::blocks`]); returns `P`.
