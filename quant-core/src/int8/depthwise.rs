@@ -231,22 +231,24 @@ impl Job<'_> {
     #[inline(always)]
     unsafe fn blocks<L: Lanes>(&self, centered: &[i32], out: &mut [i32]) {
         let [oh, ow] = self.output;
+        let cols = window_span(&self.window, self.output)[1];
         for oy in 0..oh {
             let mut ox = 0;
             while ox < ow {
                 // SAFETY: the caller's guarantees; `ox + P <= ow` in each arm.
                 unsafe {
                     ox += match ow - ox {
-                        8.. => self.block::<L, 8>(centered, out, oy, ox),
-                        4.. => self.block::<L, 4>(centered, out, oy, ox),
-                        _ => self.block::<L, 1>(centered, out, oy, ox),
+                        8.. => self.block::<L, 8>(centered, cols, out, oy, ox),
+                        4.. => self.block::<L, 4>(centered, cols, out, oy, ox),
+                        _ => self.block::<L, 1>(centered, cols, out, oy, ox),
                     };
                 }
             }
         }
     }
 
-    /// Output pixels `ox..ox + P` of row `oy` (see [`Job::blocks`]); returns `P`.
+    /// Output pixels `ox..ox + P` of row `oy` (see [`Job::blocks`]); returns `P`. `cols` is
+    /// the copy's width in pixels (the span's second extent).
     ///
     /// # Safety
     /// As [`Job::blocks`], and `ox + P <= ow`, `oy < oh`.
@@ -255,6 +257,7 @@ impl Job<'_> {
     unsafe fn block<L: Lanes, const P: usize>(
         &self,
         centered: &[i32],
+        cols: usize,
         out: &mut [i32],
         oy: usize,
         ox: usize,
@@ -263,7 +266,6 @@ impl Job<'_> {
         let [_, ow] = self.output;
         let [kh, kw] = self.window.kernel;
         let [sh, sw] = self.window.stride;
-        let cols = window_span(&self.window, self.output)[1];
         let (x, taps, bias) = (
             centered.as_ptr(),
             self.filter.taps.as_ptr(),

@@ -225,6 +225,24 @@ pub fn gemm_u8(
         return Ok(());
     }
     let columns = zero_point_columns(w, a_zero, bias);
+    split_rows(m, n, k, out, |first_row, out| {
+        let rows = out.len() / n;
+        let a = &a[first_row * k..(first_row + rows) * k];
+        run_rows(a, rows, w, &columns, out);
+    });
+    Ok(())
+}
+
+/// Runs `run(first_row, rows of out)` over the `m` rows of `n` outputs of a product with fan-in
+/// `k`: at once on this thread, or in jobs across rayon's threads where the product is large
+/// (see [`PARALLEL_MACS`]). `n` is at least 1.
+pub(super) fn split_rows(
+    m: usize,
+    n: usize,
+    k: usize,
+    out: &mut [i32],
+    run: impl Fn(usize, &mut [i32]) + Sync,
+) {
     let macs = m.saturating_mul(n).saturating_mul(k.max(1));
     let rows_per_job = if macs < PARALLEL_MACS {
         m
@@ -235,11 +253,6 @@ pub fn gemm_u8(
             .next_multiple_of(24)
             .min(m)
     };
-    let run = |first_row: usize, out: &mut [i32]| {
-        let rows = out.len() / n;
-        let a = &a[first_row * k..(first_row + rows) * k];
-        run_rows(a, rows, w, &columns, out);
-    };
     // With one thread in the pool the jobs would only be handed to it and waited for (from
     // outside the pool, a wake-up and a sleep per product): they run here instead.
     if rows_per_job >= m || rayon::current_num_threads() == 1 {
@@ -249,7 +262,6 @@ pub fn gemm_u8(
             .enumerate()
             .for_each(|(j, out)| run(j * rows_per_job, out));
     }
-    Ok(())
 }
 
 /// The zero point folded into one constant per output channel, `bias[o] - a_zero · Σ_i w[o][i]`,

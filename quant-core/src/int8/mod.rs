@@ -77,7 +77,7 @@ pub use attention::{attention_context_u8, attention_scores_u8, AttentionShape};
 pub use code_map::{CodeMap, SumMap};
 pub use depthwise::DepthwiseFilter;
 pub use gemm::{gemm_u8, PackedMatrix, PARALLEL_MACS};
-pub use nhwc::{im2col_u8, max_pool_i32, max_pool_u8, Window};
+pub use nhwc::{conv_u8, im2col_u8, max_pool_i32, max_pool_u8, Window};
 pub use requant::{fixed_point_multiplier, requantize_u8, rounding_shift, Requantizer, MAX_SHIFT};
 
 /// The sums `x + y + offset` of two tensors of `u8` codes, as `i32` (a residual add of two

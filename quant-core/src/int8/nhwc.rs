@@ -1,7 +1,7 @@
 //! Convolution helpers on NHWC `u8` codes: im2col rows for [`super::gemm_u8`], and max pooling.
 //! (Channels last, so a pixel's channels are contiguous and whole runs of pixels copy at once.)
 
-use super::{check_len, checked_size};
+use super::{check_len, checked_size, gemm_u8, PackedMatrix};
 use crate::error::{QuantError, Result};
 
 /// A sliding window over the height and width of a feature map: kernel size, stride and zero
@@ -114,15 +114,15 @@ pub fn im2col_u8(
     // to overwrite (see `Runs`).
     let [sh, sw] = window.stride;
     let span = window_span(&window, [oh, ow]);
-    let padded = match window.padding {
-        // Without padding every window lies inside the input itself.
-        [0, 0] => None,
-        _ => padded_input(input, shape, &window, span, pad, out.len(), |x| x),
-    };
-    let whole = match (&padded, window.padding) {
-        (Some(padded), _) => Some((padded.as_slice(), span[1])),
-        (None, [0, 0]) => Some((input, w)),
-        (None, _) => None,
+    // The source every window lies inside, and its width in pixels: the input itself when
+    // unpadded, else a padded copy where one is no longer than the output.
+    let padded;
+    let whole = match window.padding {
+        [0, 0] => Some((input, w)),
+        _ => {
+            padded = padded_input(input, shape, &window, span, pad, out.len(), |x| x);
+            padded.as_deref().map(|p| (p, span[1]))
+        }
     };
     if let Some((source, cols)) = whole {
         // Every window lies inside `source` (`cols` pixels wide): each kernel row is one run
@@ -185,6 +185,215 @@ pub fn im2col_u8(
     Ok([oh, ow])
 }
 
+/// A convolution of one group: `samples` NHWC inputs `[h, w, c]` of codes with zero point
+/// `a_zero` (whose code also pads them) by `w` (fan-in `kh · kw · c`, in [`im2col_u8`]'s
+/// order) plus `bias`, into `samples · oh · ow` rows of `w.n()` accumulators; returns
+/// `[oh, ow]`. The bits are those of [`im2col_u8`] then [`gemm_u8`]: on the x86 paths the
+/// product reads each window where it lies (in the input, or in one padded copy of the batch)
+/// rather than from patches written out, where a kernel row's `kw · c` codes are whole groups
+/// of the weights' form and the copy is no longer than the patches; elsewhere it writes the
+/// patches.
+///
+/// ```
+/// use quant_core::int8::{conv_u8, PackedMatrix, Window};
+///
+/// // A 3x3 input of one channel, a 2x2 kernel of ones, zero point 1 (the padding's code).
+/// let w = PackedMatrix::new(&[1, 1, 1, 1], 1, 4)?;
+/// let mut acc = [0i32; 4];
+/// let out = conv_u8(&[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 3, 3, 1], Window::square(2, 1, 0), 1, &w, &[0], &mut acc)?;
+/// assert_eq!(out, [2, 2]);
+/// assert_eq!(acc, [8, 12, 20, 24]); // (1+2+4+5) - 4·1, ...
+/// # Ok::<(), quant_core::QuantError>(())
+/// ```
+///
+/// # Errors
+/// An input that is not `samples` inputs of `[h, w, c]`, a window that does not fit (see
+/// [`im2col_u8`]), a zero point outside `[0, 255]` (it pads the codes), weights whose fan-in is
+/// not the window's, `bias` or `out` of other lengths; nothing is written then.
+pub fn conv_u8(
+    input: &[u8],
+    [samples, h, w, c]: [usize; 4],
+    window: Window,
+    a_zero: i32,
+    weights: &PackedMatrix,
+    bias: &[i32],
+    out: &mut [i32],
+) -> Result<[usize; 2]> {
+    let shape = [h, w, c];
+    let per_sample = volume("input", shape)?;
+    check_len(
+        "input",
+        checked_size("input", samples, per_sample)?,
+        input.len(),
+    )?;
+    let output = window.checked_output(per_sample, shape)?;
+    let pad = u8::try_from(a_zero).map_err(|_| QuantError::InvalidValue {
+        what: "activation zero point of a convolution".into(),
+        value: a_zero.to_string(),
+        expected: "a code within [0, 255] (it pads the input)".into(),
+    })?;
+    let [kh, kw] = window.kernel;
+    let k = volume("window", [kh, kw, c])?;
+    check_len(
+        "weights' fan-in (kernel height · width · channels)",
+        k,
+        weights.k(),
+    )?;
+    let positions = checked_size("output", output[0], output[1])?;
+    let rows = checked_size("output", samples, positions)?;
+    check_len("bias", weights.n(), bias.len())?;
+    check_len(
+        "output",
+        checked_size("output", rows, weights.n())?,
+        out.len(),
+    )?;
+    if rows == 0 || weights.n() == 0 {
+        return Ok(output);
+    }
+    #[cfg(target_arch = "x86_64")]
+    if windows_in_place(
+        input,
+        [samples, h, w, c],
+        window,
+        output,
+        a_zero,
+        weights,
+        bias,
+        out,
+    )
+    .is_some()
+    {
+        return Ok(output);
+    }
+    let mut patches = vec![0u8; checked_size("im2col patches", rows, k)?];
+    for (xs, ps) in input
+        .chunks(per_sample)
+        .zip(patches.chunks_mut(positions * k))
+    {
+        im2col_u8(xs, shape, window, pad, ps)?;
+    }
+    gemm_u8(&patches, rows, a_zero, weights, bias, out)?;
+    Ok(output)
+}
+
+/// [`conv_u8`] reading the windows where they lie, for checked operands (`a_zero` a code,
+/// at least one row and one output channel); `None`, with nothing written, where the path or
+/// the window does not allow it (see [`conv_u8`]).
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn windows_in_place(
+    input: &[u8],
+    [samples, h, w, c]: [usize; 4],
+    window: Window,
+    output: [usize; 2],
+    a_zero: i32,
+    weights: &PackedMatrix,
+    bias: &[i32],
+    out: &mut [i32],
+) -> Option<()> {
+    use super::gemm::{split_rows, zero_point_columns, Form};
+    use super::x86::{i16_chunk, run_windows, WindowOperands};
+    use super::Isa;
+
+    let form = weights.form();
+    let [kh, kw] = window.kernel;
+    if weights.isa() == Isa::Portable || form == Form::Rows || (kw * c) % form.group() != 0 {
+        return None;
+    }
+    let span = window_span(&window, output);
+    // Past this the copy would cost more than the patches it saves.
+    let limit = samples
+        .checked_mul(output[0] * output[1])?
+        .checked_mul(kh * kw * c)?;
+    let pad = a_zero as u8;
+    // The windows' source, its width in pixels, its bytes per sample and per code: the input
+    // itself where the form reads codes as bytes (quads) and nothing pads it; else one copy of
+    // the batch, padded, in the form's width (`u16` codes for pairs).
+    let (narrow, wide);
+    let (source, cols, sample_bytes, code_bytes): (&[u8], usize, usize, usize) =
+        match (form, window.padding) {
+            (Form::Quads, [0, 0]) => (input, w, h * w * c, 1),
+            (Form::Quads, _) => {
+                narrow = batch_copy(input, samples, [h, w, c], &window, span, pad, limit, |x| x)?;
+                (&narrow[..], span[1], narrow.len() / samples, 1)
+            }
+            _ => {
+                wide = batch_copy(
+                    input,
+                    samples,
+                    [h, w, c],
+                    &window,
+                    span,
+                    pad as u16,
+                    limit,
+                    |x| x as u16,
+                )?;
+                let bytes: &[u8] = bytemuck::cast_slice(&wide);
+                (bytes, span[1], bytes.len() / samples, 2)
+            }
+        };
+    let [sh, sw] = window.stride;
+    let [oh, ow] = output;
+    let starts: Vec<usize> = (0..samples)
+        .flat_map(|s| {
+            (0..oh).flat_map(move |oy| {
+                (0..ow)
+                    .map(move |ox| s * sample_bytes + (oy * sh * cols + ox * sw) * c * code_bytes)
+            })
+        })
+        .collect();
+    let run = kw * c / form.group();
+    let chunk = match (weights.isa(), form) {
+        (Isa::Avx2 | Isa::Avx512Bw, Form::Quads) => i16_chunk(source, weights.max_abs()),
+        _ => None,
+    };
+    let columns = zero_point_columns(weights, a_zero, bias);
+    let n = weights.n();
+    split_rows(starts.len(), n, kh * run, out, |first, out| {
+        run_windows(
+            chunk,
+            WindowOperands {
+                source,
+                starts: &starts[first..first + out.len() / n],
+                segments: kh,
+                run,
+                segment_stride: cols * c * code_bytes,
+                w: weights,
+                columns: &columns,
+                out,
+            },
+        )
+    });
+    Some(())
+}
+
+/// `samples` inputs, each padded as [`padded_input`] pads one, one after another; `None` when
+/// the copy would be longer than `limit` values.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+fn batch_copy<T: Copy>(
+    input: &[u8],
+    samples: usize,
+    shape: [usize; 3],
+    window: &Window,
+    span: [usize; 2],
+    fill: T,
+    limit: usize,
+    map: impl Fn(u8) -> T,
+) -> Option<Vec<T>> {
+    let each = span[0].checked_mul(span[1])?.checked_mul(shape[2])?;
+    let len = each.checked_mul(samples)?;
+    if len > limit {
+        return None;
+    }
+    let mut copy = vec![fill; len];
+    let per_sample = shape.iter().product::<usize>();
+    for (x, dst) in input.chunks(per_sample).zip(copy.chunks_mut(each)) {
+        copy_inside(x, shape, window, span, dst, &map);
+    }
+    Some(copy)
+}
+
 /// The rows and columns of the padded input that the windows cover, from the padding's
 /// top-left corner: `(o − 1) · stride + kernel` along each axis (at most the padded size).
 pub(super) fn window_span(window: &Window, [oh, ow]: [usize; 2]) -> [usize; 2] {
@@ -209,8 +418,22 @@ pub(super) fn padded_input<T: Copy>(
     if len > limit {
         return None;
     }
-    let [top, left] = window.padding;
     let mut padded = vec![fill; len];
+    copy_inside(input, [h, w, c], window, [rows, cols], &mut padded, &map);
+    Some(padded)
+}
+
+/// The input's pixels inside the span into `padded` (`rows · cols · c` values, the padding
+/// already there), as [`padded_input`] places them.
+fn copy_inside<T: Copy>(
+    input: &[u8],
+    [h, w, c]: [usize; 3],
+    window: &Window,
+    [rows, cols]: [usize; 2],
+    padded: &mut [T],
+    map: &impl Fn(u8) -> T,
+) {
+    let [top, left] = window.padding;
     // The input's columns inside the span (a stride that skips the last ones leaves them out).
     let width = w.min(cols.saturating_sub(left));
     for y in 0..h.min(rows.saturating_sub(top)) {
@@ -220,7 +443,6 @@ pub(super) fn padded_input<T: Copy>(
             *d = map(*x);
         }
     }
-    Some(padded)
 }
 
 /// A buffer written front to back in pieces of a few bytes (im2col's runs: 3 bytes in a

@@ -357,13 +357,26 @@ fused! {
     Vnni512Pairs: __m512i = _mm512_dpwssd_epi32;
 }
 
+/// Where the rows of a tile's activations start, in bytes from [`Tile::a`].
+#[derive(Clone, Copy)]
+enum RowStarts {
+    /// Row `r` at `r · stride`.
+    Strided(usize),
+    /// Row `r` at `table[r]` (a convolution's windows read where they lie, see
+    /// [`run_windows`]).
+    Table(*const usize),
+}
+
 /// Where one tile reads and writes.
 struct Tile {
-    /// Activation groups of the tile's first row (`i32`, unaligned).
-    a: *const i32,
-    /// Groups from one row to the next.
-    a_stride: usize,
-    groups: usize,
+    /// The activations: row `r` starts at `a` plus its [`RowStarts`] entry and holds
+    /// `segments` runs of `run` groups (4 bytes each, read unaligned), `segment_stride` bytes
+    /// apart (a matrix: one run of `groups`; a convolution's window: one run per kernel row).
+    a: *const u8,
+    starts: RowStarts,
+    segments: usize,
+    run: usize,
+    segment_stride: usize,
     /// The tile's first weight panel.
     w: *const u8,
     panel_bytes: usize,
@@ -378,32 +391,48 @@ struct Tile {
     chunk: usize,
 }
 
-/// The dot products of `groups` by [`Simd::dot`], from zero (taken and returned by value,
-/// so that they stay in registers).
+/// `acc` plus the dot products of groups `groups` of run `segment` by [`Simd::dot`] (taken
+/// and returned by value, so that they stay in registers).
 ///
 /// # Safety
-/// As [`tile`], and `groups` lies within `0..t.groups`.
+/// As [`tile`], and `segment < t.segments`, `groups` within `0..t.run`.
 #[inline(always)]
 unsafe fn accumulate<S: Simd, const R: usize, const B: usize>(
     t: &Tile,
+    mut acc: [[S::V; B]; R],
+    segment: usize,
     groups: std::ops::Range<usize>,
 ) -> [[S::V; B]; R] {
     // SAFETY: the caller guarantees that the CPU runs `S`.
     let zero = unsafe { S::V::zero() };
-    let mut acc = [[zero; B]; R];
+    let rows: [*const u8; R] = std::array::from_fn(|r| {
+        let start = match t.starts {
+            RowStarts::Strided(stride) => r * stride,
+            // SAFETY: the table holds a start for each of the tile's `R` rows.
+            RowStarts::Table(table) => unsafe { *table.add(r) },
+        };
+        // SAFETY: row `r < R` starts at `start`, and its run `segment < t.segments` lies
+        // `segment · segment_stride` bytes further, inside the activations (the caller's
+        // guarantee); `wrapping_add` would do as well, nothing is read here.
+        unsafe { t.a.add(start + segment * t.segment_stride) }
+    });
+    // SAFETY: run `segment`'s weight groups start at group `segment · run` of every panel,
+    // below the panel's `segments · run` groups.
+    let w0 = unsafe { t.w.add(segment * t.run * S::LANES * 4) };
     for g in groups {
         let mut w = [zero; B];
         for (b, w) in w.iter_mut().enumerate() {
             // SAFETY: the CPU runs `S` (the caller's guarantee). A panel is `t.groups` groups
-            // of `4 · LANES` bytes, and `t.w` addresses `B` of them: group `g < t.groups` of
-            // panel `b < B` lies inside.
-            *w = unsafe { S::V::load(t.w.add(b * t.panel_bytes + g * S::LANES * 4)) };
+            // of `4 · LANES` bytes, and `t.w` addresses `B` of them: group
+            // `segment · run + g < segments · run` of panel `b < B` lies inside.
+            *w = unsafe { S::V::load(w0.add(b * t.panel_bytes + g * S::LANES * 4)) };
         }
         for (r, acc) in acc.iter_mut().enumerate() {
-            // SAFETY: the CPU runs `S`; `t.a` addresses `R` rows, `a_stride` apart, of
-            // `t.groups` `i32` groups (read unaligned), so group `g` of row `r < R` lies
-            // inside.
-            let a = unsafe { S::V::splat(t.a.add(r * t.a_stride + g).read_unaligned()) };
+            // SAFETY: the CPU runs `S`; row `r < R`'s run `segment` holds `t.run` groups of 4
+            // bytes from `rows[r]` (the caller's guarantee), read unaligned, and `g < t.run`.
+            let group = unsafe { (rows[r].add(g * 4) as *const i32).read_unaligned() };
+            // SAFETY: the CPU runs `S`; no memory is accessed.
+            let a = unsafe { S::V::splat(group) };
             for (acc, w) in acc.iter_mut().zip(&w) {
                 // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is accessed.
                 *acc = unsafe { S::dot(*acc, a, *w) };
@@ -416,32 +445,35 @@ unsafe fn accumulate<S: Simd, const R: usize, const B: usize>(
 /// `R` rows × `B` panels of outputs.
 ///
 /// # Safety
-/// The CPU runs `S`; `t` addresses `R` rows of `groups` activation groups, `B` panels of
-/// weights, `B · LANES` constants and `R` rows of `cols` outputs.
+/// The CPU runs `S`; `t` addresses `R` rows of activations (as [`Tile`] describes them, with
+/// `R` entries in a table of starts), `B` panels of weights, `B · LANES` constants and `R` rows
+/// of `cols` outputs.
 #[inline(always)]
 unsafe fn tile<S: Simd, const R: usize, const B: usize>(t: &Tile) {
     // SAFETY: the caller guarantees that the CPU runs `S`.
     let zero = unsafe { S::V::zero() };
-    let acc = if S::WIDENS {
-        let mut acc = [[zero; B]; R];
-        let mut first = 0;
-        while first < t.groups {
-            let end = t.groups.min(first.saturating_add(t.chunk.max(1)));
-            // SAFETY: the caller's guarantees, for groups `first..end` within `groups`.
-            let part = unsafe { accumulate::<S, R, B>(t, first..end) };
-            for r in 0..R {
-                for b in 0..B {
-                    // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is accessed.
-                    acc[r][b] = unsafe { S::V::add(acc[r][b], S::widen(part[r][b])) };
+    let mut acc = [[zero; B]; R];
+    for segment in 0..t.segments {
+        if S::WIDENS {
+            let mut first = 0;
+            while first < t.run {
+                let end = t.run.min(first.saturating_add(t.chunk.max(1)));
+                // SAFETY: the caller's guarantees, for groups `first..end` within the run.
+                let part = unsafe { accumulate::<S, R, B>(t, [[zero; B]; R], segment, first..end) };
+                for r in 0..R {
+                    for b in 0..B {
+                        // SAFETY: the CPU runs `S` (the caller's guarantee); no memory is
+                        // accessed.
+                        acc[r][b] = unsafe { S::V::add(acc[r][b], S::widen(part[r][b])) };
+                    }
                 }
+                first = end;
             }
-            first = end;
+        } else {
+            // SAFETY: the caller's guarantees, for the run's `t.run` groups.
+            acc = unsafe { accumulate::<S, R, B>(t, acc, segment, 0..t.run) };
         }
-        acc
-    } else {
-        // SAFETY: the caller's guarantees, for all `groups` groups.
-        unsafe { accumulate::<S, R, B>(t, 0..t.groups) }
-    };
+    }
     for (r, acc) in acc.iter().enumerate() {
         for (b, acc) in acc.iter().enumerate() {
             let first = b * S::LANES;
@@ -508,22 +540,32 @@ unsafe fn dispatch<S: Simd, const MR: usize, const NB: usize>(
 
 /// Groups of one row of activations, zero-padded to whole groups: 4 bytes (`Quads`) or 2
 /// bytes widened to `i16` (`Pairs`) per `i32`.
+/// The whole groups go through `chunks_exact`, which the compiler turns into vector
+/// widening (a scalar loop here took 40% of the AVX2 pair form's time on 8-bit convolutions).
 #[inline(always)]
 fn pack_row(a: &[u8], form: Form, out: &mut [i32]) {
+    let group = form.group();
+    let whole = a.len() - a.len() % group;
+    let (groups, rest) = a.split_at(whole);
     match form {
         Form::Pairs => {
-            for (g, pair) in out.iter_mut().zip(a.chunks(2)) {
-                let hi = pair.get(1).copied().unwrap_or(0) as i32;
-                *g = pair[0] as i32 | hi << 16;
+            for (g, pair) in out.iter_mut().zip(groups.chunks_exact(2)) {
+                *g = pair[0] as i32 | (pair[1] as i32) << 16;
             }
         }
         _ => {
-            for (g, quad) in out.iter_mut().zip(a.chunks(4)) {
-                let mut bytes = [0u8; 4];
-                bytes[..quad.len()].copy_from_slice(quad);
-                *g = i32::from_le_bytes(bytes);
+            for (g, quad) in out.iter_mut().zip(groups.chunks_exact(4)) {
+                *g = i32::from_le_bytes([quad[0], quad[1], quad[2], quad[3]]);
             }
         }
+    }
+    if let Some(g) = out.get_mut(whole / group).filter(|_| !rest.is_empty()) {
+        let mut bytes = [0u8; 4];
+        for (i, x) in rest.iter().enumerate() {
+            // Pairs hold each code in the low byte of its `i16`.
+            bytes[i * (4 / group)] = *x;
+        }
+        *g = i32::from_le_bytes(bytes);
     }
 }
 
@@ -531,9 +573,9 @@ fn pack_row(a: &[u8], form: Form, out: &mut [i32]) {
 /// `MR` rows × `NB` panels at a time over its `cols` outputs.
 ///
 /// # Safety
-/// The CPU runs `S`; `t` addresses `rows` rows of `t.groups` activation groups (`a_stride`
-/// apart), `cols.div_ceil(LANES)` weight panels and as many panels of constants, and `rows`
-/// rows of `cols` outputs (`out_stride` apart).
+/// The CPU runs `S`; `t` addresses `rows` rows of activations (as [`Tile`] describes them,
+/// with `rows` entries in a table of starts), `cols.div_ceil(LANES)` weight panels and as many
+/// panels of constants, and `rows` rows of `cols` outputs (`out_stride` apart).
 #[inline(always)]
 unsafe fn tiles<S: Simd, const MR: usize, const NB: usize>(t: &Tile, rows: usize) {
     let panels = t.cols.div_ceil(S::LANES);
@@ -548,7 +590,14 @@ unsafe fn tiles<S: Simd, const MR: usize, const NB: usize>(t: &Tile, rows: usize
             // the weights and constant `p · LANES` (one per packed channel).
             let sub = unsafe {
                 Tile {
-                    a: t.a.add(r0 * t.a_stride),
+                    a: match t.starts {
+                        RowStarts::Strided(stride) => t.a.add(r0 * stride),
+                        RowStarts::Table(_) => t.a,
+                    },
+                    starts: match t.starts {
+                        RowStarts::Table(table) => RowStarts::Table(table.add(r0)),
+                        strided => strided,
+                    },
                     w: t.w.add(p * t.panel_bytes),
                     columns: t.columns.add(p * S::LANES),
                     out: t.out.add(r0 * t.out_stride + p * S::LANES),
@@ -586,9 +635,11 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
     debug_assert!(columns.len() >= n.div_ceil(S::LANES) * S::LANES && a.len() >= rows * k);
     debug_assert!(out.len() >= rows * n);
     let template = Tile {
-        a: a.as_ptr() as *const i32,
-        a_stride: groups,
-        groups,
+        a: a.as_ptr(),
+        starts: RowStarts::Strided(k),
+        segments: 1,
+        run: groups,
+        segment_stride: 0,
         w: w.packed_bytes(),
         panel_bytes: w.panel_bytes(),
         columns: columns.as_ptr(),
@@ -615,7 +666,8 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
         // SAFETY: `r0 < rows`: output row `r0` lies inside `out`.
         let out = unsafe { out.as_mut_ptr().add(r0 * n) };
         let t = Tile {
-            a: packed.as_ptr(),
+            a: packed.as_ptr() as *const u8,
+            starts: RowStarts::Strided(groups * 4),
             out,
             ..template
         };
@@ -852,7 +904,7 @@ pub(super) fn run_quads(isa: Isa, chunk: Option<usize>, o: QuadsOperands<'_>) {
         isa != Isa::Portable && isa.is_available(),
         "{isa} cannot run here"
     );
-    assert!(o.a_stride.is_multiple_of(4) && o.out_stride >= o.cols);
+    assert!(o.out_stride >= o.cols);
     assert!(o.w.len() >= panels * o.groups * lanes * 4 && o.columns.len() >= panels * lanes);
     if o.rows == 0 || o.cols == 0 {
         return;
@@ -860,9 +912,11 @@ pub(super) fn run_quads(isa: Isa, chunk: Option<usize>, o: QuadsOperands<'_>) {
     assert!(o.a.len() >= (o.rows - 1) * o.a_stride + 4 * o.groups);
     assert!(o.out.len() >= (o.rows - 1) * o.out_stride + o.cols);
     let template = Tile {
-        a: o.a.as_ptr() as *const i32,
-        a_stride: o.a_stride / 4,
-        groups: o.groups,
+        a: o.a.as_ptr(),
+        starts: RowStarts::Strided(o.a_stride),
+        segments: 1,
+        run: o.groups,
+        segment_stride: 0,
         w: o.w.as_ptr(),
         panel_bytes: o.groups * lanes * 4,
         columns: o.columns.as_ptr(),
@@ -879,4 +933,69 @@ pub(super) fn run_quads(isa: Isa, chunk: Option<usize>, o: QuadsOperands<'_>) {
     // panels (the caller's layout) and every buffer is as long as `tiles` reads or writes
     // (checked above); the caller gives a chunk `i16_chunk` allows.
     unsafe { run_job(isa, Form::Quads, chunk, job) }
+}
+
+/// A convolution's operands for [`run_windows`]: `source` holds the (possibly padded)
+/// input, whose output row `r` (one window) starts at byte `starts[r]` and holds `segments`
+/// runs (its kernel rows) of `run` groups of 4 bytes, `segment_stride` bytes apart, in the
+/// weights' form (`u8` codes for quads, `u16` for pairs); `columns` holds one constant per
+/// packed channel of `w`; `out` `starts.len()` rows of `w.n()` outputs.
+pub(super) struct WindowOperands<'a> {
+    pub source: &'a [u8],
+    pub starts: &'a [usize],
+    pub segments: usize,
+    pub run: usize,
+    pub segment_stride: usize,
+    pub w: &'a PackedMatrix,
+    pub columns: &'a [i32],
+    pub out: &'a mut [i32],
+}
+
+/// `out[r][o] = columns[o] + Σ window(r) · w[o]` on the path `w` is packed for, reading each
+/// window where it lies rather than from an im2col copy; `chunk` (if given) one that
+/// [`i16_chunk`] allows for `source` and `w`.
+///
+/// # Panics
+/// Where `w` is packed for the portable path or in neither group form, or a buffer is shorter
+/// than the operands' sizes say (the caller's layout, not user input).
+pub(super) fn run_windows(chunk: Option<usize>, o: WindowOperands<'_>) {
+    let (n, w) = (o.w.n(), o.w);
+    assert!(w.isa() != Isa::Portable && matches!(w.form(), Form::Quads | Form::Pairs));
+    assert_eq!(
+        o.segments * o.run,
+        w.groups(),
+        "the windows' groups are the weights'"
+    );
+    assert!(o.columns.len() >= n.div_ceil(w.lanes()) * w.lanes());
+    assert_eq!(o.out.len(), o.starts.len() * n);
+    let Some(last) = o.starts.iter().max() else {
+        return;
+    };
+    if o.segments > 0 {
+        let end = last + (o.segments - 1) * o.segment_stride + o.run * 4;
+        assert!(end <= o.source.len(), "a window reads past the source");
+    }
+    let template = Tile {
+        a: o.source.as_ptr(),
+        starts: RowStarts::Table(o.starts.as_ptr()),
+        segments: o.segments,
+        run: o.run,
+        segment_stride: o.segment_stride,
+        w: w.packed_bytes(),
+        panel_bytes: w.panel_bytes(),
+        columns: o.columns.as_ptr(),
+        out: o.out.as_mut_ptr(),
+        out_stride: n,
+        cols: n,
+        chunk: 0,
+    };
+    let job = Job::Tiles {
+        template: &template,
+        rows: o.starts.len(),
+    };
+    // SAFETY: `PackedMatrix::with_isa` checked that this CPU runs `w.isa()` and packed `w`
+    // for it in the form named; every row's runs lie inside `source` (the largest start
+    // checked above), `columns` covers whole panels and `out` one row per start (checked
+    // above); the caller gives a chunk `i16_chunk` allows.
+    unsafe { run_job(w.isa(), w.form(), chunk, job) }
 }

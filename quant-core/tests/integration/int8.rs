@@ -8,9 +8,9 @@ use std::sync::Once;
 
 use proptest::prelude::*;
 use quant_core::int8::{
-    add_u8, attention_context_u8, attention_scores_u8, fixed_point_multiplier, gemm_u8, im2col_u8,
-    max_pool_u8, requantize_u8, rounding_shift, AttentionShape, CodeMap, DepthwiseFilter, Isa,
-    PackedMatrix, Requantizer, SumMap, Window, MAX_SHIFT, PARALLEL_MACS,
+    add_u8, attention_context_u8, attention_scores_u8, conv_u8, fixed_point_multiplier, gemm_u8,
+    im2col_u8, max_pool_u8, requantize_u8, rounding_shift, AttentionShape, CodeMap,
+    DepthwiseFilter, Isa, PackedMatrix, Requantizer, SumMap, Window, MAX_SHIFT, PARALLEL_MACS,
 };
 use quant_core::{QuantError, RoundingPolicy};
 
@@ -303,6 +303,62 @@ proptest! {
 
 proptest! {
     #![proptest_config(ProptestConfig { cases: 128, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// A convolution on every path has the bits of im2col (padded with the zero point's code)
+    /// then the reference product: windows read in place from the input (quads, unpadded) or
+    /// from a padded copy (codes or `u16`s), with the fan-in of a kernel row whole groups or
+    /// not (the patches then), strides, several samples, narrow codes (the `i16` chunks of
+    /// `vpmaddubsw` across kernel rows) and weights beyond ±64 and `i8`.
+    #[test]
+    fn convolution_has_the_bits_of_im2col_then_the_product_on_every_path(
+        samples in 1usize..4,
+        h in 1usize..7,
+        w in 1usize..7,
+        c in prop_oneof![Just(1usize), Just(2usize), Just(4usize), Just(16usize), 1usize..20],
+        n in prop_oneof![Just(1usize), Just(16usize), Just(33usize), 1usize..40],
+        kernel in (1usize..4, 1usize..4),
+        stride in (1usize..3, 1usize..3),
+        padding in (0usize..3, 0usize..3),
+        narrow in any::<bool>(),
+        zero_code in 0i32..=255,
+        range in 0u8..3,
+        seed in any::<u64>(),
+    ) {
+        let mask: u8 = if narrow { 15 } else { 255 };
+        let zero = zero_code & mask as i32;
+        let input: Vec<u8> = (0..samples * h * w * c).map(|i| (seed.wrapping_mul(i as u64 + 1) >> 17) as u8 & mask).collect();
+        let window = Window { kernel: [kernel.0, kernel.1], stride: [stride.0, stride.1], padding: [padding.0, padding.1] };
+        let k = kernel.0 * kernel.1 * c;
+        let spread = [129i64, 256, 65536][range as usize];
+        let weights: Vec<i32> = (0..n * k)
+            .map(|i| ((seed.rotate_left(i as u32 % 64).wrapping_mul(i as u64 * 2 + 1) >> 20) as i64 % spread - spread / 2) as i32)
+            .collect();
+        let bias: Vec<i32> = (0..n).map(|o| (seed >> (o % 32)) as i32 % 100_000).collect();
+        let Some([oh, ow]) = window.output_size(h, w) else {
+            let packed = PackedMatrix::new(&weights, n, k).unwrap();
+            let mut out = vec![7i32; 4];
+            prop_assert!(conv_u8(&input, [samples, h, w, c], window, zero, &packed, &bias, &mut out).is_err());
+            prop_assert_eq!(out, vec![7i32; 4]);
+            return Ok(());
+        };
+        let positions = oh * ow;
+        let mut patches = vec![0u8; samples * positions * k];
+        for (x, p) in input.chunks(h * w * c).zip(patches.chunks_mut(positions * k)) {
+            im2col_u8(x, [h, w, c], window, zero as u8, p).unwrap();
+        }
+        let expected = gemm_reference(&patches, samples * positions, zero, &weights, n, k, &bias);
+        for isa in paths() {
+            let packed = PackedMatrix::with_isa(&weights, n, k, isa).unwrap();
+            let mut out = vec![7i32; samples * positions * n];
+            let size = conv_u8(&input, [samples, h, w, c], window, zero, &packed, &bias, &mut out).unwrap();
+            prop_assert_eq!(size, [oh, ow]);
+            prop_assert_eq!(&out, &expected, "{}", isa);
+            // A zero point that is no code cannot pad; nothing is written.
+            let mut untouched = vec![7i32; out.len()];
+            prop_assert!(conv_u8(&input, [samples, h, w, c], window, 256, &packed, &bias, &mut untouched).is_err());
+            prop_assert!(untouched.iter().all(|v| *v == 7));
+        }
+    }
 
     /// Each channel's window sums from the definition (padding is the real value 0), on every
     /// path; channel counts around the vector widths (8, 16) leave tails.

@@ -8,7 +8,7 @@ use rayon::prelude::*;
 
 use super::prepare::{Step, Weighted};
 use super::{IntegerModel, Layout, Rep};
-use quant_core::int8::{gemm_u8, im2col_u8, Window};
+use quant_core::int8::{conv_u8, gemm_u8, im2col_u8, Window};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
 /// are megabytes, and fresh ones cost page faults (the kernel zeroing new pages) on every
@@ -347,31 +347,28 @@ pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>>
     }
     if groups == 1 {
         // A 1x1 window with stride 1 and no padding reads each pixel's channels (NHWC) as its
-        // patch; other windows' patches are written by im2col (padding included). The product
-        // writes every accumulator.
-        let patches = if window == Window::square(1, 1, 0) {
-            None
-        } else {
-            let mut patches = overwritten_u8(n * positions * w.fan_in);
-            for (xs, ps) in codes
-                .chunks(h * wd * c)
-                .zip(patches.chunks_mut(positions * w.fan_in))
-            {
-                im2col_u8(xs, [h, wd, c], window, pad, ps)?;
-            }
-            Some(patches)
-        };
+        // patch; other windows go through the convolution (padding included). Both write every
+        // accumulator.
         let mut out = overwritten_i32(n * positions * w.out);
-        gemm_u8(
-            patches.as_deref().unwrap_or(codes),
-            n * positions,
-            w.input_zero,
-            &w.groups[0],
-            &w.biases[0],
-            &mut out,
-        )?;
-        if let Some(patches) = patches {
-            recycle(Buf::U8(patches));
+        if window == Window::square(1, 1, 0) {
+            gemm_u8(
+                codes,
+                n * positions,
+                w.input_zero,
+                &w.groups[0],
+                &w.biases[0],
+                &mut out,
+            )?;
+        } else {
+            conv_u8(
+                codes,
+                [n, h, wd, c],
+                window,
+                w.input_zero,
+                &w.groups[0],
+                &w.biases[0],
+                &mut out,
+            )?;
         }
         return Ok(out);
     }
