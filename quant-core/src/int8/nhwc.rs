@@ -334,14 +334,14 @@ fn windows_in_place(
         };
     let [sh, sw] = window.stride;
     let [oh, ow] = output;
-    let starts: Vec<usize> = (0..samples)
-        .flat_map(|s| {
-            (0..oh).flat_map(move |oy| {
-                (0..ow)
-                    .map(move |ox| s * sample_bytes + (oy * sh * cols + ox * sw) * c * code_bytes)
-            })
-        })
-        .collect();
+    let pixel = c * code_bytes;
+    let mut starts = Vec::with_capacity(samples * oh * ow);
+    for s in 0..samples {
+        for oy in 0..oh {
+            let row = s * sample_bytes + oy * sh * cols * pixel;
+            starts.extend((0..ow).map(|ox| row + ox * sw * pixel));
+        }
+    }
     let run = kw * c / form.group();
     let chunk = match (weights.isa(), form) {
         (Isa::Avx2 | Isa::Avx512Bw, Form::Quads) => i16_chunk(source, weights.max_abs()),
