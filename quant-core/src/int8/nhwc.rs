@@ -301,10 +301,12 @@ fn windows_in_place(
         return None;
     }
     let span = window_span(&window, output);
-    // Past this the copy would cost more than the patches it saves.
-    let limit = samples
-        .checked_mul(output[0] * output[1])?
-        .checked_mul(kh * kw * c)?;
+    // The copy and the windows' starts together take no more memory than the patches they
+    // replace (which the runtime's working-memory budget counts).
+    let rows = samples.checked_mul(output[0] * output[1])?;
+    let room =
+        (rows.checked_mul(kh * kw * c)?).checked_sub(rows.checked_mul(size_of::<usize>())?)?;
+    let limit = room / if form == Form::Quads { 1 } else { 2 };
     let pad = a_zero as u8;
     // The windows' source, its width in pixels, its bytes per sample and per code: the input
     // itself where the form reads codes as bytes (quads) and nothing pads it; else one copy of
@@ -335,7 +337,7 @@ fn windows_in_place(
     let [sh, sw] = window.stride;
     let [oh, ow] = output;
     let pixel = c * code_bytes;
-    let mut starts = Vec::with_capacity(samples * oh * ow);
+    let mut starts = Vec::with_capacity(rows);
     for s in 0..samples {
         for oy in 0..oh {
             let row = s * sample_bytes + oy * sh * cols * pixel;
