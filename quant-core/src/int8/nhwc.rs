@@ -1,4 +1,5 @@
-//! Convolution helpers on NHWC `u8` codes: im2col rows for [`super::gemm_u8`], and max pooling.
+//! Convolution on NHWC `u8` codes: im2col rows for [`super::gemm_u8`], the convolution that reads
+//! its windows in place ([`conv_u8`]), and max pooling.
 //! (Channels last, so a pixel's channels are contiguous and whole runs of pixels copy at once.)
 
 use super::{check_len, checked_size, gemm_u8, PackedMatrix};
@@ -200,7 +201,8 @@ pub fn im2col_u8(
 /// // A 3x3 input of one channel, a 2x2 kernel of ones, zero point 1 (the padding's code).
 /// let w = PackedMatrix::new(&[1, 1, 1, 1], 1, 4)?;
 /// let mut acc = [0i32; 4];
-/// let out = conv_u8(&[1, 2, 3, 4, 5, 6, 7, 8, 9], [1, 3, 3, 1], Window::square(2, 1, 0), 1, &w, &[0], &mut acc)?;
+/// let codes = [1, 2, 3, 4, 5, 6, 7, 8, 9];
+/// let out = conv_u8(&codes, [1, 3, 3, 1], Window::square(2, 1, 0), 1, &w, &[0], &mut acc)?;
 /// assert_eq!(out, [2, 2]);
 /// assert_eq!(acc, [8, 12, 20, 24]); // (1+2+4+5) - 4·1, ...
 /// # Ok::<(), quant_core::QuantError>(())

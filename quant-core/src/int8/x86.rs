@@ -371,7 +371,8 @@ enum RowStarts {
 struct Tile {
     /// The activations: row `r` starts at `a` plus its [`RowStarts`] entry and holds
     /// `segments` runs of `run` groups (4 bytes each, read unaligned), `segment_stride` bytes
-    /// apart (a matrix: one run of `groups`; a convolution's window: one run per kernel row).
+    /// apart (a matrix's row: one run of all its groups; a convolution's window: one run per
+    /// kernel row).
     a: *const u8,
     starts: RowStarts,
     segments: usize,
@@ -540,6 +541,7 @@ unsafe fn dispatch<S: Simd, const MR: usize, const NB: usize>(
 
 /// Groups of one row of activations, zero-padded to whole groups: 4 bytes (`Quads`) or 2
 /// bytes widened to `i16` (`Pairs`) per `i32`.
+///
 /// The whole groups go through `chunks_exact`, which the compiler turns into vector
 /// widening (a scalar loop here took 40% of the AVX2 pair form's time on 8-bit convolutions).
 #[inline(always)]

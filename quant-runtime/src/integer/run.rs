@@ -8,6 +8,7 @@ use rayon::prelude::*;
 
 use super::prepare::{Step, Weighted};
 use super::{IntegerModel, Layout, Rep};
+use crate::graph::Conv2dGeometry;
 use quant_core::int8::{conv_u8, gemm_u8, im2col_u8, Window};
 
 /// Buffers of finished values, kept on their thread for the next values: a batch's buffers
@@ -313,7 +314,10 @@ pub(crate) fn nchw_to_nhwc<T: Copy + Default>(x: &[T], c: usize, hw: usize) -> V
 
 /// A Linear or Conv2d layer on a batch of `n` samples of codes.
 pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>> {
-    let Some(conv) = w.conv else {
+    // A Linear layer, or a 1x1 convolution with stride 1 and no padding, whose patches are each
+    // pixel's channels (NHWC): one product on the codes, which writes every accumulator.
+    let pointwise = |g: &Conv2dGeometry| g.groups <= 1 && g.window() == Window::square(1, 1, 0);
+    let Some(conv) = w.conv.filter(|conv| !pointwise(&conv.geometry)) else {
         let rows = codes.len() / w.fan_in.max(1);
         let mut acc = overwritten_i32(rows * w.out);
         gemm_u8(
@@ -346,30 +350,17 @@ pub(crate) fn weighted(w: &Weighted, codes: &[u8], n: usize) -> Result<Vec<i32>>
         return Ok(out);
     }
     if groups == 1 {
-        // A 1x1 window with stride 1 and no padding reads each pixel's channels (NHWC) as its
-        // patch; other windows go through the convolution (padding included). Both write every
-        // accumulator.
+        // Padding included; the convolution writes every accumulator.
         let mut out = overwritten_i32(n * positions * w.out);
-        if window == Window::square(1, 1, 0) {
-            gemm_u8(
-                codes,
-                n * positions,
-                w.input_zero,
-                &w.groups[0],
-                &w.biases[0],
-                &mut out,
-            )?;
-        } else {
-            conv_u8(
-                codes,
-                [n, h, wd, c],
-                window,
-                w.input_zero,
-                &w.groups[0],
-                &w.biases[0],
-                &mut out,
-            )?;
-        }
+        conv_u8(
+            codes,
+            [n, h, wd, c],
+            window,
+            w.input_zero,
+            &w.groups[0],
+            &w.biases[0],
+            &mut out,
+        )?;
         return Ok(out);
     }
     // Grouped: each group's channels on their own, scattered into the output's columns.
