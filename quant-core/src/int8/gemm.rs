@@ -56,6 +56,17 @@ pub struct PackedMatrix {
     row_sums: Vec<i32>,
     /// The largest `|w - z_w|`: how far products may be summed in `i16` lanes.
     max_abs: u32,
+    /// Where the fan-in is packed as separate runs (see [`PackedMatrix::for_windows`]).
+    runs: Option<Runs>,
+}
+
+/// A fan-in packed as `count` runs of `codes` positions, each zero-padded to `groups` whole
+/// groups of the form (a convolution's kernel rows, whose codes are not whole groups).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Runs {
+    pub count: usize,
+    pub codes: usize,
+    pub groups: usize,
 }
 
 impl PackedMatrix {
@@ -73,6 +84,37 @@ impl PackedMatrix {
     /// # Errors
     /// See [`PackedMatrix::new`]; also a path this CPU cannot run.
     pub fn with_isa(centered: &[i32], n: usize, k: usize, isa: Isa) -> Result<PackedMatrix> {
+        PackedMatrix::with_runs(centered, n, k, isa, None)
+    }
+
+    /// Packs `centered` (`n` rows of a convolution's fan-in `kh · kw · c`, in
+    /// [`im2col_u8`](super::im2col_u8)'s order) for [`conv_u8`](super::conv_u8) on the path
+    /// `isa`: where a kernel row's `kw · c` codes are not whole groups of the path's form, each
+    /// kernel row is packed zero-padded to whole groups, so that the convolution reads its
+    /// windows in place (the padded positions read codes that a zero weight cancels). It is
+    /// the same matrix for [`gemm_u8`] and everything else.
+    ///
+    /// # Errors
+    /// See [`PackedMatrix::with_isa`], and a fan-in other than `kh · kw · c`.
+    pub fn for_windows(
+        centered: &[i32],
+        n: usize,
+        [kh, kw, c]: [usize; 3],
+        isa: Isa,
+    ) -> Result<PackedMatrix> {
+        let k = super::nhwc::volume("window", [kh, kw, c])?;
+        PackedMatrix::with_runs(centered, n, k, isa, Some([kh, kw * c]))
+    }
+
+    /// [`PackedMatrix::with_isa`], the fan-in packed as `runs` (count, codes) where they are
+    /// given and not whole groups of the chosen form.
+    fn with_runs(
+        centered: &[i32],
+        n: usize,
+        k: usize,
+        isa: Isa,
+        runs: Option<[usize; 2]>,
+    ) -> Result<PackedMatrix> {
         let isa = isa.check_available()?;
         check_len(
             "centered weights",
@@ -107,14 +149,31 @@ impl PackedMatrix {
             Isa::Avx512Vnni | Isa::Avx512Bw => (Form::Pairs, 16),
             Isa::AvxVnni | Isa::Avx2 => (Form::Pairs, 8),
         };
-        let groups = k.div_ceil(form.group());
+        let per_group = form.group();
+        let runs = match runs {
+            Some([count, codes]) if form != Form::Rows && codes % per_group != 0 => Some(Runs {
+                count,
+                codes,
+                groups: codes.div_ceil(per_group),
+            }),
+            _ => None,
+        };
+        let groups = match runs {
+            Some(r) => r.count * r.groups,
+            None => k.div_ceil(per_group),
+        };
         let panels = n.div_ceil(lanes);
-        let code = |o: usize, i: usize| {
-            if o < n && i < k {
-                centered[o * k + i]
-            } else {
-                0
+        // The fan-in position packed at `i` (past a run's codes: none, a zero weight).
+        let position = |i: usize| match runs {
+            Some(r) => {
+                let (run, at) = (i / (r.groups * per_group), i % (r.groups * per_group));
+                (at < r.codes).then_some(run * r.codes + at)
             }
+            None => Some(i),
+        };
+        let code = |o: usize, i: usize| match position(i) {
+            Some(i) if o < n && i < k => centered[o * k + i],
+            _ => 0,
         };
         let mut packed = PackedMatrix {
             n,
@@ -127,8 +186,8 @@ impl PackedMatrix {
             bytes: Vec::new(),
             row_sums,
             max_abs,
+            runs,
         };
-        let per_group = form.group();
         match form {
             Form::Rows => packed.wide = centered.iter().map(|w| *w as i16).collect(),
             Form::Quads | Form::Pairs => {
@@ -182,6 +241,10 @@ impl PackedMatrix {
     }
     pub(super) fn lanes(&self) -> usize {
         self.lanes
+    }
+    /// The runs the fan-in is packed as, where it is (see [`PackedMatrix::for_windows`]).
+    pub(super) fn runs(&self) -> Option<Runs> {
+        self.runs
     }
     pub(super) fn groups(&self) -> usize {
         self.groups

@@ -299,15 +299,22 @@ fn windows_in_place(
 
     let form = weights.form();
     let [kh, kw] = window.kernel;
-    if weights.isa() == Isa::Portable || form == Form::Rows || (kw * c) % form.group() != 0 {
-        return None;
-    }
+    // Each kernel row is read as `run` whole groups: its codes exactly, or, where the weights
+    // pack it zero-padded (`PackedMatrix::for_windows`), its codes and up to a group's worth
+    // after them, which a zero weight cancels.
+    let run = match weights.runs() {
+        _ if weights.isa() == Isa::Portable || form == Form::Rows => return None,
+        Some(runs) if runs.count == kh && runs.codes == kw * c => runs.groups,
+        None if (kw * c) % form.group() == 0 => kw * c / form.group(),
+        _ => return None,
+    };
+    // Past the last window's last kernel row: the codes its last group reads beyond it.
+    let slack = run * form.group() - kw * c;
     let span = window_span(&window, output);
     // The copy and the windows' starts together take no more memory than the patches they
     // replace (which the runtime's working-memory budget counts).
     let rows = samples.checked_mul(output[0] * output[1])?;
-    let room =
-        (rows.checked_mul(kh * kw * c)?).checked_sub(rows.checked_mul(size_of::<usize>())?)?;
+    let room = (rows.checked_mul(kh * kw * c)?).checked_sub(rows.checked_mul(size_of::<u32>())?)?;
     let limit = room / if form == Form::Quads { 1 } else { 2 };
     let pad = a_zero as u8;
     // The windows' source, its width in pixels, its bytes per sample and per code: the input
@@ -316,10 +323,20 @@ fn windows_in_place(
     let (narrow, wide);
     let (source, cols, sample_bytes, code_bytes): (&[u8], usize, usize, usize) =
         match (form, window.padding) {
-            (Form::Quads, [0, 0]) => (input, w, h * w * c, 1),
+            (Form::Quads, [0, 0]) if slack == 0 => (input, w, h * w * c, 1),
             (Form::Quads, _) => {
-                narrow = batch_copy(input, samples, [h, w, c], &window, span, pad, limit, |x| x)?;
-                (&narrow[..], span[1], narrow.len() / samples, 1)
+                narrow = batch_copy(
+                    input,
+                    samples,
+                    [h, w, c],
+                    &window,
+                    span,
+                    pad,
+                    limit,
+                    slack,
+                    |x| x,
+                )?;
+                (&narrow[..], span[1], (narrow.len() - slack) / samples, 1)
             }
             _ => {
                 wide = batch_copy(
@@ -330,12 +347,18 @@ fn windows_in_place(
                     span,
                     pad as u16,
                     limit,
+                    slack,
                     |x| x as u16,
                 )?;
                 let bytes: &[u8] = bytemuck::cast_slice(&wide);
-                (bytes, span[1], bytes.len() / samples, 2)
+                (bytes, span[1], (wide.len() - slack) * 2 / samples, 2)
             }
         };
+    // The windows' starts as `u32`s, half the memory of `usize`s (a 1-channel stem's patches
+    // are 9 bytes a window).
+    if u32::try_from(source.len()).is_err() {
+        return None;
+    }
     let [sh, sw] = window.stride;
     let [oh, ow] = output;
     let pixel = c * code_bytes;
@@ -343,10 +366,9 @@ fn windows_in_place(
     for s in 0..samples {
         for oy in 0..oh {
             let row = s * sample_bytes + oy * sh * cols * pixel;
-            starts.extend((0..ow).map(|ox| row + ox * sw * pixel));
+            starts.extend((0..ow).map(|ox| (row + ox * sw * pixel) as u32));
         }
     }
-    let run = kw * c / form.group();
     let chunk = match (weights.isa(), form) {
         (Isa::Avx2 | Isa::Avx512Bw, Form::Quads) => i16_chunk(source, weights.max_abs()),
         _ => None,
@@ -371,8 +393,8 @@ fn windows_in_place(
     Some(())
 }
 
-/// `samples` inputs, each padded as [`padded_input`] pads one, one after another; `None` when
-/// the copy would be longer than `limit` values.
+/// `samples` inputs, each padded as [`padded_input`] pads one, one after another, then `slack`
+/// more `fill` values; `None` when the copy would be longer than `limit` values.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 fn batch_copy<T: Copy>(
@@ -383,10 +405,11 @@ fn batch_copy<T: Copy>(
     span: [usize; 2],
     fill: T,
     limit: usize,
+    slack: usize,
     map: impl Fn(u8) -> T,
 ) -> Option<Vec<T>> {
     let each = span[0].checked_mul(span[1])?.checked_mul(shape[2])?;
-    let len = each.checked_mul(samples)?;
+    let len = each.checked_mul(samples)?.checked_add(slack)?;
     if len > limit {
         return None;
     }

@@ -364,7 +364,7 @@ enum RowStarts {
     Strided(usize),
     /// Row `r` at `table[r]` (a convolution's windows read where they lie, see
     /// [`run_windows`]).
-    Table(*const usize),
+    Table(*const u32),
 }
 
 /// Where one tile reads and writes.
@@ -410,7 +410,7 @@ unsafe fn accumulate<S: Simd, const R: usize, const B: usize>(
         let start = match t.starts {
             RowStarts::Strided(stride) => r * stride,
             // SAFETY: the table holds a start for each of the tile's `R` rows.
-            RowStarts::Table(table) => unsafe { *table.add(r) },
+            RowStarts::Table(table) => unsafe { *table.add(r) as usize },
         };
         // SAFETY: row `r < R` starts at `start`, and its run `segment < t.segments` lies
         // `segment · segment_stride` bytes further, inside the activations (the caller's
@@ -651,8 +651,8 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
         chunk,
     };
     // Whole groups of bytes are read where they lie; anything else is packed a tile of rows
-    // at a time.
-    if w.form() == Form::Quads && k % 4 == 0 {
+    // at a time (a fan-in packed as runs, run by run).
+    if w.form() == Form::Quads && k % 4 == 0 && w.runs().is_none() {
         // SAFETY: the caller guarantees `S` and the lengths: `a` holds `rows` rows of
         // `k = 4 · groups` bytes, read in place; `w`, `columns` and `out` as `tiles` needs.
         unsafe { tiles::<S, MR, NB>(&template, rows) };
@@ -663,7 +663,15 @@ unsafe fn run<S: Simd, const MR: usize, const NB: usize>(
     while r0 < rows {
         let mr = (rows - r0).min(MR);
         for (r, row) in packed.chunks_mut(groups.max(1)).take(mr).enumerate() {
-            pack_row(&a[(r0 + r) * k..(r0 + r + 1) * k], w.form(), row);
+            let codes = &a[(r0 + r) * k..(r0 + r + 1) * k];
+            match w.runs() {
+                None => pack_row(codes, w.form(), row),
+                Some(runs) => {
+                    for (codes, row) in codes.chunks(runs.codes).zip(row.chunks_mut(runs.groups)) {
+                        pack_row(codes, w.form(), row);
+                    }
+                }
+            }
         }
         // SAFETY: `r0 < rows`: output row `r0` lies inside `out`.
         let out = unsafe { out.as_mut_ptr().add(r0 * n) };
@@ -944,7 +952,7 @@ pub(super) fn run_quads(isa: Isa, chunk: Option<usize>, o: QuadsOperands<'_>) {
 /// packed channel of `w`; `out` `starts.len()` rows of `w.n()` outputs.
 pub(super) struct WindowOperands<'a> {
     pub source: &'a [u8],
-    pub starts: &'a [usize],
+    pub starts: &'a [u32],
     pub segments: usize,
     pub run: usize,
     pub segment_stride: usize,
@@ -974,7 +982,7 @@ pub(super) fn run_windows(chunk: Option<usize>, o: WindowOperands<'_>) {
         return;
     };
     if o.segments > 0 {
-        let end = last + (o.segments - 1) * o.segment_stride + o.run * 4;
+        let end = *last as usize + (o.segments - 1) * o.segment_stride + o.run * 4;
         assert!(end <= o.source.len(), "a window reads past the source");
     }
     let template = Tile {

@@ -307,8 +307,9 @@ proptest! {
     /// A convolution on every path has the bits of im2col (padded with the zero point's code)
     /// then the reference product: windows read in place from the input (quads, unpadded) or
     /// from a padded copy (codes or `u16`s), with the fan-in of a kernel row whole groups or
-    /// not (the patches then), strides, several samples, narrow codes (the `i16` chunks of
-    /// `vpmaddubsw` across kernel rows) and weights beyond ±64 and `i8`.
+    /// not (the patches then, or the weights packed by kernel rows, which the product also
+    /// takes), strides, several samples, narrow codes (the `i16` chunks of `vpmaddubsw` across
+    /// kernel rows) and weights beyond ±64 and `i8`.
     #[test]
     fn convolution_has_the_bits_of_im2col_then_the_product_on_every_path(
         samples in 1usize..4,
@@ -348,15 +349,22 @@ proptest! {
         }
         let expected = gemm_reference(&patches, samples * positions, zero, &weights, n, k, &bias);
         for isa in paths() {
-            let packed = PackedMatrix::with_isa(&weights, n, k, isa).unwrap();
-            let mut out = vec![7i32; samples * positions * n];
-            let size = conv_u8(&input, [samples, h, w, c], window, zero, &packed, &bias, &mut out).unwrap();
-            prop_assert_eq!(size, [oh, ow]);
-            prop_assert_eq!(&out, &expected, "{}", isa);
-            // A zero point that is no code cannot pad; nothing is written.
-            let mut untouched = vec![7i32; out.len()];
-            prop_assert!(conv_u8(&input, [samples, h, w, c], window, 256, &packed, &bias, &mut untouched).is_err());
-            prop_assert!(untouched.iter().all(|v| *v == 7));
+            let plain = PackedMatrix::with_isa(&weights, n, k, isa).unwrap();
+            // Kernel rows zero-padded to whole groups where they are not: the same matrix.
+            let rows = PackedMatrix::for_windows(&weights, n, [kernel.0, kernel.1, c], isa).unwrap();
+            for (packing, packed) in [("plain", &plain), ("by kernel rows", &rows)] {
+                let mut out = vec![7i32; samples * positions * n];
+                let size = conv_u8(&input, [samples, h, w, c], window, zero, packed, &bias, &mut out).unwrap();
+                prop_assert_eq!(size, [oh, ow]);
+                prop_assert_eq!(&out, &expected, "{} {}", isa, packing);
+                let mut product = vec![7i32; out.len()];
+                gemm_u8(&patches, samples * positions, zero, packed, &bias, &mut product).unwrap();
+                prop_assert_eq!(&product, &expected, "{} {} product", isa, packing);
+                // A zero point that is no code cannot pad; nothing is written.
+                let mut untouched = vec![7i32; out.len()];
+                prop_assert!(conv_u8(&input, [samples, h, w, c], window, 256, packed, &bias, &mut untouched).is_err());
+                prop_assert!(untouched.iter().all(|v| *v == 7));
+            }
         }
     }
 

@@ -14,7 +14,7 @@ use crate::integer::prepare::{
 };
 use crate::integer::{Conv, Layout, Rep, Weighted, MAX_SAMPLE_ELEMENTS};
 use crate::GraphError;
-use quant_core::int8::{DepthwiseFilter, PackedMatrix, Window};
+use quant_core::int8::{DepthwiseFilter, Isa, PackedMatrix, Window};
 
 /// Geometry of a 2-D convolution with zero padding.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -262,11 +262,13 @@ impl OpRules for Conv2d {
             None
         };
         for gi in (0..groups).filter(|_| depthwise.is_none()) {
-            packed.push(PackedMatrix::new(
-                &centered[gi * og * fan_in..(gi + 1) * og * fan_in],
-                og,
-                fan_in,
-            )?);
+            let rows = &centered[gi * og * fan_in..(gi + 1) * og * fan_in];
+            packed.push(if groups == 1 {
+                // The convolution reads its windows in place (`conv_u8`).
+                PackedMatrix::for_windows(rows, og, [kh, kw, cg], Isa::detected())?
+            } else {
+                PackedMatrix::new(rows, og, fan_in)?
+            });
             biases.push(bias[gi * og..(gi + 1) * og].to_vec());
         }
         node.step.weighted = Some(Weighted {
