@@ -89,10 +89,11 @@ impl PackedMatrix {
 
     /// Packs `centered` (`n` rows of a convolution's fan-in `kh · kw · c`, in
     /// [`im2col_u8`](super::im2col_u8)'s order) for [`conv_u8`](super::conv_u8) on the path
-    /// `isa`: where a kernel row's `kw · c` codes are not whole groups of the path's form, each
-    /// kernel row is packed zero-padded to whole groups, so that the convolution reads its
-    /// windows in place (the padded positions read codes that a zero weight cancels). It is
-    /// the same matrix for [`gemm_u8`] and everything else.
+    /// `isa`: where neither a kernel row's `kw · c` codes nor the whole fan-in are whole groups
+    /// of the path's form, each kernel row is packed zero-padded to whole groups, so that the
+    /// convolution reads its windows in place (the padded positions read codes that a zero
+    /// weight cancels) rather than writing patches. It is the same matrix for [`gemm_u8`] and
+    /// everything else.
     ///
     /// # Errors
     /// See [`PackedMatrix::with_isa`], and a fan-in other than `kh · kw · c`.
@@ -150,12 +151,21 @@ impl PackedMatrix {
             Isa::AvxVnni | Isa::Avx2 => (Form::Pairs, 8),
         };
         let per_group = form.group();
+        // Only where the plain fan-in is not whole groups either: its rows would be packed
+        // then, and a run's padding can cost more groups than it saves (a 2x2 kernel on one
+        // channel: two groups a window rather than one).
         let runs = match runs {
-            Some([count, codes]) if form != Form::Rows && codes % per_group != 0 => Some(Runs {
-                count,
-                codes,
-                groups: codes.div_ceil(per_group),
-            }),
+            Some([count, codes])
+                if form != Form::Rows
+                    && !codes.is_multiple_of(per_group)
+                    && !k.is_multiple_of(per_group) =>
+            {
+                Some(Runs {
+                    count,
+                    codes,
+                    groups: codes.div_ceil(per_group),
+                })
+            }
             _ => None,
         };
         let groups = match runs {
