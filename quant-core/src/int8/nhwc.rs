@@ -192,8 +192,9 @@ pub fn im2col_u8(
 /// `[oh, ow]`. The bits are those of [`im2col_u8`] then [`gemm_u8`]: on the x86 paths the
 /// product reads each window where it lies (in the input, or in one padded copy of the batch)
 /// rather than from patches written out, where a kernel row's `kw · c` codes are whole groups
-/// of the weights' form and the copy is no longer than the patches; elsewhere it writes the
-/// patches.
+/// of the weights' form or the weights are packed by kernel rows
+/// ([`PackedMatrix::for_windows`]), and the copy is no longer than the patches; elsewhere it
+/// writes the patches.
 ///
 /// ```
 /// use quant_core::int8::{conv_u8, PackedMatrix, Window};
