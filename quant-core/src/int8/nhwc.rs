@@ -319,8 +319,9 @@ fn windows_in_place(
     let limit = room / if form == Form::Quads { 1 } else { 2 };
     let pad = a_zero as u8;
     // The windows' source, its width in pixels, its bytes per sample and per code: the input
-    // itself where the form reads codes as bytes (quads) and nothing pads it; else one copy of
-    // the batch, padded, in the form's width (`u16` codes for pairs).
+    // itself where the form reads codes as bytes (quads), nothing pads it and no run reads past
+    // its codes; else one copy of the batch, padded, with the slack at its end, in the form's
+    // width (`u16` codes for pairs).
     let (narrow, wide);
     let (source, cols, sample_bytes, code_bytes): (&[u8], usize, usize, usize) =
         match (form, window.padding) {
