@@ -24,6 +24,9 @@
 //! [adaround]                       # their samples and optimisation (see quant_dfdx::ptq)
 //! iterations = 1000
 //!
+//! [gptq]                           # GPTQ's, for `learned_rounding = "GPTQ"`
+//! damping = 0.01
+//!
 //! [kinds.Linear]                   # SmoothQuant before calibration, where a LayerNorm
 //! input = { smoothing = 0.5 }      # feeds the layer (see quant_dfdx::ptq::smooth)
 //!
@@ -64,7 +67,7 @@ use crate::convert::{LayerKind, LayerPolicy};
 use crate::layers::{glob, join_name, QuantizerSpec, Slot};
 use crate::observers::ObserverConfig;
 use crate::platform::find_platform;
-use crate::ptq::{AdaRoundSettings, Refinement, WeightRounding};
+use crate::ptq::{AdaRoundSettings, GptqSettings, Refinement, WeightRounding};
 
 /// Largest policy or run file read, in bytes (larger files are refused before reading): a
 /// policy of a thousand overrides takes a few hundred kilobytes.
@@ -147,7 +150,7 @@ pub struct QuantizerSettings {
     /// Calibration observer.
     pub observer: Option<ObserverConfig>,
     /// How weights round onto their grid once calibrated: `Nearest` (the rounding policy, the
-    /// default) or `AdaRound` (learned per layer, see [`crate::ptq`]). Weights only.
+    /// default), `AdaRound` or `GPTQ` (learned per layer, see [`crate::ptq`]). Weights only.
     pub learned_rounding: Option<WeightRounding>,
     /// Whether the layer's bias absorbs the mean error quantization adds to its outputs once
     /// calibrated (see [`crate::ptq`]). Weights only; default `false`.
@@ -408,6 +411,9 @@ pub struct Policy {
     /// `learned_rounding`, `bias_correction`; see [`crate::ptq`]).
     #[serde(default)]
     pub adaround: AdaRoundSettings,
+    /// GPTQ's dampening and column order (weights setting `learned_rounding = "GPTQ"`).
+    #[serde(default)]
+    pub gptq: GptqSettings,
     /// Layers seen during conversion and the slots asked of each, to report overrides that
     /// matched nothing.
     #[serde(skip)]
@@ -493,13 +499,15 @@ impl Policy {
             source,
         };
         let (default_w, default_i) = self.defaults().map_err(|e| invalid("platform", e))?;
-        self.adaround.validate().map_err(|e| {
-            let field = match &e {
-                QuantError::InvalidValue { what, .. } => what.clone(),
-                _ => "adaround".into(),
-            };
-            invalid(&field, e)
-        })?;
+        for check in [self.adaround.validate(), self.gptq.validate()] {
+            check.map_err(|e| {
+                let field = match &e {
+                    QuantError::InvalidValue { what, .. } => what.clone(),
+                    _ => "adaround".into(),
+                };
+                invalid(&field, e)
+            })?;
+        }
         // Each place a setting can come from, checked merged onto the defaults it extends.
         let mut checks: Vec<(String, Option<QuantizerSettings>, QuantizationTarget)> = vec![
             (

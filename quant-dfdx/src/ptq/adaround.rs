@@ -26,9 +26,9 @@ pub(crate) struct Moments {
     pub k: usize,
     pub rows: usize,
     /// `Σ x̃ x̃ᵀ`, row-major `k × k`.
-    quantized: Vec<f32>,
+    pub(crate) quantized: Vec<f32>,
     /// `Σ x̃ xᵀ`.
-    cross: Vec<f32>,
+    pub(crate) cross: Vec<f32>,
     /// `Σ x xᵀ`.
     float: Vec<f32>,
     /// `Σ x`, `Σ x̃`.

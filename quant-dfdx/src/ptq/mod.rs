@@ -1,7 +1,8 @@
 //! What runs between calibration and QAT on the weights of Linear and Conv2d layers: learned
-//! rounding (AdaRound) and bias correction, chosen per weights slot by the policy
-//! (`learned_rounding = "AdaRound"`, `bias_correction = true`, per kind or per name like every
-//! other setting), with AdaRound's settings in the policy's `[adaround]` table.
+//! rounding (AdaRound or GPTQ) and bias correction, chosen per weights slot by the policy
+//! (`learned_rounding = "AdaRound"` or `"GPTQ"`, `bias_correction = true`, per kind or per
+//! name like every other setting), with the samples both use and AdaRound's optimisation in the
+//! policy's `[adaround]` table, GPTQ's dampening and order in its `[gptq]` table.
 //!
 //! [`refine`] walks the layers in graph order on a few hundred unlabeled samples. Each layer is
 //! fitted on its float inputs (the model with every quantizer disabled) and on the inputs the
@@ -11,6 +12,11 @@
 //!   the calibrated grid, minimising the layer's output error `E‖W x − W̃ x̃‖²` with a
 //!   regulariser that drives each soft choice to 0 or 1. Where its error is not below nearest
 //!   rounding's (it rarely is not), the layer keeps nearest rounding.
+//! - **GPTQ** (Frantar et al., 2022) rounds the same loss one input column at a time, moving
+//!   the columns not yet rounded to absorb each column's error through the inverse of the
+//!   inputs' second moments: one pass instead of AdaRound's iterations (a layer of the bundled
+//!   models takes milliseconds), without AdaRound's restriction to the codes either side of
+//!   each weight. The same fallback to nearest rounding applies.
 //! - **Bias correction** (Nagel et al., 2019) adds the mean output error to the bias,
 //!   `b ← b + E[W x] − E[W̃ x̃]`, per output channel.
 //!
@@ -23,6 +29,7 @@
 //! weights, the float model unchanged.
 
 mod adaround;
+mod gptq;
 mod smooth;
 
 pub use smooth::{smooth, SmoothedLayerNorm, Smoothing};
@@ -47,6 +54,7 @@ use quant_runtime::graph::{evaluate, Graph, Op, ParamValues, Parameter};
 use quant_runtime::GraphError;
 
 use adaround::{Moments, RowGrid, Schedule};
+use gptq::GptqOptions;
 
 /// How a weights slot's values round onto its grid once calibrated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -56,6 +64,10 @@ pub enum WeightRounding {
     Nearest,
     /// Learned per layer by AdaRound: each weight to the code below or above it.
     AdaRound,
+    /// Learned per layer by GPTQ: column by column, the later columns absorbing each one's
+    /// error. Written `"GPTQ"`.
+    #[serde(rename = "GPTQ", alias = "Gptq")]
+    Gptq,
 }
 
 /// What runs on one weights slot after calibration ([`Policy::refinement`]).
@@ -149,6 +161,57 @@ impl AdaRoundSettings {
     }
 }
 
+/// The policy's `[gptq]` table: GPTQ's dampening and column order (its samples are
+/// [`AdaRoundSettings::samples`] and [`AdaRoundSettings::max_rows`], shared by every step
+/// after calibration).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct GptqSettings {
+    /// What GPTQ adds to the diagonal of the inputs' second moments, as a share of its mean
+    /// (AutoGPTQ's `damp_percent` over 100): keeps inputs that never vary from making them
+    /// singular, and pulls the weights toward their float values.
+    pub damping: f64,
+    /// Round the input columns in decreasing order of their energy (AutoGPTQ's `desc_act`),
+    /// else in input order.
+    pub act_order: bool,
+}
+
+impl Default for GptqSettings {
+    fn default() -> GptqSettings {
+        GptqSettings {
+            damping: 0.01,
+            act_order: true,
+        }
+    }
+}
+
+impl GptqSettings {
+    /// Checks every field, naming the first one out of range.
+    ///
+    /// # Errors
+    /// [`QuantError::InvalidValue`] naming the field and its range.
+    pub fn validate(&self) -> quant_core::Result<()> {
+        // Above 0 (a singular moment matrix has no inverse) and at most 100 times the mean
+        // diagonal (beyond, the inputs no longer matter: nearest rounding).
+        if !(self.damping.is_finite() && self.damping > 0.0 && self.damping <= 100.0) {
+            return Err(QuantError::InvalidValue {
+                what: "gptq.damping".into(),
+                value: self.damping.to_string(),
+                expected: "a share of the mean diagonal above 0 and at most 100 (0.01 is usual)"
+                    .into(),
+            });
+        }
+        Ok(())
+    }
+
+    fn options(&self) -> GptqOptions {
+        GptqOptions {
+            damping: self.damping,
+            act_order: self.act_order,
+        }
+    }
+}
+
 /// The first whole samples of `input_shape` in `samples`, at most `most` of them.
 ///
 /// # Errors
@@ -186,7 +249,7 @@ fn float_graph<M: QuantizedModule + Clone>(
 pub struct RefinedLayer {
     /// The layer's dotted name.
     pub layer: String,
-    /// The rounding its weights got (`Nearest` where AdaRound did not beat it).
+    /// The rounding its weights got (`Nearest` where the learned rounding did not beat it).
     pub rounding: WeightRounding,
     /// Whether its bias was corrected.
     pub bias_corrected: bool,
@@ -220,6 +283,7 @@ where
 {
     let settings = policy.adaround;
     settings.validate()?;
+    policy.gptq.validate()?;
     let mut requests: BTreeMap<String, Refinement> = BTreeMap::new();
     let mut failed = None;
     model.visit_slots("", &mut |s| {
@@ -272,7 +336,7 @@ where
             let fitted = layer.refine(
                 &dev,
                 *request,
-                &settings,
+                (&settings, &policy.gptq),
                 float,
                 input.values,
                 (input.samples, input.shape),
@@ -628,7 +692,7 @@ impl<'a> Layer<'a> {
         &self,
         dev: &Cpu,
         request: Refinement,
-        settings: &AdaRoundSettings,
+        (settings, gptq_settings): (&AdaRoundSettings, &GptqSettings),
         float: &FloatLayer,
         xq: &[f32],
         (samples, in_shape): (usize, &[usize]),
@@ -687,23 +751,30 @@ impl<'a> Layer<'a> {
             let e_nearest = moments.output_error(wg, &nearest);
             let mut chosen = nearest;
             let mut e_chosen = e_nearest;
-            if let (WeightRounding::AdaRound, Some(c), Some(rg)) =
-                (request.rounding, codes.as_mut(), row_grid(g))
-            {
-                let schedule = Schedule {
-                    iterations: settings.iterations,
-                    learning_rate: settings.learning_rate as f32,
-                    regularization: settings.regularization as f32,
+            if let (Some(c), Some(rg)) = (codes.as_mut(), row_grid(g)) {
+                let learned_codes = match request.rounding {
+                    WeightRounding::Nearest => None,
+                    WeightRounding::AdaRound => {
+                        let schedule = Schedule {
+                            iterations: settings.iterations,
+                            learning_rate: settings.learning_rate as f32,
+                            regularization: settings.regularization as f32,
+                        };
+                        let r = adaround::adaround(dev, &moments, wg, rg, schedule);
+                        settled.push(r.settled);
+                        Some(r.codes)
+                    }
+                    WeightRounding::Gptq => gptq::gptq(&moments, wg, rg, gptq_settings.options()),
                 };
-                let r = adaround::adaround(dev, &moments, wg, rg, schedule);
-                let learned = adaround::dequantize(&r.codes, k, rg);
-                let e_learned = moments.output_error(wg, &learned);
-                settled.push(r.settled);
-                if e_learned < e_nearest {
-                    c[span.clone()].copy_from_slice(&r.codes);
-                    chosen = learned;
-                    e_chosen = e_learned;
-                    learned_any = true;
+                if let Some(learned_codes) = learned_codes {
+                    let learned = adaround::dequantize(&learned_codes, k, rg);
+                    let e_learned = moments.output_error(wg, &learned);
+                    if e_learned < e_nearest {
+                        c[span.clone()].copy_from_slice(&learned_codes);
+                        chosen = learned;
+                        e_chosen = e_learned;
+                        learned_any = true;
+                    }
                 }
             }
             // The mean output error E[W x − W̃ x̃] of each output channel.
@@ -780,7 +851,7 @@ impl<'a> Layer<'a> {
             report: RefinedLayer {
                 layer: self.name.to_string(),
                 rounding: if learned_any {
-                    WeightRounding::AdaRound
+                    request.rounding
                 } else {
                     WeightRounding::Nearest
                 },
