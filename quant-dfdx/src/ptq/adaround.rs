@@ -278,39 +278,69 @@ pub(crate) fn dequantize(codes: &[i32], k: usize, grid: RowGrid<'_>) -> Vec<f32>
         .collect()
 }
 
+/// A layer for the learned roundings' tests: 512 rows of `k` inputs mixed from `factors`
+/// latent ones plus noise (correlated when `factors` is below `k`), their quantized form on
+/// steps of `1 / 8`, 6 rows of weights in `[-1, 1]` and per-row scales of 3-bit grids
+/// (`[-4, 3]`, the largest weight at 3 codes).
+#[cfg(test)]
+pub(crate) fn correlated_layer(
+    seed: u64,
+    k: usize,
+    factors: usize,
+) -> (Moments, Vec<f32>, Vec<f32>) {
+    use rand::{Rng, SeedableRng};
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let (o, n) = (6, 512);
+    let mix: Vec<f32> = (0..k * factors).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let (mut x, mut xq) = (Vec::new(), Vec::new());
+    for _ in 0..n {
+        let z: Vec<f32> = (0..factors).map(|_| rng.gen_range(-1.0..1.0)).collect();
+        for j in 0..k {
+            let v: f32 = (0..factors)
+                .map(|c| mix[j * factors + c] * z[c])
+                .sum::<f32>()
+                + 0.1 * rng.gen_range(-1.0f32..1.0);
+            x.push(v);
+            xq.push((v * 8.0).round() / 8.0);
+        }
+    }
+    let w: Vec<f32> = (0..o * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
+    let scales: Vec<f32> = w
+        .chunks_exact(k)
+        .map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 3.0)
+        .collect();
+    let mut m = Moments::new(k);
+    let dev = Cpu::default();
+    for (a, b) in x.chunks(k * 100).zip(xq.chunks(k * 100)) {
+        m.add(&dev, a, b);
+    }
+    (m, w, scales)
+}
+
+/// The nearest codes of weights `w` (`o × k`) on `grid`: what learned rounding is measured
+/// against in the tests.
+#[cfg(test)]
+pub(crate) fn nearest_codes(w: &[f32], k: usize, grid: RowGrid<'_>) -> Vec<i32> {
+    w.iter()
+        .enumerate()
+        .map(|(i, x)| {
+            let row = i / k;
+            ((x / grid.scales[row]).round_ties_even() as i32 + grid.zero_points[row])
+                .clamp(grid.min, grid.max)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rand::{Rng, SeedableRng};
 
     /// A layer whose inputs are correlated (so that rounding errors can cancel) and whose
     /// quantized inputs carry noise, with per-row grids of 3 bits.
     fn problem(seed: u64) -> (Moments, Vec<f32>, Vec<f32>, Vec<i32>) {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let (k, o, n) = (24, 6, 512);
-        let mix: Vec<f32> = (0..k * 4).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let mut x = Vec::new();
-        let mut xq = Vec::new();
-        for _ in 0..n {
-            let z: Vec<f32> = (0..4).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            for j in 0..k {
-                let v: f32 = (0..4).map(|c| mix[j * 4 + c] * z[c]).sum::<f32>()
-                    + 0.1 * rng.gen_range(-1.0f32..1.0);
-                x.push(v);
-                xq.push((v * 8.0).round() / 8.0);
-            }
-        }
-        let w: Vec<f32> = (0..o * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let scales: Vec<f32> = w
-            .chunks_exact(k)
-            .map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 3.0)
-            .collect();
-        let mut m = Moments::new(k);
-        let dev = Cpu::default();
-        for (a, b) in x.chunks(k * 100).zip(xq.chunks(k * 100)) {
-            m.add(&dev, a, b);
-        }
-        (m, w, scales, vec![0; o])
+        let (m, w, scales) = correlated_layer(seed, 24, 4);
+        let rows = scales.len();
+        (m, w, scales, vec![0; rows])
     }
 
     #[test]
@@ -324,11 +354,7 @@ mod tests {
                 min: -4,
                 max: 3,
             };
-            let nearest: Vec<i32> = w
-                .iter()
-                .enumerate()
-                .map(|(i, x)| ((x / scales[i / m.k]).round_ties_even() as i32).clamp(-4, 3))
-                .collect();
+            let nearest = nearest_codes(&w, m.k, grid);
             let schedule = Schedule {
                 iterations: 1000,
                 learning_rate: 0.01,

@@ -152,59 +152,19 @@ fn upper_cholesky(a: &[f64], k: usize) -> Option<Vec<f64>> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::adaround::dequantize;
+    use super::super::adaround::{correlated_layer, dequantize, nearest_codes};
     use super::*;
     use dfdx::prelude::*;
-    use rand::{Rng, SeedableRng};
 
     const OPTIONS: GptqOptions = GptqOptions {
         damping: 0.01,
         act_order: true,
     };
 
-    /// Inputs of `k` features from `factors` latent ones plus noise (correlated when `factors`
-    /// is below `k`), their quantized form on steps of `1 / 8`, weights in `[-1, 1]` and
-    /// per-row 3-bit grids.
-    fn problem(seed: u64, k: usize, factors: usize) -> (Moments, Vec<f32>, Vec<f32>) {
-        let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
-        let (o, n) = (6, 512);
-        let mix: Vec<f32> = (0..k * factors).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let (mut x, mut xq) = (Vec::new(), Vec::new());
-        for _ in 0..n {
-            let z: Vec<f32> = (0..factors).map(|_| rng.gen_range(-1.0..1.0)).collect();
-            for j in 0..k {
-                let v: f32 = (0..factors)
-                    .map(|c| mix[j * factors + c] * z[c])
-                    .sum::<f32>()
-                    + 0.1 * rng.gen_range(-1.0f32..1.0);
-                x.push(v);
-                xq.push((v * 8.0).round() / 8.0);
-            }
-        }
-        let w: Vec<f32> = (0..o * k).map(|_| rng.gen_range(-1.0..1.0)).collect();
-        let scales: Vec<f32> = w
-            .chunks_exact(k)
-            .map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 3.0)
-            .collect();
-        let mut m = Moments::new(k);
-        let dev = Cpu::default();
-        for (a, b) in x.chunks(k * 100).zip(xq.chunks(k * 100)) {
-            m.add(&dev, a, b);
-        }
-        (m, w, scales)
-    }
-
-    fn nearest(w: &[f32], scales: &[f32], k: usize) -> Vec<i32> {
-        w.iter()
-            .enumerate()
-            .map(|(i, x)| ((x / scales[i / k]).round_ties_even() as i32).clamp(-4, 3))
-            .collect()
-    }
-
     #[test]
     fn correlated_inputs_absorb_the_rounding_errors() {
         for seed in 0..3 {
-            let (m, w, scales) = problem(seed, 24, 4);
+            let (m, w, scales) = correlated_layer(seed, 24, 4);
             let zero_points = vec![0; scales.len()];
             let grid = RowGrid {
                 scales: &scales,
@@ -212,7 +172,8 @@ mod tests {
                 min: -4,
                 max: 3,
             };
-            let e_nearest = m.output_error(&w, &dequantize(&nearest(&w, &scales, m.k), m.k, grid));
+            let e_nearest =
+                m.output_error(&w, &dequantize(&nearest_codes(&w, m.k, grid), m.k, grid));
             for act_order in [false, true] {
                 let options = GptqOptions {
                     act_order,
@@ -252,13 +213,7 @@ mod tests {
             min: -4,
             max: 3,
         };
-        let expected: Vec<i32> = w
-            .iter()
-            .enumerate()
-            .map(|(i, x)| {
-                ((x / scales[i / k]).round_ties_even() as i32 + zero_points[i / k]).clamp(-4, 3)
-            })
-            .collect();
+        let expected = nearest_codes(&w, k, grid);
         for act_order in [false, true] {
             let options = GptqOptions {
                 act_order,

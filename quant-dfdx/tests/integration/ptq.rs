@@ -84,50 +84,110 @@ fn mse(a: &[f32], b: &[f32]) -> f64 {
         / a.len() as f64
 }
 
-#[test]
-fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() {
-    let policy = Policy::from_toml_str(POLICY, "policy.toml").expect("valid policy");
+type QuantizedCnn =
+    <<Cnn as BuildOnDevice<Cpu, f32>>::Built as quant_dfdx::convert::Convert>::Quantized;
+
+/// The CNN converted under `policy`, calibrated and refined: what `refine` reported, the model
+/// before and after it, the images and their batch.
+struct Refined {
+    layers: Vec<quant_dfdx::ptq::RefinedLayer>,
+    nearest: QuantizedCnn,
+    model: QuantizedCnn,
+    x: Vec<f32>,
+    batch: Tensor<Rank4<SAMPLES, 1, 8, 8>, f32, Cpu>,
+}
+
+fn refined_cnn(policy: &str) -> Refined {
+    let policy = Policy::from_toml_str(policy, "policy.toml").expect("valid policy");
     let (float, x) = float_and_images();
     let dev = Cpu::default();
     let mut model = convert_model(&float, &policy).expect("converts");
-    let batch = dev.tensor_from_vec(x.clone(), (SAMPLES, Const::<1>, Const::<8>, Const::<8>));
+    let batch = dev.tensor_from_vec(x.clone(), (Const, Const, Const, Const));
     calibrate(&mut model, [batch.clone()]).expect("calibrates");
     let nearest = model.clone();
-    let (refined, _) = refine(&mut model, &policy, &[1, 8, 8], &x).expect("refines");
+    let (layers, _) = refine(&mut model, &policy, &[1, 8, 8], &x).expect("refines");
+    Refined {
+        layers,
+        nearest,
+        model,
+        x,
+        batch,
+    }
+}
+
+impl Refined {
+    fn layer(&self, name: &str) -> &quant_dfdx::ptq::RefinedLayer {
+        self.layers
+            .iter()
+            .find(|r| r.layer == name)
+            .expect("refined")
+    }
+
+    /// The graphs of the nearest-rounded and the refined model.
+    fn graphs(&self) -> (quant_runtime::graph::Graph, quant_runtime::graph::Graph) {
+        let graph = |m: &_| export_model(m, &[1, 8, 8], Default::default()).expect("exports");
+        (graph(&self.nearest), graph(&self.model))
+    }
+
+    /// Layer `name`'s output against the float layer's, on float inputs for the float model,
+    /// as mean squared errors with nearest rounding and with the refined model.
+    fn errors_at(&self, name: &str) -> (f64, f64) {
+        let mut reference = self.nearest.clone();
+        reference
+            .set_mode("*", QuantizerMode::Disabled)
+            .expect("disables");
+        let g_float = export_model(&reference, &[1, 8, 8], Default::default()).expect("exports");
+        let (g_nearest, g_learned) = self.graphs();
+        let y = layer_output(&g_float, &self.x, name);
+        (
+            mse(&y, &layer_output(&g_nearest, &self.x, name)),
+            mse(&y, &layer_output(&g_learned, &self.x, name)),
+        )
+    }
+
+    /// The refined export runs on integers and computes what the fake-quantized model does.
+    fn assert_integer_model_matches(&self, what: &str) {
+        let integer = IntegerModel::new(&self.graphs().1).expect("runs on integers");
+        let fake_quantized = self
+            .model
+            .clone()
+            .try_forward(self.batch.clone())
+            .expect("forward")
+            .as_vec();
+        assert_integer_matches(
+            &integer.forward(&self.x).expect("integer forward"),
+            &fake_quantized,
+            what,
+        );
+    }
+}
+
+#[test]
+fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() {
+    let r = refined_cnn(POLICY);
 
     // Per kind and per name: the convolution learned its rounding, the classifier kept nearest
     // rounding, both got bias correction.
-    let by_name = |n: &str| refined.iter().find(|r| r.layer == n).expect("refined");
-    eprintln!("ADA {refined:?}");
+    let refined = &r.layers;
     assert_eq!(refined.len(), 2, "{refined:?}");
-    assert_eq!(by_name("0").rounding, WeightRounding::AdaRound);
+    assert_eq!(r.layer("0").rounding, WeightRounding::AdaRound);
     assert!(
-        by_name("0").settled.expect("AdaRound ran") > 0.9,
+        r.layer("0").settled.expect("AdaRound ran") > 0.9,
         "{refined:?}"
     );
-    assert_eq!(by_name("4").rounding, WeightRounding::Nearest);
-    assert!(by_name("0").bias_corrected && by_name("4").bias_corrected);
-    for r in &refined {
-        assert!(r.error_refined <= r.error_nearest, "{r:?}");
+    assert_eq!(r.layer("4").rounding, WeightRounding::Nearest);
+    assert!(r.layer("0").bias_corrected && r.layer("4").bias_corrected);
+    for l in refined {
+        assert!(l.error_refined <= l.error_nearest, "{l:?}");
     }
     assert!(
-        by_name("0").error_refined < 0.9 * by_name("0").error_nearest,
+        r.layer("0").error_refined < 0.9 * r.layer("0").error_nearest,
         "{refined:?}"
     );
 
-    // Measured directly: the convolution's output against the float layer's, on float inputs
-    // for the float model, is closer with the learned codes than with nearest rounding.
-    let mut reference = nearest.clone();
-    reference
-        .set_mode("*", QuantizerMode::Disabled)
-        .expect("disables");
-    let graph = |m: &_| export_model(m, &[1, 8, 8], Default::default()).expect("exports");
-    let (g_float, g_nearest, g_learned) = (graph(&reference), graph(&nearest), graph(&model));
-    let y = layer_output(&g_float, &x, "0");
-    let (e_nearest, e_learned) = (
-        mse(&y, &layer_output(&g_nearest, &x, "0")),
-        mse(&y, &layer_output(&g_learned, &x, "0")),
-    );
+    // Measured directly: the convolution's output is closer to the float layer's with the
+    // learned codes than with nearest rounding.
+    let (e_nearest, e_learned) = r.errors_at("0");
     assert!(
         e_learned < e_nearest,
         "learned {e_learned} vs nearest {e_nearest}"
@@ -143,6 +203,7 @@ fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() 
             },
             other => panic!("not a convolution: {other:?}"),
         };
+    let (g_nearest, g_learned) = r.graphs();
     let (a, b) = (codes(&g_nearest), codes(&g_learned));
     let changed = a.iter().zip(&b).filter(|(p, q)| p != q).count();
     assert!(changed > 0, "AdaRound changed no code");
@@ -150,13 +211,7 @@ fn learned_rounding_lowers_each_layers_error_and_the_export_carries_its_codes() 
         a.iter().zip(&b).all(|(p, q)| (p - q).abs() <= 1),
         "{a:?} vs {b:?}"
     );
-    let integer = IntegerModel::new(&g_learned).expect("runs on integers");
-    let fake_quantized = model.try_forward(batch).expect("forward").as_vec();
-    assert_integer_matches(
-        &integer.forward(&x).expect("integer forward"),
-        &fake_quantized,
-        "refined CNN",
-    );
+    r.assert_integer_model_matches("refined CNN");
 }
 
 #[test]
@@ -166,52 +221,30 @@ fn gptq_lowers_the_layers_error_and_the_export_carries_its_codes() {
         "learned_rounding = \"Nearest\"",
         "learned_rounding = \"GPTQ\"",
     );
-    let policy = Policy::from_toml_str(&text, "policy.toml").expect("valid policy");
-    let (float, x) = float_and_images();
-    let dev = Cpu::default();
-    let mut model = convert_model(&float, &policy).expect("converts");
-    let batch = dev.tensor_from_vec(x.clone(), (SAMPLES, Const::<1>, Const::<8>, Const::<8>));
-    calibrate(&mut model, [batch.clone()]).expect("calibrates");
-    let nearest = model.clone();
-    let (refined, _) = refine(&mut model, &policy, &[1, 8, 8], &x).expect("refines");
+    let r = refined_cnn(&text);
+
     // Each layer's error is below nearest rounding's: a little for the convolution (9 inputs
     // leave few columns to absorb an error), by far for the classifier (128).
-    let by_name = |n: &str| refined.iter().find(|r| r.layer == n).expect("refined");
-    for r in &refined {
-        assert_eq!(r.rounding, WeightRounding::Gptq, "{refined:?}");
-        assert_eq!(r.settled, None);
-        assert!(r.error_refined < r.error_nearest, "{r:?}");
+    let refined = &r.layers;
+    for l in refined {
+        assert_eq!(l.rounding, WeightRounding::Gptq, "{refined:?}");
+        assert_eq!(l.settled, None);
+        assert!(l.error_refined < l.error_nearest, "{l:?}");
     }
     assert!(
-        by_name("4").error_refined < 0.2 * by_name("4").error_nearest,
+        r.layer("4").error_refined < 0.2 * r.layer("4").error_nearest,
         "{refined:?}"
     );
 
     // Measured on the graphs: the classifier's output is closer to the float model's with
     // GPTQ's codes, which the export holds, and the integer model computes what the
     // fake-quantized model does.
-    let mut reference = nearest.clone();
-    reference
-        .set_mode("*", QuantizerMode::Disabled)
-        .expect("disables");
-    let graph = |m: &_| export_model(m, &[1, 8, 8], Default::default()).expect("exports");
-    let (g_float, g_nearest, g_learned) = (graph(&reference), graph(&nearest), graph(&model));
-    let y = layer_output(&g_float, &x, "4");
-    let (e_nearest, e_learned) = (
-        mse(&y, &layer_output(&g_nearest, &x, "4")),
-        mse(&y, &layer_output(&g_learned, &x, "4")),
-    );
+    let (e_nearest, e_learned) = r.errors_at("4");
     assert!(
         e_learned < 0.5 * e_nearest,
         "GPTQ {e_learned} vs nearest {e_nearest}"
     );
-    let integer = IntegerModel::new(&g_learned).expect("runs on integers");
-    let fake_quantized = model.try_forward(batch).expect("forward").as_vec();
-    assert_integer_matches(
-        &integer.forward(&x).expect("integer forward"),
-        &fake_quantized,
-        "GPTQ CNN",
-    );
+    r.assert_integer_model_matches("GPTQ CNN");
 }
 
 #[test]
