@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""PTQ with nearest rounding against learned rounding (AdaRound), optionally with bias
-correction, at W8A8, W4A8 and W3A8 (weights per channel), on the bundled MNIST and digits
+"""PTQ with nearest rounding against learned rounding (AdaRound or GPTQ), optionally with
+bias correction, at W8A8, W4A8 and W3A8 (weights per channel), on the bundled MNIST and digits
 models: the figures of the README's learned-rounding table.
 
 Each variant is its base run file with the weights and input widths replaced, QAT off, and
@@ -10,8 +10,9 @@ the cache (`runs/cache`), so the float training runs once per model and seed.
     cargo build --release --bin quant
     python3 tools/learned_rounding_sweep.py [--seeds 0,1,2] [--models mnist_cnn,...] [--bits 8,4,3]
 
-Prints one line per variant: float, PTQ (mean over the seeds, test split) and the share of the
-float-PTQ gap of nearest rounding that the variant closes.
+Prints one line per variant: float, PTQ (mean over the seeds, test split), the share of the
+float-PTQ gap of nearest rounding that the variant closes, and the run's wall time (float
+models from the cache: calibration, the learned rounding and the evaluations).
 """
 import argparse
 import json
@@ -19,6 +20,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import time
 
 BASES = {
     "mnist_cnn": "configs/mnist_cnn_w4a4.toml",
@@ -30,6 +32,8 @@ VARIANTS = {
     "nearest": [],
     "adaround": ['learned_rounding = "AdaRound"'],
     "adaround_bc": ['learned_rounding = "AdaRound"', "bias_correction = true"],
+    "gptq": ['learned_rounding = "GPTQ"'],
+    "gptq_bc": ['learned_rounding = "GPTQ"', "bias_correction = true"],
 }
 
 
@@ -89,23 +93,25 @@ def main():
                        "--out", str(out_dir / f"{model}_w{bits}a8_{name}")]
                 if "," not in args.seeds:
                     cmd += ["--seed", args.seeds]
+                start = time.monotonic()
                 proc = subprocess.run(cmd, capture_output=True, text=True)
+                seconds = time.monotonic() - start
                 cfg.unlink()
                 if proc.returncode != 0:
                     print(f"{model} w{bits}a8 {name}: failed\n{proc.stderr}", file=sys.stderr)
                     continue
                 r = json.loads(report.read_text())
-                results[name] = r
+                results[name] = (r, seconds)
             if "nearest" not in results:
                 continue
-            fp32 = results["nearest"]["fp32_accuracy"] * 100
-            near = results["nearest"]["ptq_accuracy"] * 100
-            for name, r in results.items():
+            fp32 = results["nearest"][0]["fp32_accuracy"] * 100
+            near = results["nearest"][0]["ptq_accuracy"] * 100
+            for name, (r, seconds) in results.items():
                 ptq = r["ptq_accuracy"] * 100
                 gap = fp32 - near
                 closed = (ptq - near) / gap * 100 if gap > 0 else float("nan")
                 print(f"{model:13} W{bits}A8 {name:12} float {fp32:6.2f}  PTQ {ptq:6.2f}  "
-                      f"gap closed {closed:6.1f}%", flush=True)
+                      f"gap closed {closed:6.1f}%  {seconds:6.1f} s", flush=True)
 
 
 if __name__ == "__main__":

@@ -8,11 +8,12 @@ test split (QAT off), beside uniform W4A8 PTQ and float.
 - mixed precision: `--weight-budget 4` and `--weight-budget 3` (candidates 2, 4, 8) on the
   W4A8 run file;
 - fallback: `--max-drop 0.5` on a W4A4 run file, with the number of slots it left float;
-- fallback with learned rounding and bias correction (`fallback_adaround`) on the W4A4 run file;
+- fallback with learned rounding and bias correction (`fallback_adaround`, `fallback_gptq`) on
+  the W4A4 run file;
 - fallback with SmoothQuant (`smoothing`): the W4A4 run file with `smoothing = 0.25, 0.5, 0.75`
   on the Linear layers' inputs, each with its hold-out and test PTQ and its fallback;
-- mixed precision with learned rounding (`mixed_adaround`): the same budgets, widths 2, 3, 4
-  and 8, on the W4A8 run file with `learned_rounding = "AdaRound"`;
+- mixed precision with learned rounding (`mixed_adaround`, `mixed_gptq`): the same budgets,
+  widths 2, 3, 4 and 8, on the W4A8 run file with `learned_rounding = "AdaRound"` or `"GPTQ"`;
 - timing: `quant analyze` (the ranking) and the `--weight-budget 4` search, wall time, with the
   float models already cached (one untimed run first trains them).
 
@@ -113,29 +114,33 @@ def main():
                 print(f"{model:11} mixed precision, weight budget {budget} bits: "
                       f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
                       f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
-        if "mixed_adaround" in tasks:
+        for task, method in (("mixed_adaround", "AdaRound"), ("mixed_gptq", "GPTQ")):
+            if task not in tasks:
+                continue
+            tag = method.lower()
             base = pathlib.Path(BASES[model]).read_text()
             _, uniform = ptq_of(args.binary, w4a8, f"{model}_w4a8_uniform")
-            learned = config(f"{model}_w4a8_adaround",
-                             variant(base, 4, ['learned_rounding = "AdaRound"']))
+            learned = config(f"{model}_w4a8_{tag}",
+                             variant(base, 4, [f'learned_rounding = "{method}"']))
             for budget in ["4", "3"]:
-                policy = OUT / f"{model}_weights{budget}_adaround.toml"
-                report = OUT / f"{model}_weights{budget}_adaround_analysis.json"
+                policy = OUT / f"{model}_weights{budget}_{tag}.toml"
+                report = OUT / f"{model}_weights{budget}_{tag}_analysis.json"
                 _, secs = quant(args.binary, "analyze", str(learned), "--quiet", "--weight-budget",
                                 budget, "--candidates", "2,3,4,8", "--policy-out", str(policy),
                                 "--report", str(report))
                 m = json.loads(report.read_text())["mixed_precision"]
                 widths = ",".join(str(s["bits"]) for s in m["slots"])
-                _, mixed = ptq_of(args.binary, learned, f"{model}_weights{budget}_adaround", policy)
-                print(f"{model:11} mixed precision + AdaRound, weight budget {budget} bits: "
+                _, mixed = ptq_of(args.binary, learned, f"{model}_weights{budget}_{tag}", policy)
+                print(f"{model:11} mixed precision + {method}, weight budget {budget} bits: "
                       f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
                       f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
             learned.unlink()
         if "fallback" in tasks and model in W4A4:
             fallback(args.binary, model, "", [])
-        if "fallback_adaround" in tasks and model in W4A4:
-            fallback(args.binary, model, "_adaround",
-                     [("learned_rounding", '"AdaRound"'), ("bias_correction", "true")])
+        for task, method in (("fallback_adaround", "AdaRound"), ("fallback_gptq", "GPTQ")):
+            if task in tasks and model in W4A4:
+                fallback(args.binary, model, f"_{method.lower()}",
+                         [("learned_rounding", f'"{method}"'), ("bias_correction", "true")])
         if "smoothing" in tasks and model in W4A4:
             for alpha in ["0.25", "0.5", "0.75"]:
                 fallback(args.binary, model, f"_smooth{alpha}", [],
