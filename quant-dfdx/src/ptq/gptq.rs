@@ -61,8 +61,8 @@ pub(crate) fn gptq(
     }
     let lower = cholesky(&damped, k)?;
     let inverse = inverse_from_cholesky(&lower, k);
-    // Hd⁻¹ = Uᵀ U with U upper: U is the transpose of the lower Cholesky factor of the
-    // inverse read backwards, or directly the upper factor computed here.
+    // The update reads the upper Cholesky factor of the inverse (Hd⁻¹ = Uᵀ U): row `i` of `U`
+    // spreads column `i`'s error over the later columns, `U_ii` scales it.
     let upper = upper_cholesky(&inverse, k)?;
 
     let mut codes = vec![0i32; o * k];
