@@ -168,8 +168,8 @@ impl AdaRoundSettings {
 #[serde(deny_unknown_fields, default)]
 pub struct GptqSettings {
     /// What GPTQ adds to the diagonal of the inputs' second moments, as a share of its mean
-    /// (AutoGPTQ's `damp_percent` over 100): keeps inputs that never vary from making them
-    /// singular, and pulls the weights toward their float values.
+    /// (AutoGPTQ's `damp_percent`, with the same default): keeps inputs that never vary from
+    /// making them singular, and pulls the weights toward their float values.
     pub damping: f64,
     /// Round the input columns in decreasing order of their energy (AutoGPTQ's `desc_act`),
     /// else in input order.
