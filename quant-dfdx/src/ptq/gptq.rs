@@ -17,16 +17,7 @@
 //! `C = H`) that is `w` itself, the original GPTQ.
 
 use super::adaround::{Moments, RowGrid};
-
-/// GPTQ's settings.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct GptqOptions {
-    /// `λ` as a share of the mean diagonal of `H`.
-    pub damping: f64,
-    /// Columns in decreasing order of `H`'s diagonal (the inputs of most energy first, whose
-    /// errors the rest can still absorb), as GPTQ's "act order"; else in input order.
-    pub act_order: bool,
-}
+use super::GptqSettings;
 
 /// The codes GPTQ gives weights `w` (`o × k`, row-major) on `grid`, or `None` when `H` is not
 /// positive definite even after dampening (inputs that are all zero): the caller keeps
@@ -35,7 +26,7 @@ pub(crate) fn gptq(
     moments: &Moments,
     w: &[f32],
     grid: RowGrid<'_>,
-    options: GptqOptions,
+    options: &GptqSettings,
 ) -> Option<Vec<i32>> {
     let k = moments.k;
     let o = w.len() / k.max(1);
@@ -47,7 +38,8 @@ pub(crate) fn gptq(
     if !(lambda > 0.0 && lambda.is_finite()) {
         return None;
     }
-    // The columns in the order they are rounded.
+    // The columns in the order they are rounded: with `act_order`, the inputs of most energy
+    // first, whose errors the rest can still absorb.
     let mut order: Vec<usize> = (0..k).collect();
     if options.act_order {
         order.sort_by(|a, b| h[b * k + b].total_cmp(&h[a * k + a]));
@@ -156,7 +148,7 @@ mod tests {
     use super::*;
     use dfdx::prelude::*;
 
-    const OPTIONS: GptqOptions = GptqOptions {
+    const OPTIONS: GptqSettings = GptqSettings {
         damping: 0.01,
         act_order: true,
     };
@@ -175,11 +167,11 @@ mod tests {
             let e_nearest =
                 m.output_error(&w, &dequantize(&nearest_codes(&w, m.k, grid), m.k, grid));
             for act_order in [false, true] {
-                let options = GptqOptions {
+                let options = GptqSettings {
                     act_order,
                     ..OPTIONS
                 };
-                let codes = gptq(&m, &w, grid, options).expect("positive definite");
+                let codes = gptq(&m, &w, grid, &options).expect("positive definite");
                 assert!(codes.iter().all(|c| (-4..=3).contains(c)), "{codes:?}");
                 let e = m.output_error(&w, &dequantize(&codes, m.k, grid));
                 assert!(
@@ -215,11 +207,11 @@ mod tests {
         };
         let expected = nearest_codes(&w, k, grid);
         for act_order in [false, true] {
-            let options = GptqOptions {
+            let options = GptqSettings {
                 act_order,
                 ..OPTIONS
             };
-            assert_eq!(gptq(&m, &w, grid, options), Some(expected.clone()));
+            assert_eq!(gptq(&m, &w, grid, &options), Some(expected.clone()));
         }
     }
 
@@ -235,7 +227,7 @@ mod tests {
             min: -4,
             max: 3,
         };
-        assert_eq!(gptq(&m, &[0.2, 0.4, -0.3], grid, OPTIONS), None);
+        assert_eq!(gptq(&m, &[0.2, 0.4, -0.3], grid, &OPTIONS), None);
     }
 
     #[test]

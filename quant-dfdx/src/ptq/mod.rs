@@ -54,7 +54,6 @@ use quant_runtime::graph::{evaluate, Graph, Op, ParamValues, Parameter};
 use quant_runtime::GraphError;
 
 use adaround::{Moments, RowGrid, Schedule};
-use gptq::GptqOptions;
 
 /// How a weights slot's values round onto its grid once calibrated.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -202,13 +201,6 @@ impl GptqSettings {
             });
         }
         Ok(())
-    }
-
-    fn options(&self) -> GptqOptions {
-        GptqOptions {
-            damping: self.damping,
-            act_order: self.act_order,
-        }
     }
 }
 
@@ -764,7 +756,7 @@ impl<'a> Layer<'a> {
                         settled.push(r.settled);
                         Some(r.codes)
                     }
-                    WeightRounding::Gptq => gptq::gptq(&moments, wg, rg, gptq_settings.options()),
+                    WeightRounding::Gptq => gptq::gptq(&moments, wg, rg, gptq_settings),
                 };
                 if let Some(learned_codes) = learned_codes {
                     let learned = adaround::dequantize(&learned_codes, k, rg);
