@@ -98,10 +98,13 @@ def main():
     OUT.mkdir(parents=True, exist_ok=True)
     tasks = args.tasks.split(",")
     for model in args.models.split(","):
-        w4a8 = config(f"{model}_w4a8", variant(pathlib.Path(BASES[model]).read_text(), 4, []))
-        if "mixed" in tasks:
+        base = pathlib.Path(BASES[model]).read_text()
+        w4a8 = config(f"{model}_w4a8", variant(base, 4, []))
+        # Uniform W4A8 PTQ, the baseline of every mixed-precision task: run once per model.
+        if {"mixed", "mixed_adaround", "mixed_gptq"} & set(tasks):
             fp32, uniform = ptq_of(args.binary, w4a8, f"{model}_w4a8_uniform")
             print(f"{model:11} float {fp32:6.2f}  uniform W4A8 PTQ {uniform:6.2f}", flush=True)
+        if "mixed" in tasks:
             for budget in ["4", "3"]:
                 policy = OUT / f"{model}_weights{budget}.toml"
                 out, secs = quant(args.binary, "analyze", str(w4a8), "--quiet", "--weight-budget",
@@ -118,8 +121,6 @@ def main():
             if task not in tasks:
                 continue
             tag = method.lower()
-            base = pathlib.Path(BASES[model]).read_text()
-            _, uniform = ptq_of(args.binary, w4a8, f"{model}_w4a8_uniform")
             learned = config(f"{model}_w4a8_{tag}",
                              variant(base, 4, [f'learned_rounding = "{method}"']))
             for budget in ["4", "3"]:
