@@ -225,37 +225,12 @@ where
     });
     let started = Instant::now();
     let seeds = &cfg.run.seeds;
-    let train_digest = cache::split_digest(&data.train);
-    // Only trained float models are cached.
-    let cache_files: Vec<Option<PathBuf>> = seeds
-        .iter()
-        .map(|&seed| match (model.weights(), opts.cache_dir.as_deref()) {
-            (FloatWeights::Train, Some(dir)) => Some(cache::cache_path(
-                dir,
-                model.name(),
-                cfg,
-                seed,
-                &train_digest,
-            )),
-            _ => None,
-        })
-        .collect();
+    let (cache_files, float_after) = seed_plan(cfg, opts, &data, model);
     // Cache files are checked before any training, like the other outputs.
     for path in cache_files.iter().flatten() {
         check_output_file(path).map_err(output_error)?;
     }
-    // A seed listed twice trains (or loads) its float model after the previous listing has
-    // written it to the cache, as a sequential run does.
-    let float_after: Vec<Option<usize>> = (0..seeds.len())
-        .map(|i| seeds[..i].iter().rposition(|s| *s == seeds[i]))
-        .collect();
-    let tasks = SeedTasks {
-        configs: seeds.iter().map(|_| Mutex::new(cfg.clone())).collect(),
-        opts,
-        data: &data,
-        seeds,
-        progress,
-    };
+    let tasks = SeedTasks::new(cfg, opts, &data, progress);
     let export = Mutex::new(export);
     let finished = Mutex::new((0usize, on_seed));
     let outcomes = run_seeds(
@@ -446,7 +421,59 @@ struct SeedTasks<'a> {
     progress: MultiProgress,
 }
 
-impl SeedTasks<'_> {
+/// Per seed of `cfg`, for [`run_seeds`]: its float model's cache file (trained models with a
+/// cache directory only), and the earlier listing of the same seed whose float model it waits
+/// for (a seed listed twice trains or loads its float model after the previous listing has
+/// written it to the cache, as a sequential run does).
+fn seed_plan<S: BatchShape, const C: usize, F, D>(
+    cfg: &RunConfig,
+    opts: &RunOptions,
+    data: &Dataset,
+    model: &Model<S, C, F, D>,
+) -> (Vec<Option<PathBuf>>, Vec<Option<usize>>) {
+    let seeds = &cfg.run.seeds;
+    let train_digest = cache::split_digest(&data.train);
+    let cache_files = seeds
+        .iter()
+        .map(|&seed| match (model.weights(), opts.cache_dir.as_deref()) {
+            (FloatWeights::Train, Some(dir)) => Some(cache::cache_path(
+                dir,
+                model.name(),
+                cfg,
+                seed,
+                &train_digest,
+            )),
+            _ => None,
+        })
+        .collect();
+    let float_after = (0..seeds.len())
+        .map(|i| seeds[..i].iter().rposition(|s| *s == seeds[i]))
+        .collect();
+    (cache_files, float_after)
+}
+
+impl<'a> SeedTasks<'a> {
+    /// The tasks of `cfg`'s seeds, each with its own copy of `cfg`.
+    fn new(
+        cfg: &'a RunConfig,
+        opts: &'a RunOptions,
+        data: &'a Dataset,
+        progress: MultiProgress,
+    ) -> SeedTasks<'a> {
+        SeedTasks {
+            configs: cfg
+                .run
+                .seeds
+                .iter()
+                .map(|_| Mutex::new(cfg.clone()))
+                .collect(),
+            opts,
+            data,
+            seeds: &cfg.run.seeds,
+            progress,
+        }
+    }
+
     /// Runs `task` for the seed at index `i`.
     fn run<T>(&self, i: usize, task: impl FnOnce(&Seed<'_>) -> T) -> T {
         let cfg = lock(&self.configs[i]);

@@ -12,6 +12,7 @@
 use std::fmt::Write as _;
 
 use dfdx::prelude::*;
+use rayon::prelude::*;
 use serde::Serialize;
 
 use std::collections::BTreeMap;
@@ -29,7 +30,7 @@ use super::model::{BatchShape, DeployModel, FloatModel, Model, QuantizedModel};
 use super::nets::{with_bundled, BundledTask};
 use super::stages::{self, Seed};
 use super::train::{accuracy, logits, predictions};
-use super::{cache, RunError, RunOptions};
+use super::{RunError, RunOptions};
 use crate::data::{self, Dataset, Holdout, Samples};
 
 /// Batch size of the analysis's forward passes (no tape: only memory).
@@ -529,9 +530,10 @@ pub fn check_max_drop(max_drop: f64) -> Result<(), RunError> {
 }
 
 /// Leaves the first `k` slots of `ranked` float in each seed's PTQ model (every other slot
-/// quantized) and returns the mean accuracy on `rows`.
+/// quantized; the seeds in parallel, each on its device of `devs`) and returns the mean
+/// accuracy on `rows`.
 fn accuracy_with_float<S, const C: usize, Q>(
-    dev: &Cpu,
+    devs: &[Cpu],
     models: &mut [(Q, RefinedTensors)],
     ranked: &[SlotSensitivity],
     k: usize,
@@ -542,13 +544,21 @@ where
     Q: QuantizedModel<S, C>,
 {
     let float: Vec<&str> = ranked[..k].iter().map(|s| s.slot.as_str()).collect();
-    let mut sum = 0.0;
-    for (q, replaced) in models.iter_mut() {
-        leave_float(q, &float, replaced)?;
-        let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
-        sum += accuracy(&predictions(&l, C), rows.labels());
-    }
-    Ok(sum / models.len().max(1) as f64)
+    let accuracies = models
+        .par_iter_mut()
+        .zip(devs)
+        .map(|((q, replaced), dev)| {
+            leave_float(q, &float, replaced)?;
+            let l = logits::<Q, S, C>(dev, q, rows, EVAL_BATCH)?;
+            Ok(accuracy(&predictions(&l, C), rows.labels()))
+        })
+        .collect::<Result<Vec<f64>, RunError>>()?;
+    Ok(mean_of(&accuracies))
+}
+
+/// The mean of the seeds' figures, summed in seed order (the same bits however the seeds ran).
+fn mean_of(per_seed: &[f64]) -> f64 {
+    per_seed.iter().sum::<f64>() / per_seed.len().max(1) as f64
 }
 
 /// `policy` with the slots `raised` raised as `raise` says (`widths`: each slot's bits).
@@ -605,11 +615,11 @@ where
         }
     }
     let policy_of = |k: usize| with_raised(&cfg.quantization, &ranked[..k], raise, &widths);
-    let dev = deploys.first().map(|d| d.0.clone()).unwrap_or_default();
+    let devs: Vec<Cpu> = deploys.iter().map(|d| d.0.clone()).collect();
     let mut accuracy_at = |k: usize| -> Result<f64, RunError> {
         match raise {
             Raise::Float => {
-                accuracy_with_float::<S, C, D::Quantized>(&dev, models, ranked, k, &data.test)
+                accuracy_with_float::<S, C, D::Quantized>(&devs, models, ranked, k, &data.test)
             }
             Raise::Bits(_) => ptq_accuracy::<S, C, D>(cfg, data, deploys, &policy_of(k)),
         }
@@ -1021,22 +1031,50 @@ where
     S: BatchShape,
     D: DeployModel<S, C>,
 {
+    let accuracies = ptq_accuracies::<S, C, D>(cfg, data, deploys, std::slice::from_ref(policy))?;
+    Ok(accuracies[0])
+}
+
+/// [`ptq_accuracy`] of each of `policies`, every (policy, seed) pair in parallel.
+fn ptq_accuracies<S, const C: usize, D>(
+    cfg: &RunConfig,
+    data: &Dataset,
+    deploys: &[(Cpu, D, u64)],
+    policies: &[Policy],
+) -> Result<Vec<f64>, RunError>
+where
+    S: BatchShape,
+    D: DeployModel<S, C>,
+{
     let calibration = data.calibration.as_ref().unwrap_or(&data.train);
-    let mut sum = 0.0;
-    for (dev, deploy, seed) in deploys {
-        let q = super::quantize::<S, C, D>(
-            dev,
-            deploy,
-            policy,
-            calibration,
-            cfg.calibration.batches,
-            cfg.calibration.batch_size,
-            *seed,
-        )?;
-        let l = logits::<D::Quantized, S, C>(dev, &q, &data.test, EVAL_BATCH)?;
-        sum += accuracy(&predictions(&l, C), data.test.labels());
-    }
-    Ok(sum / deploys.len().max(1) as f64)
+    let (batches, batch_size) = (cfg.calibration.batches, cfg.calibration.batch_size);
+    // A copy of its policy per pair: a policy records the layers it matched, so it is not
+    // shared between threads.
+    let pairs: Vec<(Policy, &(Cpu, D, u64))> = policies
+        .iter()
+        .flat_map(|p| deploys.iter().map(move |d| (p.clone(), d)))
+        .collect();
+    let accuracies = pairs
+        .into_par_iter()
+        .map(|(policy, (dev, deploy, seed))| {
+            let q = super::quantize::<S, C, D>(
+                dev,
+                deploy,
+                &policy,
+                calibration,
+                batches,
+                batch_size,
+                *seed,
+            )?;
+            let l = logits::<D::Quantized, S, C>(dev, &q, &data.test, EVAL_BATCH)?;
+            Ok(accuracy(&predictions(&l, C), data.test.labels()))
+        })
+        .collect::<Result<Vec<f64>, RunError>>()?;
+    // One figure per policy, also without seeds.
+    let n = deploys.len();
+    Ok((0..policies.len())
+        .map(|p| mean_of(&accuracies[p * n..(p + 1) * n]))
+        .collect())
 }
 
 /// `policy` with each of `slots` at the width `choices` gives it (an index into `candidates`).
@@ -1113,35 +1151,46 @@ where
         };
     let best = solve(&choices, allowed).map_err(budget_error)?;
     let policy = with_widths(&cfg.quantization, slots, &best.choices, &budget.candidates);
-    let accuracy = ptq_accuracy::<S, C, D>(cfg, data, deploys, &policy)?;
     let target = budget.resource.target();
     let uniform = budget
         .candidates
         .iter()
         .filter(|&&b| f64::from(b) <= budget.bits)
         .max();
-    let uniform_accuracy = uniform
-        .map(|&b| {
-            ptq_accuracy::<S, C, D>(cfg, data, deploys, &with_bits(&cfg.quantization, target, b))
-        })
-        .transpose()?;
     let assignments = pareto_front(&choices, u64::MAX).map_err(budget_error)?;
     let step = assignments.len().div_ceil(FRONT_ACCURACIES).max(1);
-    let mut front = Vec::with_capacity(assignments.len());
-    for (i, a) in assignments.iter().enumerate() {
-        let measured = i % step == 0 || i + 1 == assignments.len();
-        let accuracy = if measured {
-            let p = with_widths(&cfg.quantization, slots, &a.choices, &budget.candidates);
-            Some(ptq_accuracy::<S, C, D>(cfg, data, deploys, &p)?)
-        } else {
-            None
-        };
-        front.push(FrontPoint {
+    let measured: Vec<usize> = (0..assignments.len())
+        .filter(|&i| i % step == 0 || i + 1 == assignments.len())
+        .collect();
+    // Every policy measured, in one batch: the optimum, uniform bits (if a candidate fits the
+    // budget), then the measured points of the front.
+    let mut policies = vec![policy.clone()];
+    policies.extend(uniform.map(|&b| with_bits(&cfg.quantization, target, b)));
+    policies.extend(measured.iter().map(|&i| {
+        with_widths(
+            &cfg.quantization,
+            slots,
+            &assignments[i].choices,
+            &budget.candidates,
+        )
+    }));
+    let accuracies = ptq_accuracies::<S, C, D>(cfg, data, deploys, &policies)?;
+    let accuracy = accuracies[0];
+    let uniform_accuracy = uniform.map(|_| accuracies[1]);
+    let mut front_accuracies = accuracies[1 + usize::from(uniform.is_some())..].iter();
+    let front = assignments
+        .iter()
+        .enumerate()
+        .map(|(i, a)| FrontPoint {
             bits: a.cost as f64 / total as f64,
             noise: a.loss,
-            accuracy,
-        });
-    }
+            accuracy: if measured.contains(&i) {
+                front_accuracies.next().copied()
+            } else {
+                None
+            },
+        })
+        .collect();
     Ok(MixedPrecision {
         budget: budget.clone(),
         slots: slots
@@ -1161,6 +1210,102 @@ where
         uniform_accuracy,
         front,
         policy,
+    })
+}
+
+/// What one seed of an analysis measured, with the models the search and the fallback go on
+/// with.
+struct SeedAnalysis<D: quant_dfdx::convert::Convert> {
+    sensitivity: Sensitivity,
+    /// The PTQ model, and what learned rounding replaced in it.
+    model: (D::Quantized, RefinedTensors),
+    /// The seed's device, its deployable float model, and the seed.
+    deploy: (Cpu, D, u64),
+    /// With a budget: the searched slots, their units and noise at each candidate width.
+    noise: Option<SearchedNoise>,
+}
+
+/// A seed's measurements for the mixed-precision search.
+struct SearchedNoise {
+    /// The slots of the budget's target: (dotted name, layer, slot name).
+    slots: Vec<(String, String, String)>,
+    /// Each slot's size in the budget's units per bit.
+    units: Vec<u64>,
+    noise: SeedNoise,
+}
+
+/// One seed of [`analyze_model`]: the PTQ model from the seed's float model, its sensitivity
+/// on the analysis rows and, with a budget, the noise of each slot of the budget's target at
+/// each candidate width (the model recalibrated and refined at that width, only that slot
+/// quantized).
+fn analyze_seed<S, const C: usize, F, D>(
+    s: &Seed<'_>,
+    model: &Model<S, C, F, D>,
+    float: stages::FloatStage<F>,
+    request: &AnalyzeRequest,
+) -> Result<SeedAnalysis<D>, RunError>
+where
+    S: BatchShape,
+    F: FloatModel<S, C>,
+    D: DeployModel<S, C>,
+{
+    let ptq = stages::ptq(s, model, &float)?;
+    let rows = &s.data.test;
+    let float_logits = logits::<F, S, C>(&float.dev, &float.model, rows, EVAL_BATCH)?;
+    let sensitivity = sensitivity::<S, C, D::Quantized>(
+        &float.dev,
+        (&ptq.model, &ptq.replaced),
+        &float_logits,
+        rows,
+    )?;
+    let noise = match &request.budget {
+        Some(budget) => {
+            let target = budget.resource.target();
+            let mut q = ptq.model.clone();
+            let slots = configured_slots(&mut q, |slot| slot.target == target)?;
+            let units = slot_units::<S, _>(&ptq.model, &slots, budget.resource)?;
+            let calibration = s.data.calibration.as_ref().unwrap_or(&s.data.train);
+            let mut noise = vec![vec![0.0; budget.candidates.len()]; slots.len()];
+            for (j, &bits) in budget.candidates.iter().enumerate() {
+                let super::Calibrated {
+                    model: mut q,
+                    replaced,
+                    ..
+                } = super::quantize_and_refine::<S, C, D>(
+                    &float.dev,
+                    &ptq.deploy,
+                    &with_bits(&s.cfg.quantization, target, bits),
+                    calibration,
+                    (
+                        s.cfg.calibration.batches,
+                        s.cfg.calibration.batch_size,
+                        s.seed,
+                    ),
+                )?;
+                for (i, (name, _, _)) in slots.iter().enumerate() {
+                    let db = alone::<S, C, _>(
+                        &float.dev,
+                        (&mut q, &replaced),
+                        name,
+                        &float_logits,
+                        rows,
+                    )?;
+                    noise[i][j] = 10f64.powf(-db / 10.0);
+                }
+            }
+            Some(SearchedNoise {
+                slots,
+                units,
+                noise: SeedNoise { noise },
+            })
+        }
+        None => None,
+    };
+    Ok(SeedAnalysis {
+        sensitivity,
+        model: (ptq.model, ptq.replaced),
+        deploy: (float.dev, ptq.deploy, s.seed),
+        noise,
     })
 }
 
@@ -1190,75 +1335,39 @@ where
     } else {
         indicatif::ProgressDrawTarget::hidden()
     });
-    let digest = cache::split_digest(&data.train);
-    let mut runs = Vec::new();
-    let mut models = Vec::new();
-    // Per seed, for the mixed-precision search: the seed's device and deployable model, and
-    // the noise of each weights slot at each candidate width.
-    let mut deploys = Vec::new();
+    let (cache_files, float_after) = super::seed_plan(cfg, opts, &data, model);
+    let tasks = super::SeedTasks::new(cfg, opts, &data, progress);
+    // The seeds run in parallel, as in `quant run`: each seed's figures are its own, whatever
+    // runs beside it.
+    let seeds = super::schedule::run_seeds(
+        float_after,
+        |i| {
+            tasks.run(i, |s| {
+                stages::float_model(s, model, cache_files[i].as_deref())
+            })
+        },
+        |i, float| tasks.run(i, |s| analyze_seed(s, model, float, request)),
+    )?;
+    let mut runs = Vec::with_capacity(seeds.len());
+    let mut models = Vec::with_capacity(seeds.len());
+    // Per seed, for the mixed-precision search and the fallback: the seed's device and
+    // deployable model.
+    let mut deploys = Vec::with_capacity(seeds.len());
     let mut noises: Vec<SeedNoise> = Vec::new();
     let mut searched: Vec<(String, String, String)> = Vec::new();
     let mut units: Vec<u64> = Vec::new();
-    for &seed in &cfg.run.seeds {
-        let cfg = cfg.clone();
-        let s = Seed {
-            cfg: &cfg,
-            opts,
-            data: &data,
-            seed,
-            progress: &progress,
-        };
-        let cache_file = match (model.weights(), opts.cache_dir.as_deref()) {
-            (super::FloatWeights::Train, Some(dir)) => {
-                Some(cache::cache_path(dir, model.name(), &cfg, seed, &digest))
-            }
-            _ => None,
-        };
-        let float = stages::float_model(&s, model, cache_file.as_deref())?;
-        let ptq = stages::ptq(&s, model, &float)?;
-        let float_logits = logits::<F, S, C>(&float.dev, &float.model, &data.test, EVAL_BATCH)?;
-        runs.push(sensitivity::<S, C, D::Quantized>(
-            &float.dev,
-            (&ptq.model, &ptq.replaced),
-            &float_logits,
-            &data.test,
-        )?);
-        if let Some(budget) = &request.budget {
-            let target = budget.resource.target();
+    for seed in seeds {
+        runs.push(seed.sensitivity);
+        models.push(seed.model);
+        deploys.push(seed.deploy);
+        if let Some(noise) = seed.noise {
+            // Every seed's model has the same slots; the first seed's list is the search's.
             if searched.is_empty() {
-                let mut q = ptq.model.clone();
-                searched = configured_slots(&mut q, |slot| slot.target == target)?;
-                units = slot_units::<S, _>(&ptq.model, &searched, budget.resource)?;
+                searched = noise.slots;
+                units = noise.units;
             }
-            let calibration = data.calibration.as_ref().unwrap_or(&data.train);
-            let mut noise = vec![vec![0.0; budget.candidates.len()]; searched.len()];
-            for (j, &bits) in budget.candidates.iter().enumerate() {
-                let super::Calibrated {
-                    model: mut q,
-                    replaced,
-                    ..
-                } = super::quantize_and_refine::<S, C, D>(
-                    &float.dev,
-                    &ptq.deploy,
-                    &with_bits(&cfg.quantization, target, bits),
-                    calibration,
-                    (cfg.calibration.batches, cfg.calibration.batch_size, seed),
-                )?;
-                for (i, (name, _, _)) in searched.iter().enumerate() {
-                    let db = alone::<S, C, _>(
-                        &float.dev,
-                        (&mut q, &replaced),
-                        name,
-                        &float_logits,
-                        &data.test,
-                    )?;
-                    noise[i][j] = 10f64.powf(-db / 10.0);
-                }
-            }
-            noises.push(SeedNoise { noise });
+            noises.push(noise.noise);
         }
-        models.push((ptq.model, ptq.replaced));
-        deploys.push((float.dev, ptq.deploy, seed));
     }
     let mean = mean(&runs);
     let mixed_precision = match &request.budget {

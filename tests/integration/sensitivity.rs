@@ -42,18 +42,19 @@ fn planted() -> RunConfig {
 }
 
 fn analyze_with_threads(threads: usize) -> Analysis {
+    analyze_on(threads, &planted(), &AnalyzeRequest::default())
+}
+
+/// `quant analyze` of `cfg` on a pool of `threads` threads.
+fn analyze_on(threads: usize, cfg: &RunConfig, request: &AnalyzeRequest) -> Analysis {
+    // A run file is not shared between threads (its policy records what it matched): the pool
+    // gets its own copy.
+    let (cfg, request) = (cfg.clone(), request.clone());
     rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
         .unwrap()
-        .install(|| {
-            analyze(
-                &planted(),
-                &RunOptions::default(),
-                &AnalyzeRequest::default(),
-            )
-            .unwrap()
-        })
+        .install(move || analyze(&cfg, &RunOptions::default(), &request).unwrap())
 }
 
 #[test]
@@ -171,6 +172,43 @@ fn the_fallback_leaves_the_fewest_slots_float_and_its_policy_reproduces_it() {
             .unwrap_err()
             .to_string();
         assert!(e.contains("max_drop"), "{e}");
+    }
+}
+
+/// The seeds run in parallel, and so do the search's and the fallback's measurements (every
+/// seed under every policy measured): two seeds with a budget and a drop give the same
+/// analysis on one thread and on two, bit for bit.
+#[test]
+fn parallel_seeds_searches_and_fallbacks_do_not_change_the_analysis() {
+    let mut cfg = harsh();
+    cfg.run.seeds = vec![0, 1];
+    let request = AnalyzeRequest {
+        max_drop: Some(0.5),
+        ..budget_of(Resource::Weights, 4.0, &[2, 4, 8])
+    };
+    let one = analyze_on(1, &cfg, &request);
+    assert_eq!(one.runs.len(), 2);
+    let (f, m) = (
+        one.fallback.as_ref().unwrap(),
+        one.mixed_precision.as_ref().unwrap(),
+    );
+    assert!(!f.raised.is_empty(), "{}", one.table());
+    assert!(m.front.iter().filter(|p| p.accuracy.is_some()).count() >= 2);
+    assert_eq!(analyze_on(2, &cfg, &request), one);
+    // Each figure is the mean of the seeds' own: the chosen policy's accuracy and the
+    // fallback's, measured here one seed at a time.
+    let seed_alone = |seed: u64, policy: &quant::policy::Policy| {
+        let mut c = cfg.clone();
+        c.run.seeds = vec![seed];
+        c.quantization = policy.clone();
+        analyze_on(2, &c, &AnalyzeRequest::default())
+            .mean
+            .quantized
+            .accuracy
+    };
+    for (policy, accuracy) in [(&m.policy, m.accuracy), (&f.policy, f.accuracy)] {
+        let per_seed = [seed_alone(0, policy), seed_alone(1, policy)];
+        assert_eq!((per_seed[0] + per_seed[1]) / 2.0, accuracy, "{per_seed:?}");
     }
 }
 
