@@ -1265,34 +1265,45 @@ where
             let slots = configured_slots(&mut q, |slot| slot.target == target)?;
             let units = slot_units::<S, _>(&ptq.model, &slots, budget.resource)?;
             let calibration = s.data.calibration.as_ref().unwrap_or(&s.data.train);
-            let mut noise = vec![vec![0.0; budget.candidates.len()]; slots.len()];
-            for (j, &bits) in budget.candidates.iter().enumerate() {
-                let super::Calibrated {
-                    model: mut q,
-                    replaced,
-                    ..
-                } = super::quantize_and_refine::<S, C, D>(
-                    &float.dev,
-                    &ptq.deploy,
-                    &with_bits(&s.cfg.quantization, target, bits),
-                    calibration,
-                    (
-                        s.cfg.calibration.batches,
-                        s.cfg.calibration.batch_size,
-                        s.seed,
-                    ),
-                )?;
-                for (i, (name, _, _)) in slots.iter().enumerate() {
-                    let db = alone::<S, C, _>(
+            let c = &s.cfg.calibration;
+            let (batches, batch_size, seed) = (c.batches, c.batch_size, s.seed);
+            let policies: Vec<Policy> = (budget.candidates.iter())
+                .map(|&bits| with_bits(&s.cfg.quantization, target, bits))
+                .collect();
+            // Per candidate width (in parallel): the model recalibrated and refined at that
+            // width, then each slot's noise with only it quantized.
+            let by_width = policies
+                .into_par_iter()
+                .map(|policy| {
+                    let super::Calibrated {
+                        model: mut q,
+                        replaced,
+                        ..
+                    } = super::quantize_and_refine::<S, C, D>(
                         &float.dev,
-                        (&mut q, &replaced),
-                        name,
-                        &float_logits,
-                        rows,
+                        &ptq.deploy,
+                        &policy,
+                        calibration,
+                        (batches, batch_size, seed),
                     )?;
-                    noise[i][j] = 10f64.powf(-db / 10.0);
-                }
-            }
+                    slots
+                        .iter()
+                        .map(|(name, _, _)| {
+                            let db = alone::<S, C, _>(
+                                &float.dev,
+                                (&mut q, &replaced),
+                                name,
+                                &float_logits,
+                                rows,
+                            )?;
+                            Ok(10f64.powf(-db / 10.0))
+                        })
+                        .collect::<Result<Vec<f64>, RunError>>()
+                })
+                .collect::<Result<Vec<Vec<f64>>, RunError>>()?;
+            let noise = (0..slots.len())
+                .map(|i| by_width.iter().map(|w| w[i]).collect())
+                .collect();
             Some(SearchedNoise {
                 slots,
                 units,
