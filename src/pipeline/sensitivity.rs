@@ -154,20 +154,27 @@ where
     let names = configured_slots(&mut q, |_| true)?;
     q.set_mode("*", QuantizerMode::Frozen)?;
     let quantized = effect(&q)?;
-    let mut slots = Vec::with_capacity(names.len());
-    for (name, layer, slot_name) in names {
-        quantize_only(&mut q, &name, replaced)?;
-        let alone = effect(&q)?;
-        leave_float(&mut q, &[name.as_str()], replaced)?;
-        let all_but = effect(&q)?;
-        slots.push(SlotSensitivity {
-            slot: name,
-            layer,
-            slot_name,
-            alone,
-            all_but,
-        });
-    }
+    // The slots in parallel, each measured on a copy of the model whose every quantizer's
+    // mode (and every refined layer's weights) it sets first: no slot sees another's state.
+    let mut slots = names
+        .into_par_iter()
+        .map_init(
+            || ptq.clone(),
+            |q, (name, layer, slot_name)| {
+                quantize_only(q, &name, replaced)?;
+                let alone = effect(q)?;
+                leave_float(q, &[name.as_str()], replaced)?;
+                let all_but = effect(q)?;
+                Ok(SlotSensitivity {
+                    slot: name,
+                    layer,
+                    slot_name,
+                    alone,
+                    all_but,
+                })
+            },
+        )
+        .collect::<Result<Vec<_>, RunError>>()?;
     rank(&mut slots);
     Ok(Sensitivity {
         rows: rows.len(),
