@@ -496,12 +496,6 @@ fn weights_slot(layer: &str) -> String {
     format!("{layer}.weights")
 }
 
-/// Per seed, what the mixed-precision search measures: noise per slot and candidate.
-struct SeedNoise {
-    /// `[slot][candidate]`.
-    noise: Vec<Vec<f64>>,
-}
-
 /// The SQNR of the logits with only the slot `name` of `q` quantized.
 fn alone<S, const C: usize, Q>(
     dev: &Cpu,
@@ -1110,14 +1104,14 @@ fn with_widths(
     policy
 }
 
-/// The mixed-precision search: the seeds' mean noise per slot and width, the exact optimum
-/// within the budget, its policy and accuracy, and the front with the accuracy of some of its
-/// points.
+/// The mixed-precision search: the seeds' mean noise per slot and width (`noises`, per seed
+/// `[slot][candidate]`), the exact optimum within the budget, its policy and accuracy, and the
+/// front with the accuracy of some of its points.
 fn search<S, const C: usize, D>(
     cfg: &RunConfig,
     data: &Dataset,
     deploys: &[(Cpu, D, u64)],
-    noises: &[SeedNoise],
+    noises: &[Vec<Vec<f64>>],
     slots: &[(String, String, String)],
     units: &[u64],
     budget: &PrecisionBudget,
@@ -1130,7 +1124,7 @@ where
     let noise: Vec<Vec<f64>> = (0..slots.len())
         .map(|i| {
             (0..budget.candidates.len())
-                .map(|j| noises.iter().map(|s| s.noise[i][j]).sum::<f64>() / n)
+                .map(|j| noises.iter().map(|s| s[i][j]).sum::<f64>() / n)
                 .collect()
         })
         .collect();
@@ -1238,7 +1232,8 @@ struct SearchedNoise {
     slots: Vec<(String, String, String)>,
     /// Each slot's size in the budget's units per bit.
     units: Vec<u64>,
-    noise: SeedNoise,
+    /// The logits' noise with only that slot quantized, `[slot][candidate]`.
+    noise: Vec<Vec<f64>>,
 }
 
 /// One seed of [`analyze_model`]: the PTQ model from the seed's float model, its sensitivity
@@ -1314,7 +1309,7 @@ where
             Some(SearchedNoise {
                 slots,
                 units,
-                noise: SeedNoise { noise },
+                noise,
             })
         }
         None => None,
@@ -1371,7 +1366,7 @@ where
     // Per seed, for the mixed-precision search and the fallback: the seed's device and
     // deployable model.
     let mut deploys = Vec::with_capacity(seeds.len());
-    let mut noises: Vec<SeedNoise> = Vec::new();
+    let mut noises: Vec<Vec<Vec<f64>>> = Vec::new();
     let mut searched: Vec<(String, String, String)> = Vec::new();
     let mut units: Vec<u64> = Vec::new();
     for seed in seeds {
