@@ -104,38 +104,32 @@ def main():
         if {"mixed", "mixed_adaround", "mixed_gptq"} & set(tasks):
             fp32, uniform = ptq_of(args.binary, w4a8, f"{model}_w4a8_uniform")
             print(f"{model:11} float {fp32:6.2f}  uniform W4A8 PTQ {uniform:6.2f}", flush=True)
-        if "mixed" in tasks:
-            for budget in ["4", "3"]:
-                policy = OUT / f"{model}_weights{budget}.toml"
-                out, secs = quant(args.binary, "analyze", str(w4a8), "--quiet", "--weight-budget",
-                                  budget, "--policy-out", str(policy),
-                                  "--report", str(OUT / f"{model}_weights{budget}_analysis.json"))
-                a = json.loads((OUT / f"{model}_weights{budget}_analysis.json").read_text())
-                m = a["mixed_precision"]
-                widths = ",".join(str(s["bits"]) for s in m["slots"])
-                _, mixed = ptq_of(args.binary, w4a8, f"{model}_weights{budget}", policy)
-                print(f"{model:11} mixed precision, weight budget {budget} bits: "
-                      f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
-                      f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
-        for task, method in (("mixed_adaround", "AdaRound"), ("mixed_gptq", "GPTQ")):
+        # The searches: nearest rounding with the default candidates, and each learned
+        # rounding with widths 2, 3, 4 and 8.
+        for task, method in (("mixed", None), ("mixed_adaround", "AdaRound"),
+                             ("mixed_gptq", "GPTQ")):
             if task not in tasks:
                 continue
-            tag = method.lower()
-            learned = config(f"{model}_w4a8_{tag}",
+            if method is None:
+                cfg, tag, label, extra = w4a8, "", "", []
+            else:
+                cfg = config(f"{model}_w4a8_{method.lower()}",
                              variant(base, 4, [f'learned_rounding = "{method}"']))
+                tag, label, extra = f"_{method.lower()}", f" + {method}", ["--candidates", "2,3,4,8"]
             for budget in ["4", "3"]:
-                policy = OUT / f"{model}_weights{budget}_{tag}.toml"
-                report = OUT / f"{model}_weights{budget}_{tag}_analysis.json"
-                _, secs = quant(args.binary, "analyze", str(learned), "--quiet", "--weight-budget",
-                                budget, "--candidates", "2,3,4,8", "--policy-out", str(policy),
+                policy = OUT / f"{model}_weights{budget}{tag}.toml"
+                report = OUT / f"{model}_weights{budget}{tag}_analysis.json"
+                _, secs = quant(args.binary, "analyze", str(cfg), "--quiet", "--weight-budget",
+                                budget, *extra, "--policy-out", str(policy),
                                 "--report", str(report))
                 m = json.loads(report.read_text())["mixed_precision"]
                 widths = ",".join(str(s["bits"]) for s in m["slots"])
-                _, mixed = ptq_of(args.binary, learned, f"{model}_weights{budget}_{tag}", policy)
-                print(f"{model:11} mixed precision + {method}, weight budget {budget} bits: "
+                _, mixed = ptq_of(args.binary, cfg, f"{model}_weights{budget}{tag}", policy)
+                print(f"{model:11} mixed precision{label}, weight budget {budget} bits: "
                       f"{m['bits']:.3f} bits/weight (widths {widths}), test PTQ {mixed:6.2f} "
                       f"(vs uniform W4A8 {mixed - uniform:+.2f}), analyze {secs:.0f} s", flush=True)
-            learned.unlink()
+            if method is not None:
+                cfg.unlink()
         if "fallback" in tasks and model in W4A4:
             fallback(args.binary, model, "", [])
         for task, method in (("fallback_adaround", "AdaRound"), ("fallback_gptq", "GPTQ")):
